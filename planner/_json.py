@@ -1,0 +1,142 @@
+"""Strict JSON reading with field paths in every message, canonical dumps, fingerprints, atomic writes.
+
+Every reader takes the value and its path ("profile.ranks[1].compute[0].step_time_s") so a user sees which field
+is wrong, what it holds, and what would be right.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from planner.errors import ValidationError
+
+JSONDict = dict[str, Any]
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def as_obj(value: Any, path: str, *, required: tuple[str, ...] = (), allowed: tuple[str, ...] = ()) -> JSONDict:
+    """Check that `value` is a JSON object holding every `required` key and no key outside required+allowed."""
+    if not isinstance(value, dict):
+        raise ValidationError(f"{path}: expected an object, got {type(value).__name__} {_show(value)}")
+    for key in required:
+        if key not in value:
+            raise ValidationError(f"{path}: missing required field {key!r}")
+    known = set(required) | set(allowed)
+    unknown = sorted(k for k in value if k not in known)
+    if unknown:
+        raise ValidationError(
+            f"{path}: unknown field {unknown[0]!r} (known: {', '.join(sorted(known))}); "
+            "put free-form data under 'meta'"
+        )
+    return value
+
+
+def as_list(value: Any, path: str, *, non_empty: bool = False) -> list[Any]:
+    if not isinstance(value, list):
+        raise ValidationError(f"{path}: expected a list, got {type(value).__name__} {_show(value)}")
+    if non_empty and not value:
+        raise ValidationError(f"{path}: must not be empty")
+    return value
+
+
+def as_str(value: Any, path: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValidationError(f"{path}: expected a non-empty string, got {_show(value)}")
+    return value
+
+
+def as_int(value: Any, path: str, *, min_value: int | None = None) -> int:
+    # bool is an int subclass in Python; "true" is never a batch size.
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise ValidationError(f"{path}: expected an integer, got {_show(value)}")
+    if min_value is not None and value < min_value:
+        raise ValidationError(f"{path}: must be >= {min_value}, got {value}")
+    return int(value)
+
+
+def as_num(value: Any, path: str, *, positive: bool = False, non_negative: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValidationError(f"{path}: expected a number, got {_show(value)}")
+    x = float(value)
+    if not math.isfinite(x):
+        raise ValidationError(f"{path}: must be a finite number, got {x} (re-measure; NaN/inf never reach the solver)")
+    if positive and x <= 0:
+        raise ValidationError(f"{path}: must be > 0, got {_show(value)}")
+    if non_negative and x < 0:
+        raise ValidationError(f"{path}: must be >= 0, got {_show(value)}")
+    return x
+
+
+def opt(data: Mapping[str, Any], key: str) -> Any:
+    """The value of an optional field; an explicit JSON null counts as absent."""
+    return data.get(key)
+
+
+def check_header(data: Any, path: str, *, kind: str, version: int) -> None:
+    if not isinstance(data, dict):
+        raise ValidationError(f"{path}: expected a JSON object at the top level, got {type(data).__name__}")
+    got_kind = data.get("kind")
+    if got_kind != kind:
+        raise ValidationError(f"{path}: 'kind' is {_show(got_kind)}, expected {kind!r} (is this a {kind} file?)")
+    got_version = data.get("version")
+    if isinstance(got_version, bool) or got_version != version:
+        raise ValidationError(
+            f"{path}: unsupported version {_show(got_version)}; this planner reads version {version} "
+            "(upgrade ddp-planner or re-create the file)"
+        )
+
+
+def read_json(path: str | os.PathLike[str], what: str) -> Any:
+    """Read a JSON file, turning every I/O and syntax problem into a one-line ValidationError."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValidationError(f"{what} file not found: {p}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValidationError(f"cannot read {what} file {p}: {e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValidationError(f"{p}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+
+
+def canonical(data: Any) -> str:
+    """Key-sorted compact JSON: the same content always gives the same bytes (and fingerprint)."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def fingerprint(data: Any) -> str:
+    return hashlib.sha256(canonical(data).encode()).hexdigest()[:16]
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
+    """Write via a temp file in the same folder and rename, so a crash never leaves a half-written file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

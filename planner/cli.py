@@ -1,0 +1,103 @@
+"""`planner`: profile ranks, plan per-rank batch sizes, train with the plan, report capacity.
+
+Each subcommand lives in its own module exposing ``HELP`` (one line), ``EPILOG`` (a real example),
+``add_arguments(parser)`` and ``run(args) -> int``.  Only the chosen subcommand's module is imported, so
+``planner plan`` never imports torch.
+
+Exit codes: 0 ok, 2 bad input (one line on stderr, no traceback), 1 internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from planner.errors import PlanError, ValidationError
+
+# name -> (module, one-line help).  Modules outside planner/ are imported only when their command runs.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "profile": ("profiler.cli", "measure step time, memory, loader cost and all-reduce on each rank"),
+    "plan": ("planner.cmd_plan", "solve per-rank batch sizes, shares and workers for a global batch"),
+    "validate": ("planner.cmd_validate", "check a profile or plan file against its contract"),
+    "report": ("reports.cli", "write a capacity report (HTML + terminal summary)"),
+    "train": ("runtime.cli", "train with a plan under torchrun (reference trainer)"),
+    "bench": ("runtime.bench", "compare equal split, proportional, plan and re-plan side by side"),
+    "demo": ("planner.cmd_demo", "profile -> plan -> train -> report on this machine"),
+}
+
+EPILOG = """\
+examples:
+  planner profile --model resnet18 --dataset fake --out profile.json
+  planner plan --profile profile.json --global-batch 512 --out plan.json
+  torchrun --nproc-per-node 2 -m planner train --plan plan.json --epochs 2
+  planner report --profile profile.json --plan plan.json --out report.html
+"""
+
+
+class UserError(Exception):
+    """Raised by argparse on a usage mistake; carries the one-line message."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(f"{self.prog}: {message}")
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="planner",
+        description="Make PyTorch DDP fast on heterogeneous clusters: measure each rank, solve per-rank batch "
+        "sizes, apply them with exact gradient weighting, and report capacity.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from planner import __version__
+
+    p.add_argument("--version", action="version", version=f"ddp-planner {__version__}")
+    p.add_argument("command", nargs="?", choices=sorted(SUBCOMMANDS), metavar="COMMAND",
+                   help="one of: " + ", ".join(SUBCOMMANDS))
+    lines = "\n".join(f"  {name:<10}{hlp}" for name, (_, hlp) in SUBCOMMANDS.items())
+    p.epilog = f"commands:\n{lines}\n\n{EPILOG}"
+    return p
+
+
+def build_parser(command: str) -> tuple[argparse.ArgumentParser, object]:
+    module_name, hlp = SUBCOMMANDS[command]
+    module = importlib.import_module(module_name)
+    parser = _Parser(
+        prog=f"planner {command}",
+        description=getattr(module, "DESCRIPTION", hlp),
+        epilog=getattr(module, "EPILOG", None),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    module.add_arguments(parser)
+    return parser, module
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if not args_list or args_list[0].startswith("-"):
+            top = _top_parser()
+            ns = top.parse_args(args_list)
+            if ns.command is None:
+                top.print_help()
+                return 0
+        command = args_list[0]
+        if command not in SUBCOMMANDS:
+            raise UserError(f"planner: unknown command {command!r} (choose from {', '.join(SUBCOMMANDS)})")
+        parser, module = build_parser(command)
+        ns = parser.parse_args(args_list[1:])
+        return int(module.run(ns) or 0)  # type: ignore[attr-defined]
+    except (UserError, ValidationError, PlanError) as e:
+        print(f"error: {e}" if not str(e).startswith("planner") else f"{e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""The plan: per-rank batch sizes, dataset shares and loader workers. Frozen types and JSON (``kind: "plan"``).
+
+The fingerprint hashes what every rank must agree on (world size, global batch, min batch, each rank's batch
+and workers); ranks compare it before the first collective, so two ranks launched with different plans fail
+with a clear error instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from planner._json import (
+    JSONDict,
+    as_int,
+    as_list,
+    as_num,
+    as_obj,
+    as_str,
+    check_header,
+    fingerprint,
+    opt,
+    read_json,
+    write_json_atomic,
+)
+from planner.errors import ValidationError
+
+PLAN_VERSION = 1
+Bottleneck = Literal["compute", "loader", "memory"]
+BOTTLENECKS: tuple[str, ...] = ("compute", "loader", "memory")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankPlan:
+    rank: int
+    batch_size: int
+    """Local batch size: samples this rank processes per global step."""
+    share: float
+    """Fraction of the dataset this rank sees per epoch = batch_size / global_batch."""
+    num_workers: int
+    """DataLoader workers for this rank (0 = load in the training process)."""
+    predicted_step_time_s: float
+    """This rank's predicted busy time per step: max(compute, loader) -- before waiting for the others."""
+    bottleneck: Bottleneck
+    """What limits this rank: "memory" (at its batch cap), "loader" (data slower than compute) or "compute"."""
+    device: str = ""
+    host: str = ""
+    max_batch_size: int | None = None
+    """The cap the solver used for this rank (memory fit, measured max or --max-batch-per-rank)."""
+    predicted_compute_s: float | None = None
+    predicted_loader_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Predicted:
+    step_time_s: float
+    """Synchronous step time: slowest rank + exposed communication."""
+    samples_per_s: float
+    equal_split_samples_per_s: float
+    """What DistributedSampler gives: B split equally, default workers; 0 when the equal split does not fit."""
+    ideal_samples_per_s: float
+    """sum_i b_i / t_i(b_i) at the planned batches: every rank flat out, nobody waiting."""
+    equal_split_step_time_s: float | None = None
+    comm_s: float = 0.0
+    """Exposed communication time added to every synchronous step."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    world_size: int
+    global_batch: int
+    ranks: tuple[RankPlan, ...]
+    predicted: Predicted
+    min_batch: int = 1
+    solver: Mapping[str, Any] = field(default_factory=dict)
+    """How the plan was found (method, status, solve time, profile fingerprint): not part of the fingerprint."""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    version: int = PLAN_VERSION
+
+    def __post_init__(self) -> None:
+        if self.world_size != len(self.ranks):
+            raise ValidationError(
+                f"plan.world_size is {self.world_size} but plan.ranks lists {len(self.ranks)} ranks"
+            )
+        ids = [r.rank for r in self.ranks]
+        if ids != list(range(self.world_size)):
+            raise ValidationError(f"plan.ranks: must list ranks 0..{self.world_size - 1} in order, got {ids}")
+        total = sum(r.batch_size for r in self.ranks)
+        if total != self.global_batch:
+            raise ValidationError(
+                f"plan: rank batch sizes sum to {total} but global_batch is {self.global_batch}; "
+                "re-run `planner plan` rather than editing batch sizes by hand"
+            )
+        for r in self.ranks:
+            if r.batch_size < self.min_batch:
+                raise ValidationError(
+                    f"plan.ranks[{r.rank}].batch_size {r.batch_size} is below min_batch {self.min_batch}"
+                )
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(r.batch_size for r in self.ranks)
+
+    @property
+    def fingerprint(self) -> str:
+        """Hash of the semantic content every rank must agree on."""
+        return fingerprint(
+            {
+                "world_size": self.world_size,
+                "global_batch": self.global_batch,
+                "min_batch": self.min_batch,
+                "ranks": [[r.rank, r.batch_size, r.num_workers] for r in self.ranks],
+            }
+        )
+
+    def with_batch_sizes(self, batch_sizes: Sequence[int]) -> Plan:
+        """A copy with new batch sizes (same global batch), shares recomputed."""
+        ranks = tuple(
+            replace(r, batch_size=int(b), share=int(b) / self.global_batch)
+            for r, b in zip(self.ranks, batch_sizes, strict=True)
+        )
+        return replace(self, ranks=ranks)
+
+    # -- JSON ------------------------------------------------------------------------------------------
+    def to_dict(self) -> JSONDict:
+        def rank(r: RankPlan) -> JSONDict:
+            d = {name: getattr(r, name) for name in r.__slots__}
+            return {k: v for k, v in d.items() if v is not None}
+
+        p = self.predicted
+        return {
+            "version": self.version,
+            "kind": "plan",
+            "world_size": self.world_size,
+            "global_batch": self.global_batch,
+            "min_batch": self.min_batch,
+            "fingerprint": self.fingerprint,
+            "ranks": [rank(r) for r in self.ranks],
+            "predicted": {k: v for k in p.__slots__ if (v := getattr(p, k)) is not None},
+            "solver": dict(self.solver),
+            "meta": dict(self.meta),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str = "plan") -> Plan:
+        check_header(data, path, kind="plan", version=PLAN_VERSION)
+        d = as_obj(
+            data,
+            path,
+            required=("version", "kind", "world_size", "global_batch", "fingerprint", "ranks", "predicted"),
+            allowed=("min_batch", "solver", "meta"),
+        )
+        ranks = tuple(
+            _rank_from(r, f"{path}.ranks[{i}]") for i, r in enumerate(as_list(d["ranks"], f"{path}.ranks", non_empty=True))
+        )
+        pp = f"{path}.predicted"
+        pd = as_obj(
+            d["predicted"],
+            pp,
+            required=("step_time_s", "samples_per_s", "equal_split_samples_per_s", "ideal_samples_per_s"),
+            allowed=("equal_split_step_time_s", "comm_s"),
+        )
+        est = opt(pd, "equal_split_step_time_s")
+        predicted = Predicted(
+            step_time_s=as_num(pd["step_time_s"], f"{pp}.step_time_s", positive=True),
+            samples_per_s=as_num(pd["samples_per_s"], f"{pp}.samples_per_s", positive=True),
+            equal_split_samples_per_s=as_num(pd["equal_split_samples_per_s"], f"{pp}.equal_split_samples_per_s", non_negative=True),
+            ideal_samples_per_s=as_num(pd["ideal_samples_per_s"], f"{pp}.ideal_samples_per_s", positive=True),
+            equal_split_step_time_s=None if est is None else as_num(est, f"{pp}.equal_split_step_time_s", non_negative=True),
+            comm_s=as_num(pd.get("comm_s", 0.0), f"{pp}.comm_s", non_negative=True),
+        )
+        solver = as_obj(d["solver"], f"{path}.solver", allowed=tuple(d["solver"])) if opt(d, "solver") is not None else {}
+        meta = as_obj(d["meta"], f"{path}.meta", allowed=tuple(d["meta"])) if opt(d, "meta") is not None else {}
+        plan = cls(
+            world_size=as_int(d["world_size"], f"{path}.world_size", min_value=1),
+            global_batch=as_int(d["global_batch"], f"{path}.global_batch", min_value=1),
+            min_batch=as_int(d.get("min_batch", 1), f"{path}.min_batch", min_value=1),
+            ranks=ranks,
+            predicted=predicted,
+            solver=solver,
+            meta=meta,
+        )
+        got = as_str(d["fingerprint"], f"{path}.fingerprint")
+        if got != plan.fingerprint:
+            raise ValidationError(
+                f"{path}.fingerprint: file says {got} but its content hashes to {plan.fingerprint}; the plan was "
+                "edited by hand -- re-run `planner plan` (or `planner plan --from-batches`)"
+            )
+        return plan
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Plan:
+        return cls.from_dict(read_json(path, "plan"), path=str(path))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        write_json_atomic(path, self.to_dict())
+
+
+def _rank_from(v: Any, path: str) -> RankPlan:
+    d = as_obj(
+        v,
+        path,
+        required=("rank", "batch_size", "share", "num_workers", "predicted_step_time_s", "bottleneck"),
+        allowed=("device", "host", "max_batch_size", "predicted_compute_s", "predicted_loader_s"),
+    )
+    bottleneck = d["bottleneck"]
+    if bottleneck not in BOTTLENECKS:
+        raise ValidationError(f"{path}.bottleneck: {bottleneck!r} is not one of {', '.join(BOTTLENECKS)}")
+    mb, pc, pl = opt(d, "max_batch_size"), opt(d, "predicted_compute_s"), opt(d, "predicted_loader_s")
+    return RankPlan(
+        rank=as_int(d["rank"], f"{path}.rank", min_value=0),
+        batch_size=as_int(d["batch_size"], f"{path}.batch_size", min_value=1),
+        share=as_num(d["share"], f"{path}.share", non_negative=True),
+        num_workers=as_int(d["num_workers"], f"{path}.num_workers", min_value=0),
+        predicted_step_time_s=as_num(d["predicted_step_time_s"], f"{path}.predicted_step_time_s", non_negative=True),
+        bottleneck=bottleneck,
+        device=str(d.get("device", "")),
+        host=str(d.get("host", "")),
+        max_batch_size=None if mb is None else as_int(mb, f"{path}.max_batch_size", min_value=1),
+        predicted_compute_s=None if pc is None else as_num(pc, f"{path}.predicted_compute_s", non_negative=True),
+        predicted_loader_s=None if pl is None else as_num(pl, f"{path}.predicted_loader_s", non_negative=True),
+    )

@@ -1,0 +1,324 @@
+"""The profile: what each rank measured. Frozen value types and their JSON form (``kind: "profile"``).
+
+The minimal file in DESIGN.md section 3 loads as written; every other field is optional. Validation is strict:
+unknown keys are refused (typos such as ``step_time`` for ``step_time_s`` would otherwise be silently
+ignored); free-form data goes under ``meta``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner._json import (
+    JSONDict,
+    as_int,
+    as_list,
+    as_num,
+    as_obj,
+    as_str,
+    check_header,
+    fingerprint,
+    opt,
+    read_json,
+    write_json_atomic,
+)
+from planner.errors import ValidationError
+
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ComputePoint:
+    batch_size: int
+    """Local batch size of the measured step."""
+    step_time_s: float
+    """Median wall time of one full training step (forward, backward, optimizer), no communication."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryPoint:
+    batch_size: int
+    peak_bytes: int
+    """Peak allocated device bytes during a training step at this batch size."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryProfile:
+    capacity_bytes: int | None = None
+    """Device memory in bytes; None means no cap is derived from the points."""
+    points: tuple[MemoryPoint, ...] = ()
+    max_batch_size: int | None = None
+    """Largest batch the profiler ran without running out of memory (a hard cap when present)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LoaderPoint:
+    num_workers: int
+    samples_per_s: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LoaderProfile:
+    sec_per_sample: float
+    """CPU seconds one dataloader worker spends to produce one sample (fetch, decode, transform, collate share)."""
+    scaling: tuple[LoaderPoint, ...] = ()
+    """Measured loader throughput with 1..k workers (informational; the model uses sec_per_sample)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostProfile:
+    name: str
+    cpu_cores: int
+    """Cores usable by this job on the host (sched_getaffinity), shared by every rank's loader workers."""
+    memory_bytes: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelInfo:
+    name: str
+    num_params: int | None = None
+    grad_bytes: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommProfile:
+    backend: str | None = None
+    allreduce_s: float | None = None
+    """Time of one all-reduce of the whole gradient (bucketed like DDP) on the job's backend."""
+    exposed_s: float | None = None
+    """Part of a synchronous step's communication not hidden behind backward, plus the optimizer tail.
+    When absent it is estimated from allreduce_s (see planner.solve)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankProfile:
+    rank: int
+    host: str
+    device: str
+    compute: tuple[ComputePoint, ...]
+    memory: MemoryProfile | None = None
+    loader: LoaderProfile | None = None
+    device_name: str | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    """Free-form facts (NVML, emulation settings...)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Profile:
+    hosts: tuple[HostProfile, ...]
+    ranks: tuple[RankProfile, ...]
+    model: ModelInfo | None = None
+    comm: CommProfile | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    version: int = PROFILE_VERSION
+
+    def __post_init__(self) -> None:
+        if not self.ranks:
+            raise ValidationError("profile.ranks: must list at least one rank")
+        ids = [r.rank for r in self.ranks]
+        if sorted(ids) != list(range(len(ids))):
+            raise ValidationError(
+                f"profile.ranks: rank ids must be 0..{len(ids) - 1} each exactly once, got {sorted(ids)}"
+            )
+        names = [h.name for h in self.hosts]
+        if len(set(names)) != len(names):
+            raise ValidationError(f"profile.hosts: duplicate host name in {names}")
+        for r in self.ranks:
+            if r.host not in names:
+                raise ValidationError(
+                    f"profile.ranks[{r.rank}].host: {r.host!r} is not in profile.hosts ({', '.join(names) or 'none'}); "
+                    "add it with its cpu_cores"
+                )
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    def rank(self, i: int) -> RankProfile:
+        return self.by_rank[i]
+
+    @property
+    def by_rank(self) -> tuple[RankProfile, ...]:
+        """Ranks ordered by rank id (the file may list them in any order)."""
+        return tuple(sorted(self.ranks, key=lambda r: r.rank))
+
+    def host(self, name: str) -> HostProfile:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    def fingerprint(self) -> str:
+        return fingerprint(self.to_dict())
+
+    # -- JSON ------------------------------------------------------------------------------------------
+    def to_dict(self) -> JSONDict:
+        return _drop_none(
+            {
+                "version": self.version,
+                "kind": "profile",
+                "hosts": [_drop_none(_asdict(h)) for h in self.hosts],
+                "ranks": [_rank_to_dict(r) for r in self.ranks],
+                "model": _drop_none(_asdict(self.model)) if self.model else None,
+                "comm": _drop_none(_asdict(self.comm)) if self.comm else None,
+                "meta": dict(self.meta) or None,
+            }
+        )
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str = "profile") -> Profile:
+        check_header(data, path, kind="profile", version=PROFILE_VERSION)
+        d = as_obj(data, path, required=("version", "kind", "hosts", "ranks"), allowed=("model", "comm", "meta"))
+        hosts = tuple(_host_from(h, f"{path}.hosts[{i}]") for i, h in enumerate(as_list(d["hosts"], f"{path}.hosts")))
+        ranks = tuple(
+            _rank_from(r, f"{path}.ranks[{i}]") for i, r in enumerate(as_list(d["ranks"], f"{path}.ranks", non_empty=True))
+        )
+        model = _model_from(d["model"], f"{path}.model") if opt(d, "model") is not None else None
+        comm = _comm_from(d["comm"], f"{path}.comm") if opt(d, "comm") is not None else None
+        meta = as_obj(d["meta"], f"{path}.meta", allowed=tuple(d["meta"])) if opt(d, "meta") is not None else {}
+        return cls(hosts=hosts, ranks=ranks, model=model, comm=comm, meta=meta)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Profile:
+        return cls.from_dict(read_json(path, "profile"), path=str(path))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        write_json_atomic(path, self.to_dict())
+
+
+def _asdict(obj: Any) -> JSONDict:
+    return {name: getattr(obj, name) for name in obj.__slots__}
+
+
+def _drop_none(d: JSONDict) -> JSONDict:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _rank_to_dict(r: RankProfile) -> JSONDict:
+    mem = None
+    if r.memory is not None:
+        mem = _drop_none(
+            {
+                "capacity_bytes": r.memory.capacity_bytes,
+                "points": [_asdict(p) for p in r.memory.points],
+                "max_batch_size": r.memory.max_batch_size,
+            }
+        )
+    loader = None
+    if r.loader is not None:
+        loader = {"sec_per_sample": r.loader.sec_per_sample}
+        if r.loader.scaling:
+            loader["scaling"] = [_asdict(p) for p in r.loader.scaling]
+    return _drop_none(
+        {
+            "rank": r.rank,
+            "host": r.host,
+            "device": r.device,
+            "device_name": r.device_name,
+            "compute": [_asdict(p) for p in r.compute],
+            "memory": mem,
+            "loader": loader,
+            "meta": dict(r.meta) or None,
+        }
+    )
+
+
+def _host_from(v: Any, path: str) -> HostProfile:
+    d = as_obj(v, path, required=("name", "cpu_cores"), allowed=("memory_bytes",))
+    mem = opt(d, "memory_bytes")
+    return HostProfile(
+        name=as_str(d["name"], f"{path}.name"),
+        cpu_cores=as_int(d["cpu_cores"], f"{path}.cpu_cores", min_value=1),
+        memory_bytes=None if mem is None else as_int(mem, f"{path}.memory_bytes", min_value=0),
+    )
+
+
+def _rank_from(v: Any, path: str) -> RankProfile:
+    d = as_obj(
+        v, path, required=("rank", "host", "device", "compute"), allowed=("memory", "loader", "device_name", "meta")
+    )
+    compute = []
+    for j, p in enumerate(as_list(d["compute"], f"{path}.compute", non_empty=True)):
+        pp = f"{path}.compute[{j}]"
+        pd = as_obj(p, pp, required=("batch_size", "step_time_s"))
+        compute.append(
+            ComputePoint(
+                batch_size=as_int(pd["batch_size"], f"{pp}.batch_size", min_value=1),
+                step_time_s=as_num(pd["step_time_s"], f"{pp}.step_time_s", positive=True),
+            )
+        )
+    memory = _memory_from(d["memory"], f"{path}.memory") if opt(d, "memory") is not None else None
+    loader = _loader_from(d["loader"], f"{path}.loader") if opt(d, "loader") is not None else None
+    meta = as_obj(d["meta"], f"{path}.meta", allowed=tuple(d["meta"])) if opt(d, "meta") is not None else {}
+    name = opt(d, "device_name")
+    return RankProfile(
+        rank=as_int(d["rank"], f"{path}.rank", min_value=0),
+        host=as_str(d["host"], f"{path}.host"),
+        device=as_str(d["device"], f"{path}.device"),
+        device_name=None if name is None else as_str(name, f"{path}.device_name"),
+        compute=tuple(compute),
+        memory=memory,
+        loader=loader,
+        meta=meta,
+    )
+
+
+def _memory_from(v: Any, path: str) -> MemoryProfile:
+    d = as_obj(v, path, allowed=("capacity_bytes", "points", "max_batch_size"))
+    points = []
+    for j, p in enumerate(as_list(d.get("points", []), f"{path}.points")):
+        pp = f"{path}.points[{j}]"
+        pd = as_obj(p, pp, required=("batch_size", "peak_bytes"))
+        points.append(
+            MemoryPoint(
+                batch_size=as_int(pd["batch_size"], f"{pp}.batch_size", min_value=1),
+                peak_bytes=as_int(pd["peak_bytes"], f"{pp}.peak_bytes", min_value=0),
+            )
+        )
+    cap = opt(d, "capacity_bytes")
+    mx = opt(d, "max_batch_size")
+    return MemoryProfile(
+        capacity_bytes=None if cap is None else as_int(cap, f"{path}.capacity_bytes", min_value=1),
+        points=tuple(points),
+        max_batch_size=None if mx is None else as_int(mx, f"{path}.max_batch_size", min_value=1),
+    )
+
+
+def _loader_from(v: Any, path: str) -> LoaderProfile:
+    d = as_obj(v, path, required=("sec_per_sample",), allowed=("scaling",))
+    scaling = []
+    for j, p in enumerate(as_list(d.get("scaling", []), f"{path}.scaling")):
+        pp = f"{path}.scaling[{j}]"
+        pd = as_obj(p, pp, required=("num_workers", "samples_per_s"))
+        scaling.append(
+            LoaderPoint(
+                num_workers=as_int(pd["num_workers"], f"{pp}.num_workers", min_value=0),
+                samples_per_s=as_num(pd["samples_per_s"], f"{pp}.samples_per_s", positive=True),
+            )
+        )
+    return LoaderProfile(
+        sec_per_sample=as_num(d["sec_per_sample"], f"{path}.sec_per_sample", non_negative=True), scaling=tuple(scaling)
+    )
+
+
+def _model_from(v: Any, path: str) -> ModelInfo:
+    d = as_obj(v, path, required=("name",), allowed=("num_params", "grad_bytes"))
+    n, g = opt(d, "num_params"), opt(d, "grad_bytes")
+    return ModelInfo(
+        name=as_str(d["name"], f"{path}.name"),
+        num_params=None if n is None else as_int(n, f"{path}.num_params", min_value=0),
+        grad_bytes=None if g is None else as_int(g, f"{path}.grad_bytes", min_value=0),
+    )
+
+
+def _comm_from(v: Any, path: str) -> CommProfile:
+    d = as_obj(v, path, allowed=("backend", "allreduce_s", "exposed_s"))
+    b, a, e = opt(d, "backend"), opt(d, "allreduce_s"), opt(d, "exposed_s")
+    return CommProfile(
+        backend=None if b is None else as_str(b, f"{path}.backend"),
+        allreduce_s=None if a is None else as_num(a, f"{path}.allreduce_s", non_negative=True),
+        exposed_s=None if e is None else as_num(e, f"{path}.exposed_s", non_negative=True),
+    )
