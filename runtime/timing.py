@@ -1,0 +1,294 @@
+"""Per-step timing on one rank without extra device synchronization on the hot path.
+
+Three numbers per step, averaged per epoch into a ``planner.StepStats`` (the re-planner's input):
+
+* data wait -- host clock around ``next(iterator)``: how long the loop starved for its next batch;
+* compute   -- forward start until the last gradient bucket is ready, i.e. this rank's own work before it
+  could wait for its peers.  On CUDA two events are recorded on the current stream (one at forward start, one
+  in the DDP comm hook's ``on_last_bucket`` callback) and read *a step later*: by then the device has almost
+  always passed them, so ``Event.query()`` is true and ``elapsed_time`` does not block.  Events still pending
+  are carried to the next step; only ``epoch_summary`` waits for the last few (once per epoch, off the hot
+  path).  On CPU (and any non-CUDA device) the host clock is exact because the work is synchronous;
+* step time -- host clock from one ``step_end`` to the next, synchronization with the peers included.  On CUDA
+  the host runs ahead of the device, so a single step's host interval is not its device time; over an epoch the
+  queue depth is bounded, so the *mean* is honest while single steps and the std are not.
+
+Usage (the reference trainer wires exactly this)::
+
+    timer = StepTimer(device)
+    hook = register_weighted_hook(ddp, sampler, on_last_bucket=timer.compute_end)
+    for x, y in timer.iter_data(loader):          # data_start / data_end around next()
+        timer.compute_start()
+        loss_fn(ddp(x), y).backward()
+        timer.compute_end()                       # ignored when the hook already fired this step
+        opt.step(); opt.zero_grad()
+        timer.step_end()
+    stats = timer.epoch_summary(rank=rank, epoch=epoch, batch_size=b, num_workers=w)
+    timer.reset()
+
+Measurements that are NaN, infinite or negative never reach a StepStats: the step is dropped and counted
+(``num_dropped``), as is a step whose compute span was never closed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import torch
+
+from planner.stats import StepStats
+
+T = TypeVar("T")
+
+
+class DeviceEvent(Protocol):
+    """The part of ``torch.cuda.Event`` the timer uses (a fake one stands in for it in CPU tests)."""
+
+    def record(self) -> None: ...
+    def query(self) -> bool: ...
+    def synchronize(self) -> None: ...
+    def elapsed_time(self, end_event: Any) -> float: ...
+
+
+class _CudaEvent:
+    """A timing CUDA event recorded on the device's *current* stream at record time.
+
+    ``record`` runs on whatever thread calls it: the comm hook runs on the autograd thread, whose current stream
+    is the one the backward kernels ran on, so the event lands right after the last bucket's gradients.
+    """
+
+    __slots__ = ("_device", "_event")
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+        self._event = torch.cuda.Event(enable_timing=True)
+
+    def record(self) -> None:
+        self._event.record(torch.cuda.current_stream(self._device))
+
+    def query(self) -> bool:
+        return bool(self._event.query())
+
+    def synchronize(self) -> None:
+        self._event.synchronize()
+
+    def elapsed_time(self, end_event: Any) -> float:
+        return float(self._event.elapsed_time(end_event._event))
+
+
+@dataclass(slots=True)
+class _Step:
+    """One step's raw numbers (mutable while the step is open)."""
+
+    data_wait_s: float = 0.0
+    compute_s: float | None = None
+    step_time_s: float | None = None
+    start_event: DeviceEvent | None = None
+    end_event: DeviceEvent | None = None
+
+
+def _valid(x: float | None) -> bool:
+    return x is not None and math.isfinite(x) and x >= 0.0
+
+
+class StepTimer:
+    """Times data wait, local compute and step time of every step on one rank; summarizes an epoch.
+
+    Args:
+        device: the rank's training device; CUDA devices are timed with events, everything else with the host
+            clock.
+        warmup_steps: steps at the start of each epoch left out of the means (allocator warm-up, cudnn
+            autotuning, worker start); only applied when the epoch has more than ``2 * warmup_steps`` steps.
+        clock: host clock in seconds (``time.perf_counter``; tests pass a fake one).
+        event_factory: makes device events; defaults to CUDA timing events on CUDA devices and None (host clock)
+            elsewhere.  Tests pass fakes to exercise the deferred reads without a GPU.
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        *,
+        warmup_steps: int = 2,
+        clock: Callable[[], float] = time.perf_counter,
+        event_factory: Callable[[], DeviceEvent] | None = None,
+    ) -> None:
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        self.device = torch.device(device)
+        self.warmup_steps = warmup_steps
+        self._clock = clock
+        if event_factory is None and self.device.type == "cuda" and torch.cuda.is_available():
+            dev = self.device
+            event_factory = lambda: _CudaEvent(dev)  # noqa: E731
+        self._event_factory = event_factory
+        self.reset()
+
+    @property
+    def uses_device_events(self) -> bool:
+        return self._event_factory is not None
+
+    # -- hot path ----------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget every step (call at the start of each epoch, after ``epoch_summary``)."""
+        self._steps: list[_Step] = []
+        self._pending: list[_Step] = []  # closed steps whose device events were not read yet
+        self._cur = _Step()
+        self._last_step_end: float | None = None  # None: the next step is timed from its first mark
+        self._step_start: float | None = None
+        self._data_t0: float | None = None
+        self._compute_t0: float | None = None
+        self._compute_closed = False
+        self.num_dropped = 0
+        """Steps left out of the summary: a non-finite/negative measurement or a compute span never closed."""
+
+    def _mark_start(self, now: float) -> None:
+        if self._step_start is None:
+            self._step_start = now if self._last_step_end is None else self._last_step_end
+
+    def data_start(self) -> None:
+        """Call right before ``next(iterator)``."""
+        now = self._clock()
+        self._mark_start(now)
+        self._data_t0 = now
+
+    def data_end(self) -> None:
+        """Call right after ``next(iterator)`` returned; adds to this step's data wait."""
+        if self._data_t0 is None:
+            return
+        self._cur.data_wait_s += self._clock() - self._data_t0
+        self._data_t0 = None
+
+    def iter_data(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Yield from `iterable`, timing each ``next()`` as data wait."""
+        it = iter(iterable)
+        while True:
+            self.data_start()
+            try:
+                item = next(it)
+            except StopIteration:
+                self._data_t0 = None  # the failed fetch belongs to no step
+                return
+            self.data_end()
+            yield item
+
+    def compute_start(self) -> None:
+        """Call right before the forward pass.
+
+        Only the first call of a step counts, so with gradient accumulation the span covers every micro-step
+        (call the ``compute_end`` fallback only after the last one).
+        """
+        now = self._clock()
+        self._mark_start(now)
+        if self._cur.start_event is not None or self._compute_t0 is not None or self._compute_closed:
+            return
+        if self._event_factory is not None:
+            ev = self._event_factory()
+            ev.record()
+            self._cur.start_event = ev
+        else:
+            self._compute_t0 = now
+
+    def compute_end(self) -> bool:
+        """Close the compute span: call from ``on_last_bucket`` (before that bucket's all-reduce).
+
+        The first call after ``compute_start`` wins and later ones are ignored, so calling it again after
+        ``backward()`` is a safe fallback for runs where no comm hook fires (one rank without DDP); on a
+        multi-rank run that later call would include waiting for the peers' all-reduce.
+
+        Returns:
+            True when this call closed the span.
+        """
+        if self._compute_closed:
+            return False
+        if self._event_factory is not None:
+            if self._cur.start_event is None:
+                return False
+            ev = self._event_factory()
+            ev.record()
+            self._cur.end_event = ev
+        else:
+            if self._compute_t0 is None:
+                return False
+            self._cur.compute_s = self._clock() - self._compute_t0
+            self._compute_t0 = None
+        self._compute_closed = True
+        return True
+
+    def step_end(self) -> None:
+        """Call once per step after the optimizer step; reads earlier steps' device events if they are done."""
+        now = self._clock()
+        self._mark_start(now)
+        assert self._step_start is not None
+        step = self._cur
+        step.step_time_s = now - self._step_start
+        self._last_step_end = now
+        self._step_start = None
+        self._data_t0 = None
+        self._compute_t0 = None
+        self._compute_closed = False
+        self._cur = _Step()
+        self._steps.append(step)
+        if step.end_event is not None:
+            # Read the previous steps' events now that this step's are recorded; never this step's own
+            # (the device is usually still working on it) and never block.
+            ready = [s for s in self._pending if s.end_event is not None and s.end_event.query()]
+            for s in ready:
+                self._read_events(s)
+            self._pending = [s for s in self._pending if s.compute_s is None] + [step]
+        elif step.start_event is not None:
+            step.start_event = None  # opened but never closed: no compute for this step
+
+    def _read_events(self, s: _Step) -> None:
+        assert s.start_event is not None and s.end_event is not None
+        s.compute_s = s.start_event.elapsed_time(s.end_event) / 1000.0  # ms -> s
+        s.start_event = s.end_event = None
+
+    # -- per epoch --------------------------------------------------------------------------------------
+    @property
+    def num_steps(self) -> int:
+        """Steps ended since the last reset (valid or not)."""
+        return len(self._steps)
+
+    def _flush(self) -> None:
+        """Read every outstanding device event (blocks on the last few steps: once per epoch)."""
+        for s in self._pending:
+            if s.end_event is not None:
+                s.end_event.synchronize()
+                self._read_events(s)
+        self._pending = []
+
+    def epoch_summary(self, *, rank: int, epoch: int, batch_size: int, num_workers: int) -> StepStats:
+        """Means over this epoch's valid steps (after warm-up) as a StepStats; never NaN.
+
+        ``num_steps`` is the number of steps averaged; 0 (with zero times) when none was valid, which the
+        re-planner refuses as too few.
+        """
+        self._flush()
+        steps = self._steps
+        if self.warmup_steps and len(steps) > 2 * self.warmup_steps:
+            steps = steps[self.warmup_steps :]
+        good = [s for s in steps if _valid(s.data_wait_s) and _valid(s.compute_s) and _valid(s.step_time_s)]
+        self.num_dropped = len(steps) - len(good)
+        n = len(good)
+        if n == 0:
+            return StepStats(rank=rank, epoch=epoch, num_steps=0, batch_size=batch_size, num_workers=num_workers,
+                             data_wait_s=0.0, compute_s=0.0, step_time_s=0.0, compute_s_std=0.0)
+        compute = [float(s.compute_s) for s in good]  # type: ignore[arg-type]
+        mean_c = math.fsum(compute) / n
+        # Sample std (n - 1): the re-planner turns it into a standard error, std / sqrt(n).
+        std_c = math.sqrt(math.fsum((c - mean_c) ** 2 for c in compute) / (n - 1)) if n > 1 else 0.0
+        return StepStats(
+            rank=rank,
+            epoch=epoch,
+            num_steps=n,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            data_wait_s=math.fsum(s.data_wait_s for s in good) / n,
+            compute_s=mean_c,
+            step_time_s=math.fsum(float(s.step_time_s) for s in good) / n,  # type: ignore[arg-type]
+            compute_s_std=std_c,
+        )
