@@ -1,0 +1,107 @@
+"""`planner report`: a self-contained HTML capacity report, a terminal summary and (--json) all its numbers.
+
+No module-level matplotlib or torch import: `planner --help` and `planner plan` stay fast; figures are drawn
+only when this command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "write a capacity report (HTML + terminal summary)"
+DESCRIPTION = (
+    "Write one self-contained HTML report (figures embedded, no network) about a plan on a profile: per-rank "
+    "curves, equal split vs plan vs ideal, throughput and epoch time vs global batch, memory headroom, what-if "
+    "(drop / add / upgrade a rank), scaling over 1..W ranks and, with --log, predicted vs measured step times."
+)
+EPILOG = """\
+examples:
+  planner report --profile planner/examples/minimal_profile.json --global-batch 512 --out report.html
+  planner report --profile profile.json --plan plan.json --log run.jsonl --out report.html --json report.json
+
+Without --plan the report solves one at --global-batch (or uses the plan a --log run started with).
+What-ifs and sweeps re-run the same solver with the same options, so their numbers match `planner plan`.
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", required=True, metavar="PATH", help="profile JSON from `planner profile`")
+    p.add_argument("--plan", default=None, metavar="PATH", help="plan JSON from `planner plan` (else one is solved)")
+    p.add_argument("--log", default=None, metavar="PATH", help="run log from `planner train --log` (JSON lines)")
+    p.add_argument("--global-batch", "--global_batch", type=int, default=None, metavar="B",
+                   help="samples per optimizer step over all ranks; required without --plan or --log")
+    p.add_argument("--dataset-size", type=int, default=50_000, metavar="N",
+                   help="samples per epoch, for epoch times (default 50000)")
+    p.add_argument("--out", default="report.html", metavar="PATH",
+                   help="HTML report path, written atomically (default report.html)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write every number of the report as JSON")
+    p.add_argument("--title", default="ddp-planner capacity report", help="page title")
+    p.add_argument("--min-batch", type=int, default=None, metavar="M",
+                   help="smallest local batch per rank for re-solves (default: the plan's min batch)")
+    p.add_argument("--max-batch-per-rank", type=int, default=None, metavar="N",
+                   help="cap every rank's local batch at N samples (as in `planner plan`)")
+    p.add_argument("--memory-headroom", type=float, default=0.10, metavar="FRAC",
+                   help="fraction of device memory kept free when capping the batch (default 0.10)")
+    p.add_argument("--cpu-reserve-per-rank", type=int, default=1, metavar="CORES",
+                   help="cores per rank kept for the training process (default 1)")
+    p.add_argument("--max-workers-per-rank", type=int, default=8, metavar="W",
+                   help="most loader workers given to one rank (default 8)")
+    p.add_argument("--quiet", action="store_true", help="do not print the terminal summary")
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner._json import write_json_atomic
+    from planner.errors import ValidationError
+    from planner.plan import Plan
+    from planner.profile import Profile
+    from planner.solve import SolveOptions
+    from reports.analysis import analyze
+    from reports.figures import render_all
+    from reports.html import render_html, write_text_atomic
+    from reports.runlog import read_run_log
+    from reports.summary import format_summary
+    from reports.whatif import solve_with
+
+    profile = Profile.load(args.profile)
+    log = read_run_log(args.log) if args.log else None
+    opts_kw = dict(max_batch_per_rank=args.max_batch_per_rank, memory_headroom=args.memory_headroom,
+                   cpu_reserve_per_rank=args.cpu_reserve_per_rank, max_workers_per_rank=args.max_workers_per_rank)
+    if args.plan:
+        plan = Plan.load(args.plan)
+    elif log is not None and log.start_plan is not None and args.global_batch is None:
+        plan = log.start_plan
+    elif args.global_batch is not None:
+        opts = SolveOptions(min_batch=args.min_batch or 1, **opts_kw)  # type: ignore[arg-type]
+        plan = solve_with(profile, args.global_batch, opts)
+    else:
+        raise ValidationError("planner report needs --plan PATH or --global-batch B (or a --log whose start event "
+                              "holds the plan)")
+    if args.global_batch is not None and args.global_batch != plan.global_batch:
+        raise ValidationError(f"--global-batch {args.global_batch} differs from the plan's global batch "
+                              f"{plan.global_batch}; drop --global-batch or re-run `planner plan`")
+    made_from = plan.solver.get("profile_fingerprint")
+    if made_from and made_from != profile.fingerprint():
+        print(f"warning: the plan was solved from another profile ({made_from}, this one is "
+              f"{profile.fingerprint()}); predictions below use this profile", file=sys.stderr)
+    opts = SolveOptions(min_batch=args.min_batch or plan.min_batch, **opts_kw)  # type: ignore[arg-type]
+    rep = analyze(profile, plan, opts, dataset_size=args.dataset_size, log=log)
+    page = render_html(rep, render_all(rep), title=args.title)
+    write_text_atomic(args.out, page)
+    if args.json:
+        write_json_atomic(args.json, rep.to_dict())
+    if not args.quiet:
+        print(format_summary(rep))
+        print(f"\nwrote {args.out}" + (f" and {args.json}" if args.json else ""))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `planner report` directly (python -m reports.cli ...)."""
+    from planner.cli import main as planner_main
+
+    return planner_main(["report", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

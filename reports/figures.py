@@ -1,0 +1,263 @@
+"""Report figures (matplotlib, Agg) as PNG bytes, drawn from a reports.analysis.Report.
+
+Figures are built on ``matplotlib.figure.Figure`` directly rather than pyplot: no global figure registry, no
+backend selection, nothing left open between reports.  Colours are the Okabe-Ito palette (distinguishable with
+the common colour-vision deficiencies); each rank also gets its own marker so print in grey still reads.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from reports.analysis import Report
+
+# Okabe-Ito, reordered so the first colours have the most contrast on white (yellow last).
+OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000", "#F0E442")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h")
+GREY = "#777777"
+WIDTH_IN = 10.0
+"""Figure width in inches; at DPI this is 1000 px, the report's content width."""
+DPI = 100
+
+
+def colour(i: int) -> str:
+    return OKABE_ITO[i % len(OKABE_ITO)]
+
+
+def marker(i: int) -> str:
+    return MARKERS[i % len(MARKERS)]
+
+
+def png_bytes(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", facecolor="white")
+    return buf.getvalue()
+
+
+def _new(height_in: float, ncols: int = 2) -> tuple[Figure, Any]:
+    fig = Figure(figsize=(WIDTH_IN, height_in), layout="constrained")
+    axes = fig.subplots(1, ncols)
+    for ax in np.atleast_1d(axes):
+        ax.grid(True, color="#dddddd", linewidth=0.8)
+        ax.set_axisbelow(True)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    return fig, axes
+
+
+def curves(rep: Report) -> Figure:
+    """Per-rank step time and throughput against local batch: measured points, fitted envelope, planned point."""
+    fig, (ax_t, ax_x) = _new(4.2)
+    b_max = max(max(b for b, _ in r.measured_points) for r in rep.ranks)
+    b_max = max(b_max, *(r.batch_size for r in rep.ranks)) * 1.1
+    grid = np.linspace(1.0, b_max, 300)
+    for r in rep.ranks:
+        c, mk = colour(r.rank), marker(r.rank)
+        s, k = np.asarray(r.envelope_slopes)[:, None], np.asarray(r.envelope_intercepts)[:, None]
+        t = np.max(s * grid[None, :] + k, axis=0)
+        mb = np.array([b for b, _ in r.measured_points], dtype=float)
+        mt = np.array([x for _, x in r.measured_points])
+        name = f"rank {r.rank} ({r.label})"
+        ax_t.plot(grid, 1000 * t, color=c, linewidth=1.6, label=name)
+        ax_t.scatter(mb, 1000 * mt, color=c, marker=mk, s=28, zorder=3)
+        ax_x.plot(grid, grid / t, color=c, linewidth=1.6, label=name)
+        ax_x.scatter(mb, mb / mt, color=c, marker=mk, s=28, zorder=3)
+        # The planned point: the rank's busy time at its planned batch (compute, or loader when that is slower).
+        ax_t.scatter([r.batch_size], [1000 * r.predicted_step_time_s], s=130, facecolor=c, edgecolor="black",
+                     linewidth=1.5, marker="*", zorder=4)
+        ax_x.scatter([r.batch_size], [r.batch_size / r.predicted_step_time_s], s=130, facecolor=c,
+                     edgecolor="black", linewidth=1.5, marker="*", zorder=4)
+        if r.cap is not None and r.cap <= b_max:
+            for ax in (ax_t, ax_x):
+                ax.axvline(r.cap, color=c, linestyle=":", linewidth=1.2)
+    step = max(r.predicted_step_time_s for r in rep.ranks)
+    ax_t.axhline(1000 * step, color=GREY, linestyle="--", linewidth=1)
+    ax_t.annotate("planned step (every rank done)", (0.02, 1000 * step), xycoords=("axes fraction", "data"),
+                  xytext=(0, 4), textcoords="offset points", fontsize=8, color=GREY)
+    ax_t.set(title="Step time vs local batch", xlabel="local batch (samples)", ylabel="step time (ms)")
+    ax_x.set(title="Throughput vs local batch", xlabel="local batch (samples)", ylabel="samples/s (rank alone)")
+    ax_t.set_xlim(0, b_max)
+    ax_x.set_xlim(0, b_max)
+    ax_t.set_ylim(bottom=0)
+    ax_x.set_ylim(bottom=0)
+    ax_x.legend(fontsize=8, loc="lower right", title="points = measured, line = fit, star = plan, dotted = cap",
+                title_fontsize=7)
+    return fig
+
+
+def split(rep: Report) -> Figure:
+    """Equal split vs plan vs ideal throughput, and each rank's busy time under both splits."""
+    fig, (ax_b, ax_r) = _new(3.6)
+    thr = rep.throughput
+    names = ["equal split", "plan", "ideal"]
+    vals = [thr.equal_split_samples_per_s, thr.plan_samples_per_s, thr.ideal_samples_per_s]
+    bars = ax_b.bar(names, vals, color=[GREY, colour(0), colour(2)])
+    for bar, v in zip(bars, vals, strict=True):
+        text = f"{v:,.0f}" if v > 0 else "does not fit"
+        ax_b.annotate(text, (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=9,
+                      xytext=(0, 2), textcoords="offset points")
+    ax_b.set(title=f"Throughput at global batch {thr.global_batch}", ylabel="samples/s")
+    ax_b.set_ylim(0, max(vals) * 1.15)
+    ranks = [r.rank for r in rep.ranks]
+    y = np.arange(len(ranks))
+    eq = [1000 * r.equal_split_step_time_s for r in rep.ranks]
+    pl = [1000 * r.predicted_step_time_s for r in rep.ranks]
+    ax_r.barh(y + 0.2, eq, height=0.38, color=GREY, label="equal split")
+    ax_r.barh(y - 0.2, pl, height=0.38, color=colour(0), label="plan")
+    ax_r.axvline(max(eq), color=GREY, linestyle="--", linewidth=1)
+    ax_r.axvline(max(pl), color=colour(0), linestyle="--", linewidth=1)
+    ax_r.set_yticks(y, [f"rank {r.rank}\n{r.label}" for r in rep.ranks], fontsize=8)
+    ax_r.invert_yaxis()
+    ax_r.set(title="Busy time per rank (dashed = synchronous step)", xlabel="ms per step")
+    ax_r.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def sweep(rep: Report) -> Figure:
+    """Throughput and epoch time against the global batch, with the within-5%-of-best range shaded."""
+    fig, (ax_x, ax_e) = _new(3.6)
+    ok = [p for p in rep.sweep if p.feasible]
+    bs = np.array([p.global_batch for p in ok], dtype=float)
+    rng = rep.findings.best_batch_range
+    for ax in (ax_x, ax_e):
+        ax.set_xscale("log", base=2)
+        if rng is not None:
+            ax.axvspan(rng[0], rng[1], color=colour(2), alpha=0.15, label="within 5% of best")
+        ax.axvline(rep.throughput.global_batch, color=GREY, linestyle="--", linewidth=1, label="this plan")
+        ax.set_xlabel("global batch (samples, log scale)")
+    ax_x.plot(bs, [p.samples_per_s for p in ok], color=colour(0), marker="o", label="plan")
+    eq = [(p.global_batch, p.equal_split_samples_per_s) for p in ok if p.equal_split_samples_per_s > 0]
+    if eq:
+        ax_x.plot([b for b, _ in eq], [v for _, v in eq], color=colour(1), marker="s", label="equal split")
+    ax_x.set(title="Throughput vs global batch", ylabel="samples/s")
+    ax_x.set_ylim(bottom=0)
+    ax_x.legend(fontsize=8)
+    ax_e.plot(bs, [p.epoch_time_s for p in ok], color=colour(0), marker="o")
+    ax_e.set_yscale("log")
+    ax_e.set(title=f"Epoch time ({rep.throughput.dataset_size:,} samples)", ylabel="seconds per epoch (log)")
+    return fig
+
+
+def memory(rep: Report) -> Figure | None:
+    """Planned batch against each rank's cap (None when no rank has a cap)."""
+    capped = [r for r in rep.ranks if r.cap is not None]
+    if not capped:
+        return None
+    fig, ax = _new(0.9 + 0.45 * len(rep.ranks), ncols=1)
+    y = np.arange(len(rep.ranks))
+    top = max(max(r.cap or 0 for r in rep.ranks), max(r.batch_size for r in rep.ranks)) * 1.1
+    for i, r in enumerate(rep.ranks):
+        if r.cap is not None:
+            ax.barh(i, r.cap, color="white", edgecolor=colour(r.rank), hatch="//", height=0.6)
+        ax.barh(i, r.batch_size, color=colour(r.rank), height=0.6)
+        note = f"{r.batch_size} of {r.cap} ({100 * r.batch_size / r.cap:.0f}% of cap)" if r.cap else \
+            f"{r.batch_size} (no cap)"
+        ax.annotate(note, (min(max(r.cap or 0, r.batch_size), top), i), xytext=(4, 0), textcoords="offset points",
+                    va="center", fontsize=8)
+    ax.set_yticks(y, [f"rank {r.rank} ({r.label})" for r in rep.ranks], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, top * 1.25)
+    ax.set(title="Memory headroom: planned batch (solid) vs cap (hatched)", xlabel="local batch (samples)")
+    return fig
+
+
+def what_ifs(rep: Report) -> Figure | None:
+    if not rep.what_ifs:
+        return None
+    items = list(rep.what_ifs)
+    fig, ax = _new(0.9 + 0.4 * len(items), ncols=1)
+    y = np.arange(len(items))
+    vals = [100 * w.delta_frac if w.feasible else 0.0 for w in items]
+    cols = [colour(2) if v > 0 else colour(3) for v in vals]
+    ax.barh(y, vals, color=cols, height=0.6)
+    for i, (w, v) in enumerate(zip(items, vals, strict=True)):
+        text = f"{v:+.1f}%  ({w.samples_per_s:,.0f}/s)" if w.feasible else "infeasible"
+        ax.annotate(text, (v, i), xytext=(4 if v >= 0 else -4, 0), textcoords="offset points", va="center",
+                    ha="left" if v >= 0 else "right", fontsize=8)
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(y, [w.label for w in items], fontsize=8)
+    ax.invert_yaxis()
+    lo, hi = min([*vals, 0.0]), max([*vals, 0.0])
+    pad = 0.35 * (hi - lo or 1.0)
+    ax.set_xlim(lo - (pad if lo < 0 else 0), hi + pad)
+    ax.set(title=f"What-if: change in samples/s at global batch {rep.throughput.global_batch}",
+           xlabel="change vs the current cluster (%)")
+    return fig
+
+
+def scaling(rep: Report) -> Figure | None:
+    pts = [p for p in rep.scaling if p.feasible]
+    if len(rep.scaling) < 2 or not pts:
+        return None
+    fig, ax = _new(3.4, ncols=1)
+    k = [p.num_ranks for p in pts]
+    ax.plot(k, [p.samples_per_s for p in pts], color=colour(0), marker="o", label="plan")
+    ax.plot(k, [p.equal_split_samples_per_s for p in pts], color=colour(1), marker="s", label="equal split")
+    for p in pts:
+        ax.annotate(f"{p.speedup:.2f}x" + ("*" if p.note else ""), (p.num_ranks, p.samples_per_s), xytext=(0, 6),
+                    textcoords="offset points", ha="center", fontsize=8)
+    ax.set_xticks(k)
+    ax.set_ylim(bottom=0)
+    ax.set(title="Scaling over the first k ranks (speedup vs rank 0 alone; * = global batch lowered to fit)",
+           xlabel="ranks used (0..k-1)", ylabel="samples/s")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def run_log(rep: Report) -> Figure | None:
+    log = rep.log
+    if log is None or not log.epochs:
+        return None
+    fig, (ax_r, ax_x) = _new(3.8)
+    ep = [e.epoch for e in log.epochs]
+    n = max(len(e.measured_compute_s) for e in log.epochs)
+    for i in range(n):
+        pred = [(e.epoch, 1000 * e.predicted_step_time_s[i]) for e in log.epochs if i < len(e.predicted_step_time_s)]
+        meas = [(e.epoch, 1000 * e.measured_busy_s[i]) for e in log.epochs if i < len(e.measured_compute_s)]
+        if meas:
+            ax_r.plot(*zip(*meas, strict=True), color=colour(i), marker=marker(i), label=f"rank {i} measured")
+        if pred:
+            ax_r.plot(*zip(*pred, strict=True), color=colour(i), linestyle="--", label=f"rank {i} predicted")
+    for rp in log.replans:
+        for ax in (ax_r, ax_x):
+            ax.axvline(rp.epoch + 0.5, color=GREY, linestyle="-" if rp.adopted else ":", linewidth=1.2)
+    ax_r.set(title="Busy time per rank (solid measured, dashed predicted)", xlabel="epoch", ylabel="ms per step")
+    ax_r.set_ylim(bottom=0)
+    ax_r.legend(fontsize=7, ncols=2)
+    sx = [(e.epoch, e.samples_per_s) for e in log.epochs if e.samples_per_s is not None]
+    if sx:
+        ax_x.plot(*zip(*sx, strict=True), color=colour(0), marker="o", label="measured")
+    ax_x.axhline(rep.throughput.plan_samples_per_s, color=colour(2), linestyle="--", label="plan (predicted)")
+    ax_x.set(title="Throughput per epoch (vertical: re-plan, solid = adopted)", xlabel="epoch", ylabel="samples/s")
+    ax_x.set_ylim(bottom=0)
+    ax_x.set_xticks(ep)
+    ax_r.set_xticks(ep)
+    ax_x.legend(fontsize=8)
+    return fig
+
+
+FIGURES: tuple[tuple[str, str, Callable[[Report], Figure | None]], ...] = (
+    ("curves", "Per-rank curves", curves),
+    ("split", "Equal split vs plan vs ideal", split),
+    ("sweep", "Throughput and epoch time vs global batch", sweep),
+    ("memory", "Memory headroom", memory),
+    ("whatif", "What-if", what_ifs),
+    ("scaling", "Scaling over 1..W ranks", scaling),
+    ("log", "Predicted vs measured", run_log),
+)
+"""(id, title, builder) in page order; a builder returns None when its data is absent."""
+
+
+def render_all(rep: Report) -> dict[str, bytes]:
+    """PNG bytes of every figure that has data, keyed by id."""
+    out = {}
+    for key, _, build in FIGURES:
+        fig = build(rep)
+        if fig is not None:
+            out[key] = png_bytes(fig)
+    return out
