@@ -1,0 +1,365 @@
+"""Per-rank batch sizes for DDP: a batch sampler that reduces to DistributedSampler + BatchSampler.
+
+Layout (DESIGN.md section 5). Epoch e shuffles range(N) with ``torch.randperm(N, Generator().manual_seed(seed + e))``
+exactly as DistributedSampler does, and keeps the permutation P as one int32 tensor (4 bytes per sample; int64 past 2**31 samples; never a
+Python list). With B = sum(b_i), global step s owns P[s*B:(s+1)*B]; inside a step, rank i takes b_i of the B
+positions by a *weighted interleave*: sort the keys (k / b_i, i) for k < b_i over all ranks, and position p goes
+to the rank owning the p-th smallest key. With equal b that is positions i, i+W, i+2W, ... -- DistributedSampler's
+``rank::W`` -- so an equal plan reproduces DistributedSampler + BatchSampler batch for batch.
+
+The last partial step (drop_last=False, R = N - S*B samples left) gives rank i r_i = max(min_batch,
+ceil(R * b_i / B)) samples; when sum(r_i) > R the extra positions wrap around to P[0], P[1], ... (as
+DistributedSampler pads). Every rank yields the same number of batches, and every rank can compute every rank's
+batch size at every step (``counts_at``) without communicating: the gradient hook depends on that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+from planner.errors import ValidationError
+
+if TYPE_CHECKING:
+    from planner.plan import Plan
+
+STATE_VERSION = 1
+# Keys k / b are compared as float64: two distinct fractions with denominators <= 2**26 differ by >= 2**-52,
+# more than twice the worst rounding error of a quotient in [0, 1), so the float order is the exact order.
+MAX_BATCH = 1 << 26
+# Positions gathered per block while iterating: bounds the transient memory (8 MiB of int64) independent of N.
+_BLOCK_POSITIONS = 1 << 20
+
+
+def interleave_owners(batch_sizes: Sequence[int]) -> np.ndarray:
+    """Owner rank of each of the sum(batch_sizes) positions of a step (the weighted interleave).
+
+    >>> interleave_owners([2, 2]).tolist()
+    [0, 1, 0, 1]
+    >>> interleave_owners([3, 1]).tolist()
+    [0, 1, 0, 0]
+    """
+    sizes = np.asarray(batch_sizes, dtype=np.int64)
+    ranks = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+    # k for each key: position inside its own rank's run of the repeat above
+    starts = np.repeat(np.cumsum(sizes) - sizes, sizes)
+    k = np.arange(len(ranks), dtype=np.int64) - starts
+    keys = k / np.repeat(sizes, sizes).astype(np.float64)
+    order = np.lexsort((ranks, keys))  # primary key: k / b_i; ties (equal fractions) by rank
+    return ranks[order]
+
+
+def _check_sizes(batch_sizes: Sequence[int], min_batch: int, what: str = "batch_sizes") -> tuple[int, ...]:
+    sizes = tuple(int(b) for b in batch_sizes)
+    if not sizes:
+        raise ValidationError(f"{what}: needs one batch size per rank, got an empty list")
+    if any(isinstance(b, bool) or int(b) != b for b in batch_sizes):
+        raise ValidationError(f"{what}: batch sizes must be integers, got {list(batch_sizes)}")
+    low = [i for i, b in enumerate(sizes) if b < min_batch]
+    if low:
+        raise ValidationError(
+            f"{what}: rank {low[0]} has batch size {sizes[low[0]]}, below min_batch {min_batch}; "
+            f"give every rank at least {min_batch} samples (re-plan with --min-batch {min_batch})"
+        )
+    big = [i for i, b in enumerate(sizes) if b > MAX_BATCH]
+    if big:
+        raise ValidationError(f"{what}: rank {big[0]} batch size {sizes[big[0]]} exceeds the supported {MAX_BATCH}")
+    return sizes
+
+
+class HeteroBatchSampler(Sampler[list[int]]):
+    """Yields this rank's batches of dataset indices with a per-rank batch size; one global step per batch.
+
+    Use it as ``DataLoader(dataset, batch_sampler=HeteroBatchSampler(...))``. ``rank`` and the batch sizes are
+    explicit, so the sampler works (and tests) without a process group.
+
+    Worked example: N = 10 samples, shuffle=False, batch_sizes = [3, 1] (B = 4), drop_last=False. The weighted
+    interleave of one step is owners [0, 1, 0, 0]: rank 0 takes step positions 0, 2, 3 and rank 1 position 1.
+
+    ======  =====================  ==========
+    step    rank 0                 rank 1
+    ======  =====================  ==========
+    0       [0, 2, 3]              [1]
+    1       [4, 6, 7]              [5]
+    2       [8, 0]     (R=2)       [9]
+    ======  =====================  ==========
+
+    Step 2 is the partial step: R = 2 left, so r = (ceil(2*3/4), ceil(2*1/4)) = (2, 1); the interleave of [2, 1]
+    is owners [0, 1, 0], i.e. positions 8, 9, then 10 which wraps to P[0] = 0. With batch_sizes = [2, 2] the
+    batches are rank 0: [0, 2], [4, 6], [8, 0] and rank 1: [1, 3], [5, 7], [9, 1] -- exactly
+    ``BatchSampler(DistributedSampler(range(10), 2, rank), 2, drop_last=False)``.
+
+    .. warning::
+        Call :meth:`set_epoch` at the start of every epoch, **before** creating the DataLoader iterator, as with
+        DistributedSampler; otherwise every epoch uses the same order.
+
+    Args:
+        dataset_len: number of samples N in the dataset (every rank must pass the same N).
+        batch_sizes: local batch size of every rank, indexed by rank; the global batch is their sum.
+        rank: this process's rank, 0 <= rank < len(batch_sizes).
+        seed: shuffling seed, identical on every rank.
+        shuffle: permute the dataset each epoch (seed + epoch) or keep range(N).
+        drop_last: drop the last partial global step instead of padding it.
+        min_batch: no rank ever gets a batch smaller than this (2 for models with BatchNorm).
+    """
+
+    def __init__(self, dataset_len: int, batch_sizes: Sequence[int], rank: int, *, seed: int = 0,
+                 shuffle: bool = True, drop_last: bool = False, min_batch: int = 1) -> None:
+        if isinstance(dataset_len, bool) or int(dataset_len) != dataset_len or dataset_len < 1:
+            raise ValidationError(f"dataset_len must be a positive integer, got {dataset_len!r}")
+        if int(min_batch) != min_batch or min_batch < 1:
+            raise ValidationError(f"min_batch must be an integer >= 1, got {min_batch!r}")
+        self.dataset_len = int(dataset_len)
+        self.min_batch = int(min_batch)
+        sizes = _check_sizes(batch_sizes, self.min_batch)
+        if not 0 <= rank < len(sizes):
+            raise ValidationError(f"rank {rank} is outside 0..{len(sizes) - 1} for {len(sizes)} batch sizes")
+        self.rank = int(rank)
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        global_batch = sum(sizes)
+        if self.drop_last and self.dataset_len < global_batch:
+            raise ValidationError(
+                f"dataset has {self.dataset_len} samples, fewer than one global step of {global_batch} "
+                f"(batch sizes {list(sizes)}), so drop_last=True leaves 0 steps; use drop_last=False or a smaller "
+                "global batch"
+            )
+        self._epoch = 0
+        self._sizes = sizes
+        self._pending: tuple[int, ...] | None = None
+        self._resume_step = 0  # where the next iteration starts (set by load_state_dict)
+        self._generation = 0  # incremented by every __iter__: tells the gradient hook a new pass began
+        self._generation_start = 0  # step the current pass started at
+        self._position = 0  # steps yielded so far in the current pass (runs ahead of training when prefetching)
+        self._layout_cache: dict[tuple[int, ...], np.ndarray] = {}
+
+    # -- construction from a plan -------------------------------------------------------------------------
+    @classmethod
+    def from_plan(cls, plan: Plan, rank: int, dataset_len: int, **kw: Any) -> HeteroBatchSampler:
+        """A sampler with the plan's batch sizes and min_batch (``kw``: seed, shuffle, drop_last, min_batch)."""
+        kw.setdefault("min_batch", plan.min_batch)
+        return cls(dataset_len, plan.batch_sizes, rank, **kw)
+
+    # -- what every rank can compute without communicating ----------------------------------------------
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """Batch sizes of the current epoch (a pending re-plan is not included until it takes effect)."""
+        return self._sizes
+
+    @property
+    def world_size(self) -> int:
+        return len(self._sizes)
+
+    @property
+    def global_batch(self) -> int:
+        return sum(self._sizes)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def num_full_steps(self) -> int:
+        return self.dataset_len // self.global_batch
+
+    @property
+    def num_steps(self) -> int:
+        """Batches every rank yields per epoch (the same on every rank)."""
+        partial = self.dataset_len % self.global_batch != 0 and not self.drop_last
+        return self.num_full_steps + int(partial)
+
+    @property
+    def generation(self) -> int:
+        """Number of passes started (each ``__iter__``); the gradient hook resets its step count on change."""
+        return self._generation
+
+    @property
+    def start_step(self) -> int:
+        """Step the current pass started at (0, or the resumed step after ``load_state_dict``)."""
+        return self._generation_start if self._generation else self._resume_step
+
+    def partial_sizes(self) -> tuple[int, ...]:
+        """Every rank's batch size in the last partial step: max(min_batch, ceil(R * b_i / B))."""
+        remaining = self.dataset_len - self.num_full_steps * self.global_batch
+        big_b = self.global_batch
+        return tuple(max(self.min_batch, -(-remaining * b // big_b)) for b in self._sizes)
+
+    def counts_at(self, step: int) -> tuple[int, ...]:
+        """Every rank's number of samples at global step ``step`` of the current epoch (last step included)."""
+        if not 0 <= step < self.num_steps:
+            raise IndexError(f"step {step} is outside 0..{self.num_steps - 1} of epoch {self._epoch}")
+        return self._sizes if step < self.num_full_steps else self.partial_sizes()
+
+    def __len__(self) -> int:
+        return self.num_steps
+
+    # -- epochs and re-plans -----------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Select the shuffle of epoch ``epoch`` (seed + epoch). Call before creating the DataLoader iterator.
+
+        A new epoch number starts from step 0 and applies a pending :meth:`set_batch_sizes`; setting the same
+        epoch again keeps a resumed position (so ``load_state_dict`` followed by ``set_epoch(saved_epoch)`` works).
+        """
+        if epoch != self._epoch:
+            self._epoch = int(epoch)
+            self._resume_step = 0
+            self._apply_pending()
+
+    def set_batch_sizes(self, batch_sizes: Sequence[int]) -> None:
+        """Adopt new per-rank batch sizes from the next epoch start on (never mid-epoch).
+
+        The global batch must stay the same: then every epoch still covers each sample exactly once, and the
+        optimizer's hyper-parameters (tuned for that global batch) stay valid.
+        """
+        sizes = _check_sizes(batch_sizes, self.min_batch)
+        if len(sizes) != self.world_size:
+            raise ValidationError(f"set_batch_sizes: got {len(sizes)} batch sizes for world size {self.world_size}")
+        if sum(sizes) != self.global_batch:
+            raise ValidationError(
+                f"set_batch_sizes: new batch sizes {list(sizes)} sum to {sum(sizes)} but the global batch is "
+                f"{self.global_batch}; a re-plan must keep the global batch"
+            )
+        self._pending = None if sizes == self._sizes else sizes
+
+    def _apply_pending(self) -> None:
+        if self._pending is not None:
+            self._sizes, self._pending = self._pending, None
+
+    # -- checkpointing -----------------------------------------------------------------------------------
+    def state_dict(self, steps_done: int | None = None) -> dict[str, Any]:
+        """State to resume mid-epoch.
+
+        Args:
+            steps_done: batches your training loop has consumed in this epoch. Pass it when the DataLoader has
+                workers: they prefetch, so the sampler's own position runs ahead of training. Default: the
+                sampler's position (exact with ``num_workers=0``).
+        """
+        step = self._generation_start + self._position if steps_done is None else int(steps_done)
+        if self._generation == 0 and steps_done is None:
+            step = self._resume_step
+        if not 0 <= step <= self.num_steps:
+            raise ValidationError(f"state_dict: steps_done {step} is outside 0..{self.num_steps}")
+        return {
+            "version": STATE_VERSION,
+            "epoch": self._epoch,
+            "step": step,
+            "seed": self.seed,
+            "dataset_len": self.dataset_len,
+            "world_size": self.world_size,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "min_batch": self.min_batch,
+            "batch_sizes": list(self._sizes),
+            "pending_batch_sizes": None if self._pending is None else list(self._pending),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next iteration starts at the saved step of the saved epoch with the saved batch sizes."""
+        if state.get("version") != STATE_VERSION:
+            raise ValidationError(f"sampler state version {state.get('version')!r} is not {STATE_VERSION}")
+        for key in ("dataset_len", "seed", "world_size", "shuffle", "drop_last", "min_batch"):
+            mine = getattr(self, key)
+            if state[key] != mine:
+                raise ValidationError(
+                    f"sampler state was saved with {key}={state[key]} but this sampler has {key}={mine}; "
+                    "resume with the same dataset, seed, world size and sampler options"
+                )
+        self._sizes = _check_sizes(state["batch_sizes"], self.min_batch, "state.batch_sizes")
+        pending = state.get("pending_batch_sizes")
+        self._pending = None if pending is None else _check_sizes(pending, self.min_batch, "state.pending")
+        self._epoch = int(state["epoch"])
+        step = int(state["step"])
+        if not 0 <= step <= self.num_steps:
+            raise ValidationError(f"sampler state step {step} is outside 0..{self.num_steps}")
+        self._resume_step = step
+        self._generation_start, self._position = step, 0
+
+    # -- iteration ---------------------------------------------------------------------------------------
+    def _owners(self, sizes: tuple[int, ...]) -> np.ndarray:
+        owners = self._layout_cache.get(sizes)
+        if owners is None:
+            owners = interleave_owners(sizes)
+            self._layout_cache = {sizes: owners}  # one vector at a time: re-plans must not grow this
+        return owners
+
+    def _permutation(self) -> torch.Tensor | None:
+        if not self.shuffle:
+            return None  # identity: generated block by block instead of holding arange(N)
+        g = torch.Generator()
+        g.manual_seed(self.seed + self._epoch)
+        # int32 halves the memory (4 bytes/sample). torch's CPU randperm is a Fisher-Yates shuffle whose random
+        # draws do not depend on the dtype, so the permutation equals DistributedSampler's int64 one (tested).
+        dtype = torch.int32 if self.dataset_len < 2**31 else torch.int64
+        return torch.randperm(self.dataset_len, generator=g, dtype=dtype)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start = self._resume_step
+        self._resume_step = 0
+        if start == 0:
+            self._apply_pending()  # a pass from step 0 is an epoch start
+        self._generation += 1
+        self._generation_start, self._position = start, 0
+        return self._batches(start, self._permutation())
+
+    def _batches(self, start: int, perm: torch.Tensor | None) -> Iterator[list[int]]:
+        big_b, n = self.global_batch, self.dataset_len
+        full = self.num_full_steps
+        mine = torch.from_numpy(np.flatnonzero(self._owners(self._sizes) == self.rank))
+        steps_per_block = max(1, _BLOCK_POSITIONS // big_b)
+        for s0 in range(start, full, steps_per_block):
+            s1 = min(full, s0 + steps_per_block)
+            lo, hi = s0 * big_b, s1 * big_b
+            block = torch.arange(lo, hi) if perm is None else perm[lo:hi]
+            for row in block.view(s1 - s0, big_b)[:, mine].tolist():
+                self._position += 1
+                yield row
+        if self.num_steps > full and start <= full:
+            sizes = self.partial_sizes()
+            owners = interleave_owners(sizes)
+            pos = torch.from_numpy(np.flatnonzero(owners == self.rank)) + full * big_b
+            pos = pos % n  # wrap-around padding (repeatedly when N is tiny), as DistributedSampler pads
+            self._position += 1
+            yield (pos if perm is None else perm[pos]).tolist()
+
+
+class HeteroDistributedSampler(Sampler[int]):
+    """Single-index twin of :class:`HeteroBatchSampler` for code that insists on ``sampler=`` + ``batch_size=``.
+
+    Yields this rank's indices in batch order. Use it with ``DataLoader(ds, sampler=s, batch_size=s.batch_size,
+    drop_last=False)``: the loader then cuts exactly the planned batches, and the last batch of the epoch is the
+    plan's partial step (r_i <= b_i always holds). Any other ``batch_size`` or ``drop_last=True`` breaks the
+    step alignment between ranks. Same arguments as HeteroBatchSampler.
+    """
+
+    def __init__(self, dataset_len: int, batch_sizes: Sequence[int], rank: int, **kw: Any) -> None:
+        self.batch_sampler = HeteroBatchSampler(dataset_len, batch_sizes, rank, **kw)
+
+    @classmethod
+    def from_plan(cls, plan: Plan, rank: int, dataset_len: int, **kw: Any) -> HeteroDistributedSampler:
+        kw.setdefault("min_batch", plan.min_batch)
+        return cls(dataset_len, plan.batch_sizes, rank, **kw)
+
+    @property
+    def batch_size(self) -> int:
+        """The ``batch_size`` to give the DataLoader: this rank's planned local batch."""
+        return self.batch_sampler.batch_sizes[self.batch_sampler.rank]
+
+    def __iter__(self) -> Iterator[int]:
+        for batch in self.batch_sampler:
+            yield from batch
+
+    def __len__(self) -> int:
+        bs = self.batch_sampler
+        full = bs.num_full_steps * self.batch_size
+        return full + (bs.partial_sizes()[bs.rank] if bs.num_steps > bs.num_full_steps else 0)
+
+    def __getattr__(self, name: str) -> Any:
+        # set_epoch, counts_at, state_dict, num_steps, generation, ...: delegate, so the hook accepts either
+        if name == "batch_sampler":
+            raise AttributeError(name)
+        return getattr(self.batch_sampler, name)

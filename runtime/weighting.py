@@ -1,0 +1,176 @@
+"""Exact gradient weighting for uneven per-rank batches: a DDP comm hook and a loss-scale helper.
+
+The true gradient of a global step is  g = sum_i (n_i / n) * g_i,  where g_i is rank i's mean-loss gradient, n_i
+its sample count this step and n = sum_i n_i. Stock DDP computes (1/W) * sum_i g_i, which over-weights a rank
+with few samples. The hook multiplies each bucket by n_i / n and SUM-all-reduces (no division by W). Every rank
+knows every n_i from the sampler's deterministic layout (``counts_at``), so no extra collective is needed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from planner.errors import ValidationError
+
+
+class StepCounts(Protocol):
+    """What the weighting needs from a sampler (HeteroBatchSampler or HeteroDistributedSampler)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def num_steps(self) -> int: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def start_step(self) -> int: ...
+    def counts_at(self, step: int) -> tuple[int, ...]: ...
+
+
+def _window(sampler: StepCounts, step: int, accumulation_steps: int) -> range:
+    # Accumulation windows are aligned to the epoch start: [0, K), [K, 2K), ...; the last one may be shorter.
+    first = (step // accumulation_steps) * accumulation_steps
+    return range(first, min(first + accumulation_steps, sampler.num_steps))
+
+
+def _window_counts(sampler: StepCounts, step: int, accumulation_steps: int) -> tuple[int, int]:
+    mine = total = 0
+    for s in _window(sampler, step, accumulation_steps):
+        counts = sampler.counts_at(s)
+        mine += counts[sampler.rank]
+        total += sum(counts)
+    return mine, total
+
+
+def loss_scale(sampler: StepCounts, step: int, *, accumulation_steps: int = 1) -> float:
+    """Factor for a mean loss when DDP keeps its default (averaging) all-reduce: n_i * W / n.
+
+    ``(loss * loss_scale(sampler, step)).backward()`` makes DDP's mean over W ranks equal the true gradient.
+    With gradient accumulation over K micro-batches, n is the window's total over all ranks (windows of K steps
+    from the epoch start), so the scale already contains the 1/K: do NOT divide the loss by K as well. This is
+    exact for every window, the epoch's short last one included, and also with SyncBatchNorm.
+    """
+    mine_step = sampler.counts_at(step)[sampler.rank]
+    _, total = _window_counts(sampler, step, accumulation_steps)
+    return mine_step * sampler.world_size / total
+
+
+def accumulation_weight(sampler: StepCounts, step: int, accumulation_steps: int) -> float:
+    """Weight of micro-batch ``step``'s mean loss inside its accumulation window when using the hook.
+
+    n_i(step) / sum of n_i over the window: 1/K whenever this rank's micro-batches in the window are equal, which
+    is every window except one holding the epoch's partial last step. See :func:`register_weighted_hook`.
+    """
+    mine, _ = _window_counts(sampler, step, accumulation_steps)
+    return sampler.counts_at(step)[sampler.rank] / mine
+
+
+@dataclass(kw_only=True, slots=True)
+class WeightedHookState:
+    """Mutable state of one registered hook (one DDP model). Not a value type: the hook advances it."""
+
+    sampler: StepCounts
+    process_group: Any = None
+    """Group to all-reduce over (None = the default group), as in torch's default hooks."""
+    accumulation_steps: int = 1
+    on_last_bucket: Callable[[], None] | None = None
+    step: int = 0
+    """Sampler step of the next synchronizing backward in the current pass."""
+    generation: int = -1
+    """Sampler pass the step count belongs to; a new pass (new epoch or resume) resets ``step``."""
+    last_factor: float = 1.0
+    """n_i / n applied at the last synchronization (for logs and tests)."""
+    num_syncs: int = 0
+
+    def _factor_for_current_window(self) -> float:
+        s = self.sampler
+        if s.generation != self.generation:  # the sampler started a new pass: epoch start or resume
+            self.generation, self.step = s.generation, s.start_step
+        if self.step >= s.num_steps:
+            raise RuntimeError(
+                f"weighted gradient hook: synchronizing backward number {self.step + 1} of a pass that has only "
+                f"{s.num_steps} steps; feed training from a DataLoader over this sampler (a new `for` loop per "
+                "epoch) and pass accumulation_steps= when you use no_sync"
+            )
+        mine, total = _window_counts(s, self.step, self.accumulation_steps)
+        return mine / total
+
+    def _advance(self) -> None:
+        window = _window(self.sampler, self.step, self.accumulation_steps)
+        self.step = window.stop
+        self.num_syncs += 1
+
+
+def _weighted_allreduce_hook(state: WeightedHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    factor = state._factor_for_current_window()
+    buffer = bucket.buffer()
+    buffer.mul_(factor)
+    if bucket.is_last():
+        state.last_factor = factor
+        if state.on_last_bucket is not None:
+            state.on_last_bucket()  # before the launch: timing records "local compute done" here
+        state._advance()
+    fut = dist.all_reduce(buffer, group=state.process_group, async_op=True).get_future()  # type: ignore[union-attr]
+    return fut.then(lambda f: f.value()[0])
+
+
+def register_weighted_hook(ddp_model: torch.nn.parallel.DistributedDataParallel, sampler: StepCounts, *,
+                           on_last_bucket: Callable[[], None] | None = None, accumulation_steps: int = 1,
+                           process_group: Any = None) -> WeightedHookState:
+    """Make DDP's gradient the exact sample-weighted mean over all ranks' uneven batches.
+
+    Each gradient bucket is multiplied by n_i / n and SUM-all-reduced, so after ``backward()`` every rank holds
+    sum_i (n_i / n) g_i: the gradient one process would compute on the concatenation of all ranks' batches (for
+    a mean loss). Works with NCCL and gloo, and after ``sampler.set_batch_sizes`` (the counts come from the
+    sampler's current layout). The hook counts synchronizing backwards itself (``bucket.is_last()``), so the
+    DataLoader's prefetching, which moves the sampler ahead, does not matter; the count restarts when the sampler
+    starts a new pass (each ``for batch in loader``), at the resumed step after ``load_state_dict``.
+
+    Gradient accumulation with ``no_sync``: pass ``accumulation_steps=K``. Windows are K consecutive sampler steps
+    from the epoch start (the last may be shorter); run ``no_sync`` on all but the window's last micro-batch and
+    synchronize on the last (also at the end of the epoch). The hook then applies N_i / N, with N_i this rank's
+    and N all ranks' samples in the window, so the result is exact when the locally accumulated gradient is the
+    mean over this rank's window samples, i.e. each micro-batch's mean loss is multiplied by
+    ``accumulation_weight(sampler, step, K)`` -- which equals the usual ``1 / K`` in every window whose
+    micro-batches are equal on this rank (all but the window holding the epoch's partial last step).
+
+    SyncBatchNorm: its backward all-reduces the per-rank loss gradients unweighted, so a per-rank factor on the
+    parameter gradients cannot be exact when batch sizes differ. For SyncBatchNorm models keep DDP's default
+    all-reduce and use :func:`loss_scale` instead (exact); this function warns when it finds SyncBatchNorm.
+
+    Args:
+        ddp_model: the DistributedDataParallel model (a comm hook can be registered once, before training).
+        sampler: the HeteroBatchSampler (or HeteroDistributedSampler) feeding this rank.
+        on_last_bucket: called when the step's last bucket reaches the hook, before its all-reduce is launched.
+        accumulation_steps: micro-batches per optimizer step with ``no_sync`` (1 = no accumulation).
+        process_group: group to all-reduce over (default: the default group).
+
+    Returns:
+        The hook's state (current step, last factor), e.g. for logging.
+    """
+    if accumulation_steps < 1:
+        raise ValidationError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
+    world = dist.get_world_size(process_group)
+    if sampler.world_size != world:
+        raise ValidationError(
+            f"sampler has batch sizes for {sampler.world_size} ranks but the process group has {world}; "
+            "use a plan made for this world size"
+        )
+    if any(isinstance(m, torch.nn.SyncBatchNorm) for m in ddp_model.modules()):
+        warnings.warn(
+            "register_weighted_hook: the model has SyncBatchNorm, whose backward mixes unweighted per-rank losses; "
+            "with uneven batches use runtime.weighting.loss_scale and DDP's default all-reduce for exact gradients",
+            stacklevel=2,
+        )
+    state = WeightedHookState(sampler=sampler, process_group=process_group, accumulation_steps=accumulation_steps,
+                              on_last_bucket=on_last_bucket)
+    ddp_model.register_comm_hook(state, _weighted_allreduce_hook)
+    return state
