@@ -290,7 +290,10 @@ class Replanner:
 
         Without an initialized process group (one process) it decides locally.  Every rank leaves with the same
         plan and model state, checked by fingerprint; a disagreement raises on every rank instead of hanging.
-        The caller then applies ``decision.batch_sizes`` (``sampler.set_batch_sizes``) before the next epoch.
+        The caller then applies ``decision.batch_sizes`` (``sampler.set_batch_sizes``) before the next epoch;
+        when the adopted plan changes ``num_workers`` the DataLoader must be rebuilt to follow it.  With NCCL the
+        object collectives use the current CUDA device: call ``torch.cuda.set_device`` first (every DDP script
+        does).
         """
         import torch.distributed as dist
 

@@ -235,7 +235,12 @@ class StepTimer:
         if step.end_event is not None:
             # Read the previous steps' events now that this step's are recorded; never this step's own
             # (the device is usually still working on it) and never block.
-            ready = [s for s in self._pending if s.end_event is not None and s.end_event.query()]
+            # Both events are queried: with a side stream the start need not precede the end in one queue.
+            ready = [
+                s for s in self._pending
+                if s.start_event is not None and s.end_event is not None
+                and s.end_event.query() and s.start_event.query()
+            ]
             for s in ready:
                 self._read_events(s)
             self._pending = [s for s in self._pending if s.compute_s is None] + [step]
@@ -256,7 +261,8 @@ class StepTimer:
     def _flush(self) -> None:
         """Read every outstanding device event (blocks on the last few steps: once per epoch)."""
         for s in self._pending:
-            if s.end_event is not None:
+            if s.start_event is not None and s.end_event is not None:
+                s.start_event.synchronize()
                 s.end_event.synchronize()
                 self._read_events(s)
         self._pending = []
