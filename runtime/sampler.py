@@ -90,7 +90,7 @@ class HeteroBatchSampler(Sampler[list[int]]):
 
     Step 2 is the partial step: R = 2 left, so r = (ceil(2*3/4), ceil(2*1/4)) = (2, 1); the interleave of [2, 1]
     is owners [0, 1, 0], i.e. positions 8, 9, then 10 which wraps to P[0] = 0. With batch_sizes = [2, 2] the
-    batches are rank 0: [0, 2], [4, 6], [8, 0] and rank 1: [1, 3], [5, 7], [9, 1] -- exactly
+    batches are rank 0: [0, 2], [4, 6], [8] and rank 1: [1, 3], [5, 7], [9] -- exactly
     ``BatchSampler(DistributedSampler(range(10), 2, rank), 2, drop_last=False)``.
 
     .. warning::

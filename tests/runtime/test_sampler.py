@@ -1,0 +1,268 @@
+"""HeteroBatchSampler: literal shard tables, DistributedSampler equivalence and layout properties (single process)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+
+from planner.errors import ValidationError
+from runtime.sampler import HeteroBatchSampler, HeteroDistributedSampler, interleave_owners
+
+
+def shards(n: int, sizes: list[int], **kw: object) -> list[list[list[int]]]:
+    return [list(HeteroBatchSampler(n, sizes, r, **kw)) for r in range(len(sizes))]  # type: ignore[arg-type]
+
+
+# -- literal tables -------------------------------------------------------------------------------------------
+def test_docstring_example_3_1() -> None:
+    assert shards(10, [3, 1], shuffle=False) == [
+        [[0, 2, 3], [4, 6, 7], [8, 0]],
+        [[1], [5], [9]],
+    ]
+
+
+def test_equal_sizes_match_rank_stride() -> None:
+    assert shards(10, [2, 2], shuffle=False) == [
+        [[0, 2], [4, 6], [8]],
+        [[1, 3], [5, 7], [9]],
+    ]
+
+
+def test_three_ranks_uneven_with_padding_and_min_batch() -> None:
+    # B = 8, owners of [5, 1, 2]: keys 0,.2,.4,.6,.8 | 0 | 0,.5 -> ranks 0 1 2 0 0 2 0 0
+    assert interleave_owners([5, 1, 2]).tolist() == [0, 1, 2, 0, 0, 2, 0, 0]
+    # N = 11: one full step, R = 3 -> r = (ceil(15/8), ceil(3/8), ceil(6/8)) = (2, 1, 1); min_batch 2 -> (2, 2, 2)
+    assert shards(11, [5, 1, 2], shuffle=False, min_batch=1) == [
+        [[0, 3, 4, 6, 7], [8, 0]],  # partial step: owners of (2, 1, 1) are 0 1 2 0; position 11 wraps to P[0]
+        [[1], [9]],
+        [[2, 5], [10]],
+    ]
+    got = shards(11, [5, 2, 2], shuffle=False, min_batch=2)
+    assert [len(b) for b in got[0]] == [5, 2] and [len(b) for b in got[1]] == [2, 2]
+
+
+def test_drop_last_drops_partial_step_and_refuses_zero_steps() -> None:
+    assert shards(10, [3, 1], shuffle=False, drop_last=True) == [[[0, 2, 3], [4, 6, 7]], [[1], [5]]]
+    with pytest.raises(ValidationError, match="fewer than one global step of 4"):
+        HeteroBatchSampler(3, [3, 1], 0, drop_last=True)
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValidationError, match="below min_batch 2"):
+        HeteroBatchSampler(10, [3, 1], 0, min_batch=2)
+    with pytest.raises(ValidationError, match="rank 2 is outside"):
+        HeteroBatchSampler(10, [3, 1], 2)
+    with pytest.raises(ValidationError, match="dataset_len"):
+        HeteroBatchSampler(0, [3, 1], 0)
+
+
+def test_int32_permutation_equals_distributed_sampler_int64() -> None:
+    g = torch.Generator().manual_seed(7)
+    ref = torch.randperm(200_003, generator=g)
+    flat = [i for b in HeteroBatchSampler(200_003, [200_003], 0, seed=7) for i in b]
+    assert flat == ref.tolist()
+
+
+# -- DistributedSampler + BatchSampler equivalence -------------------------------------------------------------
+@settings(max_examples=600, deadline=None)
+@given(n=st.integers(1, 400), w=st.integers(1, 8), b=st.integers(1, 12), seed=st.integers(0, 3),
+       epoch=st.integers(0, 3), shuffle=st.booleans(), drop_last=st.booleans())
+def test_equal_plan_equals_distributed_sampler(n: int, w: int, b: int, seed: int, epoch: int, shuffle: bool,
+                                               drop_last: bool) -> None:
+    for rank in range(w):
+        ds = DistributedSampler(range(n), num_replicas=w, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        ds.set_epoch(epoch)
+        ref = list(BatchSampler(ds, b, drop_last=drop_last))
+        if drop_last and n < w * b:
+            assert ref == []  # DistributedSampler silently trains 0 steps; we refuse
+            with pytest.raises(ValidationError):
+                HeteroBatchSampler(n, [b] * w, rank, seed=seed, shuffle=shuffle, drop_last=drop_last)
+            continue
+        s = HeteroBatchSampler(n, [b] * w, rank, seed=seed, shuffle=shuffle, drop_last=drop_last)
+        s.set_epoch(epoch)
+        assert list(s) == ref
+        assert len(s) == len(ref)
+
+
+# -- layout properties -------------------------------------------------------------------------------------------
+def small_or_cheap_n() -> st.SearchStrategy[int]:
+    # mostly small N (cheap); one draw in four goes up to 10^5
+    return st.one_of(st.integers(1, 500), st.integers(1, 2000), st.integers(1, 500), st.integers(501, 100_000))
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> tuple[int, list[int], int]:
+    w = draw(st.integers(1, 16))
+    min_batch = draw(st.integers(1, 3))
+    big = draw(st.booleans())
+    hi = 300 if big else 12
+    sizes = draw(st.lists(st.integers(min_batch, hi), min_size=w, max_size=w))
+    n = draw(small_or_cheap_n())
+    return n, sizes, min_batch
+
+
+def epoch_layout(n: int, sizes: list[int], min_batch: int, **kw: object) -> list[list[list[int]]]:
+    out = []
+    for r in range(len(sizes)):
+        s = HeteroBatchSampler(n, sizes, r, min_batch=min_batch, **kw)  # type: ignore[arg-type]
+        out.append(list(s))
+        assert len(s) == len(out[-1])
+    return out
+
+
+@settings(max_examples=700, deadline=None)
+@given(layout=layouts(), seed=st.integers(0, 2**31), drop_last=st.booleans(), shuffle=st.booleans())
+def test_coverage_counts_and_min_batch(layout: tuple[int, list[int], int], seed: int, drop_last: bool,
+                                       shuffle: bool) -> None:
+    n, sizes, min_batch = layout
+    big_b = sum(sizes)
+    if drop_last and n < big_b:
+        with pytest.raises(ValidationError):
+            HeteroBatchSampler(n, sizes, 0, drop_last=True, min_batch=min_batch)
+        return
+    per_rank = epoch_layout(n, sizes, min_batch, seed=seed, drop_last=drop_last, shuffle=shuffle)
+    steps = {len(b) for b in per_rank}
+    assert len(steps) == 1  # equal batch counts: nobody waits in an all-reduce that never comes
+    num_steps = steps.pop()
+    ref = HeteroBatchSampler(n, sizes, 0, seed=seed, drop_last=drop_last, min_batch=min_batch, shuffle=shuffle)
+    seen: Counter[int] = Counter()
+    for step in range(num_steps):
+        counts = ref.counts_at(step)
+        for r in range(len(sizes)):
+            batch = per_rank[r][step]
+            assert len(batch) == counts[r] >= min_batch
+            seen.update(batch)
+        if step < n // big_b:
+            assert counts == tuple(sizes)
+    if drop_last:
+        assert num_steps == n // big_b and sum(seen.values()) == num_steps * big_b
+        assert max(seen.values()) == 1
+    else:
+        assert set(seen) == set(range(n))  # every sample at least once
+        remaining = n - (n // big_b) * big_b
+        # padding only in the partial step, and only what ceil/min_batch rounding asks for
+        padding = sum(seen.values()) - n
+        expected = sum(ref.partial_sizes()) - remaining if remaining else 0
+        assert padding == expected
+        if n >= sum(ref.partial_sizes()):
+            assert max(seen.values()) <= 2
+
+
+@settings(max_examples=400, deadline=None)
+@given(layout=layouts(), seed=st.integers(0, 1000), epoch=st.integers(0, 5))
+def test_deterministic_per_seed_and_epoch(layout: tuple[int, list[int], int], seed: int, epoch: int) -> None:
+    n, sizes, min_batch = layout
+    rank = len(sizes) - 1
+    a = HeteroBatchSampler(n, sizes, rank, seed=seed, min_batch=min_batch)
+    b = HeteroBatchSampler(n, sizes, rank, seed=seed, min_batch=min_batch)
+    a.set_epoch(epoch)
+    b.set_epoch(epoch)
+    first = list(a)
+    assert first == list(b) == list(a)  # same (seed, epoch): same batches, also on a second pass
+    if n > 2 * sum(sizes):
+        b.set_epoch(epoch + 1)
+        assert list(b) != first
+
+
+@settings(max_examples=300, deadline=None)
+@given(layout=layouts(), seed=st.integers(0, 1000), data=st.data())
+def test_replan_between_epochs_keeps_coverage(layout: tuple[int, list[int], int], seed: int,
+                                              data: st.DataObject) -> None:
+    n, sizes, min_batch = layout
+    w = len(sizes)
+    # a new vector with the same global batch: move samples between ranks, keeping each >= min_batch
+    new = list(sizes)
+    for _ in range(data.draw(st.integers(0, 5))):
+        i, j = data.draw(st.integers(0, w - 1)), data.draw(st.integers(0, w - 1))
+        if new[i] > min_batch:
+            k = data.draw(st.integers(1, new[i] - min_batch))
+            new[i] -= k
+            new[j] += k
+    samplers = [HeteroBatchSampler(n, sizes, r, seed=seed, min_batch=min_batch) for r in range(w)]
+    first = [list(s) for s in samplers]
+    for s in samplers:
+        s.set_batch_sizes(new)
+        assert s.batch_sizes == tuple(sizes)  # not mid-epoch
+        s.set_epoch(1)
+    second = [list(s) for s in samplers]
+    for epoch_batches in (first, second):
+        assert len({len(b) for b in epoch_batches}) == 1
+        assert {i for rank in epoch_batches for b in rank for i in b} == set(range(n))
+    assert all(len(b) == new[r] for r in range(w) for b in second[r][: n // sum(sizes)])
+    with pytest.raises(ValidationError, match="must keep the global batch"):
+        samplers[0].set_batch_sizes([*new[:-1], new[-1] + 1])
+
+
+@settings(max_examples=400, deadline=None)
+@given(layout=layouts(), seed=st.integers(0, 1000), data=st.data())
+def test_resume_equals_uninterrupted(layout: tuple[int, list[int], int], seed: int, data: st.DataObject) -> None:
+    n, sizes, min_batch = layout
+    rank = data.draw(st.integers(0, len(sizes) - 1))
+    full = HeteroBatchSampler(n, sizes, rank, seed=seed, min_batch=min_batch)
+    full.set_epoch(3)
+    ref = list(full)
+    stop = data.draw(st.integers(0, len(ref)))
+    first = HeteroBatchSampler(n, sizes, rank, seed=seed, min_batch=min_batch)
+    first.set_epoch(3)
+    it = iter(first)
+    consumed = [next(it) for _ in range(stop)]
+    state = first.state_dict()
+    assert state["step"] == stop
+    resumed = HeteroBatchSampler(n, sizes, rank, seed=seed, min_batch=min_batch)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(3)  # same epoch: keeps the resumed position
+    assert resumed.start_step == stop
+    assert consumed + list(resumed) == ref
+    resumed.set_epoch(4)  # next epoch starts from 0 again
+    assert len(list(resumed)) == len(ref)
+
+
+def test_state_dict_with_prefetch_and_refusals() -> None:
+    s = HeteroBatchSampler(100, [7, 3], 0, seed=1)
+    it = iter(s)
+    for _ in range(5):  # a DataLoader with workers prefetched 5 batches; training consumed 2
+        next(it)
+    state = s.state_dict(steps_done=2)
+    assert state["step"] == 2 and state["batch_sizes"] == [7, 3]
+    other = HeteroBatchSampler(101, [7, 3], 0, seed=1)
+    with pytest.raises(ValidationError, match="dataset_len=100 but this sampler has dataset_len=101"):
+        other.load_state_dict(state)
+    with pytest.raises(ValidationError, match="seed"):
+        HeteroBatchSampler(100, [7, 3], 0, seed=2).load_state_dict(state)
+    with pytest.raises(ValidationError, match="world_size"):
+        HeteroBatchSampler(100, [5, 3, 2], 0, seed=1).load_state_dict(state)
+
+
+def test_counts_at_does_not_depend_on_iteration_position() -> None:
+    s = HeteroBatchSampler(25, [7, 3], 1, seed=0)
+    before = [s.counts_at(i) for i in range(s.num_steps)]
+    it = iter(s)
+    next(it)
+    next(it)
+    assert [s.counts_at(i) for i in range(s.num_steps)] == before == [(7, 3), (7, 3), (4, 2)]
+    with pytest.raises(IndexError):
+        s.counts_at(3)
+
+
+def test_from_plan_and_distributed_twin_through_dataloader() -> None:
+    from planner.plan import Plan, Predicted, RankPlan
+
+    ranks = tuple(
+        RankPlan(rank=i, batch_size=b, share=b / 10, num_workers=0, predicted_step_time_s=0.1, bottleneck="compute")
+        for i, b in enumerate((7, 3))
+    )
+    plan = Plan(world_size=2, global_batch=10, ranks=ranks, min_batch=2,
+                predicted=Predicted(step_time_s=0.1, samples_per_s=100.0, equal_split_samples_per_s=80.0,
+                                    ideal_samples_per_s=100.0))
+    bs = HeteroBatchSampler.from_plan(plan, 1, 23, seed=4)
+    assert bs.batch_sizes == (7, 3) and bs.min_batch == 2
+    twin = HeteroDistributedSampler.from_plan(plan, 1, 23, seed=4)
+    loader = DataLoader(list(range(23)), sampler=twin, batch_size=twin.batch_size, drop_last=False)
+    assert [b.tolist() for b in loader] == list(bs)
+    assert len(twin) == sum(len(b) for b in bs) and twin.num_steps == len(bs) == 3
+    assert twin.counts_at(2) == (3, 2)
