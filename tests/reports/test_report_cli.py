@@ -1,0 +1,125 @@
+"""The run log reader, findings on loaders, and `planner report` end to end (HTML, --json, exit codes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner import Plan, Profile, solve
+from planner.cli import main
+from planner.errors import ValidationError
+from planner.profile import HostProfile
+from planner.solve import SolveOptions
+from reports.analysis import analyze
+from reports.runlog import read_run_log
+from tests.reports._fixtures import linear_rank, three_rank_profile, write_run_log
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "planner" / "examples" / "minimal_profile.json"
+
+
+def test_run_log_tolerates_extra_keys_unknown_events_and_a_truncated_tail(tmp_path: Path) -> None:
+    plan = solve(three_rank_profile(), global_batch=700)
+    log = read_run_log(write_run_log(tmp_path / "run.jsonl", plan))
+    assert (log.world_size, log.global_batch, log.num_skipped_lines) == (3, 700, 1)
+    assert log.start_plan is not None and log.start_plan.fingerprint == plan.fingerprint
+    assert [e.epoch for e in log.epochs] == [0, 1]
+    assert log.epochs[0].batch_sizes == (400, 200, 100)
+    assert log.epochs[0].measured_busy_s == pytest.approx([0.4, 0.4, 0.5])  # rank 2 ran 25% slow in epoch 0
+    assert [(r.epoch, r.adopted, r.predicted_gain) for r in log.replans] == [(0, False, 0.008), (1, True, 0.12)]
+
+
+def test_run_log_rejects_a_broken_middle_line(tmp_path: Path) -> None:
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"event": "start", "world_size": 2}\nnot json\n{"event": "end"}\n')
+    with pytest.raises(ValidationError, match=r"bad.jsonl:2: not a JSON line"):
+        read_run_log(p)
+
+
+def test_loader_starved_rank_and_the_workers_it_needs() -> None:
+    # Rank 1: 1 ms/sample compute but 10 ms/sample loading on a 2-core host (1 worker after the reserve).
+    prof = Profile(
+        hosts=(HostProfile(name="a", cpu_cores=16), HostProfile(name="b", cpu_cores=2)),
+        ranks=(linear_rank(0, 0.001, host="a"), linear_rank(1, 0.001, host="b", loader_s=0.01)),
+    )
+    plan = solve(prof, global_batch=110)
+    # Rank 1 is fed at 100 samples/s by one worker: b1 = 10 takes 0.1 s, as does b0 = 100 of compute.
+    assert plan.batch_sizes == (100, 10)
+    assert plan.ranks[1].bottleneck == "loader"
+    rep = analyze(prof, plan, SolveOptions())
+    (need,) = rep.findings.loader_starved
+    assert (need.rank, need.num_workers, need.workers_needed, need.host_worker_budget) == (1, 1, 10, 1)
+    assert any("Rank 1 is loader-starved" in line and "needs 10 workers" in line for line in rep.findings.lines)
+
+
+def test_cli_writes_html_json_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, js = tmp_path / "r" / "report.html", tmp_path / "r" / "report.json"
+    rc = main(["report", "--profile", str(EXAMPLE), "--global-batch", "512", "--out", str(out), "--json", str(js)])
+    assert rc == 0
+    page = out.read_text()
+    # Self-contained: figures inline, nothing fetched.
+    assert page.count('<img src="data:image/png;base64,') == 6  # no log: every figure but predicted-vs-measured
+    for needle in ("http://", "https://", "<script", "<link", "src=\"/", "url("):
+        assert needle not in page
+    data = json.loads(js.read_text())
+    ref = solve(Profile.load(EXAMPLE), global_batch=512)
+    assert data["throughput"]["plan_samples_per_s"] == ref.predicted.samples_per_s
+    assert data["throughput"]["equal_split_samples_per_s"] == ref.predicted.equal_split_samples_per_s
+    assert [r["batch_size"] for r in data["ranks"]] == list(ref.batch_sizes)
+    printed = capsys.readouterr().out
+    assert "Findings:" in printed and "what-if" in printed and f"wrote {out}" in printed
+
+
+def test_cli_with_plan_and_log(tmp_path: Path) -> None:
+    prof_path = tmp_path / "p.json"
+    three_rank_profile().save(prof_path)
+    plan = solve(three_rank_profile(), global_batch=700)
+    plan.save(tmp_path / "plan.json")
+    log = write_run_log(tmp_path / "run.jsonl", plan)
+    out, js = tmp_path / "report.html", tmp_path / "report.json"
+    rc = main(["report", "--profile", str(prof_path), "--plan", str(tmp_path / "plan.json"), "--log", str(log),
+               "--out", str(out), "--json", str(js), "--quiet"])
+    assert rc == 0
+    page = out.read_text()
+    # No rank has a memory cap, so no memory figure; the log adds predicted vs measured.
+    assert page.count("<img ") == 6 and 'id="fig-log"' in page and 'id="fig-memory"' not in page
+    assert "Predicted vs measured" in page and "rank 2 slowed down" in page
+    data = json.loads(js.read_text())
+    assert data["log"]["epochs"][0]["measured_busy_s"] == pytest.approx([0.4, 0.4, 0.5])
+    # A log alone is enough: the report takes the plan the run started with.
+    assert main(["report", "--profile", str(prof_path), "--log", str(log), "--out", str(out), "--quiet"]) == 0
+
+
+def test_cli_user_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", "--profile", str(EXAMPLE), "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert "needs --plan PATH or --global-batch B" in err and err.count("\n") == 1
+    plan = solve(Profile.load(EXAMPLE), global_batch=512)
+    plan.save(tmp_path / "plan.json")
+    assert main(["report", "--profile", str(EXAMPLE), "--plan", str(tmp_path / "plan.json"), "--global-batch", "256",
+                 "--out", str(tmp_path / "r.html")]) == 2
+    assert "differs from the plan's global batch 512" in capsys.readouterr().err
+    other = tmp_path / "three.json"
+    three_rank_profile().save(other)
+    assert main(["report", "--profile", str(other), "--plan", str(tmp_path / "plan.json"),
+                 "--out", str(tmp_path / "r.html")]) == 2
+    assert "the plan has 2 ranks but the profile has 3" in capsys.readouterr().err
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_report_module_does_not_import_matplotlib_or_torch_at_import_time() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, reports, reports.cli; "
+            "bad = [m for m in ('matplotlib', 'torch') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_plan_round_trip_through_the_report_is_unchanged(tmp_path: Path) -> None:
+    plan = solve(three_rank_profile(), global_batch=700)
+    rep = analyze(three_rank_profile(), Plan.from_dict(plan.to_dict()), SolveOptions())
+    assert rep.plan_fingerprint == plan.fingerprint
