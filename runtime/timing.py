@@ -40,6 +40,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
+from planner.errors import ValidationError
 from planner.stats import StepStats
 
 T = TypeVar("T")
@@ -117,7 +118,7 @@ class StepTimer:
         event_factory: Callable[[], DeviceEvent] | None = None,
     ) -> None:
         if warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+            raise ValidationError(f"warmup_steps must be >= 0, got {warmup_steps}")
         self.device = torch.device(device)
         self.warmup_steps = warmup_steps
         self._clock = clock
@@ -192,31 +193,33 @@ class StepTimer:
         else:
             self._compute_t0 = now
 
-    def compute_end(self) -> bool:
+    def compute_end(self) -> None:
         """Close the compute span: call from ``on_last_bucket`` (before that bucket's all-reduce).
 
         The first call after ``compute_start`` wins and later ones are ignored, so calling it again after
         ``backward()`` is a safe fallback for runs where no comm hook fires (one rank without DDP); on a
-        multi-rank run that later call would include waiting for the peers' all-reduce.
-
-        Returns:
-            True when this call closed the span.
+        multi-rank run that later call would include waiting for the peers' all-reduce.  ``compute_recorded``
+        tells whether the span is closed.
         """
         if self._compute_closed:
-            return False
+            return
         if self._event_factory is not None:
             if self._cur.start_event is None:
-                return False
+                return
             ev = self._event_factory()
             ev.record()
             self._cur.end_event = ev
         else:
             if self._compute_t0 is None:
-                return False
+                return
             self._cur.compute_s = self._clock() - self._compute_t0
             self._compute_t0 = None
         self._compute_closed = True
-        return True
+
+    @property
+    def compute_recorded(self) -> bool:
+        """True once this step's compute span is closed (by the hook or the after-backward fallback)."""
+        return self._compute_closed
 
     def step_end(self) -> None:
         """Call once per step after the optimizer step; reads earlier steps' device events if they are done."""
