@@ -305,11 +305,14 @@ def make_findings(
             + ("" if rng[0] <= thr.global_batch <= rng[1] else f"; {thr.global_batch} is outside it")
             + ". The global batch is your convergence choice; the planner never changes it."
         )
-    drops = [w for w in what_ifs if w.kind == "drop" and w.feasible and w.delta_samples_per_s > 0]
-    for w in drops:
-        lines.append(f"Dropping rank {w.subject_rank} raises throughput by {100 * w.delta_frac:.1f}% "
-                     f"({w.samples_per_s:,.0f} samples/s): it costs more than it adds.")
-    if not drops and profile.world_size > 1:
+    drops = sorted((w for w in what_ifs if w.kind == "drop" and w.feasible and w.delta_samples_per_s > 0),
+                   key=lambda w: -w.delta_samples_per_s)
+    if drops:
+        listed = ", ".join(f"rank {w.subject_rank} ({rows[w.subject_rank].label}) +{100 * w.delta_frac:.1f}%"
+                           for w in drops)
+        lines.append(f"Dropping one of these ranks raises throughput: {listed}. They cost more than they add "
+                     "(each what-if drops one rank at the same global batch).")
+    elif profile.world_size > 1:
         lines.append("Every rank adds throughput: dropping any of them lowers samples/s.")
     ups = sorted((w for w in what_ifs if w.kind == "upgrade" and w.feasible and w.delta_frac >= 0.05),
                  key=lambda w: -w.delta_samples_per_s)
@@ -321,10 +324,7 @@ def make_findings(
         w = adds[0]
         lines.append(f"Best addition: {w.label} (+{100 * w.delta_frac:.0f}%, {w.samples_per_s:,.0f} samples/s).")
     starved = loader_needs(profile, rows, opts)
-    for n in starved:
-        fix = (f"needs {n.workers_needed} workers (has {n.num_workers}; host {n.host} can give "
-               f"{n.host_worker_budget} in all)")
-        lines.append(f"Rank {n.rank} is loader-starved: its data takes longer than its compute; it {fix}.")
+    lines.extend(_loader_lines(profile, starved, opts))
     if not starved:
         lines.append("No rank is loader-starved at the planned batch.")
     return Findings(
@@ -335,6 +335,31 @@ def make_findings(
         upgrade_ranks=tuple(w.subject_rank for w in ups),
         loader_starved=tuple(starved),
     )
+
+
+def _loader_lines(profile: Profile, starved: list[LoaderNeed], opts: SolveOptions) -> list[str]:
+    """One line per host: which ranks wait for data and how many workers each needs."""
+    lines = []
+    for host in sorted({n.host for n in starved}):
+        needs = [n for n in starved if n.host == host]
+        n_ranks = sum(1 for r in profile.ranks if r.host == host)
+        h = profile.host(host)
+        if all(n.num_workers == 0 for n in needs):
+            # worker_budgets gave fewer spare cores than ranks: loading runs inside the training process.
+            lines.append(
+                f"Loader-starved on {host}: rank(s) {', '.join(str(n.rank) for n in needs)} load data in the training "
+                f"process because {h.cpu_cores} cores for {n_ranks} ranks leave {needs[0].host_worker_budget} for "
+                f"workers (fewer than one per rank); they need "
+                + ", ".join(f"{n.workers_needed}" for n in needs)
+                + " worker(s) respectively: give the host more cores or run fewer ranks on it."
+            )
+            continue
+        listed = ", ".join(f"rank {n.rank} needs {n.workers_needed} (has {n.num_workers})" for n in needs)
+        lines.append(
+            f"Loader-starved on {host}: data takes longer than compute; {listed} worker(s); the host can give "
+            f"{needs[0].host_worker_budget} in all ({h.cpu_cores} cores minus {opts.cpu_reserve_per_rank} per rank)."
+        )
+    return lines
 
 
 def _fmt_s(seconds: float) -> str:

@@ -51,21 +51,32 @@ def _new(height_in: float, ncols: int = 2) -> tuple[Figure, Any]:
 
 
 def curves(rep: Report) -> Figure:
-    """Per-rank step time and throughput against local batch: measured points, fitted envelope, planned point."""
-    fig, (ax_t, ax_x) = _new(4.2)
+    """Per-rank step time and throughput against local batch: measured points, fitted envelope, planned point.
+
+    Ranks with identical measurements (same card, same model) share one line and one colour, so eight ranks of
+    three kinds draw three lines, not eight on top of each other; every rank keeps its own planned star.
+    """
+    fig, (ax_t, ax_x) = _new(4.4)
     b_max = 1.1 * max(max(b for r in rep.ranks for b, _ in r.measured_points), max(r.batch_size for r in rep.ranks))
     grid = np.linspace(1.0, b_max, 300)
+    groups: dict[tuple[tuple[int, float], ...], list[int]] = {}
     for r in rep.ranks:
-        c, mk = colour(r.rank), marker(r.rank)
+        groups.setdefault(r.measured_points, []).append(r.rank)
+    group_of = {i: g for g, ranks in enumerate(groups.values()) for i in ranks}
+    for g, ranks in enumerate(groups.values()):
+        r = rep.ranks[ranks[0]]
+        c, mk = colour(g), marker(g)
         s, k = np.asarray(r.envelope_slopes)[:, None], np.asarray(r.envelope_intercepts)[:, None]
         t = np.max(s * grid[None, :] + k, axis=0)
         mb = np.array([b for b, _ in r.measured_points], dtype=float)
         mt = np.array([x for _, x in r.measured_points])
-        name = f"rank {r.rank} ({r.label})"
-        ax_t.plot(grid, 1000 * t, color=c, linewidth=1.6, label=name)
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        ax_t.plot(grid, 1000 * t, color=c, linewidth=1.6, label=f"{who} ({r.label})")
         ax_t.scatter(mb, 1000 * mt, color=c, marker=mk, s=28, zorder=3)
-        ax_x.plot(grid, grid / t, color=c, linewidth=1.6, label=name)
+        ax_x.plot(grid, grid / t, color=c, linewidth=1.6)
         ax_x.scatter(mb, mb / mt, color=c, marker=mk, s=28, zorder=3)
+    for r in rep.ranks:
+        c = colour(group_of[r.rank])
         # The planned point: the rank's busy time at its planned batch (compute, or loader when that is slower).
         ax_t.scatter([r.batch_size], [1000 * r.predicted_step_time_s], s=130, facecolor=c, edgecolor="black",
                      linewidth=1.5, marker="*", zorder=4)
@@ -76,16 +87,14 @@ def curves(rep: Report) -> Figure:
                 ax.axvline(r.cap, color=c, linestyle=":", linewidth=1.2)
     step = max(r.predicted_step_time_s for r in rep.ranks)
     ax_t.axhline(1000 * step, color=GREY, linestyle="--", linewidth=1, label="planned step (every rank done)")
-    # Upper left stays empty: step time grows with batch, so the curves leave that corner.
-    ax_t.legend(handles=ax_t.get_lines()[-1:], fontsize=8, loc="upper left")
     ax_t.set(title="Step time vs local batch", xlabel="local batch (samples)", ylabel="step time (ms)")
     ax_x.set(title="Throughput vs local batch", xlabel="local batch (samples)", ylabel="samples/s (rank alone)")
-    ax_t.set_xlim(0, b_max)
-    ax_x.set_xlim(0, b_max)
-    ax_t.set_ylim(bottom=0)
-    ax_x.set_ylim(bottom=0)
-    ax_x.legend(fontsize=8, loc="lower right", title="points = measured, line = fit, star = plan, dotted = cap",
-                title_fontsize=7)
+    for ax in (ax_t, ax_x):
+        ax.set_xlim(0, b_max)
+        ax.set_ylim(bottom=0)
+    # Below both panels: never covers a curve, however many kinds there are.
+    fig.legend(handles=ax_t.get_lines(), loc="outside lower center", ncols=min(4, len(groups) + 1), fontsize=8,
+               frameon=False)
     return fig
 
 

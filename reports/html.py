@@ -94,7 +94,8 @@ def render_html(rep: Report, pngs: dict[str, bytes], *, title: str = "ddp-planne
     ))
     parts.append(_figure(pngs, "curves", "Per-rank step time and throughput curves",
                          "Measured points, the fitted convex envelope the solver uses, and each rank's planned "
-                         "point (star). Dotted verticals are batch caps."))
+                         "point (star); a star above its curve means the loader, not compute, sets that rank's time. "
+                         "Ranks with identical measurements share a line. Dotted verticals are batch caps."))
     parts.append('<h2 id="split">Equal split vs plan vs ideal</h2>')
     parts.append(_table(
         ["split", "samples/s", "step ms", f"epoch ({thr.dataset_size:,} samples)"],

@@ -50,7 +50,7 @@ def test_loader_starved_rank_and_the_workers_it_needs() -> None:
     rep = analyze(prof, plan, SolveOptions())
     (need,) = rep.findings.loader_starved
     assert (need.rank, need.num_workers, need.workers_needed, need.host_worker_budget) == (1, 1, 10, 1)
-    assert any("Rank 1 is loader-starved" in line and "needs 10 workers" in line for line in rep.findings.lines)
+    assert any("Loader-starved on b" in line and "rank 1 needs 10 (has 1)" in line for line in rep.findings.lines)
 
 
 def test_cli_writes_html_json_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
