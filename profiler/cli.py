@@ -1,0 +1,205 @@
+"""`planner profile`: measure step time, memory, loader cost and all-reduce on each rank; write one profile JSON.
+
+Run alone it profiles one device (or several with ``--devices``); under torchrun every rank profiles its own device
+(LOCAL_RANK -> cuda:LOCAL_RANK, or cpu) and rank 0 writes the file.  torch is imported only inside ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import timedelta
+from typing import Any
+
+from planner._table import table
+from planner.errors import ValidationError
+from planner.profile import Profile
+from profiler.emulate import parse_rank_floats, parse_rank_ints
+from profiler.sweep import parse_batch_sizes
+
+HELP = "measure step time, memory, loader cost and all-reduce on each rank"
+EPILOG = """\
+examples:
+  planner profile --model mlp --dataset fake --device cpu --quick --out profile.json
+  planner profile --model resnet50 --dataset fake --amp --out profile.json            # cuda:0, bf16
+  planner profile --model resnet18 --dataset fake --devices cuda:0,cpu --out mix.json   # two local devices
+  torchrun --standalone --nproc-per-node 2 -m planner profile --model resnet50 --amp \\
+      --emulate-slowdown 1=3 --out profile.json                                        # rank 1 runs 3x slower
+
+Each rank's compute curve is the median wall time of full training steps (forward, backward, SGD step) at a
+geometric sweep of local batch sizes on synthetic on-device inputs, until the memory limit, a step slower than
+the limit, or the time budget.  The loader cost is the seconds one worker spends per sample of the real dataset
+pipeline.  Under torchrun the gradient all-reduce (25 MiB buckets, like DDP) is timed on the job's backend.
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="resnet18", metavar="M",
+                   help="torchvision classification name (resnet18, resnet50, ..), mnist_cnn, cifar_cnn, mlp, or "
+                        "package.module:factory (default resnet18)")
+    p.add_argument("--dataset", default="fake", metavar="D",
+                   help="fake, cifar10:DIR, mnist:DIR, imagefolder:DIR or package.module:factory (default fake)")
+    p.add_argument("--image-size", type=int, default=None, metavar="PX",
+                   help="input side in pixels (default: 224 for torchvision models, 32 cifar_cnn, 28 mnist_cnn/mlp)")
+    p.add_argument("--num-classes", type=int, default=None, metavar="N", help="classifier outputs (default from data)")
+    p.add_argument("--device", default="auto", metavar="DEV",
+                   help="auto (cuda:LOCAL_RANK if a GPU is visible, else cpu), cpu or cuda:N")
+    p.add_argument("--devices", default=None, metavar="LIST",
+                   help="profile several local devices in turn in this process, e.g. cuda:0,cuda:1,cpu (one rank each)")
+    p.add_argument("--batch-sizes", default="auto", metavar="auto|B,..",
+                   help="local batch sizes to time (default auto: 8,16,32,.. until memory, step limit or budget)")
+    p.add_argument("--max-batch", type=int, default=None, metavar="B", help="largest batch of the auto sweep")
+    p.add_argument("--budget-s", type=float, default=None, metavar="SEC",
+                   help="seconds of compute sweep per device (default 40; 6 with --quick)")
+    p.add_argument("--quick", action="store_true", help="CI-sized run: fewer repeats, small budget (seconds per device)")
+    p.add_argument("--amp", action="store_true", help="bf16 autocast for forward and loss (as in training with --amp)")
+    p.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto",
+                   help="channels_last memory format for image models (auto: on for CUDA)")
+    p.add_argument("--no-loader", action="store_true", help="skip the dataloader measurement")
+    p.add_argument("--emulate-slowdown", default=None, metavar="R=F,..",
+                   help="emulate slower ranks: rank R runs F x its real compute (e.g. 1=3,2=1.5)")
+    p.add_argument("--emulate-loader", default=None, metavar="R=W,..",
+                   help="cap rank R's loader at W workers (recorded; the trainer applies it)")
+    p.add_argument("--out", default="profile.json", metavar="PATH", help="profile JSON to write (default profile.json)")
+    p.add_argument("--pg-timeout-s", type=float, default=900.0, metavar="SEC",
+                   help="torch.distributed timeout under torchrun (default 900: ranks wait for the slowest profile)")
+
+
+def run(args: argparse.Namespace) -> int:
+    slowdowns = parse_rank_floats(args.emulate_slowdown, flag="--emulate-slowdown")
+    loader_caps = parse_rank_ints(args.emulate_loader, flag="--emulate-loader")
+    batch_sizes = parse_batch_sizes(args.batch_sizes)
+    distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if args.devices and distributed:
+        raise ValidationError("--devices profiles local devices in one process; under torchrun use --device per rank")
+
+    import torch
+
+    from profiler import run as prun
+    from profiler.specs import build_workload
+    from profiler.sweep import SweepOptions
+
+    workload = build_workload(args.model, args.dataset, image_size=args.image_size, num_classes=args.num_classes)
+    overrides: dict[str, Any] = {}
+    if args.max_batch is not None:
+        overrides["max_batch"] = args.max_batch
+    if args.budget_s is not None:
+        overrides["total_budget_s"] = args.budget_s
+    sweep = SweepOptions.quick(**overrides) if args.quick else SweepOptions(**overrides)
+    channels_last = {"auto": None, "on": True, "off": False}[args.channels_last]
+    meta = {"command": "planner profile " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["profile"] else sys.argv[1:]),
+            "quick": bool(args.quick),
+            "emulate_slowdown": {str(k): v for k, v in slowdowns.items()} or None,
+            "emulate_loader": {str(k): v for k, v in loader_caps.items()} or None}
+    meta = {k: v for k, v in meta.items() if v is not None}
+    common: dict[str, Any] = dict(quick=args.quick, batch_sizes=batch_sizes, amp=args.amp,
+                                  channels_last=channels_last, measure_loader=not args.no_loader, sweep=sweep)
+
+    if args.devices:
+        devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+        for d in devices:
+            _check_device(d, torch)
+        profile: Profile | None = prun.profile_devices(workload, devices, slowdowns=slowdowns, loader_caps=loader_caps,
+                                                       meta=meta, on_point=_progress(0), **common)
+    elif distributed:
+        profile = _run_distributed(args, workload, slowdowns, loader_caps, meta, common, torch, prun)
+    else:
+        device = _resolve_device(args.device, 0, torch)
+        _check_device(device, torch)
+        rp = prun.profile_this_rank(workload, device, slowdown=slowdowns.get(0, 1.0),
+                                    loader_workers_cap=loader_caps.get(0), on_point=_progress(0), **common)
+        profile = prun.gather_profile(rp, workload=workload, meta=meta)
+    if profile is not None:
+        profile.save(args.out)
+        print(format_profile(profile))
+        print(f"\nwrote {args.out}")
+    return 0
+
+
+def _run_distributed(args: argparse.Namespace, workload: Any, slowdowns: dict[int, float], loader_caps: dict[int, int],
+                     meta: dict[str, Any], common: dict[str, Any], torch: Any, prun: Any) -> Profile | None:
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    for r in list(slowdowns) + list(loader_caps):
+        if r >= world:
+            raise ValidationError(f"--emulate-*: rank {r} does not exist in a job of {world} ranks (0..{world - 1})")
+    device = _resolve_device(args.device, local_rank, torch)
+    _check_device(device, torch)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    # gloo for the control traffic works for every mix of devices; gather_profile times NCCL when all are CUDA.
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout_s))
+    try:
+        _, on_host, _ = prun.host_layout()
+        if device == "cpu":
+            # CPU ranks sharing a host split its cores, as they will in training.
+            from profiler.loader import usable_cores
+
+            torch.set_num_threads(max(1, usable_cores() // on_host))
+        rp = prun.profile_this_rank(workload, device, slowdown=slowdowns.get(rank, 1.0),
+                                    loader_workers_cap=loader_caps.get(rank), on_point=_progress(rank), **common)
+        return prun.gather_profile(rp, workload=workload, meta={**meta, "world_size": world})  # type: ignore[no-any-return]
+    finally:
+        dist.destroy_process_group()
+
+
+def _resolve_device(spec: str, local_rank: int, torch: Any) -> str:
+    if spec == "auto":
+        return f"cuda:{local_rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu"
+    return spec
+
+
+def _check_device(spec: str, torch: Any) -> None:
+    if spec == "cpu":
+        return
+    kind, _, idx = spec.partition(":")
+    if kind != "cuda" or (idx and not idx.isdigit()):
+        raise ValidationError(f"--device: expected auto, cpu or cuda:N, got {spec!r}")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if int(idx or 0) >= n:
+        raise ValidationError(f"--device {spec}: this machine has {n} visible CUDA device(s); use cpu or cuda:0..{n - 1}"
+                              if n else f"--device {spec}: no CUDA device is visible here; use --device cpu")
+
+
+def _progress(rank: int) -> Any:
+    """A tqdm bar on stderr for rank 0's sweep (off when stderr is not a terminal); returns the on_point hook."""
+    if rank != 0 or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    bar = tqdm(desc="compute sweep", unit="batch", file=sys.stderr, leave=False)
+
+    def on_point(p: Any) -> None:
+        bar.update(1)
+        bar.set_postfix_str(f"b={p.batch_size} {1000 * p.median_s:.1f} ms")
+
+    return on_point
+
+
+def format_profile(profile: Profile) -> str:
+    """Per-rank summary table plus model and all-reduce lines."""
+    rows = []
+    for r in profile.by_rank:
+        pts = r.compute
+        best = max(pts, key=lambda p: p.batch_size / p.step_time_s)
+        cap = r.memory.max_batch_size if r.memory and r.memory.max_batch_size else "-"
+        rows.append((
+            r.rank, r.device, (r.device_name or "")[:28], len(pts), f"{pts[0].batch_size}-{pts[-1].batch_size}",
+            f"{1000 * pts[0].step_time_s:.2f}", f"{1000 * pts[-1].step_time_s:.2f}",
+            f"{best.batch_size / best.step_time_s:.0f}", cap,
+            f"{1e3 * r.loader.sec_per_sample:.3f}" if r.loader else "-",
+            f"{r.meta.get('emulate_slowdown', 1.0):g}x",
+        ))
+    out = [table(["rank", "device", "name", "pts", "batches", "first ms", "last ms", "best samples/s", "max batch",
+                  "loader ms/sample", "emul"], rows)]
+    hosts = ", ".join(f"{h.name} ({h.cpu_cores} cores)" for h in profile.hosts)
+    lines = [f"hosts: {hosts}"]
+    if profile.model:
+        lines.append(f"model: {profile.model.name}, {profile.model.num_params or 0:,} params, "
+                     f"{(profile.model.grad_bytes or 0) / 2**20:.1f} MiB of gradient")
+    if profile.comm and profile.comm.allreduce_s is not None:
+        lines.append(f"all-reduce ({profile.comm.backend}): {1000 * profile.comm.allreduce_s:.2f} ms per step")
+    return "\n".join([*out, "", *lines])

@@ -1,0 +1,128 @@
+"""What hardware and software a rank runs on: device, host, versions, model size.
+
+NVML (nvidia-ml-py, ``import pynvml``) adds the SM clock, memory clock, PCIe link and NVLink count where the
+driver gives them; every NVML call is guarded, so a machine without a GPU, a driver or the package still
+profiles (the facts are simply absent).
+"""
+
+from __future__ import annotations
+
+import platform
+import socket
+from typing import Any
+
+import torch
+
+from planner.profile import HostProfile, ModelInfo
+from profiler.loader import usable_cores
+from profiler.memory import host_memory_bytes
+
+
+def host_name() -> str:
+    return socket.gethostname() or "localhost"
+
+
+def host_profile() -> HostProfile:
+    return HostProfile(name=host_name(), cpu_cores=usable_cores(), memory_bytes=host_memory_bytes())
+
+
+def software_facts() -> dict[str, Any]:
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def model_info(name: str, model: torch.nn.Module) -> ModelInfo:
+    params = [p for p in model.parameters()]
+    return ModelInfo(
+        name=name,
+        num_params=sum(p.numel() for p in params),
+        grad_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+    )
+
+
+def device_facts(device: torch.device) -> tuple[str, dict[str, Any]]:
+    """(device name, facts for RankProfile.meta)."""
+    if device.type != "cuda":
+        name = platform.processor() or platform.machine() or "cpu"
+        return f"CPU {name}", {"torch_threads": torch.get_num_threads()}
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    facts: dict[str, Any] = {
+        "sm_count": props.multi_processor_count,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "total_memory_bytes": int(props.total_memory),
+    }
+    facts.update(_nvml_facts(index))
+    return str(props.name), facts
+
+
+def _nvml_facts(index: int) -> dict[str, Any]:
+    try:
+        import pynvml
+    except ImportError:
+        return {}
+    out: dict[str, Any] = {}
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver / no GPU: NVML facts are optional
+        return {}
+    try:
+        # CUDA's index follows CUDA_VISIBLE_DEVICES and NVML's does not: match by UUID where torch gives it.
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        handle = None
+        if uuid is not None:
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+            except Exception:
+                handle = None
+        if handle is None:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        queries = {
+            "sm_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            "mem_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+            "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            "power_limit_w": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0,
+            "pcie_gen": lambda: pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle),
+            "pcie_width": lambda: pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle),
+            "gpu_utilization_pct": lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+            "nvlink_active_links": lambda: _nvlinks(pynvml, handle),
+            "driver": lambda: _text(pynvml.nvmlSystemGetDriverVersion()),
+        }
+        for key, query in queries.items():
+            try:
+                out[key] = query()
+            except Exception:  # a field the driver or card does not support
+                continue
+        # Other processes on the card: a co-tenant changes the measured speed; say so in the profile.
+        try:
+            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            out["gpu_processes"] = len(procs)
+        except Exception:
+            pass
+    except Exception:
+        pass
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return out
+
+
+def _nvlinks(pynvml: Any, handle: Any) -> int:
+    n = 0
+    for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            if pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED:
+                n += 1
+        except Exception:
+            break
+    return n
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)

@@ -1,0 +1,137 @@
+"""Dataloader cost: seconds one worker spends per sample, and throughput with 1..k workers.
+
+``sec_per_sample`` is measured in-process, the way a DataLoader worker runs: torch limited to one thread (workers
+set ``torch.set_num_threads(1)``), ``dataset[i]`` for consecutive indices (fetch, decode, transform) plus the
+``default_collate`` of a batch divided by its size.  Samples are timed in chunks and the median chunk is kept, so
+a moment of interference from another process does not inflate the cost.  Wall time is used (not only CPU time)
+because a worker that waits on disk is just as busy for the planner's purpose -- it produces w / c samples/s;
+the thread CPU time is recorded beside it in the rank's meta.
+
+``scaling`` runs a real ``DataLoader`` with 1..k workers (k = usable cores, or the emulated cap) for a short,
+fixed time after its first batch and records samples/s; it is informational (the planner uses sec_per_sample)
+and shows where the host's cores saturate.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, default_collate
+
+from planner.profile import LoaderPoint, LoaderProfile
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (affinity / cpuset), psutil or os.cpu_count() where that is unknown."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        pass
+    try:
+        import psutil
+
+        n = psutil.cpu_count(logical=True)
+        if n:
+            return int(n)
+    except Exception:  # psutil is optional here
+        pass
+    return os.cpu_count() or 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LoaderOptions:
+    num_samples: int = 256
+    """Samples timed in-process for sec_per_sample."""
+    chunk: int = 32
+    """Samples per timed chunk (the median chunk is kept) and the collate batch size."""
+    budget_s: float = 4.0
+    """Stop the in-process timing after this many seconds (slow pipelines), keeping >= 1 chunk."""
+    scaling_s: float = 1.0
+    """Seconds of timed iteration per worker count in the DataLoader scaling run (0: skip scaling)."""
+    max_workers: int | None = None
+    """Most workers tried in scaling (default: usable cores); the emulated cap lowers it."""
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> LoaderOptions:
+        base: dict[str, Any] = dict(num_samples=96, chunk=16, budget_s=1.5, scaling_s=0.4)
+        base.update(overrides)
+        return cls(**base)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LoaderCost:
+    sec_per_sample: float
+    cpu_sec_per_sample: float
+    samples_timed: int
+
+
+def measure_sample_cost(dataset: Any, opts: LoaderOptions, *, clock: Callable[[], float] = time.perf_counter) -> LoaderCost:
+    """Seconds per sample of one worker: fetch+transform per item plus the collate share (median over chunks)."""
+    n = min(opts.num_samples, len(dataset))
+    chunk = max(1, min(opts.chunk, n))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as inside a DataLoader worker
+    walls: list[float] = []
+    cpus: list[float] = []
+    try:
+        dataset[0]  # first access may open files / build caches
+        start, t_begin = 0, clock()
+        while start + chunk <= n or not walls:
+            idx = [(start + j) % len(dataset) for j in range(chunk)]
+            w0, c0 = clock(), time.thread_time()
+            default_collate([dataset[i] for i in idx])
+            walls.append((clock() - w0) / chunk)
+            cpus.append((time.thread_time() - c0) / chunk)
+            start += chunk
+            if clock() - t_begin > opts.budget_s:
+                break
+    finally:
+        torch.set_num_threads(threads)
+    return LoaderCost(sec_per_sample=float(statistics.median(walls)), cpu_sec_per_sample=float(statistics.median(cpus)),
+                      samples_timed=len(walls) * chunk)
+
+
+def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, seconds: float) -> list[LoaderPoint]:
+    """samples/s of a DataLoader with each worker count, timed for `seconds` after its first batch."""
+    out = []
+    for w in workers:
+        loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=w,
+                            persistent_workers=False, drop_last=True)
+        it = iter(loader)
+        try:
+            next(it)  # worker start-up is not throughput
+            count, t0 = 0, time.perf_counter()
+            for batch in itertools.islice(it, 10_000):
+                count += len(batch[0])
+                if time.perf_counter() - t0 >= seconds:
+                    break
+            elapsed = time.perf_counter() - t0
+        finally:
+            del it  # shuts the workers down
+        if count and elapsed > 0:
+            out.append(LoaderPoint(num_workers=w, samples_per_s=count / elapsed))
+    return out
+
+
+def worker_counts(max_workers: int) -> list[int]:
+    """1, 2, 4, .. up to max_workers (max_workers itself always included)."""
+    out = [w for w in (1, 2, 4, 8, 16, 32, 64) if w < max_workers]
+    return [*out, max_workers] if max_workers >= 1 else []
+
+
+def profile_loader(dataset: Any, opts: LoaderOptions) -> tuple[LoaderProfile, dict[str, Any]]:
+    """The rank's LoaderProfile plus facts for its meta (cpu seconds per sample, samples timed)."""
+    cost = measure_sample_cost(dataset, opts)
+    scaling: list[LoaderPoint] = []
+    k = usable_cores() if opts.max_workers is None else min(opts.max_workers, usable_cores())
+    if opts.scaling_s > 0 and k >= 1:
+        scaling = measure_scaling(dataset, worker_counts(k), batch_size=opts.chunk, seconds=opts.scaling_s)
+    meta = {"loader_cpu_sec_per_sample": cost.cpu_sec_per_sample, "loader_samples_timed": cost.samples_timed}
+    return LoaderProfile(sec_per_sample=cost.sec_per_sample, scaling=tuple(scaling)), meta

@@ -1,0 +1,256 @@
+"""The compute sweep's policy, free of torch and of clocks: which batch sizes, how many repeats, when to stop.
+
+The sweep drives a ``measure(batch_size, warmup, repeats) -> Measurement`` callable (the torch step runner in
+profiler.compute, or a fake in tests) and a ``clock() -> seconds`` (time.perf_counter, or a fake):
+
+  * batch sizes: explicit (``--batch-sizes 8,16,..``) or a geometric series ``start, start*g, ..`` up to
+    ``max_batch``;
+  * per batch: ``warmup`` untimed steps (allocator, cuDNN algorithm choice, autotuning for a new shape) plus one
+    timed probe step; the probe sets the repeats so a point costs about ``point_budget_s`` of timed steps,
+    clamped to [min_repeats, max_repeats]; the point is the *median* of the timed steps (robust against a
+    stray slow step; a mean would follow it);
+  * stop at: the end of the series; a batch that does not fit (``DoesNotFit`` -> its size is reported so
+    profiler.memory can search the largest batch that fits); a median step above ``step_limit_s``; or, once
+    ``min_points`` are in, when the next point (predicted as linear in the batch) would overrun
+    ``total_budget_s``;
+  * then suspects are re-measured: a point slower than the next larger batch, or more than ``suspect_tol`` above
+    the chord of its neighbours (a concave bump).  Interference from other processes only ever slows a step,
+    so of the two medians the lower one is kept.  This repairs the few points a busy host spoils without
+    paying for many more repeats everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from planner.curves import fit_envelope
+from planner.errors import ValidationError
+from planner.profile import ComputePoint, MemoryPoint
+
+
+class DoesNotFit(Exception):
+    """A step at this batch size ran out of device memory (raised by the measure callable)."""
+
+    def __init__(self, batch_size: int) -> None:
+        super().__init__(f"batch {batch_size} does not fit in device memory")
+        self.batch_size = batch_size
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Measurement:
+    times_s: tuple[float, ...]
+    """Wall time of each timed step (the measure callable synchronizes the device around its timer)."""
+    peak_bytes: int | None = None
+    """Peak allocated device bytes over these steps (None on CPU)."""
+
+
+Measure = Callable[[int, int, int], Measurement]
+"""measure(batch_size, warmup, repeats) -> Measurement; raises DoesNotFit."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SweepOptions:
+    batch_sizes: tuple[int, ...] | None = None
+    """Explicit batch sizes (sorted ascending); None: the geometric series below."""
+    start_batch: int = 8
+    growth: int = 2
+    max_batch: int = 4096
+    warmup: int = 2
+    min_repeats: int = 3
+    max_repeats: int = 15
+    point_budget_s: float = 1.0
+    """Target seconds of timed steps per point (sets the repeats)."""
+    step_limit_s: float = 2.0
+    """Stop growing once a median step is slower than this (the curve is linear by then)."""
+    total_budget_s: float = 40.0
+    """Stop growing when the next point would end after this many seconds (once min_points are measured)."""
+    min_points: int = 3
+    suspect_tol: float = 0.25
+    """Relative excess over the neighbours' chord (or over the next batch) that triggers a re-measurement."""
+    remeasure_rounds: int = 2
+
+    def __post_init__(self) -> None:
+        if self.batch_sizes is not None and (not self.batch_sizes or min(self.batch_sizes) < 1):
+            raise ValidationError(f"--batch-sizes: need positive integers, got {list(self.batch_sizes)}")
+        if self.start_batch < 1 or self.growth < 2 or self.max_batch < self.start_batch:
+            raise ValidationError(
+                f"sweep: need start_batch >= 1, growth >= 2, max_batch >= start_batch; got {self.start_batch}, "
+                f"{self.growth}, {self.max_batch}"
+            )
+        if not 1 <= self.min_repeats <= self.max_repeats:
+            raise ValidationError(f"sweep: need 1 <= min_repeats <= max_repeats, got {self.min_repeats}, {self.max_repeats}")
+
+    @classmethod
+    def quick(cls, **overrides: object) -> SweepOptions:
+        """CI-sized: a few seconds per device, still >= 3 points."""
+        base: dict[str, object] = dict(max_batch=512, warmup=1, min_repeats=3, max_repeats=7, point_budget_s=0.3,
+                                       step_limit_s=0.5, total_budget_s=6.0)
+        base.update(overrides)
+        return cls(**base)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SweepPoint:
+    batch_size: int
+    times_s: tuple[float, ...]
+    peak_bytes: int | None = None
+
+    @property
+    def median_s(self) -> float:
+        return float(statistics.median(self.times_s))
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range over median: the point's relative noise."""
+        if len(self.times_s) < 4:
+            return (max(self.times_s) - min(self.times_s)) / self.median_s
+        q = statistics.quantiles(self.times_s, n=4)
+        return (q[2] - q[0]) / self.median_s
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SweepResult:
+    points: tuple[SweepPoint, ...]
+    stop_reason: str
+    """"series end" | "does not fit" | "step limit" | "time budget"."""
+    oom_batch: int | None = None
+    """Smallest batch seen not to fit (None when none failed)."""
+    elapsed_s: float = 0.0
+
+    def compute_points(self) -> tuple[ComputePoint, ...]:
+        return tuple(ComputePoint(batch_size=p.batch_size, step_time_s=p.median_s) for p in self.points)
+
+    def memory_points(self) -> tuple[MemoryPoint, ...]:
+        return tuple(
+            MemoryPoint(batch_size=p.batch_size, peak_bytes=p.peak_bytes) for p in self.points if p.peak_bytes is not None
+        )
+
+    def fit_residual(self) -> float | None:
+        """Largest relative distance of a point from the fitted envelope (what the planner will use)."""
+        return fit_envelope(self.compute_points()).max_rel_residual if self.points else None
+
+
+def geometric_batches(start: int, stop: int, growth: int = 2) -> list[int]:
+    """start, start*growth, ... while <= stop."""
+    out, b = [], start
+    while b <= stop:
+        out.append(b)
+        b *= growth
+    return out
+
+
+def parse_batch_sizes(text: str | None) -> tuple[int, ...] | None:
+    """``"auto"``/None -> None; ``"8,16,32"`` -> (8, 16, 32) sorted and de-duplicated."""
+    if text is None or text.strip().lower() == "auto":
+        return None
+    try:
+        values = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ValidationError(f"--batch-sizes: expected 'auto' or comma-separated integers like 8,16,32, got {text!r}") from None
+    if not values or values[0] < 1:
+        raise ValidationError(f"--batch-sizes: need positive integers like 8,16,32, got {text!r}")
+    return tuple(values)
+
+
+def repeats_for(predicted_step_s: float, opts: SweepOptions) -> int:
+    """Timed steps so a point costs about point_budget_s, within [min_repeats, max_repeats]."""
+    if predicted_step_s <= 0:
+        return opts.max_repeats
+    return max(opts.min_repeats, min(opts.max_repeats, math.ceil(opts.point_budget_s / predicted_step_s)))
+
+
+def run_sweep(measure: Measure, opts: SweepOptions, *, clock: Callable[[], float],
+              on_point: Callable[[SweepPoint], None] | None = None) -> SweepResult:
+    """Measure the step time curve (see the module docstring for the policy)."""
+    explicit = opts.batch_sizes is not None
+    series = list(opts.batch_sizes) if opts.batch_sizes is not None else geometric_batches(
+        opts.start_batch, opts.max_batch, opts.growth)
+    t0 = clock()
+    points: list[SweepPoint] = []
+    reason, oom = "series end", None
+    for b in series:
+        if not explicit and len(points) >= opts.min_points:
+            last = points[-1]
+            # Predicted cost of the next point: linear in b (an over-estimate in a GPU's flat region).
+            step_pred = last.median_s * b / last.batch_size
+            cost = step_pred * (opts.warmup + 1 + repeats_for(step_pred, opts))
+            if clock() - t0 + cost > opts.total_budget_s:
+                reason = "time budget"
+                break
+        try:
+            probe = measure(b, opts.warmup, 1)
+            n = repeats_for(probe.times_s[0], opts)
+            rest = measure(b, 0, n - 1) if n > 1 else Measurement(times_s=())
+        except DoesNotFit:
+            reason, oom = "does not fit", b
+            break
+        peaks = [p for p in (probe.peak_bytes, rest.peak_bytes) if p is not None]
+        point = SweepPoint(batch_size=b, times_s=probe.times_s + rest.times_s, peak_bytes=max(peaks) if peaks else None)
+        points.append(point)
+        if on_point is not None:
+            on_point(point)
+        if not explicit and point.median_s > opts.step_limit_s:
+            reason = "step limit"
+            break
+    points = remeasure_suspects(measure, points, opts)
+    return SweepResult(points=tuple(points), stop_reason=reason, oom_batch=oom, elapsed_s=clock() - t0)
+
+
+def suspects(points: list[SweepPoint], tol: float) -> list[int]:
+    """Indices of points that look slowed by interference (see the module docstring)."""
+    med = [p.median_s for p in points]
+    bs = [p.batch_size for p in points]
+    out = []
+    for i in range(len(points)):
+        if i + 1 < len(points) and med[i] > (1 + tol) * med[i + 1]:
+            out.append(i)
+        elif 0 < i < len(points) - 1:
+            # Chord between the neighbours at this batch: a convex curve lies on or below it.
+            w = (bs[i] - bs[i - 1]) / (bs[i + 1] - bs[i - 1])
+            chord = (1 - w) * med[i - 1] + w * med[i + 1]
+            if med[i] > (1 + tol) * chord:
+                out.append(i)
+    return out
+
+
+def remeasure_suspects(measure: Measure, points: list[SweepPoint], opts: SweepOptions) -> list[SweepPoint]:
+    """Re-time suspect points (up to remeasure_rounds) and keep the lower median of the two measurements."""
+    points = list(points)
+    for _ in range(opts.remeasure_rounds):
+        bad = suspects(points, opts.suspect_tol)
+        if not bad:
+            break
+        for i in bad:
+            old = points[i]
+            try:
+                m = measure(old.batch_size, opts.warmup, max(opts.min_repeats, len(old.times_s)))
+            except DoesNotFit:
+                continue
+            new = SweepPoint(batch_size=old.batch_size, times_s=m.times_s, peak_bytes=old.peak_bytes)
+            if new.median_s < old.median_s:
+                points[i] = new
+    return points
+
+
+def search_max_batch(fits: Callable[[int], bool], lo_fits: int, hi_fails: int, *, rel_tol: float = 0.05,
+                     max_probes: int = 6) -> int:
+    """Largest batch that fits, by bisection between a batch known to fit and one known not to.
+
+    Stops when the bracket is within rel_tol of lo or after max_probes steps (each probe is a full training
+    step, possibly an out-of-memory one); returns the largest batch seen to fit.
+    """
+    assert 1 <= lo_fits < hi_fails, (lo_fits, hi_fails)
+    lo, hi = lo_fits, hi_fails
+    for _ in range(max_probes):
+        if hi - lo <= max(1, int(rel_tol * lo)):
+            break
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+

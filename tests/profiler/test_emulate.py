@@ -1,0 +1,127 @@
+"""Emulated slowdown: parsing, no side effects on gradients or BatchNorm state, and the f x timing (issue #6)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from planner.errors import ValidationError
+from profiler.compute import StepRunner
+from profiler.emulate import Slowdown, parse_rank_floats, parse_rank_ints
+from profiler.specs import build_workload
+from tests._dist import run_distributed
+
+
+def test_parse_rank_floats_and_ints() -> None:
+    assert parse_rank_floats("1=3,2=1.5") == {1: 3.0, 2: 1.5}
+    assert parse_rank_floats(" 0 = 2 , ") == {0: 2.0}
+    assert parse_rank_floats(None) == {} and parse_rank_floats("") == {}
+    assert parse_rank_ints("1=2,3=0") == {1: 2, 3: 0}
+    for bad in ("1:3", "x=3", "1=", "1=fast", "1=3,1=2"):
+        with pytest.raises(ValidationError, match="--emulate-slowdown"):
+            parse_rank_floats(bad)
+    with pytest.raises(ValidationError, match=">= 1"):
+        parse_rank_floats("1=0.5")
+    with pytest.raises(ValidationError, match="integer >= 0"):
+        parse_rank_ints("1=1.5")
+    with pytest.raises(ValidationError, match="RANK=WORKERS"):
+        parse_rank_ints("2", flag="--emulate-loader")
+
+
+def test_plan_splits_factor_into_full_passes_and_a_slice() -> None:
+    assert Slowdown(3.0).plan(64) == Slowdown(3.0).plan(64).__class__(full_passes=2, slice_samples=0)
+    p = Slowdown(2.25).plan(64)
+    assert (p.full_passes, p.slice_samples) == (1, 16)
+    assert not Slowdown(1.0).enabled
+    with pytest.raises(ValidationError):
+        Slowdown(0.9)
+
+
+def test_apply_leaves_grads_and_batchnorm_state_untouched() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                        nn.Linear(8, 4))
+    x, y = torch.randn(6, 3, 8, 8), torch.randint(0, 4, (6,))
+    bn = net[1]
+    assert isinstance(bn, nn.BatchNorm2d)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    Slowdown(2.5).apply(net, nn.functional.cross_entropy, x, y)
+    assert all(p.grad is None for p in net.parameters())
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert bn.momentum == 0.1  # restored
+    # With .grad already populated by the real step, apply adds nothing to it.
+    nn.functional.cross_entropy(net(x), y).backward()
+    grads = [p.grad.clone() for p in net.parameters() if p.grad is not None]
+    Slowdown(3.0).apply(net, nn.functional.cross_entropy, x, y)
+    assert all(torch.equal(a, p.grad) for a, p in zip(grads, net.parameters(), strict=True))
+
+
+def test_apply_works_under_autocast_and_for_factor_one() -> None:
+    net = nn.Sequential(nn.Flatten(), nn.Linear(12, 4))
+    x, y = torch.randn(5, 12), torch.randint(0, 4, (5,))
+    calls = []
+    net.register_forward_hook(lambda m, i, o: calls.append(o.dtype))
+    Slowdown(1.0).apply(net, nn.functional.cross_entropy, x, y)
+    assert calls == []  # no-op
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        Slowdown(2.5).apply(net, nn.functional.cross_entropy, x, y)
+    assert calls == [torch.bfloat16, torch.bfloat16]  # one full pass + one slice pass, both in bf16
+    assert all(p.grad is None for p in net.parameters())
+
+
+@pytest.mark.parametrize(("factor", "batches"), [(3.0, (16, 64)), (2.5, (32,))])
+def test_profiled_curve_scales_by_factor(factor: float, batches: tuple[int, ...]) -> None:
+    """The emulated rank's step time is factor x the real one within 8% at each batch.
+
+    Why this is a fair measurement on a shared 2-core CI box: one torch thread, a conv model whose compute
+    dominates the step (its optimizer step is <2% of it; the slowdown does not repeat the optimizer), real and
+    emulated steps interleaved so drift hits both, medians of 7, and the step timer is the thread's CPU time
+    (time.thread_time), which excludes time the OS gave to other processes -- wall time here swings 10x under
+    load, CPU time by a few percent.  Observed here: 2.92x for 3 and 2.48-2.50x for 2.5.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        w = build_workload("cifar_cnn", "fake", image_size=16, num_samples=16)
+        real = StepRunner(w, "cpu", timer=time.thread_time)
+        slow = StepRunner(w, "cpu", slowdown=factor, timer=time.thread_time)
+        for b in batches:
+            real.measure(b, 1, 0)
+            slow.measure(b, 1, 0)
+            t_real, t_slow = [], []
+            for _ in range(7):
+                t_real += real.measure(b, 0, 1).times_s
+                t_slow += slow.measure(b, 0, 1).times_s
+            ratio = statistics.median(t_slow) / statistics.median(t_real)
+            assert ratio == pytest.approx(factor, rel=0.08), (b, ratio)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _ddp_worker(rank: int, world_size: int) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    ref = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    ref.load_state_dict(net.state_dict())
+    ddp, ddp_ref = DDP(net), DDP(ref)
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g)
+    for _ in range(2):  # two steps: the reducer must be ready for the second one after the extra passes
+        for model, factor in ((ddp, 3.0 if rank == 1 else 1.0), (ddp_ref, 1.0)):
+            model.zero_grad(set_to_none=True)
+            Slowdown(factor).apply(model, nn.functional.cross_entropy, x, y)  # DDP is unwrapped inside
+            nn.functional.cross_entropy(model(x), y).backward()
+    for a, b in zip(ddp.parameters(), ddp_ref.parameters(), strict=True):
+        assert a.grad is not None and torch.allclose(a.grad, b.grad), "extra passes leaked into DDP's gradient"
+
+
+@pytest.mark.distributed
+def test_slowdown_under_ddp_leaves_the_allreduced_gradient_unchanged() -> None:
+    run_distributed(_ddp_worker, 2, timeout_s=60)

@@ -1,0 +1,161 @@
+"""The sweep policy with injected timings: no clock, no torch, deterministic."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.curves import fit_envelope
+from planner.errors import ValidationError
+from profiler.memory import find_max_batch
+from profiler.sweep import (
+    DoesNotFit,
+    Measurement,
+    SweepOptions,
+    SweepPoint,
+    SweepResult,
+    geometric_batches,
+    parse_batch_sizes,
+    repeats_for,
+    run_sweep,
+    search_max_batch,
+    suspects,
+)
+
+
+class FakeDevice:
+    """t(b) = max(flat_s, per_sample_s * b); batches above max_fit raise DoesNotFit; a fake clock advances by
+    every step it runs (warm-up included), so budgets are exercised without real time."""
+
+    def __init__(self, *, flat_s: float = 0.010, per_sample_s: float = 0.0002, max_fit: int = 10**9,
+                 spikes: dict[int, list[list[float]]] | None = None) -> None:
+        self.flat_s, self.per_sample_s, self.max_fit = flat_s, per_sample_s, max_fit
+        self.now = 0.0
+        self.calls: list[tuple[int, int, int]] = []
+        self.spikes = spikes or {}
+
+    def t(self, b: int) -> float:
+        return max(self.flat_s, self.per_sample_s * b)
+
+    def clock(self) -> float:
+        return self.now
+
+    def measure(self, b: int, warmup: int, repeats: int) -> Measurement:
+        self.calls.append((b, warmup, repeats))
+        if b > self.max_fit:
+            raise DoesNotFit(b)
+        # Queued spiked timings replace the next calls' times for b (interference from another process).
+        queue = self.spikes.get(b)
+        times = queue.pop(0) if queue else [self.t(b)] * repeats
+        self.now += self.t(b) * warmup + sum(times)
+        return Measurement(times_s=tuple(times), peak_bytes=1000 + 10 * b)
+
+
+def test_geometric_and_parse() -> None:
+    assert geometric_batches(8, 100) == [8, 16, 32, 64]
+    assert geometric_batches(3, 30, growth=3) == [3, 9, 27]
+    assert parse_batch_sizes("auto") is None
+    assert parse_batch_sizes(None) is None
+    assert parse_batch_sizes("64, 8,16,16") == (8, 16, 64)
+    with pytest.raises(ValidationError, match="comma-separated"):
+        parse_batch_sizes("8,sixteen")
+    with pytest.raises(ValidationError, match="positive"):
+        parse_batch_sizes("0,8")
+
+
+def test_repeats_follow_the_point_budget() -> None:
+    opts = SweepOptions(point_budget_s=1.0, min_repeats=3, max_repeats=15)
+    assert repeats_for(0.001, opts) == 15  # cheap steps: as many as allowed
+    assert repeats_for(0.2, opts) == 5  # 1 s / 0.2 s
+    assert repeats_for(5.0, opts) == 3  # slow steps: the minimum
+
+
+def test_auto_sweep_runs_the_series_and_hands_medians_to_the_fit() -> None:
+    dev = FakeDevice()
+    opts = SweepOptions(max_batch=256, total_budget_s=1e9)
+    res = run_sweep(dev.measure, opts, clock=dev.clock)
+    assert [p.batch_size for p in res.points] == [8, 16, 32, 64, 128, 256]
+    assert res.stop_reason == "series end" and res.oom_batch is None
+    # Each batch: one warm-up+probe call, then the remaining repeats without warm-up.
+    assert dev.calls[0] == (8, opts.warmup, 1) and dev.calls[1] == (8, 0, opts.max_repeats - 1)
+    pts = res.compute_points()
+    assert [p.step_time_s for p in pts] == [pytest.approx(dev.t(b)) for b in (8, 16, 32, 64, 128, 256)]
+    # The planner's envelope reproduces a flat-then-linear device exactly from these points.
+    env = fit_envelope(pts)
+    assert env(200) == pytest.approx(dev.t(200))
+    assert res.fit_residual() == pytest.approx(0.0, abs=1e-9)
+    assert [m.peak_bytes for m in res.memory_points()] == [1000 + 10 * b for b in (8, 16, 32, 64, 128, 256)]
+
+
+def test_stops_at_the_first_batch_that_does_not_fit() -> None:
+    dev = FakeDevice(max_fit=100)
+    res = run_sweep(dev.measure, SweepOptions(max_batch=1024, total_budget_s=1e9), clock=dev.clock)
+    assert [p.batch_size for p in res.points] == [8, 16, 32, 64]
+    assert res.stop_reason == "does not fit" and res.oom_batch == 128
+    # Bisection between 64 (ran) and 128 (failed) lands within 5% below the true limit.
+    probes: list[int] = []
+
+    def fits(b: int) -> bool:
+        probes.append(b)
+        return b <= dev.max_fit
+
+    best = find_max_batch(res, fits)
+    assert best is not None and 95 <= best <= 100
+    assert len(probes) <= 6
+
+
+def test_stops_when_a_step_exceeds_the_limit() -> None:
+    dev = FakeDevice(per_sample_s=0.01)  # 0.01 s per sample: b=256 -> 2.56 s
+    res = run_sweep(dev.measure, SweepOptions(step_limit_s=2.0, total_budget_s=1e9), clock=dev.clock)
+    assert res.points[-1].batch_size == 256 and res.stop_reason == "step limit"
+
+
+def test_time_budget_stops_growth_but_keeps_min_points() -> None:
+    dev = FakeDevice(flat_s=0.5, per_sample_s=0.05)  # already slow: every point costs seconds
+    opts = SweepOptions(total_budget_s=5.0, step_limit_s=1e9, min_points=3, min_repeats=3)
+    res = run_sweep(dev.measure, opts, clock=dev.clock)
+    assert len(res.points) == 3 and res.stop_reason == "time budget"
+    # The next point (predicted linear in b) would have overrun the budget, so it was never started.
+    assert max(b for b, _, _ in dev.calls) == 32
+
+
+def test_explicit_batches_ignore_limits_but_not_memory() -> None:
+    dev = FakeDevice(per_sample_s=0.01, max_fit=300)
+    opts = SweepOptions(batch_sizes=(16, 200, 400), step_limit_s=0.1, total_budget_s=1e9)
+    res = run_sweep(dev.measure, opts, clock=dev.clock)
+    assert [p.batch_size for p in res.points] == [16, 200] and res.oom_batch == 400
+
+
+def test_interference_spike_is_remeasured_and_the_lower_median_kept() -> None:
+    # Both measurements of b=32 in the sweep (probe + repeats) are slowed 10x; the re-measurement is clean.
+    dev = FakeDevice(flat_s=0.0, per_sample_s=0.001, spikes={32: [[0.32], [0.32, 0.32]]})
+    opts = SweepOptions(max_batch=128, total_budget_s=1e9, min_repeats=3, max_repeats=3)
+    res = run_sweep(dev.measure, opts, clock=dev.clock)
+    assert {p.batch_size: p.median_s for p in res.points}[32] == pytest.approx(0.032)
+    assert [c for c in dev.calls if c[0] == 32][-1] == (32, opts.warmup, 3)  # one re-measurement, warmed up
+
+
+def test_suspects_are_bumps_and_inversions_only() -> None:
+    def pts(times: list[float]) -> list[SweepPoint]:
+        return [SweepPoint(batch_size=b, times_s=(t,)) for b, t in zip((8, 16, 32, 64, 128), times, strict=True)]
+
+    assert suspects(pts([0.008, 0.016, 0.032, 0.064, 0.128]), 0.25) == []  # linear: clean
+    assert suspects(pts([0.010, 0.010, 0.010, 0.020, 0.040]), 0.25) == []  # flat then linear: convex, clean
+    assert suspects(pts([0.008, 0.016, 0.300, 0.064, 0.128]), 0.25) == [2]  # bump
+    assert suspects(pts([0.008, 0.050, 0.032, 0.064, 0.128]), 0.25) == [1]  # slower than the next batch
+
+
+def test_search_max_batch_and_empty_cases() -> None:
+    assert search_max_batch(lambda b: b <= 1000, 512, 1024, rel_tol=0.01, max_probes=20) in range(995, 1001)
+    res = SweepResult(points=(), stop_reason="does not fit", oom_batch=8)
+    assert find_max_batch(res, lambda b: b <= 5) == 5
+    assert find_max_batch(res, lambda b: False) is None
+    clean = SweepResult(points=(SweepPoint(batch_size=8, times_s=(0.1,)),), stop_reason="series end")
+    assert find_max_batch(clean, lambda b: True) is None
+
+
+def test_options_are_validated() -> None:
+    with pytest.raises(ValidationError):
+        SweepOptions(batch_sizes=())
+    with pytest.raises(ValidationError):
+        SweepOptions(min_repeats=5, max_repeats=2)
+    assert SweepOptions.quick(max_batch=64).max_batch == 64
