@@ -279,11 +279,12 @@ def make_findings(
     binding = tuple(r.rank for r in rows if r.predicted_step_time_s >= (1 - BINDING_TOL) * t_max)
     what = sorted({rows[i].bottleneck for i in binding})
     who = ", ".join(f"rank {i} ({rows[i].label})" for i in binding)
-    lines.append(
-        f"Step time {1000 * thr.step_time_s:.1f} ms is set by {who} ({' / '.join(what)}-bound)"
-        + (f", plus {1000 * thr.comm_s:.1f} ms of exposed communication." if thr.comm_s > 0 else ".")
-        + (" Every rank finishes together, so no rank waits." if len(binding) == len(rows) else "")
-    )
+    comm = f", plus {1000 * thr.comm_s:.1f} ms of exposed communication" if thr.comm_s > 0 else ""
+    if len(binding) == len(rows) and len(rows) > 1:
+        lines.append(f"All {len(rows)} ranks finish their step together at {1000 * t_max:.1f} ms "
+                     f"({' / '.join(what)}-bound){comm}: the split is balanced and nobody waits.")
+    else:
+        lines.append(f"Step time {1000 * thr.step_time_s:.1f} ms is set by {who} ({' / '.join(what)}-bound){comm}.")
     eq = thr.equal_split_samples_per_s
     gain = f" = {thr.plan_samples_per_s / eq:.2f}x the equal split ({eq:,.0f})" if eq > 0 else \
         " (the equal split does not fit in memory)"

@@ -25,7 +25,7 @@ def main() -> int:
     p.add_argument("--global-batch", type=int, default=512)
     p.add_argument("--html", default=str(ROOT / "docs/example-report.html"))
     p.add_argument("--png", default=str(ROOT / "docs/img/report-top.png"))
-    p.add_argument("--height-px", type=int, default=1180,
+    p.add_argument("--height-px", type=int, default=1230,
                    help="screenshot height in px: the top of the page (findings, plan table, curves)")
     args = p.parse_args()
     rc = planner_main(["report", "--profile", args.profile, "--global-batch", str(args.global_batch),
