@@ -122,6 +122,12 @@ def _weighted_allreduce_hook(state: WeightedHookState, bucket: dist.GradBucket) 
     return fut.then(lambda f: f.value()[0])
 
 
+# DDP checks the hook's annotations by identity; under `from __future__ import annotations` they are strings.
+_weighted_allreduce_hook.__annotations__ = {
+    "state": WeightedHookState, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor],
+}
+
+
 def register_weighted_hook(ddp_model: torch.nn.parallel.DistributedDataParallel, sampler: StepCounts, *,
                            on_last_bucket: Callable[[], None] | None = None, accumulation_steps: int = 1,
                            process_group: Any = None) -> WeightedHookState:
