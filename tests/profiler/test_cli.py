@@ -29,7 +29,8 @@ def test_profile_one_cpu_rank_quick(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert all(p.step_time_s > 0 for p in r.compute)
     assert r.loader is not None and r.loader.sec_per_sample > 0
     assert prof.hosts[0].cpu_cores == usable_cores()
-    assert prof.model is not None and prof.model.name == "mlp" and prof.model.grad_bytes == 4 * prof.model.num_params
+    assert prof.model is not None and prof.model.name == "mlp"
+    assert prof.model.num_params is not None and prof.model.grad_bytes == 4 * prof.model.num_params
     assert prof.comm is None  # one rank: nothing to all-reduce
     assert solve(prof, global_batch=256).batch_sizes == (256,)
     assert main(["validate", str(out)]) == 0

@@ -58,7 +58,7 @@ def test_apply_leaves_grads_and_batchnorm_state_untouched() -> None:
     nn.functional.cross_entropy(net(x), y).backward()
     grads = [p.grad.clone() for p in net.parameters() if p.grad is not None]
     Slowdown(3.0).apply(net, nn.functional.cross_entropy, x, y)
-    assert all(torch.equal(a, p.grad) for a, p in zip(grads, net.parameters(), strict=True))
+    assert all(p.grad is not None and torch.equal(a, p.grad) for a, p in zip(grads, net.parameters(), strict=True))
 
 
 def test_apply_works_under_autocast_and_for_factor_one() -> None:
@@ -93,7 +93,8 @@ def test_profiled_curve_scales_by_factor(factor: float, batches: tuple[int, ...]
         for b in batches:
             real.measure(b, 1, 0)
             slow.measure(b, 1, 0)
-            t_real, t_slow = [], []
+            t_real: list[float] = []
+            t_slow: list[float] = []
             for _ in range(7):
                 t_real += real.measure(b, 0, 1).times_s
                 t_slow += slow.measure(b, 0, 1).times_s
@@ -119,7 +120,7 @@ def _ddp_worker(rank: int, world_size: int) -> None:
             Slowdown(factor).apply(model, nn.functional.cross_entropy, x, y)  # DDP is unwrapped inside
             nn.functional.cross_entropy(model(x), y).backward()
     for a, b in zip(ddp.parameters(), ddp_ref.parameters(), strict=True):
-        assert a.grad is not None and torch.allclose(a.grad, b.grad), "extra passes leaked into DDP's gradient"
+        assert a.grad is not None and b.grad is not None and torch.allclose(a.grad, b.grad), "extra passes leaked into DDP's gradient"
 
 
 @pytest.mark.distributed
