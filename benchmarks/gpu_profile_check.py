@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     if cap is not None:
         held = [b for b in held if b <= cap]
     runner = StepRunner(workload, device, amp=amp, channels_last=channels_last)
-    rows, results = [], []
+    rows: list[tuple[object, ...]] = []
+    results: list[dict[str, Any]] = []
     for b in held:
         m = runner.measure(b, 3, args.repeats)
         meas = statistics.median(m.times_s)

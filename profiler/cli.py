@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="local batch sizes to time (default auto: 8,16,32,.. until memory, step limit or budget)")
     p.add_argument("--max-batch", type=int, default=None, metavar="B", help="largest batch of the auto sweep")
     p.add_argument("--budget-s", type=float, default=None, metavar="SEC",
-                   help="seconds of compute sweep per device (default 40; 6 with --quick)")
+                   help="seconds of compute sweep per device (default 30; 6 with --quick)")
     p.add_argument("--quick", action="store_true", help="CI-sized run: fewer repeats, small budget (seconds per device)")
     p.add_argument("--amp", action="store_true", help="bf16 autocast for forward and loss (as in training with --amp)")
     p.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto",
@@ -88,7 +88,9 @@ def run(args: argparse.Namespace) -> int:
         overrides["total_budget_s"] = args.budget_s
     sweep = SweepOptions.quick(**overrides) if args.quick else SweepOptions(**overrides)
     channels_last = {"auto": None, "on": True, "off": False}[args.channels_last]
-    meta = {"command": "planner profile " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["profile"] else sys.argv[1:]),
+    # The command line, when we were started as `planner profile ...` (not when called in-process).
+    command = "planner " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["profile"] else None
+    meta = {"command": command,
             "quick": bool(args.quick),
             "emulate_slowdown": {str(k): v for k, v in slowdowns.items()} or None,
             "emulate_loader": {str(k): v for k, v in loader_caps.items()} or None}

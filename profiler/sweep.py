@@ -12,7 +12,8 @@ profiler.compute, or a fake in tests) and a ``clock() -> seconds`` (time.perf_co
   * stop at: the end of the series; a batch that does not fit (``DoesNotFit`` -> its size is reported so
     profiler.memory can search the largest batch that fits); a median step above ``step_limit_s``; or, once
     ``min_points`` are in, when the next point (predicted as linear in the batch) would overrun
-    ``total_budget_s``;
+    ``total_budget_s``; a device so slow that it stops before ``min_points`` gets smaller batches instead
+    (start/2, start/4, ..), which cost less than the points already taken;
   * then suspects are re-measured: a point slower than the next larger batch, or more than ``suspect_tol`` above
     the chord of its neighbours (a concave bump).  Interference from other processes only ever slows a step,
     so of the two medians the lower one is kept.  This repairs the few points a busy host spoils without
@@ -65,7 +66,7 @@ class SweepOptions:
     """Target seconds of timed steps per point (sets the repeats)."""
     step_limit_s: float = 2.0
     """Stop growing once a median step is slower than this (the curve is linear by then)."""
-    total_budget_s: float = 40.0
+    total_budget_s: float = 30.0
     """Stop growing when the next point would end after this many seconds (once min_points are measured)."""
     min_points: int = 3
     suspect_tol: float = 0.25
@@ -195,6 +196,18 @@ def run_sweep(measure: Measure, opts: SweepOptions, *, clock: Callable[[], float
         if not explicit and point.median_s > opts.step_limit_s:
             reason = "step limit"
             break
+    if not explicit and points and len(points) < opts.min_points and reason in ("step limit", "time budget"):
+        # A slow device hit the limit early: smaller batches are cheaper and still pin the curve's shape.
+        b = points[0].batch_size // opts.growth
+        while b >= 1 and len(points) < opts.min_points:
+            try:
+                probe = measure(b, opts.warmup, opts.min_repeats)
+            except DoesNotFit:  # cannot happen below a batch that ran; keep what we have
+                break
+            points.insert(0, SweepPoint(batch_size=b, times_s=probe.times_s, peak_bytes=probe.peak_bytes))
+            if on_point is not None:
+                on_point(points[0])
+            b //= opts.growth
     points = remeasure_suspects(measure, points, opts)
     return SweepResult(points=tuple(points), stop_reason=reason, oom_batch=oom, elapsed_s=clock() - t0)
 

@@ -109,6 +109,13 @@ def test_stops_when_a_step_exceeds_the_limit() -> None:
     assert res.points[-1].batch_size == 256 and res.stop_reason == "step limit"
 
 
+def test_slow_device_gets_smaller_batches_for_min_points() -> None:
+    dev = FakeDevice(flat_s=0.0, per_sample_s=0.5)  # 4 s at the first batch (8)
+    res = run_sweep(dev.measure, SweepOptions(step_limit_s=2.0, min_points=3), clock=dev.clock)
+    assert [p.batch_size for p in res.points] == [2, 4, 8] and res.stop_reason == "step limit"
+    assert fit_envelope(res.compute_points())(16) == pytest.approx(8.0)
+
+
 def test_time_budget_stops_growth_but_keeps_min_points() -> None:
     dev = FakeDevice(flat_s=0.5, per_sample_s=0.05)  # already slow: every point costs seconds
     opts = SweepOptions(total_budget_s=5.0, step_limit_s=1e9, min_points=3, min_repeats=3)
