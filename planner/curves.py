@@ -21,7 +21,9 @@ A single point gives the line through the origin (time proportional to batch), t
 
 from __future__ import annotations
 
+import itertools
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -83,11 +85,11 @@ def _merge_median(points: Iterable[ComputePoint]) -> tuple[np.ndarray, np.ndarra
     for p in points:
         by_batch.setdefault(p.batch_size, []).append(p.step_time_s)
     b = np.array(sorted(by_batch), dtype=float)
-    t = np.array([float(np.median(by_batch[int(x)])) for x in b])
+    t = np.array([statistics.median(by_batch[int(x)]) for x in b])
     return b, t
 
 
-def isotonic(y: Sequence[float], w: Sequence[float] | None = None) -> np.ndarray:
+def isotonic(y: Sequence[float] | np.ndarray, w: Sequence[float] | None = None) -> np.ndarray:
     """Non-decreasing least-squares fit (pool-adjacent-violators)."""
     ys = [float(v) for v in y]
     ws = [1.0] * len(ys) if w is None else [float(v) for v in w]
@@ -136,7 +138,7 @@ def fit_envelope(points: Sequence[ComputePoint]) -> Envelope:
         hull.insert(0, (0.0, 0.0))
         hull = _lower_hull(np.array([p[0] for p in hull]), np.array([p[1] for p in hull]))
     slopes, intercepts = [], []
-    for (xa, ya), (xb, yb) in zip(hull, hull[1:], strict=False):
+    for (xa, ya), (xb, yb) in itertools.pairwise(hull):
         s = (yb - ya) / (xb - xa)
         slopes.append(max(s, 0.0))
         intercepts.append(ya - max(s, 0.0) * xa)

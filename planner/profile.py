@@ -207,7 +207,7 @@ def _rank_to_dict(r: RankProfile) -> JSONDict:
                 "max_batch_size": r.memory.max_batch_size,
             }
         )
-    loader = None
+    loader: JSONDict | None = None
     if r.loader is not None:
         loader = {"sec_per_sample": r.loader.sec_per_sample}
         if r.loader.scaling:

@@ -26,15 +26,14 @@ predicted synchronous step (it does not change the split).
 from __future__ import annotations
 
 import heapq
-import math
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_matrix
 
+from planner._program import Pieces, bisect_workers, solve_milp
 from planner.curves import Envelope, fit_envelope, memory_cap
 from planner.errors import PlanError, ValidationError
 from planner.plan import Bottleneck, Plan, Predicted, RankPlan
@@ -99,12 +98,12 @@ class RankModel:
 
 def build_models(profile: Profile, opts: SolveOptions) -> list[RankModel]:
     budgets = worker_budgets(profile, opts)
+    per_host = Counter(r.host for r in profile.ranks)
     models = []
     for r in profile.by_rank:
         cap, reason = memory_cap(r.memory, headroom=opts.memory_headroom), "memory"
         if opts.max_batch_per_rank is not None and (cap is None or opts.max_batch_per_rank < cap):
             cap, reason = opts.max_batch_per_rank, "max-batch-per-rank"
-        hosts_ranks = sum(1 for q in profile.ranks if q.host == r.host)
         models.append(
             RankModel(
                 rank=r.rank,
@@ -114,7 +113,7 @@ def build_models(profile: Profile, opts: SolveOptions) -> list[RankModel]:
                 sec_per_sample=r.loader.sec_per_sample if r.loader else 0.0,
                 cap=cap,
                 cap_reason=reason,
-                serial_loader=budgets[r.host] < hosts_ranks,
+                serial_loader=budgets[r.host] < per_host[r.host],
             )
         )
     return models
@@ -122,11 +121,8 @@ def build_models(profile: Profile, opts: SolveOptions) -> list[RankModel]:
 
 def worker_budgets(profile: Profile, opts: SolveOptions) -> dict[str, int]:
     """Loader workers each host can run: its cores minus `cpu_reserve_per_rank` per training process."""
-    out = {}
-    for h in profile.hosts:
-        n = sum(1 for r in profile.ranks if r.host == h.name)
-        out[h.name] = max(0, h.cpu_cores - opts.cpu_reserve_per_rank * n)
-    return out
+    per_host = Counter(r.host for r in profile.ranks)
+    return {h.name: max(0, h.cpu_cores - opts.cpu_reserve_per_rank * per_host[h.name]) for h in profile.hosts}
 
 
 def exposed_comm_s(profile: Profile) -> float:
@@ -177,19 +173,7 @@ def solve(
     caps = _check_feasible(models, global_batch, opts)
     budgets = worker_budgets(profile, opts)
 
-    b, t_compute, status = _solve_compute(models, caps, global_batch, opts)
-    method = "milp"
-    workers = _min_workers(models, b, t_compute)
-    if not _workers_fit(models, workers, budgets):
-        # The compute-optimal split starves a loader; the same T may still work with another split.
-        found = _feasible_at(models, caps, budgets, global_batch, t_compute, opts)
-        if found is None:
-            b, workers = _bisect_loader(models, caps, budgets, global_batch, t_compute, opts)
-            method = "milp+bisection"
-        else:
-            b, workers = found
-            method = "milp+workers"
-    b = _polish(models, b, workers, caps, opts.min_batch)
+    b, workers, method, status = _optimize(models, caps, budgets, global_batch, opts)
     workers = _spread_spare_workers(models, b, workers, budgets, opts)
     solve_s = time.perf_counter() - t0
     return _make_plan(
@@ -200,7 +184,7 @@ def solve(
         caps,
         opts,
         solver={"method": method, "status": status, "solve_time_s": round(solve_s, 6),
-                "profile_fingerprint": profile.fingerprint()},
+                "profile_fingerprint": profile.fingerprint(), "options": _options_dict(opts)},
     )
 
 
@@ -285,173 +269,55 @@ def _check_feasible(models: list[RankModel], B: int, opts: SolveOptions) -> list
     return caps
 
 
-# -- step 1: compute-only MILP ------------------------------------------------------------------------------
+# -- the optimization --------------------------------------------------------------------------------------
 def _envelope_for(m: RankModel) -> Envelope:
     return m.compute.plus_per_sample(m.sec_per_sample) if m.serial_loader else m.compute
 
 
-def _solve_compute(
-    models: list[RankModel], caps: list[int], B: int, opts: SolveOptions
-) -> tuple[np.ndarray, float, str]:
-    n = len(models)
-    envs = [_envelope_for(m) for m in models]
-    # Times are scaled so T is about 1: HiGHS tolerances are absolute.
-    eq = equal_split(B, n)
-    scale = max(e(b) for e, b in zip(envs, eq, strict=True)) or 1.0
-    rows, cols, vals, ub = [], [], [], []
-    r = 0
-    for i, e in enumerate(envs):
-        for s, c in zip(e.slopes, e.intercepts, strict=True):
-            # s*b_i - T <= -c   (all in units of `scale`)
-            rows += [r, r]
-            cols += [i, n]
-            vals += [s / scale, -1.0]
-            ub.append(-c / scale)
-            r += 1
-    A_piece = coo_matrix((vals, (rows, cols)), shape=(r, n + 1)).tocsr()
-    A_sum = coo_matrix((np.ones(n), (np.zeros(n, dtype=int), np.arange(n))), shape=(1, n + 1)).tocsr()
-    cost = np.zeros(n + 1)
-    cost[n] = 1.0
-    res = milp(
-        cost,
-        constraints=[LinearConstraint(A_piece, -np.inf, np.array(ub)), LinearConstraint(A_sum, B, B)],
-        bounds=Bounds(np.r_[np.full(n, opts.min_batch), 0.0], np.r_[np.asarray(caps, dtype=float), np.inf]),
-        integrality=np.r_[np.ones(n), 0.0],
-        options={"time_limit": opts.time_limit_s, "mip_rel_gap": 1e-6},
-    )
-    status = _status(res, "compute")
-    b = np.rint(res.x[:n]).astype(np.int64)  # integral up to HiGHS's integrality tolerance, not a relaxation
-    _fix_sum(b, B, caps, opts.min_batch)
-    t = max(e(x) for e, x in zip(envs, b.tolist(), strict=True))
-    return b, t, status
+def _arrays(models: list[RankModel], budgets: dict[str, int]) -> tuple[Pieces, np.ndarray, np.ndarray, np.ndarray]:
+    """(pieces, loader cost of ranks with workers, host index per rank, worker budget per host index)."""
+    pieces = Pieces.of([_envelope_for(m) for m in models])
+    p = np.array([0.0 if m.serial_loader else m.sec_per_sample for m in models])
+    names = sorted(budgets)
+    hosts = np.array([names.index(m.host) for m in models])
+    return pieces, p, hosts, np.array([budgets[h] for h in names])
 
 
-def _status(res: object, what: str) -> str:
-    status = getattr(res, "status")
-    x = getattr(res, "x")
-    if status == 0:
-        return "optimal"
-    if status == 1 and x is not None:
-        return "time_limit"  # feasible incumbent; the exchange pass still makes it locally optimal
-    if status == 2:
-        raise PlanError(f"the {what} program is infeasible: {getattr(res, 'message')}")
-    raise RuntimeError(f"HiGHS failed on the {what} program (status {status}): {getattr(res, 'message')}")
+def _busy(pieces: Pieces, p: np.ndarray, b: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Per-rank busy time: max(compute, loader) with workers, compute + loading when serial (folded in pieces)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        feed = np.where((p > 0) & (w > 0), p * b / np.maximum(w, 1), 0.0)
+    return np.maximum(pieces.times(b), feed)
 
 
-def _fix_sum(b: np.ndarray, B: int, caps: Sequence[int], min_batch: int) -> None:
-    """Guard against integrality tolerance leaving the sum off by one (never seen; cheap to ensure)."""
-    diff = B - int(b.sum())
-    i = 0
-    while diff != 0 and i < 10 * len(b):
-        j = i % len(b)
-        if diff > 0 and b[j] < caps[j]:
-            b[j] += 1
-            diff -= 1
-        elif diff < 0 and b[j] > min_batch:
-            b[j] -= 1
-            diff += 1
-        i += 1
-    assert diff == 0, "could not restore the batch sum"
+def _optimize(
+    models: list[RankModel], caps: list[int], budgets: dict[str, int], B: int, opts: SolveOptions
+) -> tuple[np.ndarray, np.ndarray, str, str]:
+    """(batch sizes, workers, method, status).  See the module docstring for the two steps."""
+    pieces, p, hosts, host_budget = _arrays(models, budgets)
+    cap_arr = np.asarray(caps, dtype=np.int64)
+    serial = np.array([m.serial_loader for m in models])
+    # Step 1: compute only (serial loaders are already folded into their ranks' pieces).
+    b, status = solve_milp(pieces, cap_arr, B, opts.min_batch, loader=None, time_limit_s=opts.time_limit_s)
+    T = float(np.max(pieces.times(b)))
+    method = "milp"
+    with np.errstate(divide="ignore", invalid="ignore"):
+        need = np.where(p > 0, np.ceil(p * b / T - 1e-9), 1.0)
+    w = np.where(serial, 0, np.maximum(need, 1)).astype(np.int64)
+    used = np.bincount(hosts, weights=w, minlength=len(host_budget))
+    if np.any(used > host_budget):
+        # Step 2: the loaders cannot keep up at T.  Fix the workers (greedy at the bisected T), then the MILP
+        # with p*b <= w*T linear again.
+        w = bisect_workers(pieces, cap_arr, B, opts.min_batch, p, hosts, host_budget, T)
+        w = np.where(serial, 0, w)
+        b, status = solve_milp(pieces, cap_arr, B, opts.min_batch, loader=(p, w), time_limit_s=opts.time_limit_s)
+        method = "milp+workers"
+    b = _polish(pieces, p, b, w, cap_arr, opts.min_batch)
+    return b, w, method, status
 
 
-# -- loaders --------------------------------------------------------------------------------------------------
-def _min_workers(models: list[RankModel], b: np.ndarray, T: float) -> np.ndarray:
-    """Fewest workers keeping each loader up at step time T (>= 1 where workers are used, else 0)."""
-    w = np.zeros(len(models), dtype=np.int64)
-    for i, m in enumerate(models):
-        if not m.serial_loader:
-            need = m.sec_per_sample * b[i] / T if T > 0 else 0.0
-            w[i] = max(1, math.ceil(need - 1e-9))
-    return w
-
-
-def _workers_fit(models: list[RankModel], w: np.ndarray, budgets: dict[str, int]) -> bool:
-    used: dict[str, int] = {}
-    for m, x in zip(models, w.tolist(), strict=True):
-        used[m.host] = used.get(m.host, 0) + x
-    return all(used[h] <= budgets[h] for h in used)
-
-
-def _feasible_at(
-    models: list[RankModel], caps: list[int], budgets: dict[str, int], B: int, T: float, opts: SolveOptions
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """Integer (b, w) with every rank done by T, loaders included, or None (a feasibility MILP at fixed T)."""
-    n = len(models)
-    ub_b = np.zeros(n)
-    for i, m in enumerate(models):
-        bt = _envelope_for(m).max_batch_within(T * (1 + 1e-12))
-        ub_b[i] = min(caps[i], math.floor(bt + 1e-9))
-    if np.any(ub_b < opts.min_batch) or ub_b.sum() < B:
-        return None
-    async_idx = [i for i, m in enumerate(models) if not m.serial_loader]
-    k = len(async_idx)
-    # x = [b_0..b_{n-1}, w for async ranks]
-    rows, cols, vals, hi = [], [], [], []
-    r = 0
-    for j, i in enumerate(async_idx):
-        p = models[i].sec_per_sample
-        if p > 0:  # p*b_i - T*w_i <= 0, in units of T
-            rows += [r, r]
-            cols += [i, n + j]
-            vals += [p / T, -1.0]
-            hi.append(0.0)
-            r += 1
-    hosts = sorted({models[i].host for i in async_idx})
-    for h in hosts:
-        for j, i in enumerate(async_idx):
-            if models[i].host == h:
-                rows.append(r)
-                cols.append(n + j)
-                vals.append(1.0)
-        hi.append(float(budgets[h]))
-        r += 1
-    constraints = []
-    if r:
-        A = coo_matrix((vals, (rows, cols)), shape=(r, n + k)).tocsr()
-        constraints.append(LinearConstraint(A, -np.inf, np.array(hi)))
-    A_sum = coo_matrix((np.ones(n), (np.zeros(n, dtype=int), np.arange(n))), shape=(1, n + k)).tocsr()
-    constraints.append(LinearConstraint(A_sum, B, B))
-    cost = np.r_[np.zeros(n), np.ones(k)]  # fewest workers; spare ones are handed out afterwards
-    res = milp(
-        cost,
-        constraints=constraints,
-        bounds=Bounds(np.r_[np.full(n, opts.min_batch), np.ones(k)], np.r_[ub_b, np.full(k, np.inf)]),
-        integrality=np.ones(n + k),
-        options={"time_limit": opts.time_limit_s},
-    )
-    if res.status == 2 or res.x is None:
-        return None
-    if res.status not in (0, 1):
-        raise RuntimeError(f"HiGHS failed on the loader program (status {res.status}): {res.message}")
-    x = np.rint(res.x).astype(np.int64)
-    w = np.zeros(n, dtype=np.int64)
-    for j, i in enumerate(async_idx):
-        w[i] = x[n + j]
-    return x[:n], w
-
-
-def _bisect_loader(
-    models: list[RankModel], caps: list[int], budgets: dict[str, int], B: int, t_lo: float, opts: SolveOptions
-) -> tuple[np.ndarray, np.ndarray]:
-    """Smallest T (to 1e-5 relative) at which a feasible integer (b, w) exists, by bisection on T."""
-    hi = t_lo * 2
-    best = _feasible_at(models, caps, budgets, B, hi, opts)
-    for _ in range(60):
-        if best is not None:
-            break
-        t_lo, hi = hi, hi * 2
-        best = _feasible_at(models, caps, budgets, B, hi, opts)
-    if best is None:
-        raise PlanError("no loader-feasible plan found: the hosts' cores cannot feed the global batch at any step time")
-    lo = t_lo
-    while (hi - lo) / hi > 1e-5:
-        mid = 0.5 * (lo + hi)
-        found = _feasible_at(models, caps, budgets, B, mid, opts)
-        if found is None:
-            lo = mid
-        else:
-            hi, best = mid, found
-    return best
+def _options_dict(opts: SolveOptions) -> dict[str, object]:
+    return {name: getattr(opts, name) for name in opts.__slots__}
 
 
 def _spread_spare_workers(
@@ -476,39 +342,43 @@ def _spread_spare_workers(
 def _default_workers(profile: Profile, models: list[RankModel], opts: SolveOptions) -> np.ndarray:
     """What a DataLoader user sets without a planner: the host's worker budget split equally."""
     budgets = worker_budgets(profile, opts)
+    per_host = Counter(m.host for m in models)
     w = np.zeros(len(models), dtype=np.int64)
     for i, m in enumerate(models):
         if not m.serial_loader:
-            n = sum(1 for q in models if q.host == m.host)
-            w[i] = min(opts.max_workers_per_rank, max(1, budgets[m.host] // n))
+            w[i] = min(opts.max_workers_per_rank, max(1, budgets[m.host] // per_host[m.host]))
     return w
 
 
 # -- polish and assemble ----------------------------------------------------------------------------------
-def _polish(models: list[RankModel], b: np.ndarray, w: np.ndarray, caps: list[int], min_batch: int) -> np.ndarray:
-    """Move single samples off the slowest rank while that lowers the step time (removes MILP-gap slack)."""
+def _polish(
+    pieces: Pieces, p: np.ndarray, b: np.ndarray, w: np.ndarray, caps: np.ndarray, min_batch: int
+) -> np.ndarray:
+    """Move single samples off the slowest rank while that lowers the step time.
+
+    The MILP is optimal up to HiGHS's tolerances; this pass makes the one-sample exchange property exact.
+    """
     b = b.copy()
     n = len(b)
     if n == 1:
         return b
-    times = np.array([models[i].busy_time(b[i], int(w[i]))[0] for i in range(n)])
     for _ in range(10 * n + 1000):
+        times = _busy(pieces, p, b, w)
         j = int(np.argmax(times))
         if b[j] <= min_batch:
             break
-        # Where would one more sample finish earliest?
-        plus = np.array(
-            [models[i].busy_time(b[i] + 1, int(w[i]))[0] if b[i] < caps[i] and i != j else np.inf for i in range(n)]
-        )
+        plus = np.where(b < caps, _busy(pieces, p, b + 1, w), np.inf)
+        plus[j] = np.inf
         i = int(np.argmin(plus))
-        new_tj = models[j].busy_time(b[j] - 1, int(w[j]))[0]
-        others = np.delete(times, [i, j]) if n > 2 else np.array([])
-        new_max = max(plus[i], new_tj, float(others.max()) if others.size else 0.0)
+        bj = b.copy()
+        bj[j] -= 1
+        new_tj = float(_busy(pieces, p, bj, w)[j])
+        rest = np.delete(times, [i, j])
+        new_max = max(float(plus[i]), new_tj, float(rest.max()) if rest.size else 0.0)
         if not new_max < times[j] * (1 - 1e-12):
             break
         b[i] += 1
         b[j] -= 1
-        times[i], times[j] = plus[i], new_tj
     return b
 
 
