@@ -115,6 +115,7 @@ class StepRunner:
             oom = True
         if oom:
             # Freed outside the except block: the live traceback would keep the failed step's tensors alive.
+            x = y = None
             self.free()
             raise DoesNotFit(batch_size)
         return Measurement(times_s=tuple(times), peak_bytes=peak)

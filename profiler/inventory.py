@@ -76,7 +76,8 @@ def _nvml_facts(index: int) -> dict[str, Any]:
         handle = None
         if uuid is not None:
             try:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+                text = str(uuid)
+                handle = pynvml.nvmlDeviceGetHandleByUUID(text if text.startswith("GPU-") else f"GPU-{text}")
             except Exception:
                 handle = None
         if handle is None:

@@ -88,3 +88,31 @@ def test_bucket_sizes_match_ddp_buckets() -> None:
     assert bucket_sizes(4 * per * 2 + 40) == [per, per, 10]
     assert bucket_sizes(400) == [100]
     assert sum(bucket_sizes(97_000_000)) == 97_000_000 // 4
+
+
+class _OomAbove(nn.Module):
+    """Raises CUDA's out-of-memory error above a batch size, so the OOM path runs on CPU."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > self.limit:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return self.lin(x)
+
+
+def test_out_of_memory_is_caught_and_the_largest_batch_found() -> None:
+    from profiler.memory import find_max_batch
+    from profiler.specs import Workload
+    from profiler.sweep import SweepOptions, run_sweep
+
+    w = Workload(model_fn=lambda: _OomAbove(40), dataset=torch.utils.data.TensorDataset(torch.zeros(1, 4)),
+                 num_classes=3, sample_shape=(4,), loss_fn=nn.functional.cross_entropy, name="oom", has_batchnorm=False)
+    r = StepRunner(w, "cpu")
+    res = run_sweep(r.measure, SweepOptions(max_batch=256, min_repeats=1, max_repeats=2), clock=lambda: 0.0)
+    assert [p.batch_size for p in res.points] == [8, 16, 32] and res.oom_batch == 64
+    assert find_max_batch(res, r.fits, rel_tol=0.0) == 40
+    r.measure(16, 0, 1)  # the runner still works after the failures
