@@ -46,7 +46,7 @@ class Pieces:
 
     def max_batch(self, T: float) -> np.ndarray:
         """floor of the largest b with t_i(b) <= T (a large number where every piece is flat and below T)."""
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             per_piece = np.where(self.slopes > 0, (T - self.intercepts) / self.slopes, np.inf)
         bound = np.min(per_piece, axis=1)
         flat_over = np.any((self.slopes <= 0) & (self.intercepts > T), axis=1)
@@ -61,7 +61,7 @@ def capacity(
     n = np.minimum(caps, pieces.max_batch(T))
     if loader is not None:
         p, w = loader
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", over="ignore"):
             feed = np.where(p > 0, np.floor(w * T / np.where(p > 0, p, 1.0) * (1 + 1e-12) + 1e-9), np.inf)
         n = np.minimum(n, feed)
     return n
@@ -189,7 +189,7 @@ def greedy_workers(
     """Workers per rank at step time T: one each, then spare cores to the loaders that turn one more worker
     into the most extra samples (cheapest per-sample cost first), until a rank's compute cap is reached."""
     compute_cap = np.minimum(caps, pieces.max_batch(T))
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         per_worker = np.where(p > 0, T / np.where(p > 0, p, 1.0), np.inf)  # samples one worker feeds in T
         need = np.where(p > 0, np.ceil(np.maximum(compute_cap, 1) / per_worker - 1e-9), 1.0)
     need = np.maximum(need, 1).astype(np.int64)

@@ -113,8 +113,10 @@ def _lower_hull(b: np.ndarray, t: np.ndarray) -> list[tuple[float, float]]:
     for x, y in zip(b.tolist(), t.tolist(), strict=True):
         while len(hull) >= 2:
             (x1, y1), (x2, y2) = hull[-2], hull[-1]
-            # Drop the middle point when it lies on or above the chord from hull[-2] to (x, y).
-            if (y2 - y1) * (x - x1) >= (y - y1) * (x2 - x1):
+            # Drop the middle point when it lies on or above the chord from hull[-2] to (x, y) (collinear
+            # within rounding counts as on it, so exactly linear data gives one piece).
+            cross = (y2 - y1) * (x - x1) - (y - y1) * (x2 - x1)
+            if cross >= -1e-9 * abs(y - y1) * abs(x2 - x1):
                 hull.pop()
             else:
                 break

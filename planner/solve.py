@@ -174,7 +174,6 @@ def solve(
     budgets = worker_budgets(profile, opts)
 
     b, workers, method, status = _optimize(models, caps, budgets, global_batch, opts)
-    workers = _spread_spare_workers(models, b, workers, budgets, opts)
     solve_s = time.perf_counter() - t0
     return _make_plan(
         profile,
@@ -285,7 +284,7 @@ def _arrays(models: list[RankModel], budgets: dict[str, int]) -> tuple[Pieces, n
 
 def _busy(pieces: Pieces, p: np.ndarray, b: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Per-rank busy time: max(compute, loader) with workers, compute + loading when serial (folded in pieces)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         feed = np.where((p > 0) & (w > 0), p * b / np.maximum(w, 1), 0.0)
     return np.maximum(pieces.times(b), feed)
 
@@ -301,7 +300,7 @@ def _optimize(
     b, status = solve_milp(pieces, cap_arr, B, opts.min_batch, loader=None, time_limit_s=opts.time_limit_s)
     T = float(np.max(pieces.times(b)))
     method = "milp"
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         need = np.where(p > 0, np.ceil(p * b / T - 1e-9), 1.0)
     w = np.where(serial, 0, np.maximum(need, 1)).astype(np.int64)
     used = np.bincount(hosts, weights=w, minlength=len(host_budget))
@@ -312,6 +311,7 @@ def _optimize(
         w = np.where(serial, 0, w)
         b, status = solve_milp(pieces, cap_arr, B, opts.min_batch, loader=(p, w), time_limit_s=opts.time_limit_s)
         method = "milp+workers"
+    w = _spread_spare_workers(models, b, w, budgets, opts)
     b = _polish(pieces, p, b, w, cap_arr, opts.min_batch)
     return b, w, method, status
 
