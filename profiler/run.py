@@ -96,6 +96,8 @@ def profile_this_rank(
     sopts = sweep or (SweepOptions.quick() if quick else SweepOptions())
     if batch_sizes is not None:
         sopts = _with_batches(sopts, batch_sizes)
+    if workload.has_batchnorm and sopts.min_batch < 2:
+        sopts = _with_batches(sopts, sopts.batch_sizes, min_batch=2)
     layout = host_layout()
 
     t0 = time.perf_counter()
@@ -218,7 +220,8 @@ def _assemble(ranks: Sequence[RankProfile], hosts: Sequence[HostProfile], worklo
                    comm=comm, meta=info)
 
 
-def _with_batches(opts: SweepOptions, batch_sizes: Sequence[int]) -> SweepOptions:
+def _with_batches(opts: SweepOptions, batch_sizes: Sequence[int] | None, **changes: Any) -> SweepOptions:
     fields = {name: getattr(opts, name) for name in opts.__slots__}
-    fields["batch_sizes"] = tuple(sorted(set(int(b) for b in batch_sizes)))
+    fields["batch_sizes"] = None if batch_sizes is None else tuple(sorted(set(int(b) for b in batch_sizes)))
+    fields.update(changes)
     return SweepOptions(**fields)

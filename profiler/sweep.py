@@ -69,6 +69,8 @@ class SweepOptions:
     total_budget_s: float = 30.0
     """Stop growing when the next point would end after this many seconds (once min_points are measured)."""
     min_points: int = 3
+    min_batch: int = 1
+    """Smallest batch the slow-device extension may try (2 for BatchNorm models: batch 1 cannot normalize)."""
     suspect_tol: float = 0.25
     """Relative excess over the neighbours' chord (or over the next batch) that triggers a re-measurement."""
     remeasure_rounds: int = 2
@@ -199,7 +201,7 @@ def run_sweep(measure: Measure, opts: SweepOptions, *, clock: Callable[[], float
     if not explicit and points and len(points) < opts.min_points and reason in ("step limit", "time budget"):
         # A slow device hit the limit early: smaller batches are cheaper and still pin the curve's shape.
         b = points[0].batch_size // opts.growth
-        while b >= 1 and len(points) < opts.min_points:
+        while b >= max(1, opts.min_batch) and len(points) < opts.min_points:
             try:
                 probe = measure(b, opts.warmup, opts.min_repeats)
             except DoesNotFit:  # cannot happen below a batch that ran; keep what we have

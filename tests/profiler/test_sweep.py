@@ -114,6 +114,8 @@ def test_slow_device_gets_smaller_batches_for_min_points() -> None:
     res = run_sweep(dev.measure, SweepOptions(step_limit_s=2.0, min_points=3), clock=dev.clock)
     assert [p.batch_size for p in res.points] == [2, 4, 8] and res.stop_reason == "step limit"
     assert fit_envelope(res.compute_points())(16) == pytest.approx(8.0)
+    bn = run_sweep(dev.measure, SweepOptions(step_limit_s=2.0, min_points=3, min_batch=4), clock=dev.clock)
+    assert [p.batch_size for p in bn.points] == [4, 8]  # never below min_batch, even short of min_points
 
 
 def test_time_budget_stops_growth_but_keeps_min_points() -> None:
