@@ -15,6 +15,7 @@ batch size at every step (``counts_at``) without communicating: the gradient hoo
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,14 @@ def interleave_owners(batch_sizes: Sequence[int]) -> np.ndarray:
     keys = k / np.repeat(sizes, sizes).astype(np.float64)
     order = np.lexsort((ranks, keys))  # primary key: k / b_i; ties (equal fractions) by rank
     return ranks[order]
+
+
+def _as_plan(plan: Plan | str | os.PathLike[str]) -> Plan:
+    if isinstance(plan, (str, os.PathLike)):
+        from planner.plan import Plan
+
+        return Plan.load(plan)
+    return plan
 
 
 def _check_sizes(batch_sizes: Sequence[int], min_batch: int, what: str = "batch_sizes") -> tuple[int, ...]:
@@ -140,8 +149,13 @@ class HeteroBatchSampler(Sampler[list[int]]):
 
     # -- construction from a plan -------------------------------------------------------------------------
     @classmethod
-    def from_plan(cls, plan: Plan, rank: int, dataset_len: int, **kw: Any) -> HeteroBatchSampler:
-        """A sampler with the plan's batch sizes and min_batch (``kw``: seed, shuffle, drop_last, min_batch)."""
+    def from_plan(cls, plan: Plan | str | os.PathLike[str], rank: int, dataset_len: int,
+                  **kw: Any) -> HeteroBatchSampler:
+        """A sampler with the plan's batch sizes and min_batch (``kw``: seed, shuffle, drop_last, min_batch).
+
+        ``plan`` is a Plan or the path of a plan JSON file (loaded and fingerprint-checked).
+        """
+        plan = _as_plan(plan)
         kw.setdefault("min_batch", plan.min_batch)
         return cls(dataset_len, plan.batch_sizes, rank, **kw)
 
@@ -340,7 +354,9 @@ class HeteroDistributedSampler(Sampler[int]):
         self.batch_sampler = HeteroBatchSampler(dataset_len, batch_sizes, rank, **kw)
 
     @classmethod
-    def from_plan(cls, plan: Plan, rank: int, dataset_len: int, **kw: Any) -> HeteroDistributedSampler:
+    def from_plan(cls, plan: Plan | str | os.PathLike[str], rank: int, dataset_len: int,
+                  **kw: Any) -> HeteroDistributedSampler:
+        plan = _as_plan(plan)
         kw.setdefault("min_batch", plan.min_batch)
         return cls(dataset_len, plan.batch_sizes, rank, **kw)
 
