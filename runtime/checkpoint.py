@@ -1,0 +1,63 @@
+"""Atomic checkpoints: model, optimizer, sampler position, plan and re-plan state in one file.
+
+Written by rank 0 to ``DIR/checkpoint.pt`` through a temp file and ``os.replace``, so a kill -9 at any moment
+leaves either the previous checkpoint or the new one, never a torn file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from planner.plan import Plan
+
+CHECKPOINT_NAME = "checkpoint.pt"
+CHECKPOINT_VERSION = 1
+
+
+def save_checkpoint(directory: str | os.PathLike[str], *, epoch: int, step: int, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer, plan: Plan, sampler_state: dict[str, Any] | None,
+                    replanner: Any = None) -> Path:
+    """Save where training resumes: `epoch` and `step` are the next step to run."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    state = {
+        "version": CHECKPOINT_VERSION,
+        "epoch": epoch,
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "plan": plan.to_dict(),
+        "sampler": sampler_state,
+        "replanner": replanner.state_dict() if replanner is not None else None,
+    }
+    fd, tmp = tempfile.mkstemp(prefix=".checkpoint.", suffix=".tmp", dir=d)
+    os.close(fd)
+    try:
+        torch.save(state, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        target = d / CHECKPOINT_NAME
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return target
+
+
+def load_checkpoint(directory: str | os.PathLike[str], device: torch.device) -> dict[str, Any] | None:
+    """The saved state, or None when the folder holds no checkpoint yet (a fresh start)."""
+    path = Path(directory) / CHECKPOINT_NAME
+    if not path.exists():
+        return None
+    state = torch.load(path, map_location=device, weights_only=False)
+    if state.get("version") != CHECKPOINT_VERSION:
+        from planner.errors import ValidationError
+
+        raise ValidationError(f"{path}: checkpoint version {state.get('version')} is not {CHECKPOINT_VERSION}")
+    return state

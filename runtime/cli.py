@@ -1,0 +1,118 @@
+"""`planner train`: the reference trainer (runs alone or under torchrun; every rank runs the same command)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "train with a plan under torchrun (reference trainer)"
+DESCRIPTION = (
+    "Train a torchvision model (FakeData by default) with per-rank batch sizes from a plan, exact weighted "
+    "gradients and optional re-planning between epochs. Run it under torchrun; NCCL when every rank is on CUDA, "
+    "gloo otherwise (mixed CPU + GPU ranks allowed)."
+)
+EPILOG = """\
+examples:
+  torchrun --nproc-per-node 2 -m planner train --plan plan.json --epochs 2 --log-file run.jsonl
+  torchrun --nproc-per-node 2 -m planner train --auto --global-batch 512 --replan --model resnet50 --amp
+  torchrun --nproc-per-node 2 -m planner train --auto --global-batch 64 --device cpu --quick \\
+      --emulate-slowdown 1=3 --replan --epochs 4
+  torchrun --nproc-per-node 2 -m planner train --plan plan.json --rank-devices cuda:0,cpu   # mixed, gloo
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("plan")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--plan", metavar="PATH", help="plan JSON from `planner plan` (same file on every rank)")
+    src.add_argument("--auto", action="store_true", help="profile every rank in-process, solve, write the plan")
+    g.add_argument("--global-batch", type=int, default=None, metavar="B",
+                   help="samples per step over all ranks (required with --auto; must match --plan)")
+    g.add_argument("--min-batch", type=int, default=1, metavar="M", help="--auto: smallest local batch (default 1)")
+    g.add_argument("--quick", action="store_true", help="--auto: a short profile (CI-sized)")
+    g.add_argument("--plan-out", default="plan.json", metavar="PATH", help="--auto: where rank 0 writes the plan")
+    g.add_argument("--profile-out", default=None, metavar="PATH", help="--auto: also write the profile here")
+    g.add_argument("--profile", default=None, metavar="PATH",
+                   help="profile the plan came from (needed by --replan with --plan)")
+    g.add_argument("--replan", action=argparse.BooleanOptionalAction, default=False,
+                   help="re-plan between epochs from measured step times (default off)")
+    g.add_argument("--replan-threshold", type=float, default=0.05, metavar="FRAC",
+                   help="adopt a new plan only if it is predicted this much faster (default 0.05)")
+    w = p.add_argument_group("workload")
+    w.add_argument("--model", default="mlp", metavar="M",
+                   help="torchvision name (resnet50, ...), mnist_cnn, cifar_cnn, mlp, or package.module:factory")
+    w.add_argument("--dataset", default="fake", metavar="D",
+                   help="fake, cifar10:DIR, mnist:DIR, imagefolder:DIR or package.module:factory (default fake)")
+    w.add_argument("--image-size", type=int, default=None, metavar="PX", help="input side for fake data")
+    w.add_argument("--num-samples", type=int, default=None, metavar="N", help="fake dataset length")
+    w.add_argument("--data-on-device", action="store_true",
+                   help="synthetic inputs made on the device, no DataLoader (isolates compute skew)")
+    t = p.add_argument_group("training")
+    t.add_argument("--epochs", type=int, default=2, metavar="N", help="epochs (default 2)")
+    t.add_argument("--max-steps-per-epoch", type=int, default=None, metavar="N",
+                   help="cut each epoch after N steps (benchmarks)")
+    t.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01, momentum 0.9)")
+    t.add_argument("--amp", action="store_true", help="bf16 autocast")
+    t.add_argument("--seed", type=int, default=0, help="shuffle and init seed, the same on every rank")
+    t.add_argument("--device", default="auto", metavar="DEV", help="auto, cpu, cuda or cuda:N for every rank")
+    t.add_argument("--rank-devices", default=None, metavar="LIST",
+                   help="one device per rank, e.g. cuda:0,cpu (mixed ranks use gloo)")
+    t.add_argument("--log-file", "--log", dest="log", default=None, metavar="PATH",
+                   help="JSON-lines run log (rank 0), read by `planner report`; under torchrun spell it --log-file "
+                        "(torchrun takes --log for an abbreviation of its own --log-dir)")
+    t.add_argument("--checkpoint", default=None, metavar="DIR", help="save an atomic checkpoint here each epoch")
+    t.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                   help="also checkpoint every STEPS steps inside an epoch (default 0: epoch ends only)")
+    t.add_argument("--resume", action="store_true", help="continue from --checkpoint DIR when it holds one")
+    e = p.add_argument_group("emulated heterogeneity (DESIGN.md section 7)")
+    e.add_argument("--emulate-slowdown", default=None, metavar="R=F,..",
+                   help="rank R does F x its real compute (repeated fwd+bwd), e.g. 1=3")
+    e.add_argument("--emulate-slowdown-from-epoch", type=int, default=0, metavar="E",
+                   help="start the emulated slowdown at epoch E (a mid-run slowdown)")
+    e.add_argument("--emulate-loader", default=None, metavar="R=W,..", help="cap rank R's loader workers at W")
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.errors import ValidationError
+    from planner.plan import Plan
+    from planner.profile import Profile
+    from profiler.emulate import parse_rank_floats, parse_rank_ints
+    from profiler.specs import build_workload
+    from runtime.distenv import init_from_env, shutdown
+    from runtime.train import TrainConfig, auto_plan, train
+
+    if args.auto and args.global_batch is None:
+        raise ValidationError("--auto needs --global-batch B (the global batch is your convergence choice)")
+    slowdowns = parse_rank_floats(args.emulate_slowdown)
+    loader_caps = parse_rank_ints(args.emulate_loader)
+    env = init_from_env(args.device, args.rank_devices)
+    try:
+        cfg = TrainConfig(
+            model=args.model, dataset=args.dataset, image_size=args.image_size, num_samples=args.num_samples,
+            epochs=args.epochs, max_steps_per_epoch=args.max_steps_per_epoch, lr=args.lr, amp=args.amp,
+            seed=args.seed, replan=args.replan, replan_threshold=args.replan_threshold,
+            data_on_device=args.data_on_device, slowdown=slowdowns.get(env.rank, 1.0),
+            slowdown_from_epoch=args.emulate_slowdown_from_epoch, loader_workers_cap=loader_caps.get(env.rank),
+            log_path=args.log, checkpoint_dir=args.checkpoint, checkpoint_every=args.checkpoint_every,
+            resume=args.resume,
+        )
+        workload = build_workload(cfg.model, cfg.dataset, image_size=cfg.image_size, num_samples=cfg.num_samples)
+        profile = Profile.load(args.profile) if args.profile else None
+        if args.auto:
+            plan, profile = auto_plan(cfg, env, global_batch=args.global_batch, quick=args.quick, workload=workload,
+                                      plan_out=args.plan_out, profile_out=args.profile_out, min_batch=args.min_batch)
+            if env.is_main:
+                from planner.cmd_plan import format_plan
+
+                print(format_plan(plan, profile), flush=True)
+        else:
+            plan = Plan.load(args.plan)
+            if args.global_batch is not None and args.global_batch != plan.global_batch:
+                raise ValidationError(
+                    f"--global-batch {args.global_batch} differs from the plan's {plan.global_batch}; re-plan"
+                )
+            if args.replan and profile is None:
+                raise ValidationError("--replan with --plan needs --profile PATH (the profile the plan came from)")
+        train(cfg, env, plan, profile, workload)
+    finally:
+        shutdown(env)
+    return 0
