@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         ("HeteroBatchSampler", lambda: HeteroBatchSampler(n, sizes, args.rank, seed=0))]
     if not args.skip_baseline:
         makers.append((f"DistributedSampler+BatchSampler(b={mean_b})", lambda: BatchSampler(
-            DistributedSampler(range(n), num_replicas=w, rank=args.rank, seed=0), mean_b, drop_last=False)))
+            DistributedSampler(range(n), num_replicas=w, rank=args.rank, seed=0),  # type: ignore[arg-type]
+            mean_b, drop_last=False)))
     list(HeteroBatchSampler(10_000, sizes, args.rank))  # warm up allocators and lazy imports outside the numbers
     print(f"{'sampler':44s} {'build+iterate s':>16s} {'RSS B/sample':>13s} {'traced B/sample':>16s} {'batches':>8s}")
     for name, make in makers:
