@@ -12,7 +12,7 @@ from torch import nn
 from planner.errors import ValidationError
 from profiler.compute import StepRunner
 from profiler.emulate import Slowdown, parse_rank_floats, parse_rank_ints
-from profiler.specs import build_workload
+from profiler.specs import build_workload, synthetic_batch
 from tests._dist import run_distributed
 
 
@@ -74,15 +74,45 @@ def test_apply_works_under_autocast_and_for_factor_one() -> None:
     assert all(p.grad is None for p in net.parameters())
 
 
-@pytest.mark.parametrize(("factor", "batches"), [(3.0, (16, 64)), (2.5, (32,))])
-def test_profiled_curve_scales_by_factor(factor: float, batches: tuple[int, ...]) -> None:
-    """The emulated rank's step time is factor x the real one within 8% at each batch.
+@pytest.mark.parametrize("factor", [1.5, 2.5, 3.0])
+def test_emulated_step_does_factor_times_the_work(factor: float) -> None:
+    """Counted, not timed: the FLOPs of one emulated training step are factor x the real step's."""
+    from torch.utils.flop_counter import FlopCounterMode
 
-    Why this is a fair measurement on a shared 2-core CI box: one torch thread, a conv model whose compute
-    dominates the step (its optimizer step is <2% of it; the slowdown does not repeat the optimizer), real and
-    emulated steps interleaved so drift hits both, medians of 7, and the step timer is the thread's CPU time
-    (time.thread_time), which excludes time the OS gave to other processes -- wall time here swings 10x under
-    load, CPU time by a few percent.  Observed here: 2.92x for 3 and 2.48-2.50x for 2.5.
+    w = build_workload("cifar_cnn", "fake", image_size=16, num_samples=16)
+    flops = {}
+    for f in (1.0, factor):
+        runner = StepRunner(w, "cpu", slowdown=f)
+        x, y = synthetic_batch(w, 32, "cpu")
+        with FlopCounterMode(display=False) as counter:
+            runner.step(x, y)
+        flops[f] = counter.get_total_flops()
+    assert flops[factor] / flops[1.0] == pytest.approx(factor, rel=0.02)
+
+
+def _pair_ratio(real: StepRunner, slow: StepRunner, b: int, pairs: int) -> float:
+    """Median over `pairs` of slow_step / mean(real step before, real step after)."""
+    ratios = []
+    for _ in range(pairs):
+        a = real.measure(b, 0, 1).times_s[0]
+        s = slow.measure(b, 0, 1).times_s[0]
+        a2 = real.measure(b, 0, 1).times_s[0]
+        ratios.append(s / ((a + a2) / 2))
+    return float(statistics.median(ratios))
+
+
+@pytest.mark.parametrize(("factor", "batches"), [(3.0, (16, 32)), (2.5, (32,))])
+def test_profiled_curve_scales_by_factor(factor: float, batches: tuple[int, ...]) -> None:
+    """The emulated rank's step time is factor x the real one within 10% at each batch.
+
+    Why this is a fair measurement on a shared 2-core CI box: one torch thread; a conv model whose compute
+    dominates the step (the optimizer, which the slowdown does not repeat, is <2% of it); each emulated step
+    sits between two real ones, so the pair sees the same load, and the median of 11 pair ratios is taken; the
+    timer is the thread's CPU time (time.thread_time), which excludes time the OS gave to other processes --
+    wall time here swings 10x under load.  CPU time still rises when other processes evict our caches: at load
+    3-4 on 2 cores one median in 12 fell ~12% low (2.65x for 3), so a batch gets up to 3 attempts.  A wrong
+    emulation (say 2x for 3) fails all three; a transient neighbour does not.  Observed: 2.93-3.12x for 3,
+    2.51-2.54x for 2.5.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -93,13 +123,12 @@ def test_profiled_curve_scales_by_factor(factor: float, batches: tuple[int, ...]
         for b in batches:
             real.measure(b, 1, 0)
             slow.measure(b, 1, 0)
-            t_real: list[float] = []
-            t_slow: list[float] = []
-            for _ in range(7):
-                t_real += real.measure(b, 0, 1).times_s
-                t_slow += slow.measure(b, 0, 1).times_s
-            ratio = statistics.median(t_slow) / statistics.median(t_real)
-            assert ratio == pytest.approx(factor, rel=0.08), (b, ratio)
+            seen = []
+            for _ in range(3):
+                seen.append(_pair_ratio(real, slow, b, 11))
+                if seen[-1] == pytest.approx(factor, rel=0.10):
+                    break
+            assert seen[-1] == pytest.approx(factor, rel=0.10), (b, seen)
     finally:
         torch.set_num_threads(threads)
 
