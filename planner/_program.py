@@ -185,14 +185,16 @@ def greedy_workers(
     hosts: np.ndarray,
     budgets: np.ndarray,
     T: float,
+    max_workers: np.ndarray,
 ) -> np.ndarray:
     """Workers per rank at step time T: one each, then spare cores to the loaders that turn one more worker
-    into the most extra samples (cheapest per-sample cost first), until a rank's compute cap is reached."""
+    into the most extra samples (cheapest per-sample cost first), until a rank's compute cap or its own
+    worker cap is reached."""
     compute_cap = np.minimum(caps, pieces.max_batch(T))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         per_worker = np.where(p > 0, T / np.where(p > 0, p, 1.0), np.inf)  # samples one worker feeds in T
         need = np.where(p > 0, np.ceil(np.maximum(compute_cap, 1) / per_worker - 1e-9), 1.0)
-    need = np.maximum(need, 1).astype(np.int64)
+    need = np.minimum(np.maximum(need, 1), np.maximum(max_workers, 1)).astype(np.int64)
     w = np.ones(len(caps), dtype=np.int64)
     for h in np.unique(hosts):
         idx = np.flatnonzero(hosts == h)
@@ -215,11 +217,12 @@ def bisect_workers(
     hosts: np.ndarray,
     budgets: np.ndarray,
     t_lo: float,
+    max_workers: np.ndarray,
 ) -> np.ndarray:
     """Fix the workers: the greedy allocation at the smallest T (bisection) where it feeds the global batch."""
 
     def fits(T: float) -> tuple[bool, np.ndarray]:
-        w = greedy_workers(pieces, caps, p, hosts, budgets, T)
+        w = greedy_workers(pieces, caps, p, hosts, budgets, T, max_workers)
         return float(np.sum(np.maximum(capacity(pieces, caps, T, (p, w)), 0))) >= B, w
 
     ok, w = fits(t_lo)

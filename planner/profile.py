@@ -66,6 +66,8 @@ class LoaderProfile:
     """CPU seconds one dataloader worker spends to produce one sample (fetch, decode, transform, collate share)."""
     scaling: tuple[LoaderPoint, ...] = ()
     """Measured loader throughput with 1..k workers (informational; the model uses sec_per_sample)."""
+    max_workers: int | None = None
+    """Most dataloader workers this rank may run (e.g. a capped or emulated-starved node); None = host budget."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -212,6 +214,8 @@ def _rank_to_dict(r: RankProfile) -> JSONDict:
         loader = {"sec_per_sample": r.loader.sec_per_sample}
         if r.loader.scaling:
             loader["scaling"] = [_asdict(p) for p in r.loader.scaling]
+        if r.loader.max_workers is not None:
+            loader["max_workers"] = r.loader.max_workers
     return _drop_none(
         {
             "rank": r.rank,
@@ -288,7 +292,7 @@ def _memory_from(v: Any, path: str) -> MemoryProfile:
 
 
 def _loader_from(v: Any, path: str) -> LoaderProfile:
-    d = as_obj(v, path, required=("sec_per_sample",), allowed=("scaling",))
+    d = as_obj(v, path, required=("sec_per_sample",), allowed=("scaling", "max_workers"))
     scaling = []
     for j, p in enumerate(as_list(d.get("scaling", []), f"{path}.scaling")):
         pp = f"{path}.scaling[{j}]"
@@ -299,8 +303,11 @@ def _loader_from(v: Any, path: str) -> LoaderProfile:
                 samples_per_s=as_num(pd["samples_per_s"], f"{pp}.samples_per_s", positive=True),
             )
         )
+    mw = opt(d, "max_workers")
     return LoaderProfile(
-        sec_per_sample=as_num(d["sec_per_sample"], f"{path}.sec_per_sample", non_negative=True), scaling=tuple(scaling)
+        sec_per_sample=as_num(d["sec_per_sample"], f"{path}.sec_per_sample", non_negative=True),
+        scaling=tuple(scaling),
+        max_workers=None if mw is None else as_int(mw, f"{path}.max_workers", min_value=1),
     )
 
 

@@ -85,6 +85,8 @@ class RankModel:
     cap_reason: str
     serial_loader: bool
     """True when the host has too few cores for one worker per rank: data is loaded in the training process."""
+    max_workers: int = 8
+    """Most loader workers this rank may get (profile's loader.max_workers, else --max-workers-per-rank)."""
 
     def busy_time(self, b: float, workers: int) -> tuple[float, float, float]:
         """(step time, compute part, loader part) of this rank alone at batch b with `workers` workers."""
@@ -114,6 +116,8 @@ def build_models(profile: Profile, opts: SolveOptions) -> list[RankModel]:
                 cap=cap,
                 cap_reason=reason,
                 serial_loader=budgets[r.host] < per_host[r.host],
+                max_workers=min(opts.max_workers_per_rank, r.loader.max_workers or opts.max_workers_per_rank)
+                if r.loader else opts.max_workers_per_rank,
             )
         )
     return models
@@ -303,11 +307,12 @@ def _optimize(
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         need = np.where(p > 0, np.ceil(p * b / T - 1e-9), 1.0)
     w = np.where(serial, 0, np.maximum(need, 1)).astype(np.int64)
+    max_w = np.array([m.max_workers for m in models])
     used = np.bincount(hosts, weights=w, minlength=len(host_budget))
-    if np.any(used > host_budget):
+    if np.any(used > host_budget) or np.any(w > max_w):
         # Step 2: the loaders cannot keep up at T.  Fix the workers (greedy at the bisected T), then the MILP
         # with p*b <= w*T linear again.
-        w = bisect_workers(pieces, cap_arr, B, opts.min_batch, p, hosts, host_budget, T)
+        w = bisect_workers(pieces, cap_arr, B, opts.min_batch, p, hosts, host_budget, T, max_w)
         w = np.where(serial, 0, w)
         b, status = solve_milp(pieces, cap_arr, B, opts.min_batch, loader=(p, w), time_limit_s=opts.time_limit_s)
         method = "milp+workers"
@@ -328,13 +333,13 @@ def _spread_spare_workers(
     for h, budget in budgets.items():
         idx = [i for i, m in enumerate(models) if m.host == h and not m.serial_loader]
         spare = budget - int(sum(w[i] for i in idx))
-        heap = [(-models[i].sec_per_sample * b[i] / w[i], i) for i in idx if w[i] < opts.max_workers_per_rank]
+        heap = [(-models[i].sec_per_sample * b[i] / w[i], i) for i in idx if w[i] < models[i].max_workers]
         heapq.heapify(heap)
         while spare > 0 and heap:
             _, i = heapq.heappop(heap)
             w[i] += 1
             spare -= 1
-            if w[i] < opts.max_workers_per_rank:
+            if w[i] < models[i].max_workers:
                 heapq.heappush(heap, (-models[i].sec_per_sample * b[i] / w[i], i))
     return w
 
@@ -346,7 +351,7 @@ def _default_workers(profile: Profile, models: list[RankModel], opts: SolveOptio
     w = np.zeros(len(models), dtype=np.int64)
     for i, m in enumerate(models):
         if not m.serial_loader:
-            w[i] = min(opts.max_workers_per_rank, max(1, budgets[m.host] // per_host[m.host]))
+            w[i] = min(m.max_workers, max(1, budgets[m.host] // per_host[m.host]))
     return w
 
 

@@ -15,6 +15,7 @@ Ranks that share a host must not disturb each other's numbers:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -121,6 +122,8 @@ def profile_this_rank(
             lopts = LoaderOptions(num_samples=lopts.num_samples, chunk=lopts.chunk, budget_s=lopts.budget_s,
                                   scaling_s=lopts.scaling_s, max_workers=max(1, loader_workers_cap))
         loader_profile, loader_meta = in_turn(lambda: profile_loader(workload.dataset, lopts), layout)
+        if loader_workers_cap is not None:
+            loader_profile = dataclasses.replace(loader_profile, max_workers=max(1, loader_workers_cap))
 
     name, facts = inventory.device_facts(dev)
     meta: dict[str, Any] = {

@@ -1,0 +1,28 @@
+"""Applying a plan to DDP: sampler, exact gradient weighting, step timing, re-planning, reference trainer.
+
+Cross-rank contract: every rank builds the same HeteroBatchSampler layout from (plan, dataset length, seed,
+epoch), so each knows every rank's batch size at every step without communicating; all ranks run the same
+number of steps; collectives happen in the same order on every rank (agreement check first, then DDP's
+all-reduces, then the re-plan exchange at epoch ends).
+"""
+
+from __future__ import annotations
+
+from runtime.replan import ReplanDecision, Replanner
+from runtime.safety import check_agreement, check_batchnorm
+from runtime.sampler import HeteroBatchSampler, HeteroDistributedSampler
+from runtime.timing import StepTimer
+from runtime.weighting import accumulation_weight, loss_scale, register_weighted_hook
+
+__all__ = [
+    "HeteroBatchSampler",
+    "HeteroDistributedSampler",
+    "ReplanDecision",
+    "Replanner",
+    "StepTimer",
+    "accumulation_weight",
+    "check_agreement",
+    "check_batchnorm",
+    "loss_scale",
+    "register_weighted_hook",
+]

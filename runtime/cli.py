@@ -90,8 +90,9 @@ def run(args: argparse.Namespace) -> int:
             model=args.model, dataset=args.dataset, image_size=args.image_size, num_samples=args.num_samples,
             epochs=args.epochs, max_steps_per_epoch=args.max_steps_per_epoch, lr=args.lr, amp=args.amp,
             seed=args.seed, replan=args.replan, replan_threshold=args.replan_threshold,
-            data_on_device=args.data_on_device, slowdown=slowdowns.get(env.rank, 1.0),
-            slowdown_from_epoch=args.emulate_slowdown_from_epoch, loader_workers_cap=loader_caps.get(env.rank),
+            data_on_device=args.data_on_device,
+            slowdown=1.0 if args.emulate_slowdown_from_epoch > 0 else slowdowns.get(env.rank, 1.0),
+            slowdown_late=slowdowns.get(env.rank, 1.0), slowdown_from_epoch=args.emulate_slowdown_from_epoch, loader_workers_cap=loader_caps.get(env.rank),
             log_path=args.log, checkpoint_dir=args.checkpoint, checkpoint_every=args.checkpoint_every,
             resume=args.resume,
         )

@@ -65,6 +65,9 @@ class TrainConfig:
     data_on_device: bool = False
     """Skip the DataLoader: synthetic inputs made on the device (isolates compute skew; the loader is not run)."""
     slowdown: float = 1.0
+    """Emulated compute factor of this rank (profiler.emulate.Slowdown), applied from the first epoch."""
+    slowdown_late: float | None = None
+    """If set, the factor used from epoch `slowdown_from_epoch` on (a mid-run slowdown)."""
     slowdown_from_epoch: int = 0
     loader_workers_cap: int | None = None
     log_path: str | None = None
@@ -224,7 +227,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
         log.write({"event": "start", "time": time.time(), "world_size": env.world_size,
                    "global_batch": plan.global_batch, "strategy": cfg.strategy, "plan": plan.to_dict()})
     trace = open(cfg.trace_path, "a", encoding="utf-8") if cfg.trace_path else None
-    slowdown = Slowdown(cfg.slowdown)
+    early, late = Slowdown(cfg.slowdown), Slowdown(cfg.slowdown_late or cfg.slowdown)
     results: list[EpochResult] = []
     num_workers = plan.ranks[env.rank].num_workers
     loader = make_loader(cfg, workload, batch_sampler, num_workers, device)
@@ -234,7 +237,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
                 hetero.set_epoch(epoch)
             else:
                 dsampler.set_epoch(epoch)
-            active_slowdown = slowdown if epoch >= cfg.slowdown_from_epoch else Slowdown(1.0)
+            active_slowdown = late if epoch >= cfg.slowdown_from_epoch else early
             first = start_step if epoch == start_epoch else 0
             tracer = None
             if trace is not None and hetero is not None:

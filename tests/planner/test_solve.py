@@ -206,3 +206,18 @@ def test_solution_properties(case: tuple[Profile, int, int]) -> None:
                 rest = [k for k in order[:3] if k not in (i, j)]
                 new = max(plus[i], minus[j], times[rest[0]] if rest else 0.0)
                 assert new >= step * (1 - 1e-9), f"moving a sample {j}->{i} lowers {step} to {new}"
+
+
+def test_rank_worker_cap_is_respected_and_moves_data() -> None:
+    from dataclasses import replace
+
+    prof = linear_profile([0.001, 0.001], loader_s=[0.004, 0.004], cores=18)
+    free = planner.solve(prof, global_batch=400)
+    assert free.batch_sizes == (200, 200)
+    r1 = prof.by_rank[1]
+    assert r1.loader is not None
+    capped = replace(prof, ranks=(prof.by_rank[0], replace(r1, loader=replace(r1.loader, max_workers=1))))
+    plan = planner.solve(capped, global_batch=400)
+    assert plan.ranks[1].num_workers == 1
+    assert plan.batch_sizes[1] < 200  # the starved loader gets less data
+    assert planner.evaluate(capped, [200, 200]).ranks[1].num_workers == 1

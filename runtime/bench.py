@@ -1,0 +1,371 @@
+"""`planner bench`: equal split vs proportional vs plan vs plan+replan vs ideal, side by side in one launch.
+
+It launches its own ranks (spawn, FileStore rendezvous, a deadline, children killed on exit), profiles them
+in-process, then runs every strategy back to back on the same ranks, same model, data and global batch:
+
+  equal         torch DistributedSampler + BatchSampler + plain DDP (what users run today)
+  proportional  batch proportional to each rank's throughput measured at the equal batch (the DBS/timm heuristic)
+  plan          planner.solve on the profile, HeteroBatchSampler + weighted gradient hook
+  plan+replan   the plan with re-planning each epoch; `--late-slowdown R=F` slows rank R from epoch 1 on
+  ideal         sum over ranks of b_i / t_i(b_i): each rank's standalone throughput at its planned batch,
+                measured in the same launch with no communication (nobody waits for anybody)
+
+Every number comes from this one launch, so the ratios compare like with like.  The kind of heterogeneity is
+recorded in the JSON (`meta.heterogeneity`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+HELP = "compare equal split, proportional, plan and re-plan side by side"
+EPILOG = """\
+examples:
+  planner bench --device cpu --nproc 2 --emulate-slowdown 1=3 --json out.json
+  planner bench --device cuda --nproc 2 --model resnet50 --amp --global-batch 512 --emulate-slowdown 1=3
+  planner bench --device cuda --nproc 2 --data loader --emulate-loader 1=2 --global-batch 512   # loader skew
+  planner bench --rank-devices cuda:0,cpu --model resnet18 --image-size 64 --global-batch 128   # CUDA + CPU
+"""
+STRATEGIES = ("equal", "proportional", "plan", "plan+replan")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nproc", type=int, default=2, metavar="N", help="ranks to launch on this host (default 2)")
+    p.add_argument("--device", default="auto", metavar="DEV", help="auto, cpu or cuda (rank i -> cuda:i)")
+    p.add_argument("--rank-devices", default=None, metavar="LIST", help="one device per rank, e.g. cuda:0,cpu")
+    p.add_argument("--model", default=None, metavar="M",
+                   help="model spec (default: resnet50 on CUDA, cifar_cnn on CPU)")
+    p.add_argument("--dataset", default="fake", metavar="D", help="dataset spec for --data loader (default fake)")
+    p.add_argument("--data", choices=("device", "loader"), default="device",
+                   help="device: synthetic batches on the device (isolates compute); loader: the real DataLoader")
+    p.add_argument("--image-size", type=int, default=None, metavar="PX", help="input side (fake data)")
+    p.add_argument("--num-samples", type=int, default=None, metavar="N", help="dataset length")
+    p.add_argument("--global-batch", type=int, default=None, metavar="B",
+                   help="global batch (default 512 on CUDA, 64 on CPU); a multiple of the rank count")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="timed steps per strategy and epoch (default 30 on CUDA, 15 on CPU)")
+    p.add_argument("--replan-epochs", type=int, default=4, metavar="E", help="epochs of plan+replan (default 4)")
+    p.add_argument("--amp", action="store_true", help="bf16 autocast")
+    p.add_argument("--quick", action="store_true", help="a short profile")
+    p.add_argument("--emulate-slowdown", default=None, metavar="R=F,..", help="rank R does F x its compute")
+    p.add_argument("--emulate-loader", default=None, metavar="R=W,..", help="cap rank R's loader workers at W")
+    p.add_argument("--sweep-slowdown", default=None, metavar="SPEC;SPEC..",
+                   help="run the whole comparison once per --emulate-slowdown spec, e.g. '1=1;1=2;1=3' "
+                        "(JSON: {'runs': [...]})")
+    p.add_argument("--late-slowdown", default=None, metavar="R=F,..",
+                   help="plan+replan only: rank R becomes F x slower from its second epoch (default: none)")
+    p.add_argument("--strategies", default=",".join(STRATEGIES), metavar="LIST",
+                   help=f"subset of {','.join(STRATEGIES)} (ideal is always measured)")
+    p.add_argument("--label", default=None, metavar="TEXT", help="name of the heterogeneity, stored in the JSON")
+    p.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="kill every rank after S seconds")
+    p.add_argument("--json", default=None, metavar="PATH", help="write all numbers here")
+    p.add_argument("--profile-out", default=None, metavar="PATH", help="also write the profile used")
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.errors import ValidationError
+    from profiler.emulate import parse_rank_floats, parse_rank_ints
+
+    if args.nproc < 1:
+        raise ValidationError(f"--nproc must be >= 1, got {args.nproc}")
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    bad = [s for s in strategies if s not in STRATEGIES]
+    if bad:
+        raise ValidationError(f"--strategies: unknown {bad[0]!r}; choose from {', '.join(STRATEGIES)}")
+    parse_rank_floats(args.emulate_slowdown)
+    parse_rank_ints(args.emulate_loader)
+    parse_rank_floats(args.late_slowdown, flag="--late-slowdown")
+    cuda = _uses_cuda(args)
+    opts = vars(args) | {
+        "model": args.model or ("resnet50" if cuda else "cifar_cnn"),
+        "global_batch": args.global_batch or (512 if cuda else 64),
+        "steps": args.steps or (30 if cuda else 15),
+        "strategies": strategies,
+    }
+    if opts["global_batch"] % args.nproc:
+        raise ValidationError(
+            f"--global-batch {opts['global_batch']} is not a multiple of {args.nproc} ranks: the equal split "
+            "(DistributedSampler) needs one"
+        )
+    specs = [x.strip() for x in args.sweep_slowdown.split(";")] if args.sweep_slowdown else [args.emulate_slowdown]
+    for spec in specs:
+        parse_rank_floats(spec)
+    runs = []
+    for spec in specs:
+        result = _launch(opts | {"emulate_slowdown": spec or None}, args.nproc, args.timeout)
+        print(format_bench(result) + "\n", flush=True)
+        runs.append(result)
+    if args.json:
+        from planner._json import write_json_atomic
+
+        write_json_atomic(args.json, runs[0] if len(runs) == 1 else {"runs": runs})
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _uses_cuda(args: argparse.Namespace) -> bool:
+    import torch
+
+    if args.rank_devices:
+        return "cuda" in args.rank_devices
+    return args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
+
+
+def _launch(opts: dict[str, Any], nproc: int, timeout_s: float) -> dict[str, Any]:
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        ctx = mp.start_processes(_worker, args=(nproc, os.path.join(tmp, "store"), opts, out), nprocs=nproc,
+                                 join=False, start_method="spawn")
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not ctx.join(timeout=1.0, grace_period=5.0):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"bench did not finish in {timeout_s:.0f} s (raise --timeout)")
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+                p.join()
+        with open(out, encoding="utf-8") as f:
+            return dict(json.load(f))
+
+
+def _worker(rank: int, nproc: int, store_path: str, opts: dict[str, Any], out_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from profiler.emulate import parse_rank_floats, parse_rank_ints
+    from runtime.distenv import DistEnv, rank_device_spec, resolve_device
+
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank)})
+    spec, all_cuda = rank_device_spec(opts["device"], opts["rank_devices"], rank, nproc)
+    device = resolve_device(spec, rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        # CPU ranks share the host: split its cores so they don't oversubscribe each other.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
+    backend = "nccl" if all_cuda else "gloo"
+    store = dist.FileStore(store_path, nproc)
+    kw: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend, store=store, rank=rank, world_size=nproc, timeout=timedelta(seconds=300), **kw)
+    env = DistEnv(rank=rank, world_size=nproc, local_rank=rank, device=device, backend=backend)
+    try:
+        slow = parse_rank_floats(opts["emulate_slowdown"]).get(rank, 1.0)
+        late = parse_rank_floats(opts["late_slowdown"], flag="--late-slowdown").get(rank)
+        cap = parse_rank_ints(opts["emulate_loader"]).get(rank)
+        result = _bench_rank(env, opts, slow, late, cap)
+        if rank == 0:
+            from planner._json import write_json_atomic
+
+            write_json_atomic(out_path, result)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None, cap: int | None) -> dict[str, Any]:
+    import planner
+    from planner.profile import Profile
+    from profiler.run import gather_profile, profile_this_rank
+    from profiler.specs import build_workload
+    from runtime.distenv import all_gather_object, broadcast_object
+    from runtime.train import TrainConfig, train
+
+    on_device = opts["data"] == "device"
+    workload = build_workload(opts["model"], opts["dataset"], image_size=opts["image_size"],
+                              num_samples=opts["num_samples"] or (1_000_000 if on_device else None))
+    B, W = int(opts["global_batch"]), env.world_size
+    t0 = time.perf_counter()
+    rp = profile_this_rank(workload, env.device, quick=opts["quick"], slowdown=slow, loader_workers_cap=cap,
+                           amp=opts["amp"], rank=env.rank, measure_loader=not on_device)
+    prof = gather_profile(rp, workload=workload)
+    profile = Profile.from_dict(broadcast_object(prof.to_dict() if prof else None, env))
+    if env.is_main and opts.get("profile_out"):
+        profile.save(opts["profile_out"])
+    profile_s = time.perf_counter() - t0
+    min_batch = 2 if workload.has_batchnorm else 1
+
+    plan = planner.solve(profile, global_batch=B, min_batch=min_batch)
+    equal = planner.evaluate(profile, planner.equal_split(B, W), min_batch=min_batch, method="equal")
+    prop = planner.evaluate(profile, proportional_split(profile, B, min_batch), min_batch=min_batch,
+                            method="proportional")
+    base = TrainConfig(model=opts["model"], dataset=opts["dataset"], image_size=opts["image_size"],
+                       num_samples=opts["num_samples"], epochs=2, max_steps_per_epoch=opts["steps"],
+                       amp=opts["amp"], data_on_device=on_device, slowdown=slow, loader_workers_cap=cap,
+                       quiet=True, lr=1e-4)
+    out: dict[str, Any] = {}
+    runs = {"equal": (equal, replace(base, strategy="equal")), "proportional": (prop, base), "plan": (plan, base)}
+    for name in opts["strategies"]:
+        if name == "plan+replan":
+            continue
+        p, cfg = runs[name]
+        epochs = train(cfg, env, p, profile, workload)
+        out[name] = _summary(epochs[-1], p)  # the first epoch warms up (allocator, cudnn autotune, workers)
+    if "plan+replan" in opts["strategies"]:
+        cfg = replace(base, epochs=int(opts["replan_epochs"]), replan=True, slowdown_late=late or slow,
+                      slowdown_from_epoch=1, replan_smoothing=1.0)
+        epochs = train(cfg, env, plan, profile, workload)
+        s = _summary(epochs[-1], plan)
+        s["epochs"] = [{"epoch": e.epoch, "samples_per_s": e.samples_per_s, "step_time_s": e.step_time_s,
+                        "batch_sizes": list(e.batch_sizes), "replan": e.replan} for e in epochs]
+        out["plan+replan"] = s
+    # ideal: each rank alone at its planned batch, no communication, measured now on the same ranks
+    mine = _standalone_step_s(workload, env.device, plan.batch_sizes[env.rank], slow, opts)
+    alone = all_gather_object(mine, env)
+    ideal = sum(b / t for b, t in zip(plan.batch_sizes, alone, strict=True))
+    out["ideal"] = {"samples_per_s": ideal, "standalone_step_time_s": alone, "batch_sizes": list(plan.batch_sizes),
+                    "predicted_samples_per_s": plan.predicted.ideal_samples_per_s}
+    if late:
+        out["ideal"]["after_late_slowdown_samples_per_s"] = _after_slowdown_ideal(
+            profile, B, min_batch, all_gather_object((slow, late or slow), env), env)
+    eq_sps = out.get("equal", {}).get("samples_per_s")
+    for s in out.values():
+        if eq_sps and "samples_per_s" in s:
+            s["vs_equal"] = s["samples_per_s"] / eq_sps
+        s["vs_ideal"] = s["samples_per_s"] / ideal if ideal else None
+    out["meta"] = {
+        "world_size": W, "global_batch": B, "model": opts["model"], "amp": opts["amp"],
+        "data": "synthetic on device (loader excluded)" if on_device else f"DataLoader over {opts['dataset']}",
+        "devices": all_gather_object(_device_name(env.device), env),
+        "emulate_slowdown": opts["emulate_slowdown"], "emulate_loader": opts["emulate_loader"],
+        "late_slowdown": opts["late_slowdown"], "heterogeneity": opts.get("label") or _label(opts),
+        "steps_per_strategy": opts["steps"], "profile_s": round(profile_s, 2), "torch": _torch_version(),
+        "plan": plan.to_dict(),
+    }
+    return out
+
+
+def proportional_split(profile: Any, B: int, min_batch: int) -> list[int]:
+    """Batch proportional to throughput at the equal batch (largest-remainder rounding, >= min_batch)."""
+    from planner.curves import fit_envelope
+
+    W = profile.world_size
+    b_eq = B / W
+    speed = [b_eq / fit_envelope(r.compute)(b_eq) for r in profile.by_rank]
+    raw = [B * s / sum(speed) for s in speed]
+    out = [max(min_batch, int(x)) for x in raw]
+    order = sorted(range(W), key=lambda i: raw[i] - int(raw[i]), reverse=True)
+    k = 0
+    while sum(out) < B:
+        out[order[k % W]] += 1
+        k += 1
+    while sum(out) > B:
+        i = max(range(W), key=lambda j: out[j])
+        out[i] -= 1
+    return out
+
+
+def _after_slowdown_ideal(profile: Any, B: int, min_batch: int, factors: list[tuple[float, float]], env: Any) -> float:
+    """Predicted ideal throughput once the late slowdown is in force (profile curves rescaled by late/early)."""
+    import planner
+    from planner.profile import ComputePoint, Profile
+
+    ranks = []
+    for r, (early, late) in zip(profile.by_rank, factors, strict=True):
+        f = late / early
+        ranks.append(replace(r, compute=tuple(ComputePoint(batch_size=p.batch_size, step_time_s=p.step_time_s * f)
+                                                for p in r.compute)))
+    scaled = Profile(hosts=profile.hosts, ranks=tuple(ranks), model=profile.model, comm=profile.comm)
+    return float(planner.solve(scaled, global_batch=B, min_batch=min_batch).predicted.ideal_samples_per_s)
+
+
+def _standalone_step_s(workload: Any, device: Any, b: int, slow: float, opts: dict[str, Any]) -> float:
+    """Median full-step time of this rank alone at batch b (same step code as the profiler)."""
+    from profiler.compute import StepRunner
+
+    runner = StepRunner(workload, device, amp=opts["amp"], slowdown=slow)
+    try:
+        m = runner.measure(b, warmup=3, repeats=max(5, min(int(opts["steps"]), 15)))
+    finally:
+        runner.close()
+    return float(statistics.median(m.times_s))
+
+
+def _summary(e: Any, plan: Any) -> dict[str, Any]:
+    ranks = []
+    for s, rp in zip(e.stats, plan.ranks, strict=True):
+        ranks.append({
+            "rank": s["rank"], "batch_size": s["batch_size"], "num_workers": s["num_workers"],
+            "measured_step_time_s": s["step_time_s"], "measured_compute_s": s["compute_s"],
+            "data_wait_s": s["data_wait_s"],
+            "idle_fraction": max(0.0, 1.0 - (s["compute_s"] + s["data_wait_s"]) / s["step_time_s"])
+            if s["step_time_s"] else None,
+            "predicted_busy_s": rp.predicted_step_time_s,
+        })
+    return {
+        "samples_per_s": e.samples_per_s, "step_time_s": e.step_time_s,
+        "predicted_step_time_s": plan.predicted.step_time_s,
+        "predicted_error": (e.step_time_s / plan.predicted.step_time_s - 1.0) if plan.predicted.step_time_s else None,
+        "batch_sizes": list(e.batch_sizes), "ranks": ranks, "loss": e.loss,
+    }
+
+
+def _label(opts: dict[str, Any]) -> str:
+    parts = []
+    if opts["emulate_slowdown"]:
+        parts.append(f"emulated compute skew {opts['emulate_slowdown']}")
+    if opts["emulate_loader"]:
+        parts.append(f"real loader skew (workers capped {opts['emulate_loader']})")
+    if opts["rank_devices"] and "cpu" in opts["rank_devices"] and "cuda" in opts["rank_devices"]:
+        parts.append(f"real device mix {opts['rank_devices']}")
+    if opts["late_slowdown"]:
+        parts.append(f"mid-run slowdown {opts['late_slowdown']} (plan+replan)")
+    return "; ".join(parts) or "homogeneous"
+
+
+def _device_name(device: Any) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return str(torch.cuda.get_device_name(device))
+    import platform
+
+    return f"CPU {platform.machine()}"
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def format_bench(result: dict[str, Any]) -> str:
+    from planner._table import table
+
+    rows = []
+    for name in (*STRATEGIES, "ideal"):
+        s = result.get(name)
+        if not s:
+            continue
+        rows.append((
+            name, f"{s['samples_per_s']:.1f}",
+            f"{1000 * s['step_time_s']:.2f}" if "step_time_s" in s else "-",
+            f"{1000 * s['predicted_step_time_s']:.2f}" if "predicted_step_time_s" in s else "-",
+            f"{s['vs_equal']:.2f}x" if s.get("vs_equal") else "-",
+            f"{s['vs_ideal']:.3f}" if s.get("vs_ideal") else "-",
+            " ".join(str(b) for b in s.get("batch_sizes", [])),
+            " ".join(f"{100 * r['idle_fraction']:.0f}%" for r in s.get("ranks", []) if r["idle_fraction"] is not None)
+            or "-",
+        ))
+    m = result.get("meta", {})
+    head = (f"{m.get('model')} on {', '.join(m.get('devices', []))}; global batch {m.get('global_batch')}; "
+            f"{m.get('data')}; heterogeneity: {m.get('heterogeneity')}")
+    body = table(["strategy", "samples/s", "step ms", "predicted ms", "vs equal", "vs ideal", "batches", "idle"], rows)
+    return head + "\n" + body
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("run it as `planner bench`")
