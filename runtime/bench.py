@@ -213,7 +213,8 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
             continue
         p, cfg = runs[name]
         epochs = train(cfg, env, p, profile, workload)
-        out[name] = _summary(epochs[-1], p)  # the first epoch warms up (allocator, cudnn autotune, workers)
+        # The first epoch warms up (allocator, cudnn autotune, workers); plain DDP has no hook to time compute.
+        out[name] = _summary(epochs[-1], p, timed=name != "equal")
     if "plan+replan" in opts["strategies"]:
         cfg = replace(base, epochs=int(opts["replan_epochs"]), replan=True, slowdown_late=late or slow,
                       slowdown_from_epoch=1, replan_smoothing=1.0)
@@ -294,7 +295,7 @@ def _standalone_step_s(workload: Any, device: Any, b: int, slow: float, opts: di
     return float(statistics.median(m.times_s))
 
 
-def _summary(e: Any, plan: Any) -> dict[str, Any]:
+def _summary(e: Any, plan: Any, *, timed: bool = True) -> dict[str, Any]:
     ranks = []
     for s, rp in zip(e.stats, plan.ranks, strict=True):
         ranks.append({
@@ -302,7 +303,7 @@ def _summary(e: Any, plan: Any) -> dict[str, Any]:
             "measured_step_time_s": s["step_time_s"], "measured_compute_s": s["compute_s"],
             "data_wait_s": s["data_wait_s"],
             "idle_fraction": max(0.0, 1.0 - (s["compute_s"] + s["data_wait_s"]) / s["step_time_s"])
-            if s["step_time_s"] else None,
+            if s["step_time_s"] and timed else None,
             "predicted_busy_s": rp.predicted_step_time_s,
         })
     return {

@@ -304,8 +304,10 @@ def _run_epoch(cfg: TrainConfig, env: DistEnv, epoch: int, first_step: int, plan
             trace[0].write(json.dumps({"epoch": epoch, "step": step, "rank": env.rank, "indices": idx}) + "\n")
         timer.compute_start()
         with _autocast(cfg, device):
-            slowdown.apply(ddp, workload.loss_fn, x, y)
             loss = workload.loss_fn(ddp(x), y)
+            # Emulated extra work goes between the real forward and backward: inside the measured compute span,
+            # and after DDP's forward-start buffer broadcast, which would otherwise make the peers wait for it.
+            slowdown.apply(ddp, workload.loss_fn, x, y)
         loss.backward()
         timer.compute_end()  # ignored when the hook already closed the span (DDP with several ranks)
         optimizer.step()
