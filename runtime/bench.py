@@ -224,12 +224,16 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
                         "batch_sizes": list(e.batch_sizes), "replan": e.replan} for e in epochs]
         out["plan+replan"] = s
     # ideal: each rank alone at its planned batch, no communication, measured now on the same ranks
-    mine = _standalone_step_s(workload, env.device, plan.batch_sizes[env.rank], slow, opts)
+    if on_device:
+        mine = _standalone_step_s(workload, env.device, plan.batch_sizes[env.rank], slow, opts)
+    else:
+        w = plan.ranks[env.rank].num_workers if cap is None else min(cap, plan.ranks[env.rank].num_workers)
+        mine = _standalone_loader_step_s(workload, env.device, plan.batch_sizes[env.rank], w, slow, opts)
     alone = all_gather_object(mine, env)
     ideal = sum(b / t for b, t in zip(plan.batch_sizes, alone, strict=True))
     out["ideal"] = {"samples_per_s": ideal, "standalone_step_time_s": alone, "batch_sizes": list(plan.batch_sizes),
                     "predicted_samples_per_s": plan.predicted.ideal_samples_per_s}
-    if late:
+    if opts["late_slowdown"]:  # the same condition on every rank: the gather below is a collective
         out["ideal"]["after_late_slowdown_samples_per_s"] = _after_slowdown_ideal(
             profile, B, min_batch, all_gather_object((slow, late or slow), env), env)
     eq_sps = out.get("equal", {}).get("samples_per_s")
@@ -293,6 +297,37 @@ def _standalone_step_s(workload: Any, device: Any, b: int, slow: float, opts: di
     finally:
         runner.close()
     return float(statistics.median(m.times_s))
+
+
+def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, slow: float,
+                              opts: dict[str, Any]) -> float:
+    """Mean step time of this rank alone at batch b fed by its own DataLoader with `workers` workers."""
+    import torch
+    from torch.utils.data import DataLoader, RandomSampler
+
+    from profiler.compute import StepRunner
+
+    runner = StepRunner(workload, device, amp=opts["amp"], slowdown=slow)
+    steps, warmup = max(5, min(int(opts["steps"]), 20)), 3
+    sampler = RandomSampler(workload.dataset, replacement=True, num_samples=(steps + warmup) * b)
+    loader = DataLoader(workload.dataset, batch_size=b, sampler=sampler, num_workers=workers,
+                        pin_memory=device.type == "cuda", prefetch_factor=4 if workers else None)
+    try:
+        t0 = 0.0
+        for i, (x, y) in enumerate(loader):
+            if i == warmup:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                t0 = time.perf_counter()
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            if runner.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            runner.step(x, y)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - t0) / steps
+    finally:
+        runner.close()
 
 
 def _summary(e: Any, plan: Any, *, timed: bool = True) -> dict[str, Any]:
