@@ -8,7 +8,7 @@ Usage (the lead runs the first on an H100; the second runs anywhere):
 1. Profiles the model with the product's own path (profiler.run.profile_this_rank, loader skipped) on a budget
    (default 30 s of profiling; bf16 autocast and channels_last on CUDA).
 2. Separately (a fresh model and optimizer) times full training steps at two batch sizes NOT in the sweep --
-   1.5x a measured batch at about 1/3 and 2/3 of the measured range, or --holdout B1,B2 -- 20 repeats, median.
+   1.25x a measured batch at about 1/3 and 2/3 of the measured range, or --holdout B1,B2 -- 20 repeats, median.
 3. Prints predicted (planner.curves.fit_envelope of the profile) vs measured and the error %, and writes JSON.
 """
 
@@ -50,10 +50,10 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 
 def holdout_batches(measured: list[int]) -> list[int]:
-    """1.5x a measured batch at ~1/3 and ~2/3 of the range: between sweep points, never one of them."""
+    """1.25x a measured batch at ~1/3 and ~2/3 of the range: between sweep points, never one of them."""
     bs = sorted(measured)
     picks = sorted({bs[max(0, (len(bs) - 2) // 3)], bs[max(0, 2 * (len(bs) - 2) // 3)]})
-    out = [int(1.5 * b) for b in picks]
+    out = [int(1.25 * b) for b in picks]
     return [b for b in out if b not in bs] or [bs[0] + 1]
 
 

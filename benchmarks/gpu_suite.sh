@@ -23,7 +23,7 @@ for p in "$@"; do
     smoke)   part smoke $P bench --device cuda --nproc 2 --model resnet18 --image-size 64 --global-batch 128 --steps 4 --quick --replan-epochs 2 --emulate-slowdown 1=2 --json "$OUT/smoke.json" ;;
     profile) part profile python3 benchmarks/gpu_profile_check.py --model resnet50 --device cuda:0 --out "$OUT/gpu_check.json" --profile-out "$OUT/r50_profile.json" ;;
     r50a)    part r50a $P bench --device cuda --nproc 2 $R50 --sweep-slowdown "1=1;1=3" --json "$OUT/bench_r50_a.json" ;;
-    r50b)    part r50b $P bench --device cuda --nproc 2 $R50 --sweep-slowdown "1=1.5;1=2;1=4" --strategies equal,proportional,plan --json "$OUT/bench_r50_b.json" ;;
+    r50b)    part r50b $P bench --device cuda --nproc 2 $R50 --sweep-slowdown "1=1.5;1=2;1=3;1=4" --replan-epochs 3 --json "$OUT/bench_r50_b.json" ;;
     replan)  part replan $P bench --device cuda --nproc 2 $R50 --late-slowdown 1=3 --strategies plan+replan --replan-epochs 5 --json "$OUT/bench_replan.json" ;;
     r18)     part r18 $P bench --device cuda --nproc 2 --model resnet18 --image-size 32 --amp --global-batch 1024 --steps 30 --sweep-slowdown "1=1;1=3" --json "$OUT/bench_r18.json" ;;
     loader)  part loader $P bench --device cuda --nproc 2 --model resnet50 --amp --global-batch 512 --steps 20 --data loader --num-samples 20000 --emulate-loader 1=2 --strategies equal,proportional,plan --json "$OUT/bench_loader.json" ;;

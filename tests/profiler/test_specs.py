@@ -113,6 +113,6 @@ def test_out_of_memory_is_caught_and_the_largest_batch_found() -> None:
                  num_classes=3, sample_shape=(4,), loss_fn=nn.functional.cross_entropy, name="oom", has_batchnorm=False)
     r = StepRunner(w, "cpu")
     res = run_sweep(r.measure, SweepOptions(max_batch=256, min_repeats=1, max_repeats=2), clock=lambda: 0.0)
-    assert [p.batch_size for p in res.points] == [8, 16, 32] and res.oom_batch == 64
+    assert [p.batch_size for p in res.points] == [8, 12, 16, 24, 32] and res.oom_batch == 48
     assert find_max_batch(res, r.fits, rel_tol=0.0) == 40
     r.measure(16, 0, 1)  # the runner still works after the failures

@@ -71,7 +71,7 @@ def test_repeats_follow_the_point_budget() -> None:
 
 def test_auto_sweep_runs_the_series_and_hands_medians_to_the_fit() -> None:
     dev = FakeDevice()
-    opts = SweepOptions(max_batch=256, total_budget_s=1e9)
+    opts = SweepOptions(max_batch=256, total_budget_s=1e9, midpoints=False)
     res = run_sweep(dev.measure, opts, clock=dev.clock)
     assert [p.batch_size for p in res.points] == [8, 16, 32, 64, 128, 256]
     assert res.stop_reason == "series end" and res.oom_batch is None
@@ -88,7 +88,7 @@ def test_auto_sweep_runs_the_series_and_hands_medians_to_the_fit() -> None:
 
 def test_stops_at_the_first_batch_that_does_not_fit() -> None:
     dev = FakeDevice(max_fit=100)
-    res = run_sweep(dev.measure, SweepOptions(max_batch=1024, total_budget_s=1e9), clock=dev.clock)
+    res = run_sweep(dev.measure, SweepOptions(max_batch=1024, total_budget_s=1e9, midpoints=False), clock=dev.clock)
     assert [p.batch_size for p in res.points] == [8, 16, 32, 64]
     assert res.stop_reason == "does not fit" and res.oom_batch == 128
     # Bisection between 64 (ran) and 128 (failed) lands within 5% below the true limit.
@@ -120,7 +120,7 @@ def test_slow_device_gets_smaller_batches_for_min_points() -> None:
 
 def test_time_budget_stops_growth_but_keeps_min_points() -> None:
     dev = FakeDevice(flat_s=0.5, per_sample_s=0.05)  # already slow: every point costs seconds
-    opts = SweepOptions(total_budget_s=5.0, step_limit_s=1e9, min_points=3, min_repeats=3)
+    opts = SweepOptions(total_budget_s=5.0, step_limit_s=1e9, min_points=3, min_repeats=3, midpoints=False)
     res = run_sweep(dev.measure, opts, clock=dev.clock)
     assert len(res.points) == 3 and res.stop_reason == "time budget"
     # The next point (predicted linear in b) would have overrun the budget, so it was never started.
@@ -168,3 +168,11 @@ def test_options_are_validated() -> None:
     with pytest.raises(ValidationError):
         SweepOptions(min_repeats=5, max_repeats=2)
     assert SweepOptions.quick(max_batch=64).max_batch == 64
+
+
+def test_default_series_has_midpoints_quick_does_not() -> None:
+    from profiler.sweep import geometric_batches
+
+    assert geometric_batches(8, 100, midpoints=True) == [8, 12, 16, 24, 32, 48, 64, 96]
+    assert geometric_batches(8, 100) == [8, 16, 32, 64]
+    assert SweepOptions().midpoints and not SweepOptions.quick().midpoints
