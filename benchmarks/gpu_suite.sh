@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU benchmark suite run through the device tool on a 2-GPU machine. Usage: benchmarks/gpu_suite.sh PART...
-# Parts: env smoke profile r50a r50b replan r18 loader mixed homog. Results land in $OUT (JSON + logs).
+# Parts: env smoke profile r50a r50b replan r18 loader mixed nccl2 cotenant. Results land in $OUT (JSON + logs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=4
@@ -28,6 +28,12 @@ for p in "$@"; do
     r18)     part r18 $P bench --device cuda --nproc 2 --model resnet18 --image-size 32 --amp --global-batch 1024 --steps 30 --sweep-slowdown "1=1;1=3" --json "$OUT/bench_r18.json" ;;
     loader)  part loader $P bench --device cuda --nproc 2 --model resnet50 --amp --global-batch 512 --steps 20 --data loader --num-samples 20000 --emulate-loader 1=2 --strategies equal,proportional,plan --json "$OUT/bench_loader.json" ;;
     mixed)   part mixed $P bench --rank-devices cuda:0,cpu --model resnet18 --image-size 32 --global-batch 256 --steps 10 --strategies equal,proportional,plan --json "$OUT/bench_mixed.json" ;;
+    nccl2)   part nccl2 env NCCL_MAX_NCHANNELS=2 $P bench --device cuda --nproc 2 $R50 --emulate-slowdown 1=3 --strategies equal,plan --json "$OUT/bench_nccl2.json" ;;
+    cotenant)
+      python3 benchmarks/cotenant.py --device cuda:1 --duty 0.5 & CT=$!
+      sleep 5
+      part cotenant $P bench --device cuda --nproc 2 $R50 --strategies equal,proportional,plan --label "real co-tenant: a duty-0.5 bf16 matmul loop on GPU 1" --json "$OUT/bench_cotenant.json"
+      kill $CT; wait $CT ;;
     *) echo "unknown part $p"; exit 2 ;;
   esac
 done
