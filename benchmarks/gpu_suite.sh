@@ -29,6 +29,7 @@ for p in "$@"; do
     loader)  part loader $P bench --device cuda --nproc 2 --model resnet50 --amp --global-batch 512 --steps 20 --data loader --num-samples 20000 --emulate-loader 1=2 --strategies equal,proportional,plan --json "$OUT/bench_loader.json" ;;
     mixed)   part mixed $P bench --rank-devices cuda:0,cpu --model resnet18 --image-size 32 --global-batch 256 --steps 10 --strategies equal,proportional,plan --json "$OUT/bench_mixed.json" ;;
     nccl2)   part nccl2 env NCCL_MAX_NCHANNELS=2 $P bench --device cuda --nproc 2 $R50 --emulate-slowdown 1=3 --strategies equal,plan --json "$OUT/bench_nccl2.json" ;;
+    nccl2h)  part nccl2h env NCCL_MAX_NCHANNELS=2 $P bench --device cuda --nproc 2 $R50 --strategies equal,plan --json "$OUT/bench_nccl2_homog.json" ;;
     cotenant)
       python3 benchmarks/cotenant.py --device cuda:1 --duty 0.5 & CT=$!
       sleep 5

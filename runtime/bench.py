@@ -189,8 +189,10 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
                               num_samples=opts["num_samples"] or (1_000_000 if on_device else None))
     B, W = int(opts["global_batch"]), env.world_size
     t0 = time.perf_counter()
+    mixed = bool(opts["rank_devices"]) and "cpu" in opts["rank_devices"] and "cuda" in opts["rank_devices"]
+    cl = env.device.type == "cuda" and len(workload.sample_shape) == 3 and not mixed  # as the trainer does
     rp = profile_this_rank(workload, env.device, quick=opts["quick"], slowdown=slow, loader_workers_cap=cap,
-                           amp=opts["amp"], rank=env.rank, measure_loader=not on_device)
+                           amp=opts["amp"], rank=env.rank, measure_loader=not on_device, channels_last=cl)
     prof = gather_profile(rp, workload=workload)
     profile = Profile.from_dict(broadcast_object(prof.to_dict() if prof else None, env))
     if env.is_main and opts.get("profile_out"):
@@ -205,7 +207,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     base = TrainConfig(model=opts["model"], dataset=opts["dataset"], image_size=opts["image_size"],
                        num_samples=opts["num_samples"], epochs=2, max_steps_per_epoch=opts["steps"],
                        amp=opts["amp"], data_on_device=on_device, slowdown=slow, loader_workers_cap=cap,
-                       quiet=True, lr=1e-4)
+                       quiet=True, lr=1e-4, mixed_devices=mixed)
     out: dict[str, Any] = {}
     runs = {"equal": (equal, replace(base, strategy="equal")), "proportional": (prop, base), "plan": (plan, base)}
     for name in opts["strategies"]:
@@ -225,10 +227,10 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
         out["plan+replan"] = s
     # ideal: each rank alone at its planned batch, no communication, measured now on the same ranks
     if on_device:
-        mine = _standalone_step_s(workload, env.device, plan.batch_sizes[env.rank], slow, opts)
+        mine = _standalone_step_s(workload, env.device, plan.batch_sizes[env.rank], slow, opts, cl)
     else:
         w = plan.ranks[env.rank].num_workers if cap is None else min(cap, plan.ranks[env.rank].num_workers)
-        mine = _standalone_loader_step_s(workload, env.device, plan.batch_sizes[env.rank], w, slow, opts)
+        mine = _standalone_loader_step_s(workload, env.device, plan.batch_sizes[env.rank], w, slow, opts, cl)
     alone = all_gather_object(mine, env)
     ideal = sum(b / t for b, t in zip(plan.batch_sizes, alone, strict=True))
     out["ideal"] = {"samples_per_s": ideal, "standalone_step_time_s": alone, "batch_sizes": list(plan.batch_sizes),
@@ -287,11 +289,11 @@ def _after_slowdown_ideal(profile: Any, B: int, min_batch: int, factors: list[tu
     return float(planner.solve(scaled, global_batch=B, min_batch=min_batch).predicted.ideal_samples_per_s)
 
 
-def _standalone_step_s(workload: Any, device: Any, b: int, slow: float, opts: dict[str, Any]) -> float:
+def _standalone_step_s(workload: Any, device: Any, b: int, slow: float, opts: dict[str, Any], cl: bool) -> float:
     """Median full-step time of this rank alone at batch b (same step code as the profiler)."""
     from profiler.compute import StepRunner
 
-    runner = StepRunner(workload, device, amp=opts["amp"], slowdown=slow)
+    runner = StepRunner(workload, device, amp=opts["amp"], slowdown=slow, channels_last=cl)
     try:
         m = runner.measure(b, warmup=3, repeats=max(5, min(int(opts["steps"]), 15)))
     finally:
@@ -300,15 +302,16 @@ def _standalone_step_s(workload: Any, device: Any, b: int, slow: float, opts: di
 
 
 def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, slow: float,
-                              opts: dict[str, Any]) -> float:
+                              opts: dict[str, Any], cl: bool) -> float:
     """Mean step time of this rank alone at batch b fed by its own DataLoader with `workers` workers."""
     import torch
     from torch.utils.data import DataLoader, RandomSampler
 
     from profiler.compute import StepRunner
 
-    runner = StepRunner(workload, device, amp=opts["amp"], slowdown=slow)
-    steps, warmup = max(5, min(int(opts["steps"]), 20)), 3
+    runner = StepRunner(workload, device, amp=opts["amp"], slowdown=slow, channels_last=cl)
+    # Workers start on the first batch and need a few batches to fill their prefetch queues.
+    steps, warmup = max(5, min(int(opts["steps"]), 20)), max(3, workers + 2)
     sampler = RandomSampler(workload.dataset, replacement=True, num_samples=(steps + warmup) * b)
     loader = DataLoader(workload.dataset, batch_size=b, sampler=sampler, num_workers=workers,
                         pin_memory=device.type == "cuda", prefetch_factor=4 if workers else None)

@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
             slowdown_late=slowdowns.get(env.rank, 1.0), slowdown_from_epoch=args.emulate_slowdown_from_epoch, loader_workers_cap=loader_caps.get(env.rank),
             log_path=args.log, checkpoint_dir=args.checkpoint, checkpoint_every=args.checkpoint_every,
             resume=args.resume,
+            mixed_devices=env.device.type == "cuda" and env.backend == "gloo",
         )
         workload = build_workload(cfg.model, cfg.dataset, image_size=cfg.image_size, num_samples=cfg.num_samples)
         profile = Profile.load(args.profile) if args.profile else None

@@ -76,6 +76,8 @@ class TrainConfig:
     """Also checkpoint every N steps inside an epoch (0: only at epoch ends)."""
     resume: bool = False
     quiet: bool = False
+    mixed_devices: bool = False
+    """Some ranks are CPU and some CUDA (gloo): keep one memory format everywhere (no channels_last)."""
     trace_path: str | None = None
     """Write every (epoch, step, rank, indices) to this file (tests of resume; one file per rank)."""
 
@@ -114,8 +116,10 @@ def _autocast(cfg: TrainConfig, device: torch.device) -> contextlib.AbstractCont
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
-def _channels_last(workload: Workload, device: torch.device) -> bool:
-    return device.type == "cuda" and len(workload.sample_shape) == 3
+def _channels_last(workload: Workload, device: torch.device, mixed: bool = False) -> bool:
+    """channels_last for image models on CUDA -- unless CPU ranks train beside CUDA ones: DDP requires every
+    rank's parameters to have the same strides."""
+    return device.type == "cuda" and len(workload.sample_shape) == 3 and not mixed
 
 
 class _DeviceBatches:
@@ -145,7 +149,7 @@ class _DeviceBatches:
 def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_workers: int,
                 device: torch.device) -> Any:
     if cfg.data_on_device:
-        return _DeviceBatches(batch_sampler, workload, device, _channels_last(workload, device))
+        return _DeviceBatches(batch_sampler, workload, device, _channels_last(workload, device, cfg.mixed_devices))
     if cfg.loader_workers_cap is not None:
         num_workers = min(num_workers, cfg.loader_workers_cap)
     return DataLoader(
@@ -166,7 +170,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     device = env.device
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts them)
     model = workload.model_fn().to(device)
-    cl = _channels_last(workload, device)
+    cl = _channels_last(workload, device, cfg.mixed_devices)
     if cl:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     if plan.world_size != env.world_size:
@@ -286,7 +290,7 @@ def _run_epoch(cfg: TrainConfig, env: DistEnv, epoch: int, first_step: int, plan
                hetero: HeteroBatchSampler | None, timer: StepTimer, workload: Workload, slowdown: Slowdown,
                trace: tuple[Any, Any], replanner: Replanner | None) -> EpochResult:
     device = env.device
-    cl = _channels_last(workload, device)
+    cl = _channels_last(workload, device, cfg.mixed_devices)
     timer.reset()
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     n_sum = 0
@@ -343,7 +347,8 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool,
     from profiler.run import gather_profile, profile_this_rank
 
     rank_profile = profile_this_rank(workload, env.device, quick=quick, slowdown=cfg.slowdown,
-                                     loader_workers_cap=cfg.loader_workers_cap, amp=cfg.amp, rank=env.rank)
+                                     loader_workers_cap=cfg.loader_workers_cap, amp=cfg.amp, rank=env.rank,
+                                     channels_last=_channels_last(workload, env.device, cfg.mixed_devices))
     profile = gather_profile(rank_profile, workload=workload)
     payload: Any = None
     if env.is_main:
