@@ -221,3 +221,13 @@ def test_rank_worker_cap_is_respected_and_moves_data() -> None:
     assert plan.ranks[1].num_workers == 1
     assert plan.batch_sizes[1] < 200  # the starved loader gets less data
     assert planner.evaluate(capped, [200, 200]).ranks[1].num_workers == 1
+
+
+def test_flat_curves_split_evenly_not_to_an_extreme() -> None:
+    # Launch-bound GPUs: 8.5 ms whatever the batch up to 2048. Every split ties at T*; the plan must not pile
+    # everything on one rank (on H200 [1022, 2] ran 0.77x the equal split), it loads both alike.
+    flat = (ComputePoint(batch_size=64, step_time_s=0.0085), ComputePoint(batch_size=2048, step_time_s=0.0086))
+    ranks = tuple(RankProfile(rank=i, host="h", device=f"cuda:{i}", compute=flat) for i in range(2))
+    plan = planner.solve(Profile(hosts=(HostProfile(name="h", cpu_cores=8),), ranks=ranks), global_batch=1024,
+                         min_batch=2)
+    assert plan.batch_sizes == (512, 512)
