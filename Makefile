@@ -21,6 +21,7 @@ lint: venv
 	$(PY) -m mypy
 
 test: lint
+	@bash scripts/ensure_chromium.sh >/dev/null 2>&1 || echo "note: chromium unavailable; the report rendering test will be skipped"
 	GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 $(PY) -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected (exit 5)"; exit 0; fi; exit $$rc
 
