@@ -20,8 +20,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import planner  # noqa: E402
-from planner.profile import (  # noqa: E402
+import planner
+from planner.profile import (
     ComputePoint,
     HostProfile,
     LoaderProfile,

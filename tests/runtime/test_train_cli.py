@@ -1,0 +1,47 @@
+"""End-to-end `planner train` on 2 CPU ranks (gloo): re-planning reacts to a slowdown and stays put without one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._torchrun import run_planner_torchrun
+
+COMMON = ["train", "--auto", "--quick", "--device", "cpu", "--model", "cifar_cnn", "--image-size", "16",
+          "--data-on-device", "--global-batch", "64", "--max-steps-per-epoch", "12", "--replan"]
+
+
+def _events(log: Path, kind: str) -> list[dict[str, Any]]:
+    return [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == kind]
+
+
+@pytest.mark.distributed
+def test_replan_moves_work_off_a_rank_slowed_mid_run(tmp_path: Path) -> None:
+    log = tmp_path / "run.jsonl"
+    rc, out = run_planner_torchrun(2, [*COMMON, "--epochs", "4", "--emulate-slowdown", "1=3",
+                                       "--emulate-slowdown-from-epoch", "1", "--plan-out", str(tmp_path / "plan.json"),
+                                       "--log-file", str(log)])
+    assert rc == 0, out[-3000:]
+    epochs = _events(log, "epoch")
+    assert [e["epoch"] for e in epochs] == [0, 1, 2, 3]
+    slowed, after = epochs[1], epochs[2:]
+    # Within 2 epochs of the slowdown the split moved toward the fast rank 0, and throughput recovered.
+    assert max(e["batch_sizes"][0] for e in after) > slowed["batch_sizes"][0]
+    assert max(e["samples_per_s"] for e in after) > slowed["samples_per_s"]
+    decisions = _events(log, "replan")
+    assert any(d["adopted"] for d in decisions if d["epoch"] in (1, 2)), [d["reason"] for d in decisions]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_steady_state_changes_the_plan_at_most_once_in_10_epochs(tmp_path: Path) -> None:
+    log = tmp_path / "run.jsonl"
+    rc, out = run_planner_torchrun(2, [*COMMON, "--epochs", "10", "--plan-out", str(tmp_path / "plan.json"),
+                                       "--log-file", str(log)], timeout_s=240)
+    assert rc == 0, out[-3000:]
+    decisions = _events(log, "replan")
+    assert len(decisions) == 9  # one decision after every epoch but the last, each logged with its reason
+    assert sum(d["adopted"] for d in decisions) <= 1, [d["reason"] for d in decisions]
