@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +11,7 @@ from planner.cli import main
 from planner.profile import Profile
 from planner.solve import solve
 from profiler.loader import usable_cores
+from tests._torchrun import run_planner_torchrun
 
 
 def test_profile_one_cpu_rank_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -68,23 +65,9 @@ def test_user_mistakes_exit_2_with_one_line(argv: list[str], needle: str, capsys
 @pytest.mark.distributed
 def test_torchrun_two_ranks_write_one_profile_with_allreduce(tmp_path: Path) -> None:
     out = tmp_path / "p2.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "planner",
-           "profile", "--model", "mlp", "--dataset", "fake", "--device", "cpu", "--quick", "--budget-s", "3",
-           "--emulate-slowdown", "1=2", "--out", str(out)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        text, _ = proc.communicate(timeout=150)
-    except subprocess.TimeoutExpired:
-        # torchrun forwards SIGTERM to its workers (SIGKILL would orphan them with our pipe open).
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-        pytest.fail("torchrun planner profile did not finish in 150 s")
-    assert proc.returncode == 0, text[-3000:]
+    rc, text = run_planner_torchrun(2, ["profile", "--model", "mlp", "--dataset", "fake", "--device", "cpu", "--quick",
+                                        "--budget-s", "3", "--emulate-slowdown", "1=2", "--out", str(out)])
+    assert rc == 0, text[-3000:]
     prof = Profile.load(out)
     assert prof.world_size == 2 and len(prof.hosts) == 1
     assert prof.comm is not None and prof.comm.backend == "gloo" and (prof.comm.allreduce_s or 0) > 0
