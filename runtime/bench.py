@@ -174,6 +174,10 @@ def _worker(rank: int, nproc: int, store_path: str, opts: dict[str, Any], out_pa
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    # Done and written: skip interpreter teardown, where gloo's worker threads can abort a finished process.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None, cap: int | None) -> dict[str, Any]:
