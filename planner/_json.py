@@ -124,19 +124,24 @@ def fingerprint(data: Any) -> str:
     return hashlib.sha256(canonical(data).encode()).hexdigest()[:16]
 
 
-def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write via a temp file in the same folder and rename, so a crash never leaves a half-written file."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, allow_nan=False)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; plans, profiles and reports are meant to be shared
         os.replace(tmp, p)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
+    """JSON (indented, no NaN) written atomically; see write_text_atomic."""
+    write_text_atomic(path, json.dumps(data, indent=1, allow_nan=False) + "\n")

@@ -30,8 +30,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", required=True, metavar="PATH", help="profile JSON from `planner profile`")
     p.add_argument("--global-batch", "--global_batch", type=int, required=True, metavar="B",
                    help="samples per optimizer step summed over all ranks (kept exactly)")
-    p.add_argument("--min-batch", "--min_batch", type=int, default=1, metavar="M",
-                   help="smallest local batch per rank (default 1; use >= 2 for BatchNorm)")
+    add_solve_arguments(p)
+    p.add_argument("--from-batches", default=None, metavar="B0,B1,..",
+                   help="skip the solver: evaluate this split (comma-separated, one per rank)")
+    p.add_argument("--out", default=None, metavar="PATH", help="write the plan JSON here (atomically)")
+    p.add_argument("--json", action="store_true", help="print the plan JSON to stdout instead of the table")
+
+
+def add_solve_arguments(p: argparse.ArgumentParser, *, min_batch_default: int | None = 1,
+                        min_batch_help: str = "smallest local batch per rank (default 1; use >= 2 for BatchNorm)") -> None:
+    """The solver's options, shared by `planner plan` and `planner report` (same names, units and defaults)."""
+    p.add_argument("--min-batch", "--min_batch", type=int, default=min_batch_default, metavar="M", help=min_batch_help)
     p.add_argument("--max-batch-per-rank", "--max_batch_per_rank", type=int, default=None, metavar="N",
                    help="cap every rank's local batch at N samples, on top of its memory cap")
     p.add_argument("--memory-headroom", type=float, default=0.10, metavar="FRAC",
@@ -40,10 +49,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cores per rank kept for the training process, not for loader workers (default 1)")
     p.add_argument("--max-workers-per-rank", type=int, default=8, metavar="W",
                    help="most loader workers given to one rank (default 8)")
-    p.add_argument("--from-batches", default=None, metavar="B0,B1,..",
-                   help="skip the solver: evaluate this split (comma-separated, one per rank)")
-    p.add_argument("--out", default=None, metavar="PATH", help="write the plan JSON here (atomically)")
-    p.add_argument("--json", action="store_true", help="print the plan JSON to stdout instead of the table")
 
 
 def _parse_batches(text: str) -> list[int]:

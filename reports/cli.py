@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from planner.cmd_plan import add_solve_arguments
+
 HELP = "write a capacity report (HTML + terminal summary)"
 DESCRIPTION = (
     "Write one self-contained HTML report (figures embedded, no network) about a plan on a profile: per-rank "
@@ -37,28 +39,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="HTML report path, written atomically (default report.html)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write every number of the report as JSON")
     p.add_argument("--title", default="ddp-planner capacity report", help="page title")
-    p.add_argument("--min-batch", type=int, default=None, metavar="M",
-                   help="smallest local batch per rank for re-solves (default: the plan's min batch)")
-    p.add_argument("--max-batch-per-rank", type=int, default=None, metavar="N",
-                   help="cap every rank's local batch at N samples (as in `planner plan`)")
-    p.add_argument("--memory-headroom", type=float, default=0.10, metavar="FRAC",
-                   help="fraction of device memory kept free when capping the batch (default 0.10)")
-    p.add_argument("--cpu-reserve-per-rank", type=int, default=1, metavar="CORES",
-                   help="cores per rank kept for the training process (default 1)")
-    p.add_argument("--max-workers-per-rank", type=int, default=8, metavar="W",
-                   help="most loader workers given to one rank (default 8)")
+    add_solve_arguments(p, min_batch_default=None,
+                        min_batch_help="smallest local batch per rank for re-solves (default: the plan's min batch)")
     p.add_argument("--quiet", action="store_true", help="do not print the terminal summary")
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner._json import write_json_atomic
+    from planner._json import write_json_atomic, write_text_atomic
     from planner.errors import ValidationError
     from planner.plan import Plan
     from planner.profile import Profile
     from planner.solve import SolveOptions
     from reports.analysis import analyze
     from reports.figures import render_all
-    from reports.html import render_html, write_text_atomic
+    from reports.html import render_html
     from reports.runlog import read_run_log
     from reports.summary import format_summary
     from reports.whatif import solve_with

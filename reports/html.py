@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import base64
 import html
-import os
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
 from reports.analysis import Report
 
@@ -199,19 +196,3 @@ def _log_section(rep: Report, pngs: dict[str, bytes]) -> str:
     if log.num_skipped_lines:
         parts.append(f'<p class="note">{log.num_skipped_lines} truncated trailing line(s) skipped.</p>')
     return "\n".join(p for p in parts if p)
-
-
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write via a temp file in the same folder and rename: a crash never leaves half a report."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a report is meant to be shared
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
