@@ -114,6 +114,9 @@ class Replanner:
             ``global_batch`` and ``min_batch`` always come from the plan.
         smoothing: EMA weight of the newest epoch in the scale factors (1.0 = trust the last epoch only).
         noise_sigmas: the gain must also exceed this many relative standard errors of the noisiest rank.
+        confirm_below: a gain under this (but over the threshold) is adopted only when the previous epoch proposed
+            a move in the same direction too: one epoch disturbed by another process on the host must not move
+            the plan, while a real slowdown (gains of 30-80% measured) is followed at once.
         loader_wait_frac: data wait above this fraction of the step counts as a loader that did not keep up.
         solve_fn: the solver (``planner.solve``); replaceable for heuristics and tests.
     """
@@ -128,6 +131,7 @@ class Replanner:
         solve_kwargs: Mapping[str, Any] | None = None,
         smoothing: float = 0.5,
         noise_sigmas: float = 2.0,
+        confirm_below: float = 0.10,
         loader_wait_frac: float = 0.10,
         solve_fn: Callable[..., Plan] = solve,
     ) -> None:
@@ -153,6 +157,9 @@ class Replanner:
         self.min_steps = min_steps
         self.smoothing = smoothing
         self.noise_sigmas = noise_sigmas
+        self.confirm_below = confirm_below
+        self._proposed: tuple[int, ...] | None = None
+        """Direction (sign per rank) of the last epoch's unconfirmed small move, if any."""
         self.loader_wait_frac = loader_wait_frac
         self._solve_kwargs = kwargs
         self._solve_fn = solve_fn
@@ -243,10 +250,17 @@ class Replanner:
         numbers = (f"predicted step {t_old * 1e3:.4g} ms -> {t_new * 1e3:.4g} ms, gain {gain:.1%}; "
                    f"batches {list(old.batch_sizes)} -> {list(cand.batch_sizes)}")
         if not gain > self.threshold:
+            self._proposed = None
             return refuse(f"{numbers}: below the threshold {self.threshold:.1%}", gain, cand)
         if not gain > noise:
             return refuse(f"{numbers}: within the measurement noise {noise:.1%} "
                           f"({self.noise_sigmas:g} x relative std error)", gain, cand)
+        direction = tuple((b > a) - (b < a) for a, b in zip(old.batch_sizes, cand.batch_sizes, strict=True))
+        if gain < self.confirm_below and self._proposed != direction:
+            self._proposed = direction
+            return refuse(f"{numbers}: under {self.confirm_below:.0%}, adopted only if the next epoch confirms it",
+                          gain, cand)
+        self._proposed = None
         new = replace(cand, meta={**cand.meta, "replanned_at_epoch": epoch})
         self._plan = new
         return ReplanDecision(epoch=epoch, adopted=True, reason=f"{numbers}: adopted", old_plan=old, new_plan=new,
@@ -365,6 +379,7 @@ class Replanner:
             "compute_scale": list(self._scale),
             "loader_sec_per_sample": list(self._spp),
             "last_epoch": self._last_epoch,
+            "proposed_direction": None if self._proposed is None else list(self._proposed),
             "profile_fingerprint": self._base.fingerprint(),
         }
 
@@ -394,3 +409,5 @@ class Replanner:
         self._spp = spp
         last = state.get("last_epoch")
         self._last_epoch = None if last is None else int(last)
+        proposed = state.get("proposed_direction")
+        self._proposed = None if proposed is None else tuple(int(x) for x in proposed)

@@ -201,3 +201,21 @@ def test_step_gives_every_rank_the_same_decision(tmp_path: Path) -> None:
     assert r0 == r1
     assert r0[0]["log"]["new_batch_sizes"][0] > 400
     assert "non-finite" in r0[1]["log"]["reason"]
+
+
+def test_small_gain_needs_a_second_epoch_large_gain_does_not() -> None:
+    profile = _profile()
+    plan = planner.solve(profile, global_batch=512)
+    # Rank 1 1.07x slower (smoothing 1): a gain of a few percent, over the threshold, under confirm_below.
+    rp = Replanner(profile, plan, threshold=0.02, smoothing=1.0)
+    first = rp.decide(_stats(profile, rp.plan, 0, slow=(1.0, 1.07)), epoch=0)
+    assert not first.adopted and "confirms" in first.reason and 0.02 < (first.predicted_gain or 0) < 0.10
+    second = rp.decide(_stats(profile, rp.plan, 1, slow=(1.0, 1.07)), epoch=1)
+    assert second.adopted
+    # A one-off disturbance that goes away is never adopted.
+    rp = Replanner(profile, plan, threshold=0.02, smoothing=1.0)
+    assert not rp.decide(_stats(profile, rp.plan, 0, slow=(1.0, 1.07)), epoch=0).adopted
+    assert not rp.decide(_stats(profile, rp.plan, 1), epoch=1).adopted
+    # A large gain (a real slowdown) is followed at once.
+    rp = Replanner(profile, plan, smoothing=1.0)
+    assert rp.decide(_stats(profile, rp.plan, 0, slow=(1.0, 3.0)), epoch=0).adopted
