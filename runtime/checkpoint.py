@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from planner.errors import ValidationError
 from planner.plan import Plan
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -55,9 +56,14 @@ def load_checkpoint(directory: str | os.PathLike[str], device: torch.device) -> 
     path = Path(directory) / CHECKPOINT_NAME
     if not path.exists():
         return None
-    state = torch.load(path, map_location=device, weights_only=False)
-    if state.get("version") != CHECKPOINT_VERSION:
-        from planner.errors import ValidationError
-
-        raise ValidationError(f"{path}: checkpoint version {state.get('version')} is not {CHECKPOINT_VERSION}")
+    try:
+        state = torch.load(path, map_location=device, weights_only=False)
+    except Exception as e:  # unpickling raises many types (UnpicklingError, EOFError, RuntimeError, ...)
+        # Our own writes are atomic, so this is a file from elsewhere or a damaged disk: say so, no traceback.
+        why = (str(e).strip().splitlines() or [""])[0]  # the CLI prints one line
+        raise ValidationError(f"{path}: not a readable checkpoint ({type(e).__name__}: {why}); delete it to start "
+                              "afresh or point --checkpoint at the folder of the run to resume") from None
+    version = state.get("version") if isinstance(state, dict) else None
+    if version != CHECKPOINT_VERSION:
+        raise ValidationError(f"{path}: checkpoint version {version} is not {CHECKPOINT_VERSION}")
     return state

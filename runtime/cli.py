@@ -63,6 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
                    help="also checkpoint every STEPS steps inside an epoch (default 0: epoch ends only)")
     t.add_argument("--resume", action="store_true", help="continue from --checkpoint DIR when it holds one")
+    # Hidden: every (epoch, step, rank, indices) as JSON lines, for the resume tests; {rank} becomes the rank.
+    t.add_argument("--trace-file", default=None, help=argparse.SUPPRESS)
     e = p.add_argument_group("emulated heterogeneity (DESIGN.md section 7)")
     e.add_argument("--emulate-slowdown", default=None, metavar="R=F,..",
                    help="rank R does F x its real compute (repeated fwd+bwd), e.g. 1=3")
@@ -82,6 +84,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.auto and args.global_batch is None:
         raise ValidationError("--auto needs --global-batch B (the global batch is your convergence choice)")
+    # Caught here, before any rank starts: 0 samples was silently read as "the default", a negative count
+    # crashed in len(), and a negative --checkpoint-every checkpointed anyway (Python's % of a negative).
+    for flag, value, low in (("--epochs", args.epochs, 1), ("--num-samples", args.num_samples, 1),
+                             ("--checkpoint-every", args.checkpoint_every, 0)):
+        if value is not None and value < low:
+            raise ValidationError(f"{flag} must be >= {low}, got {value}")
+    if args.resume and not args.checkpoint:
+        raise ValidationError("--resume needs --checkpoint DIR (the folder the interrupted run saved to)")
     slowdowns = parse_rank_floats(args.emulate_slowdown)
     loader_caps = parse_rank_ints(args.emulate_loader)
     env = init_from_env(args.device, args.rank_devices)
@@ -95,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             slowdown_late=slowdowns.get(env.rank, 1.0), slowdown_from_epoch=args.emulate_slowdown_from_epoch, loader_workers_cap=loader_caps.get(env.rank),
             log_path=args.log, checkpoint_dir=args.checkpoint, checkpoint_every=args.checkpoint_every,
             resume=args.resume,
+            trace_path=args.trace_file.replace("{rank}", str(env.rank)) if args.trace_file else None,
             mixed_devices=env.device.type == "cuda" and env.backend == "gloo",
         )
         workload = build_workload(cfg.model, cfg.dataset, image_size=cfg.image_size, num_samples=cfg.num_samples)

@@ -212,7 +212,6 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
         opts = {k: v for k, v in dict(plan.solver.get("options") or {}).items() if k != "min_batch"}
         replanner = Replanner(profile, plan, threshold=cfg.replan_threshold, smoothing=cfg.replan_smoothing,
                               solve_kwargs=opts or None)
-    log = RunLog(cfg.log_path, env.is_main)
     start_epoch, start_step = 0, 0
     if cfg.resume and cfg.checkpoint_dir:
         state = load_checkpoint(cfg.checkpoint_dir, device)
@@ -227,6 +226,8 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
             start_epoch, start_step = int(state["epoch"]), int(state["step"])
             if env.is_main and not cfg.quiet:
                 print(f"resumed from {cfg.checkpoint_dir} at epoch {start_epoch} step {start_step}", flush=True)
+    # Opened only once the checkpoint has loaded: a refused resume leaves no new log file behind.
+    log = RunLog(cfg.log_path, env.is_main)
     if start_step == 0 and start_epoch == 0:
         log.write({"event": "start", "time": time.time(), "world_size": env.world_size,
                    "global_batch": plan.global_batch, "strategy": cfg.strategy, "plan": plan.to_dict()})
@@ -306,6 +307,7 @@ def _run_epoch(cfg: TrainConfig, env: DistEnv, epoch: int, first_step: int, plan
         if trace[0] is not None:
             idx = next(trace[1]) if trace[1] is not None else []
             trace[0].write(json.dumps({"epoch": epoch, "step": step, "rank": env.rank, "indices": idx}) + "\n")
+            trace[0].flush()  # a kill -9 must not lose lines of steps the checkpoint already covers
         timer.compute_start()
         with _autocast(cfg, device):
             loss = workload.loss_fn(ddp(x), y)
