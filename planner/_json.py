@@ -112,7 +112,8 @@ def read_json(path: str | os.PathLike[str], what: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValidationError(f"{p}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        msg = e.msg.removesuffix(" at")  # some decoder messages end in "at" already
+        raise ValidationError(f"{p}: not valid JSON ({msg} at line {e.lineno} column {e.colno})") from None
 
 
 def canonical(data: Any) -> str:

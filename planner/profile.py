@@ -7,6 +7,7 @@ ignored); free-form data goes under ``meta``.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,12 +31,24 @@ from planner.errors import ValidationError
 PROFILE_VERSION = 1
 
 
+def _check_finite(value: float, what: str, *, positive: bool) -> None:
+    # The JSON readers check the same; this catches profiles built in code, so NaN/inf/negative times never
+    # reach the solver by any path.
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValidationError(f"{what} must be a finite number {'> 0' if positive else '>= 0'}, got {value}")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ComputePoint:
     batch_size: int
     """Local batch size of the measured step."""
     step_time_s: float
     """Median wall time of one full training step (forward, backward, optimizer), no communication."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValidationError(f"compute point batch_size must be >= 1, got {self.batch_size}")
+        _check_finite(self.step_time_s, f"compute point step_time_s (batch {self.batch_size})", positive=True)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,6 +81,9 @@ class LoaderProfile:
     """Measured loader throughput with 1..k workers (informational; the model uses sec_per_sample)."""
     max_workers: int | None = None
     """Most dataloader workers this rank may run (e.g. a capped or emulated-starved node); None = host budget."""
+
+    def __post_init__(self) -> None:
+        _check_finite(self.sec_per_sample, "loader sec_per_sample", positive=False)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

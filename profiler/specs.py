@@ -216,6 +216,8 @@ def _build_dataset(
     if ":" in spec:
         factory = _import_factory(spec, "--dataset")
         ds = factory()
+        if len(ds) == 0:
+            raise ValidationError(f"--dataset {spec}: the factory returned an empty dataset")
         x, _ = ds[0]
         if not isinstance(x, torch.Tensor):
             raise ValidationError(f"--dataset {spec}: samples must be (tensor, label) pairs, got {type(x).__name__}")

@@ -191,8 +191,6 @@ def test_unreadable_checkpoint_is_refused_before_anything_is_written(tmp_path: P
     assert [p.name for p in ckpt.iterdir()] == ["checkpoint.pt"]  # the bad file is kept for the user to inspect
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError,
-                   reason="profiler/specs.py reads ds[0] of a factory dataset without checking len(ds) > 0")
 @pytest.mark.parametrize("command", ["train", "profile"])
 def test_empty_factory_dataset(command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
