@@ -74,7 +74,9 @@ class StepRunner:
     def _inputs(self, b: int) -> tuple[Any, Any]:
         if self._batch is None or self._batch[0] != b:
             self._batch = None  # drop the old batch before allocating the new one
-            x, y = synthetic_batch(self.workload, b, self.device)
+            # Inputs in the model's own float dtype (a float64 model gets float64 data).
+            dtype = next((q.dtype for q in self.model.parameters() if q.is_floating_point()), None)
+            x, y = synthetic_batch(self.workload, b, self.device, dtype=dtype)
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
             self._batch = (b, x, y)

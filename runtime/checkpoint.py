@@ -67,3 +67,9 @@ def load_checkpoint(directory: str | os.PathLike[str], device: torch.device) -> 
     if version != CHECKPOINT_VERSION:
         raise ValidationError(f"{path}: checkpoint version {version} is not {CHECKPOINT_VERSION}")
     return state
+
+
+def saved_global_batch(directory: str | os.PathLike[str]) -> int | None:
+    """The global batch of the run that wrote the checkpoint in `directory` (None when there is none yet)."""
+    state = load_checkpoint(directory, torch.device("cpu"))
+    return None if state is None else int(Plan.from_dict(state["plan"]).global_batch)

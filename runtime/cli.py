@@ -82,6 +82,11 @@ def run(args: argparse.Namespace) -> int:
     from runtime.distenv import init_from_env, shutdown
     from runtime.train import TrainConfig, auto_plan, train
 
+    if args.auto and args.global_batch is None and args.resume and args.checkpoint:
+        # Elastic restart: the global batch is the interrupted run's, read from its checkpoint.
+        from runtime.checkpoint import saved_global_batch
+
+        args.global_batch = saved_global_batch(args.checkpoint)
     if args.auto and args.global_batch is None:
         raise ValidationError("--auto needs --global-batch B (the global batch is your convergence choice)")
     # Caught here, before any rank starts: 0 samples was silently read as "the default", a negative count

@@ -213,16 +213,25 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
         replanner = Replanner(profile, plan, threshold=cfg.replan_threshold, smoothing=cfg.replan_smoothing,
                               solve_kwargs=opts or None)
     start_epoch, start_step = 0, 0
+    resize_event: dict[str, Any] | None = None
     if cfg.resume and cfg.checkpoint_dir:
         state = load_checkpoint(cfg.checkpoint_dir, device)
         if state is not None:
-            plan = Plan.from_dict(state["plan"])
+            saved = Plan.from_dict(state["plan"])
+            resized = saved.world_size != plan.world_size
+            if resized:
+                plan = _elastic_plan(saved, plan, hetero, state)
+                resize_event = {"event": "resize", "epoch": int(state["epoch"]), "step": int(state["step"]),
+                                "old_world_size": saved.world_size, "new_world_size": plan.world_size,
+                                "old_batch_sizes": list(saved.batch_sizes), "new_batch_sizes": list(plan.batch_sizes)}
+            else:
+                plan = saved
+                if hetero is not None:
+                    hetero.load_state_dict(state["sampler"])
+                if replanner is not None and state.get("replanner"):
+                    replanner.load_state_dict(state["replanner"])
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-            if hetero is not None:
-                hetero.load_state_dict(state["sampler"])
-            if replanner is not None and state.get("replanner"):
-                replanner.load_state_dict(state["replanner"])
             start_epoch, start_step = int(state["epoch"]), int(state["step"])
             if env.is_main and not cfg.quiet:
                 print(f"resumed from {cfg.checkpoint_dir} at epoch {start_epoch} step {start_step}", flush=True)
@@ -231,6 +240,11 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     if start_step == 0 and start_epoch == 0:
         log.write({"event": "start", "time": time.time(), "world_size": env.world_size,
                    "global_batch": plan.global_batch, "strategy": cfg.strategy, "plan": plan.to_dict()})
+    if resize_event is not None:
+        log.write({**resize_event, "time": time.time(), "plan": plan.to_dict()})
+        if env.is_main and not cfg.quiet:
+            print(f"world size {resize_event['old_world_size']} -> {resize_event['new_world_size']}: continuing "
+                  f"epoch {start_epoch} at global step {start_step} with batches {list(plan.batch_sizes)}", flush=True)
     trace = open(cfg.trace_path, "a", encoding="utf-8") if cfg.trace_path else None
     early, late = Slowdown(cfg.slowdown), Slowdown(cfg.slowdown_late or cfg.slowdown)
     results: list[EpochResult] = []
@@ -284,6 +298,29 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
         if trace is not None:
             trace.close()
     return results
+
+
+def _elastic_plan(saved: Plan, plan: Plan, hetero: HeteroBatchSampler | None, state: dict[str, Any]) -> Plan:
+    """Resume a checkpoint taken with another world size: keep the global batch, use this run's split.
+
+    Coverage of the interrupted epoch stays exactly-once: global step s always covers P[s*B:(s+1)*B] of the
+    epoch's permutation whatever the split, so continuing at the saved global step with the new ranks processes
+    exactly the samples the old ranks had left (split differently).  The re-planner starts afresh (its
+    corrections were per old rank).
+    """
+    if saved.global_batch != plan.global_batch:
+        raise ValidationError(
+            f"the checkpoint was trained with global batch {saved.global_batch} on {saved.world_size} rank(s); this "
+            f"run's plan has global batch {plan.global_batch} for {plan.world_size}: an elastic restart keeps the "
+            f"global batch -- re-plan with --global-batch {saved.global_batch}"
+        )
+    if hetero is None:
+        raise ValidationError("an elastic restart needs the planned sampler (strategy 'plan')")
+    sampler_state = dict(state["sampler"])
+    sampler_state.update(world_size=plan.world_size, batch_sizes=list(plan.batch_sizes), pending_batch_sizes=None,
+                         min_batch=hetero.min_batch)
+    hetero.load_state_dict(sampler_state)
+    return plan
 
 
 def _run_epoch(cfg: TrainConfig, env: DistEnv, epoch: int, first_step: int, plan: Plan, ddp: torch.nn.Module,

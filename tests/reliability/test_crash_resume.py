@@ -119,27 +119,89 @@ def test_kill9_mid_epoch_then_resume_equals_uninterrupted(tmp_path: Path) -> Non
     assert a["sampler"] == b["sampler"] and a["plan"] == b["plan"]
 
 
-def test_restart_with_another_world_size_is_refused_clearly(tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    """Elastic restarts are not supported yet: a checkpoint of 2 ranks resumed by 1 fails with one clear line."""
-    from planner.cli import main
+def _two_rank_checkpoint(tmp_path: Path) -> Path:
+    """A checkpoint written by a 2-rank run with plan [7, 5] in the middle of epoch 1 (next step: 4)."""
     from planner.plan import Plan
     from runtime.checkpoint import save_checkpoint
     from runtime.sampler import HeteroBatchSampler
     from tests.reliability import _fixtures
 
     plan2 = write_plan(tmp_path / "plan2.json", [7, 5])
-    model = _fixtures.slow_model()
+    model = _fixtures.model()
     sampler = HeteroBatchSampler.from_plan(str(plan2), 0, _fixtures.DATASET_LEN)
     sampler.set_epoch(1)
     save_checkpoint(tmp_path / "ckpt", epoch=1, step=4, model=model,
                     optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                     plan=Plan.load(plan2), sampler_state=sampler.state_dict(4))
-    one_rank_plan = Path(__file__).resolve().parents[1] / "data" / "bad" / "args_good_plan.json"
-    rc = main(["train", "--plan", str(one_rank_plan), "--device", "cpu", "--model", f"{FIX}:slow_model",
-               "--dataset", f"{FIX}:dataset", "--checkpoint", str(tmp_path / "ckpt"), "--resume",
+    return tmp_path / "ckpt"
+
+
+def test_elastic_restart_on_fewer_ranks_keeps_global_batch_and_coverage(tmp_path: Path) -> None:
+    """2 ranks checkpoint mid-epoch, 1 rank resumes: same global batch, same global step, same samples left."""
+    from planner.cli import main
+    from runtime.sampler import HeteroBatchSampler
+    from tests.reliability import _fixtures
+
+    ckpt = _two_rank_checkpoint(tmp_path)
+    import planner
+    from tests.reliability.test_no_hangs import two_rank_profile
+
+    first = two_rank_profile()
+    one_rank = planner.Profile(hosts=first.hosts, ranks=(first.by_rank[0],))
+    one = tmp_path / "plan1.json"
+    planner.evaluate(one_rank, [12], num_workers=[0]).save(one)
+    trace = tmp_path / "trace.jsonl"
+    log = tmp_path / "run.jsonl"
+    rc = main(["train", "--plan", str(one), "--device", "cpu", "--model", f"{FIX}:model", "--dataset",
+               f"{FIX}:dataset", "--epochs", "2", "--checkpoint", str(ckpt), "--resume", "--log-file", str(log),
+               "--trace-file", str(trace)])
+    assert rc == 0
+    resize = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "resize"]
+    assert resize and resize[0]["old_world_size"] == 2 and resize[0]["new_world_size"] == 1
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert (rows[0]["epoch"], rows[0]["step"]) == (1, 4)  # continued where the 2-rank run stopped
+    # The remaining steps of epoch 1 hold exactly the samples the two old ranks had left, step by step.
+    old = [HeteroBatchSampler(_fixtures.DATASET_LEN, [7, 5], r, seed=0) for r in range(2)]
+    for s in old:
+        s.set_epoch(1)
+    old_steps = list(zip(*(list(s) for s in old), strict=True))
+    epoch1 = [r for r in rows if r["epoch"] == 1]
+    assert [r["step"] for r in epoch1] == list(range(4, len(old_steps)))
+    for row in epoch1[:-1]:  # full steps: the very same samples
+        assert sorted(row["indices"]) == sorted(old_steps[row["step"]][0] + old_steps[row["step"]][1])
+    # The partial last step holds the same real samples; only the wrap-around padding differs (the old split
+    # [7, 5] rounded 4 leftover samples up to 3 + 2, the new one takes exactly 4).
+    last = epoch1[-1]
+    assert set(last["indices"]) <= set(old_steps[last["step"]][0] + old_steps[last["step"]][1])
+    assert len(set(last["indices"])) == _fixtures.DATASET_LEN - 12 * (len(old_steps) - 1)
+
+
+def test_elastic_restart_with_another_global_batch_is_refused_clearly(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import main
+
+    ckpt = _two_rank_checkpoint(tmp_path)
+    one_rank_plan = Path(__file__).resolve().parents[1] / "data" / "bad" / "args_good_plan.json"  # B = 16
+    rc = main(["train", "--plan", str(one_rank_plan), "--device", "cpu", "--model", f"{FIX}:model",
+               "--dataset", f"{FIX}:dataset", "--checkpoint", str(ckpt), "--resume",
                "--log-file", str(tmp_path / "run.jsonl")])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1
-    assert "sampler state was saved with world_size=2 but this sampler has world_size=1" in err
+    assert "keeps the global batch -- re-plan with --global-batch 12" in err
     assert not (tmp_path / "run.jsonl").exists()
+
+
+def test_elastic_auto_restart_reprofiles_and_takes_the_global_batch_from_the_checkpoint(tmp_path: Path) -> None:
+    from planner.cli import main
+    from planner.plan import Plan
+
+    ckpt = _two_rank_checkpoint(tmp_path)
+    log = tmp_path / "run.jsonl"
+    rc = main(["train", "--auto", "--quick", "--device", "cpu", "--model", f"{FIX}:model", "--dataset",
+               f"{FIX}:dataset", "--epochs", "2", "--checkpoint", str(ckpt), "--resume", "--log-file", str(log),
+               "--plan-out", str(tmp_path / "new_plan.json")])
+    assert rc == 0
+    new_plan = Plan.load(tmp_path / "new_plan.json")
+    assert new_plan.world_size == 1 and new_plan.global_batch == 12  # re-planned for 1 rank, same global batch
+    events = [e["event"] for e in map(json.loads, log.read_text().splitlines())]
+    assert events[0] == "resize" and events.count("epoch") == 1 and events[-1] == "end"
