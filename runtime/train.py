@@ -275,7 +275,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
                     hetero.set_batch_sizes(plan.batch_sizes)
                     if plan.ranks[env.rank].num_workers != old_workers:
                         loader = make_loader(cfg, workload, batch_sampler, plan.ranks[env.rank].num_workers, device)
-            log.write({"event": "epoch", "epoch": epoch, "plan_fingerprint": plan.fingerprint,
+            log.write({"event": "epoch", "epoch": epoch, "plan_fingerprint": epoch_plan.fingerprint,
                        "samples_per_s": res.samples_per_s, "step_time_s": res.step_time_s, "loss": res.loss,
                        "batch_sizes": list(res.batch_sizes), "ranks": res.stats,
                        "predicted_step_time_s": [r.predicted_step_time_s for r in epoch_plan.ranks]})
