@@ -204,4 +204,7 @@ def format_profile(profile: Profile) -> str:
                      f"{(profile.model.grad_bytes or 0) / 2**20:.1f} MiB of gradient")
     if profile.comm and profile.comm.allreduce_s is not None:
         lines.append(f"all-reduce ({profile.comm.backend}): {1000 * profile.comm.allreduce_s:.2f} ms per step")
+        if profile.comm.exposed_s is not None:
+            lines.append(f"DDP overhead per step, measured (all-reduce tail + DDP's own work): "
+                         f"{1000 * profile.comm.exposed_s:.2f} ms")
     return "\n".join([*out, "", *lines])

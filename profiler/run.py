@@ -166,24 +166,32 @@ def gather_profile(rank_profile: RankProfile, *, workload: Workload, comm_repeat
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (rank_profile, host))
     grad_bytes = int(rank_profile.meta.get("grad_bytes") or inventory.model_info("m", workload.model_fn()).grad_bytes or 0)
-    comm = _measure_comm(grad_bytes, [r.device for r, _ in gathered], comm_repeats)
+    ranks = [r for r, _ in gathered]
+    comm = _measure_comm(grad_bytes, ranks, rank_profile, workload, comm_repeats)
     if dist.get_rank() != 0:
         return None
-    return _assemble([r for r, _ in gathered], [h for _, h in gathered], workload, comm, meta)
+    return _assemble(ranks, [h for _, h in gathered], workload, comm, meta)
 
 
-def _measure_comm(grad_bytes: int, devices: list[str], repeats: int) -> CommProfile:
+def _measure_comm(grad_bytes: int, ranks: list[RankProfile], mine: RankProfile, workload: Workload,
+                  repeats: int) -> CommProfile:
+    """All-reduce time and the measured DDP overhead (profiler.ddp), on the backend training will use."""
     from profiler.comm import measure_allreduce
+    from profiler.ddp import measure_exposed_s
 
     # All-CUDA jobs train over NCCL: time NCCL even when the default group is gloo (mixed jobs stay on gloo).
-    if all(d.startswith("cuda") for d in devices) and dist.get_backend() != "nccl" and dist.is_nccl_available():
-        group = dist.new_group(backend="nccl")
-        assert isinstance(group, dist.ProcessGroup)  # every rank is a member, so never the non-member sentinel
-        try:
-            return measure_allreduce(grad_bytes, repeats=repeats, group=group)
-        finally:
+    group: dist.ProcessGroup | None = None
+    if all(r.device.startswith("cuda") for r in ranks) and dist.get_backend() != "nccl" and dist.is_nccl_available():
+        new = dist.new_group(backend="nccl")
+        assert isinstance(new, dist.ProcessGroup)  # every rank is a member, so never the non-member sentinel
+        group = new
+    try:
+        comm = measure_allreduce(grad_bytes, repeats=repeats, group=group)
+        exposed = measure_exposed_s(workload, mine, ranks, group=group)
+        return dataclasses.replace(comm, exposed_s=exposed)
+    finally:
+        if group is not None:
             dist.destroy_process_group(group)
-    return measure_allreduce(grad_bytes, repeats=repeats)
 
 
 def profile_devices(workload: Workload, devices: Sequence[str], *, quick: bool,
