@@ -1,7 +1,5 @@
 """`python -m planner ...` (and `torchrun -m planner ...`) runs the CLI."""
 
-import sys
+from planner.cli import main_and_exit
 
-from planner.cli import main
-
-sys.exit(main())
+main_and_exit()

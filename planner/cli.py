@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from collections.abc import Sequence
+from typing import NoReturn
 
 from planner.errors import PlanError, ValidationError
 
@@ -99,5 +102,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def main_and_exit(argv: Sequence[str] | None = None) -> NoReturn:
+    """Run the CLI and leave without interpreter teardown (what `python -m planner` and torchrun use).
+
+    Under torchrun, a rank whose peers already exited after a shared error can be aborted by gloo's worker
+    threads during teardown, turning its clean exit code 2 into a SIGABRT; everything of ours is closed by then.
+    """
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # --help, --version
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # an internal error: the traceback, exit 1 -- at once, so peers are not left waiting
+        traceback.print_exc()
+        rc = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    main_and_exit()

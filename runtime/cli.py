@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     slowdowns = parse_rank_floats(args.emulate_slowdown)
     loader_caps = parse_rank_ints(args.emulate_loader)
     env = init_from_env(args.device, args.rank_devices)
+    finished = False
     try:
         cfg = TrainConfig(
             model=args.model, dataset=args.dataset, image_size=args.image_size, num_samples=args.num_samples,
@@ -131,6 +132,10 @@ def run(args: argparse.Namespace) -> int:
             if args.replan and profile is None:
                 raise ValidationError("--replan with --plan needs --profile PATH (the profile the plan came from)")
         train(cfg, env, plan, profile, workload)
+        finished = True
     finally:
-        shutdown(env)
+        # After an error the peers may already be gone: tearing gloo down then can abort this process
+        # (SIGABRT) after it printed its clear error, so the group is only destroyed on success.
+        if finished:
+            shutdown(env)
     return 0

@@ -10,14 +10,14 @@ import os
 import sys
 
 
-def main() -> int:
+def main() -> None:
     # torchrun runs this file as a script: make the repository importable like `python -m planner` would.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from planner.cli import main as planner_main
+    from planner.cli import main_and_exit
 
     rank = os.environ.get("RANK", "0")
-    return planner_main([a.replace("{rank}", rank) for a in sys.argv[1:]])
+    main_and_exit([a.replace("{rank}", rank) for a in sys.argv[1:]])  # exits like `python -m planner`
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
