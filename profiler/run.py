@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -187,8 +188,18 @@ def _measure_comm(grad_bytes: int, ranks: list[RankProfile], mine: RankProfile, 
         group = new
     try:
         comm = measure_allreduce(grad_bytes, repeats=repeats, group=group)
-        exposed = measure_exposed_s(workload, mine, ranks, group=group)
-        return dataclasses.replace(comm, exposed_s=exposed)
+        try:
+            exposed: float | None = measure_exposed_s(workload, mine, ranks, group=group)
+        except Exception as e:
+            warnings.warn(f"could not time DDP steps ({type(e).__name__}: {e}); the plan will estimate the "
+                          "exposed communication from the all-reduce time instead", stacklevel=2)
+            exposed = None
+        # Every rank keeps the measurement only if every rank got one (a failure is usually the same everywhere).
+        ok = torch.tensor([0.0 if exposed is None else 1.0],
+                          device=torch.device("cuda", torch.cuda.current_device())
+                          if str(dist.get_backend(group)) == "nccl" else torch.device("cpu"))
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
+        return dataclasses.replace(comm, exposed_s=exposed if ok.item() > 0 else None)
     finally:
         if group is not None:
             dist.destroy_process_group(group)
