@@ -186,7 +186,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     from profiler.run import gather_profile, profile_this_rank
     from profiler.specs import build_workload
     from runtime.distenv import all_gather_object, broadcast_object
-    from runtime.train import TrainConfig, train
+    from runtime.train import TrainConfig, channels_last_for, train
 
     on_device = opts["data"] == "device"
     workload = build_workload(opts["model"], opts["dataset"], image_size=opts["image_size"],
@@ -194,7 +194,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     B, W = int(opts["global_batch"]), env.world_size
     t0 = time.perf_counter()
     mixed = bool(opts["rank_devices"]) and "cpu" in opts["rank_devices"] and "cuda" in opts["rank_devices"]
-    cl = env.device.type == "cuda" and len(workload.sample_shape) == 3 and not mixed  # as the trainer does
+    cl = channels_last_for(workload, env.device, mixed)  # as the trainer does
     rp = profile_this_rank(workload, env.device, quick=opts["quick"], slowdown=slow, loader_workers_cap=cap,
                            amp=opts["amp"], rank=env.rank, measure_loader=not on_device, channels_last=cl)
     prof = gather_profile(rp, workload=workload)

@@ -33,6 +33,7 @@ import planner
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
+from profiler.compute import use_channels_last
 from profiler.emulate import Slowdown
 from profiler.specs import Workload, build_workload
 from runtime.checkpoint import load_checkpoint, save_checkpoint
@@ -116,10 +117,10 @@ def _autocast(cfg: TrainConfig, device: torch.device) -> contextlib.AbstractCont
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
-def _channels_last(workload: Workload, device: torch.device, mixed: bool = False) -> bool:
-    """channels_last for image models on CUDA -- unless CPU ranks train beside CUDA ones: DDP requires every
-    rank's parameters to have the same strides."""
-    return device.type == "cuda" and len(workload.sample_shape) == 3 and not mixed
+def channels_last_for(workload: Workload, device: torch.device, mixed: bool = False) -> bool:
+    """The profiler's choice (channels_last for image models on CUDA) -- unless CPU ranks train beside CUDA
+    ones: DDP requires every rank's parameters to have the same strides."""
+    return use_channels_last(workload, device, False if mixed else None)
 
 
 class _DeviceBatches:
@@ -149,7 +150,7 @@ class _DeviceBatches:
 def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_workers: int,
                 device: torch.device) -> Any:
     if cfg.data_on_device:
-        return _DeviceBatches(batch_sampler, workload, device, _channels_last(workload, device, cfg.mixed_devices))
+        return _DeviceBatches(batch_sampler, workload, device, channels_last_for(workload, device, cfg.mixed_devices))
     if cfg.loader_workers_cap is not None:
         num_workers = min(num_workers, cfg.loader_workers_cap)
     return DataLoader(
@@ -170,7 +171,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     device = env.device
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts them)
     model = workload.model_fn().to(device)
-    cl = _channels_last(workload, device, cfg.mixed_devices)
+    cl = channels_last_for(workload, device, cfg.mixed_devices)
     if cl:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     if plan.world_size != env.world_size:
@@ -328,7 +329,7 @@ def _run_epoch(cfg: TrainConfig, env: DistEnv, epoch: int, first_step: int, plan
                hetero: HeteroBatchSampler | None, timer: StepTimer, workload: Workload, slowdown: Slowdown,
                trace: tuple[Any, Any], replanner: Replanner | None) -> EpochResult:
     device = env.device
-    cl = _channels_last(workload, device, cfg.mixed_devices)
+    cl = channels_last_for(workload, device, cfg.mixed_devices)
     timer.reset()
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     n_sum = 0
@@ -387,7 +388,7 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool,
 
     rank_profile = profile_this_rank(workload, env.device, quick=quick, slowdown=cfg.slowdown,
                                      loader_workers_cap=cfg.loader_workers_cap, amp=cfg.amp, rank=env.rank,
-                                     channels_last=_channels_last(workload, env.device, cfg.mixed_devices))
+                                     channels_last=channels_last_for(workload, env.device, cfg.mixed_devices))
     profile = gather_profile(rank_profile, workload=workload)
     payload: Any = None
     if env.is_main:
