@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU benchmark suite run through the device tool on a 2-GPU machine. Usage: benchmarks/gpu_suite.sh PART...
-# Parts: env smoke profile r50a r50b replan r18 loader mixed nccl2 cotenant. Results land in $OUT (JSON + logs).
+# Parts: env sampler smoke profile r50a r50b replan r18 loader mixed nccl2 cotenant. Results land in $OUT (JSON + logs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=4
@@ -20,6 +20,7 @@ part() {
 for p in "$@"; do
   case $p in
     env)     nvidia-smi -L; python3 -c "import torch, torchvision, scipy, numpy; print('torch', torch.__version__, 'tv', torchvision.__version__, 'scipy', scipy.__version__, 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0))"; nproc ;;
+    sampler) part sampler python3 benchmarks/sampler_bench.py --json "$OUT/sampler_host.json" ;;
     smoke)   part smoke $P bench --device cuda --nproc 2 --model resnet18 --image-size 64 --global-batch 128 --steps 4 --quick --replan-epochs 2 --emulate-slowdown 1=2 --json "$OUT/smoke.json" ;;
     profile) part profile python3 benchmarks/gpu_profile_check.py --model resnet50 --device cuda:0 --out "$OUT/gpu_check.json" --profile-out "$OUT/r50_profile.json" ;;
     r50a)    part r50a $P bench --device cuda --nproc 2 $R50 --sweep-slowdown "1=1;1=3" --json "$OUT/bench_r50_a.json" ;;

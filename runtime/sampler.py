@@ -16,6 +16,7 @@ batch size at every step (``counts_at``) without communicating: the gradient hoo
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,42 @@ STATE_VERSION = 1
 MAX_BATCH = 1 << 26
 # Positions gathered per block while iterating: bounds the transient memory (8 MiB of int64) independent of N.
 _BLOCK_POSITIONS = 1 << 20
+# prefetch=None turns the background shuffle on from this N (randperm takes ~0.1 s here, ~3 s at 10**8).
+PREFETCH_MIN_LEN = 1 << 22
+
+
+def epoch_permutation(dataset_len: int, seed: int) -> torch.Tensor:
+    """``torch.randperm(dataset_len)`` from ``Generator().manual_seed(seed)``: DistributedSampler's shuffle.
+
+    int32 halves the memory (4 bytes/sample). torch's CPU randperm is a Fisher-Yates shuffle whose random draws do
+    not depend on the dtype, so the permutation equals DistributedSampler's int64 one (tested).
+    """
+    g = torch.Generator()
+    g.manual_seed(seed)
+    dtype = torch.int32 if dataset_len < 2**31 else torch.int64
+    return torch.randperm(dataset_len, generator=g, dtype=dtype)
+
+
+class _PermutationPrefetch:
+    """One epoch's permutation built on a daemon thread; ``torch.randperm`` releases the GIL while it runs."""
+
+    def __init__(self, dataset_len: int, seed: int) -> None:
+        self.key = (dataset_len, seed)
+        self._result: torch.Tensor | None = None
+        self._thread = threading.Thread(target=self._run, name="HeteroBatchSampler-shuffle", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = epoch_permutation(*self.key)
+        except BaseException:  # noqa: BLE001 -- the consumer recomputes synchronously and sees the error there
+            self._result = None
+
+    def take(self) -> torch.Tensor | None:
+        """The permutation (waits for the thread), or None when the thread failed."""
+        self._thread.join()
+        result, self._result = self._result, None
+        return result
 
 
 def interleave_owners(batch_sizes: Sequence[int]) -> np.ndarray:
@@ -114,10 +151,18 @@ class HeteroBatchSampler(Sampler[list[int]]):
         shuffle: permute the dataset each epoch (seed + epoch) or keep range(N).
         drop_last: drop the last partial global step instead of padding it.
         min_batch: no rank ever gets a batch smaller than this (2 for models with BatchNorm).
+        prefetch: build the next epoch's shuffle on a background thread, so epoch starts do not wait for
+            ``torch.randperm(N)`` (about 3 s at N = 10**8; DistributedSampler waits for it and for N Python ints
+            every epoch). The thread starts when the sampler is built and when an epoch's first batch is drawn --
+            after a DataLoader has forked its workers -- and is joined before the next epoch's first batch, so it
+            never runs across a DataLoader's fork. It holds one extra int32 permutation (4 bytes/sample) while it
+            runs ahead. The order is identical with or without it. Default (None): on when shuffling and
+            N >= 2**22.
     """
 
     def __init__(self, dataset_len: int, batch_sizes: Sequence[int], rank: int, *, seed: int = 0,
-                 shuffle: bool = True, drop_last: bool = False, min_batch: int = 1) -> None:
+                 shuffle: bool = True, drop_last: bool = False, min_batch: int = 1,
+                 prefetch: bool | None = None) -> None:
         if isinstance(dataset_len, bool) or int(dataset_len) != dataset_len or dataset_len < 1:
             raise ValidationError(f"dataset_len must be a positive integer, got {dataset_len!r}")
         if int(min_batch) != min_batch or min_batch < 1:
@@ -146,6 +191,14 @@ class HeteroBatchSampler(Sampler[list[int]]):
         self._generation_start = 0  # step the current pass started at
         self._position = 0  # steps yielded so far in the current pass (runs ahead of training when prefetching)
         self._layout_cache: dict[tuple[int, ...], np.ndarray] = {}
+        self.prefetch = self.shuffle and (self.dataset_len >= PREFETCH_MIN_LEN if prefetch is None else bool(prefetch))
+        self._prefetched: _PermutationPrefetch | None = None
+        self._start_prefetch(self._epoch)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_prefetched"] = None  # a thread is not copied or pickled; the copy shuffles on demand
+        return state
 
     # -- construction from a plan -------------------------------------------------------------------------
     @classmethod
@@ -223,6 +276,7 @@ class HeteroBatchSampler(Sampler[list[int]]):
             self._epoch = int(epoch)
             self._resume_step = 0
             self._apply_pending()
+            self._drop_stale_prefetch()
 
     def set_batch_sizes(self, batch_sizes: Sequence[int]) -> None:
         """Adopt new per-rank batch sizes from the next epoch start on (never mid-epoch).
@@ -292,6 +346,7 @@ class HeteroBatchSampler(Sampler[list[int]]):
             raise ValidationError(f"sampler state step {step} is outside 0..{self.num_steps}")
         self._resume_step = step
         self._generation_start, self._position = step, 0
+        self._drop_stale_prefetch()
 
     # -- iteration ---------------------------------------------------------------------------------------
     def _owners(self, sizes: tuple[int, ...]) -> np.ndarray:
@@ -301,15 +356,27 @@ class HeteroBatchSampler(Sampler[list[int]]):
             self._layout_cache = {sizes: owners}  # one vector at a time: re-plans must not grow this
         return owners
 
+    def _start_prefetch(self, epoch: int) -> None:
+        key = (self.dataset_len, self.seed + epoch)
+        if self.prefetch and (self._prefetched is None or self._prefetched.key != key):
+            self._prefetched = _PermutationPrefetch(*key)
+
     def _permutation(self) -> torch.Tensor | None:
         if not self.shuffle:
             return None  # identity: generated block by block instead of holding arange(N)
-        g = torch.Generator()
-        g.manual_seed(self.seed + self._epoch)
-        # int32 halves the memory (4 bytes/sample). torch's CPU randperm is a Fisher-Yates shuffle whose random
-        # draws do not depend on the dtype, so the permutation equals DistributedSampler's int64 one (tested).
-        dtype = torch.int32 if self.dataset_len < 2**31 else torch.int64
-        return torch.randperm(self.dataset_len, generator=g, dtype=dtype)
+        key = (self.dataset_len, self.seed + self._epoch)
+        ready = self._prefetched
+        if ready is not None and ready.key == key:
+            self._prefetched = None
+            perm = ready.take()
+            if perm is not None:
+                return perm
+        return epoch_permutation(*key)
+
+    def _drop_stale_prefetch(self) -> None:
+        """Forget a shuffle built for another epoch (its thread ends on its own; the memory goes with it)."""
+        if self._prefetched is not None and self._prefetched.key != (self.dataset_len, self.seed + self._epoch):
+            self._prefetched = None
 
     def __iter__(self) -> Iterator[list[int]]:
         start = self._resume_step
@@ -321,6 +388,8 @@ class HeteroBatchSampler(Sampler[list[int]]):
         return self._batches(start, self._permutation())
 
     def _batches(self, start: int, perm: torch.Tensor | None) -> Iterator[list[int]]:
+        # Runs at the first next(): a DataLoader has forked this epoch's workers by then (see ``prefetch``).
+        self._start_prefetch(self._epoch + 1)
         big_b, n = self.global_batch, self.dataset_len
         full = self.num_full_steps
         mine = torch.from_numpy(np.flatnonzero(self._owners(self._sizes) == self.rank))

@@ -266,3 +266,80 @@ def test_from_plan_and_distributed_twin_through_dataloader() -> None:
     assert [b.tolist() for b in loader] == list(bs)
     assert len(twin) == sum(len(b) for b in bs) and twin.num_steps == len(bs) == 3
     assert twin.counts_at(2) == (3, 2)
+
+
+# -- background shuffle (prefetch) ----------------------------------------------------------------------------
+def _shuffle_threads() -> list[object]:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "HeteroBatchSampler-shuffle"]
+
+
+def test_prefetch_yields_the_same_epochs_with_replans_and_resume() -> None:
+    n, sizes = 5003, [7, 3, 5]
+    for rank in range(3):
+        on = HeteroBatchSampler(n, sizes, rank, seed=3, prefetch=True)
+        off = HeteroBatchSampler(n, sizes, rank, seed=3, prefetch=False)
+        assert on.prefetch and not off.prefetch
+        for epoch in range(4):
+            for s in (on, off):
+                s.set_epoch(epoch)
+                if epoch == 2:
+                    s.set_batch_sizes([9, 2, 4])
+            assert list(on) == list(off)
+        # epoch jump (a resumed run): the shuffle prefetched for epoch 4 is dropped, epoch 9 is built on demand
+        state = off.state_dict(steps_done=5)
+        state["epoch"] = 9
+        for s in (on, off):
+            s.load_state_dict(state)
+            s.set_epoch(9)
+        assert list(on) == list(off)
+    one = HeteroBatchSampler(n, [n], 0, seed=3, prefetch=True)
+    one.set_epoch(9)
+    ref = torch.randperm(n, generator=torch.Generator().manual_seed(3 + 9))
+    assert [i for b in one for i in b] == ref.tolist()  # DistributedSampler's shuffle of epoch 9
+
+
+def test_prefetch_thread_starts_after_first_batch_and_is_joined_by_next_epoch() -> None:
+    s = HeteroBatchSampler(2000, [3, 1], 0, seed=0, prefetch=True)
+    it = iter(s)  # takes epoch 0's shuffle (started by the constructor)
+    assert s._prefetched is None
+    assert not _shuffle_threads() or all(not t.is_alive() for t in _shuffle_threads())  # type: ignore[attr-defined]
+    next(it)  # first batch drawn: a DataLoader has forked its workers by now; epoch 1's shuffle starts
+    assert s._prefetched is not None and s._prefetched.key == (2000, 1)
+    rest = list(it)
+    s.set_epoch(1)
+    epoch1 = list(s)
+    assert epoch1 == list(HeteroBatchSampler(2000, [3, 1], 0, seed=1, prefetch=False)) and len(rest) + 1 == len(epoch1)
+    s.set_epoch(5)  # stale prefetch (epoch 2) is forgotten, not used
+    assert s._prefetched is None
+    assert list(s) == list(HeteroBatchSampler(2000, [3, 1], 0, seed=5, prefetch=False))
+
+
+def test_prefetch_default_threshold_and_no_shuffle() -> None:
+    from runtime.sampler import PREFETCH_MIN_LEN
+
+    assert not HeteroBatchSampler(PREFETCH_MIN_LEN - 1, [2, 2], 0, prefetch=None).prefetch
+    assert not HeteroBatchSampler(10, [2, 2], 0, shuffle=False, prefetch=True).prefetch
+    # the default turns on at 2**22 samples (and costs no more than the first epoch's own shuffle)
+    big = HeteroBatchSampler(PREFETCH_MIN_LEN, [2, 2], 0)
+    assert big.prefetch and big._prefetched is not None
+    assert big._prefetched.take() is not None
+
+
+def test_prefetching_sampler_copies_pickles_and_feeds_forked_workers() -> None:
+    import copy
+    import pickle
+
+    s = HeteroBatchSampler(4000, [5, 3], 1, seed=2, prefetch=True)
+    clone = copy.deepcopy(s)
+    restored = pickle.loads(pickle.dumps(s))
+    assert clone._prefetched is None and restored._prefetched is None
+    expected = list(HeteroBatchSampler(4000, [5, 3], 1, seed=2, prefetch=False))
+    assert list(clone) == list(restored) == expected
+    for epoch in range(2):  # DataLoader with forked workers, fresh iterator every epoch
+        s.set_epoch(epoch)
+        loader = DataLoader(list(range(4000)), batch_sampler=s, num_workers=2,
+                            multiprocessing_context="fork", timeout=60)
+        got = [b.tolist() for b in loader]
+        assert got == list(HeteroBatchSampler(4000, [5, 3], 1, seed=2 + epoch, prefetch=False))
