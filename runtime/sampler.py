@@ -63,7 +63,7 @@ class _PermutationPrefetch:
     def _run(self) -> None:
         try:
             self._result = epoch_permutation(*self.key)
-        except BaseException:  # noqa: BLE001 -- the consumer recomputes synchronously and sees the error there
+        except BaseException:  # the consumer recomputes synchronously and sees the error there
             self._result = None
 
     def take(self) -> torch.Tensor | None:
