@@ -55,7 +55,8 @@ def measure(make: Callable[[], Any], *, train_s: float, trace: bool) -> dict[str
         if epoch == 1:
             time.sleep(train_s)  # epoch 0's training, during which a prefetching sampler shuffles epoch 1
             t0 = time.perf_counter()
-            sampler.sampler.set_epoch(1) if isinstance(sampler, BatchSampler) else sampler.set_epoch(1)
+            inner = sampler.sampler if isinstance(sampler, BatchSampler) else sampler
+            inner.set_epoch(1)  # type: ignore[union-attr]
         else:
             t0 = t_build
         num_batches = num_indices = 0
