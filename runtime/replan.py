@@ -8,6 +8,24 @@ Model update (rank i ran batch b_i and measured mean compute c_i, data wait d_i,
                                                    model only half way
     points_i  = original compute points, step_time_s * factor_i      (same curve shape, rescaled)
 
+Shape correction: a profile's curve can be right at one batch size and off in slope elsewhere -- e.g. near the
+knee where a launch-bound GPU turns compute-bound, a uniformly rescaled curve then sends too much work to a rank
+(measured on 2x H200, ResNet-50, emulated 3x rank: the re-plan moved 38 samples and the step got 4% slower).
+So once a rank has been measured at two different batch sizes b1 < b2 (times c1 < c2; the latest measurement
+at each of the two most recent batch sizes; a batch size measured >10% off its previous time clears the history),
+with raw ratios r1, r2 within a factor e**0.25 of each other (beyond that the device itself changed, e.g. a
+co-tenant came, and the uniform factor above applies), each original point time t becomes
+
+    alpha * t + beta      alpha, beta: the affine map of the original curve through (b1, c1) and (b2, c2)
+    r1 * t  for b <= b1   when beta <= 0 (truly steeper than profiled), else
+    r2 * t  for b >= b2   (truly flatter)
+
+which passes through both measurements, stays convex and positive, and keeps the profile's shape beyond them.
+
+Measured, not predicted, has the last word: after a plan is adopted, its first epoch's step time (slowest rank)
+is compared with the previous plan's last epoch; if it is slower by more than max(1%, noise) the previous plan
+comes back at once ("reverted", logged) and the rejected batch sizes are not adopted again for 5 epochs.
+
 Loader: when d_i / s_i > `loader_wait_frac` the loader did not keep up.  With w_i workers a loader-bound rank
 runs one step per b_i * p_i / w_i seconds, which the loop saw as c_i + d_i, so the effective cost per sample is
 
@@ -47,6 +65,14 @@ from planner.stats import StepStats
 _EVAL_KEYS = frozenset({"max_batch_per_rank", "memory_headroom", "cpu_reserve_per_rank", "max_workers_per_rank"})
 _SOLVE_KEYS = _EVAL_KEYS | {"time_limit_s"}
 _STATE_VERSION = 1
+_SHAPE_MAX_LOG = 0.25
+"""Two measured ratios further apart than e**0.25 (1.28x) mean the device changed, not the curve's shape."""
+_SAME_BATCH_CHANGE = math.log(1.10)
+"""The same batch size measured more than 10% off its last time: the device changed; its history is dropped."""
+_WORSE_MARGIN = 0.01
+"""A newly adopted plan measured this much slower (or more, with noise) than its predecessor is reverted."""
+_WORSE_EPOCHS = 5
+"""Epochs for which batch sizes that measured worse are not adopted again."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -170,6 +196,12 @@ class Replanner:
         self._scale = [1.0] * profile.world_size
         self._spp = list(self._base_spp)
         self._last_epoch: int | None = None
+        self._obs: list[list[tuple[int, float]]] = [[] for _ in range(profile.world_size)]
+        """Per rank, (batch size, measured / original-curve ratio) at the two most recent batch sizes."""
+        self._revert: tuple[Plan, float, int] | None = None
+        """(previous plan, its last measured step time, epoch of adoption) while a new plan awaits its check."""
+        self._worse: dict[tuple[int, ...], int] = {}
+        """Batch sizes that measured slower than their predecessor -> the epoch that showed it."""
 
     # -- the model in use -------------------------------------------------------------------------------
     @property
@@ -184,13 +216,44 @@ class Replanner:
     def loader_sec_per_sample(self) -> tuple[float, ...]:
         return tuple(self._spp)
 
+    def _two_point(self, rank: int) -> tuple[float, float, float, float, float, float] | None:
+        """(b1, b2, r1, r2, alpha, beta) of rank ``rank``'s shape correction, or None when the uniform factor applies."""
+        obs = self._obs[rank]
+        if len(obs) != 2 or obs[0][0] == obs[1][0]:
+            return None
+        (b1, r1), (b2, r2) = sorted(obs)
+        if abs(math.log(r1 / r2)) > _SHAPE_MAX_LOG:
+            return None
+        t1, t2 = self._base_env[rank](b1), self._base_env[rank](b2)
+        c1, c2 = r1 * t1, r2 * t2
+        if not (t2 > t1 and c2 > c1):
+            return None  # no slope to learn from (flat curve, or noise reversed the order)
+        alpha = (c2 - c1) / (t2 - t1)
+        return b1, b2, r1, r2, alpha, c1 - alpha * t1
+
+    def _corrected(self, rank: int, batch_size: float, t: float) -> float:
+        """The model's time at ``batch_size`` for a point the original profile gave time ``t``."""
+        tp = self._two_point(rank)
+        if tp is None:
+            return self._scale[rank] * t
+        b1, b2, r1, r2, alpha, beta = tp
+        if beta <= 0:  # steeper than profiled: the affine map above b1, the ratio at b1 below (convex at b1)
+            return r1 * t if batch_size <= b1 else alpha * t + beta
+        return alpha * t + beta if batch_size <= b2 else r2 * t  # flatter: affine below b2, ratio above
+
+    def ratio(self, rank: int, batch_size: float) -> float:
+        """The model's time over the original curve's at ``batch_size`` (see the module docstring)."""
+        t = self._base_env[rank](batch_size)
+        return self._corrected(rank, batch_size, t) / t
+
     @property
     def profile(self) -> Profile:
         """The original profile with each rank's compute points rescaled and loader costs raised as measured."""
         ranks = []
         for i, r in enumerate(self._base.by_rank):
             compute = tuple(
-                ComputePoint(batch_size=p.batch_size, step_time_s=p.step_time_s * self._scale[i]) for p in r.compute
+                ComputePoint(batch_size=p.batch_size, step_time_s=self._corrected(i, p.batch_size, p.step_time_s))
+                for p in r.compute
             )
             loader = r.loader
             if self._spp[i] != self._base_spp[i]:
@@ -212,14 +275,36 @@ class Replanner:
                                   predicted_gain=None, measured_compute_s=measured, predicted_compute_s=(),
                                   scale_factors=self.scale_factors)
         by_rank = sorted(stats, key=lambda s: s.rank)
-        predicted = tuple(self._scale[i] * self._base_env[i](s.batch_size) for i, s in enumerate(by_rank))
+        predicted = tuple(self._corrected(i, s.batch_size, self._base_env[i](s.batch_size))
+                          for i, s in enumerate(by_rank))
         self._update(by_rank)
         self._last_epoch = epoch
+        step_s = max(s.step_time_s for s in by_rank)
+        noise = self.noise_sigmas * max(
+            s.compute_s_std / math.sqrt(s.num_steps) / s.compute_s for s in by_rank
+        )
+        self._worse = {b: e for b, e in self._worse.items() if epoch - e < _WORSE_EPOCHS}
 
         def refuse(reason: str, gain: float | None = None, candidate: Plan | None = None) -> ReplanDecision:
             return ReplanDecision(epoch=epoch, adopted=False, reason=reason, old_plan=old, new_plan=None,
                                   predicted_gain=gain, measured_compute_s=measured, predicted_compute_s=predicted,
                                   candidate=candidate, scale_factors=self.scale_factors)
+
+        if self._revert is not None:
+            prev, prev_step_s, adopted_at = self._revert
+            self._revert = None
+            slower = step_s / prev_step_s - 1.0
+            if slower > max(_WORSE_MARGIN, noise):
+                self._worse[old.batch_sizes] = epoch
+                self._proposed = None
+                back = replace(prev, meta={**prev.meta, "reverted_at_epoch": epoch})
+                self._plan = back
+                return ReplanDecision(
+                    epoch=epoch, adopted=True, old_plan=old, new_plan=back, predicted_gain=None,
+                    reason=(f"reverted: batches {list(old.batch_sizes)} (adopted at epoch {adopted_at}) measured "
+                            f"{step_s * 1e3:.4g} ms per step, {slower:.1%} slower than the {prev_step_s * 1e3:.4g} ms "
+                            f"of {list(prev.batch_sizes)} before them; back to {list(prev.batch_sizes)}"),
+                    measured_compute_s=measured, predicted_compute_s=predicted, scale_factors=self.scale_factors)
 
         profile = self.profile
         try:
@@ -244,11 +329,12 @@ class Replanner:
                             min_batch=old.min_batch, **eval_kwargs)
         t_old, t_new = old_eval.predicted.step_time_s, cand.predicted.step_time_s
         gain = t_old / t_new - 1.0
-        noise = self.noise_sigmas * max(
-            s.compute_s_std / math.sqrt(s.num_steps) / s.compute_s for s in by_rank
-        )
         numbers = (f"predicted step {t_old * 1e3:.4g} ms -> {t_new * 1e3:.4g} ms, gain {gain:.1%}; "
                    f"batches {list(old.batch_sizes)} -> {list(cand.batch_sizes)}")
+        if cand.batch_sizes in self._worse:
+            return refuse(f"{numbers}: these batches measured slower than {list(old.batch_sizes)} at epoch "
+                          f"{self._worse[cand.batch_sizes]}; not adopted again before epoch "
+                          f"{self._worse[cand.batch_sizes] + _WORSE_EPOCHS}", gain, cand)
         if not gain > self.threshold:
             self._proposed = None
             return refuse(f"{numbers}: below the threshold {self.threshold:.1%}", gain, cand)
@@ -263,6 +349,7 @@ class Replanner:
         self._proposed = None
         new = replace(cand, meta={**cand.meta, "replanned_at_epoch": epoch})
         self._plan = new
+        self._revert = (old, step_s, epoch)
         return ReplanDecision(epoch=epoch, adopted=True, reason=f"{numbers}: adopted", old_plan=old, new_plan=new,
                               predicted_gain=gain, measured_compute_s=measured, predicted_compute_s=predicted,
                               candidate=cand, scale_factors=self.scale_factors)
@@ -291,6 +378,12 @@ class Replanner:
         for i, s in enumerate(by_rank):
             raw = s.compute_s / self._base_env[i](s.batch_size)
             self._scale[i] = (1.0 - a) * self._scale[i] + a * raw
+            b = int(s.batch_size)
+            same = [r for ob, r in self._obs[i] if ob == b]
+            if same and abs(math.log(raw / same[0])) > _SAME_BATCH_CHANGE:
+                self._obs[i] = [(b, raw)]  # the device changed under us: what it showed before no longer holds
+            else:
+                self._obs[i] = [o for o in self._obs[i] if o[0] != b][-1:] + [(b, raw)]
             if s.step_time_s > 0 and s.data_wait_s / s.step_time_s > self.loader_wait_frac:
                 if s.num_workers > 0:
                     seen = (s.compute_s + s.data_wait_s) * s.num_workers / s.batch_size
@@ -381,6 +474,10 @@ class Replanner:
             "last_epoch": self._last_epoch,
             "proposed_direction": None if self._proposed is None else list(self._proposed),
             "profile_fingerprint": self._base.fingerprint(),
+            "observations": [[[b, r] for b, r in obs] for obs in self._obs],
+            "revert": None if self._revert is None else {
+                "plan": self._revert[0].to_dict(), "step_time_s": self._revert[1], "epoch": self._revert[2]},
+            "measured_worse": [[list(b), e] for b, e in self._worse.items()],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -411,3 +508,14 @@ class Replanner:
         self._last_epoch = None if last is None else int(last)
         proposed = state.get("proposed_direction")
         self._proposed = None if proposed is None else tuple(int(x) for x in proposed)
+        # Optional (states written before the shape correction lack them: they resume with an empty history).
+        obs = state.get("observations") or [[] for _ in range(W)]
+        if len(obs) != W:
+            raise ValidationError(f"replanner state has observations for {len(obs)} ranks, the profile {W}")
+        self._obs = [[(int(b), float(r)) for b, r in o][-2:] for o in obs]
+        if not all(b >= 1 and math.isfinite(r) and r > 0 for o in self._obs for b, r in o):
+            raise ValidationError(f"replanner state has invalid observations {self._obs}")
+        rev = state.get("revert")
+        self._revert = None if rev is None else (
+            Plan.from_dict(rev["plan"], path="replanner.revert.plan"), float(rev["step_time_s"]), int(rev["epoch"]))
+        self._worse = {tuple(int(x) for x in b): int(e) for b, e in state.get("measured_worse") or []}

@@ -219,3 +219,82 @@ def test_small_gain_needs_a_second_epoch_large_gain_does_not() -> None:
     # A large gain (a real slowdown) is followed at once.
     rp = Replanner(profile, plan, smoothing=1.0)
     assert rp.decide(_stats(profile, rp.plan, 0, slow=(1.0, 3.0)), epoch=0).adopted
+
+
+# -- shape correction and revert (the 2x H200 ResNet-50 F=3 case, in numbers) ---------------------------------
+def _t0(b: float) -> float:  # rank 0: profile and truth agree
+    return 0.0045 + 0.000196 * b
+
+
+def _p1(b: float) -> float:  # rank 1 as profiled: right near b = 100, too flat (launch-bound knee mis-measured)
+    return 0.059 + 0.000265 * b
+
+
+def _t1(b: float) -> float:  # rank 1 as it really runs: steeper
+    return max(0.050, 0.0146 + 0.00058 * b)
+
+
+def _knee_profile() -> planner.Profile:
+    sizes = (16, 32, 64, 96, 128, 192, 256, 384, 512)
+    ranks = [{"rank": i, "host": "n0", "device": f"cuda:{i}",
+              "compute": [{"batch_size": b, "step_time_s": f(b)} for b in sizes]}
+             for i, f in enumerate((_t0, _p1))]
+    return planner.Profile.from_dict({"version": 1, "kind": "profile", "hosts": [{"name": "n0", "cpu_cores": 8}],
+                                      "ranks": ranks})
+
+
+def _true_stats(plan: planner.Plan, epoch: int) -> list[planner.StepStats]:
+    times = [_t0(plan.batch_sizes[0]), _t1(plan.batch_sizes[1])]
+    step = max(times) + 0.001
+    return [planner.StepStats(rank=i, epoch=epoch, num_steps=40, batch_size=plan.batch_sizes[i], num_workers=0,
+                              data_wait_s=0.0, compute_s=c, step_time_s=step, compute_s_std=0.01 * c)
+            for i, c in enumerate(times)]
+
+
+def test_shape_error_overshoot_is_reverted_and_not_repeated() -> None:
+    profile = _knee_profile()
+    plan = planner.solve(profile, global_batch=512, min_batch=2)
+    first = plan.batch_sizes
+    assert 95 <= first[1] <= 105  # the profile's balance point, as on the GPU
+    rp = Replanner(profile, plan, smoothing=1.0)
+    steps, logs = [], []
+    for epoch in range(10):
+        stats = _true_stats(rp.plan, epoch)
+        steps.append(stats[0].step_time_s)
+        logs.append(rp.decide(stats, epoch))
+    adopted = [d for d in logs if d.adopted]
+    # The uniformly rescaled curve over-shoots to ~130 (truly 5% slower); one epoch later it is reverted.
+    assert adopted[0].new_plan is not None and adopted[0].new_plan.batch_sizes[1] > 120
+    k = logs.index(adopted[0])
+    assert logs[k + 1].adopted and logs[k + 1].reason.startswith("reverted")
+    assert logs[k + 1].plan.batch_sizes == first and steps[k + 1] > steps[k] * 1.03
+    # Never again: every later epoch runs no slower than the first plan, and the rejected batches stay rejected.
+    assert all(s <= steps[0] * 1.005 for s in steps[k + 2:])
+    assert all(d.plan.batch_sizes != adopted[0].new_plan.batch_sizes for d in logs[k + 1:])
+    # Rank 1 now has measurements at two batch sizes: its curve is corrected there, not just rescaled.
+    assert rp.ratio(1, first[1]) == pytest.approx(_t1(first[1]) / fit_envelope(profile.rank(1).compute)(first[1]))
+    b2 = adopted[0].new_plan.batch_sizes[1]
+    assert rp.ratio(1, b2) == pytest.approx(_t1(b2) / fit_envelope(profile.rank(1).compute)(b2))
+    assert rp.ratio(1, first[1]) < rp.ratio(1, (first[1] + b2) / 2) < rp.ratio(1, b2)
+    # ... and the re-solve now lands on the true balance point (t0(512 - b) = t1(b) at b = 116.4), a predicted
+    # 3.8% gain: under the 5% threshold, so the plan stays -- no more churn.
+    best = min(range(2, 511), key=lambda b: max(_t0(512 - b), _t1(b)))
+    last = logs[-1].candidate
+    assert last is not None and abs(last.batch_sizes[1] - best) <= 2 and not logs[-1].adopted
+    # The state carries all of it: a resumed re-planner decides the same.
+    again = Replanner(profile, plan, smoothing=1.0)
+    again.load_state_dict(json.loads(json.dumps(rp.state_dict())))
+    nxt = _true_stats(rp.plan, 10)
+    la, lb = rp.decide(nxt, 10).to_log(), again.decide(nxt, 10).to_log()
+    la.pop("plan"), lb.pop("plan")
+    assert la == lb
+
+
+def test_two_ratios_far_apart_mean_a_changed_device_not_a_shape() -> None:
+    profile = _profile()
+    plan = planner.solve(profile, global_batch=512)
+    rp = Replanner(profile, plan, smoothing=1.0)
+    rp.decide(_stats(profile, plan, 0), epoch=0)  # rank 1 as profiled at its planned batch
+    moved = planner.evaluate(profile, [plan.batch_sizes[0] - 20, plan.batch_sizes[1] + 20])
+    rp.decide(_stats(profile, moved, 1, slow=(1.0, 3.0)), epoch=1)  # at another batch, 3x slower: a co-tenant
+    assert rp.ratio(1, 10) == rp.ratio(1, 500) == pytest.approx(3.0)  # uniform, from the newest epoch
