@@ -11,7 +11,7 @@ from planner._table import table
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
-from planner.solve import evaluate, solve
+from planner.solve import DEFAULT_MIN_GAIN, evaluate, solve
 
 HELP = "solve per-rank batch sizes, shares and workers for a global batch"
 EPILOG = """\
@@ -49,6 +49,9 @@ def add_solve_arguments(p: argparse.ArgumentParser, *, min_batch_default: int | 
                    help="cores per rank kept for the training process, not for loader workers (default 1)")
     p.add_argument("--max-workers-per-rank", type=int, default=8, metavar="W",
                    help="most loader workers given to one rank (default 8)")
+    p.add_argument("--min-gain", type=float, default=DEFAULT_MIN_GAIN, metavar="FRAC",
+                   help="keep the equal split unless the plan is predicted this much faster "
+                        f"(default {DEFAULT_MIN_GAIN}; 0 = always the optimum)")
 
 
 def _parse_batches(text: str) -> list[int]:
@@ -67,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         cpu_reserve_per_rank=args.cpu_reserve_per_rank,
         max_workers_per_rank=args.max_workers_per_rank,
     )
+    solve_only = dict(min_gain=args.min_gain)
     if args.from_batches:
         batches = _parse_batches(args.from_batches)
         if sum(batches) != args.global_batch:
@@ -75,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
             )
         plan = evaluate(profile, batches, **common)  # type: ignore[arg-type]
     else:
-        plan = solve(profile, global_batch=args.global_batch, **common)  # type: ignore[arg-type]
+        plan = solve(profile, global_batch=args.global_batch, **common, **solve_only)  # type: ignore[arg-type]
     if args.out:
         plan.save(args.out)
     if args.json:

@@ -29,7 +29,7 @@ import heapq
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -41,6 +41,12 @@ from planner.profile import Profile
 
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
 """DDP's default bucket_cap_mb: the last bucket's all-reduce runs after backward and is exposed."""
+
+
+DEFAULT_MIN_GAIN = 0.05
+"""Predicted gain below which solve() keeps the equal split: predictions carry a few percent of error (measured in
+docs/BENCHMARKS.md), and on flat, launch-bound curves a gain of 2% can mean a lopsided split such as [1022, 2] that
+ran 16% slower than equal on 2x H200 (ResNet-18, 32x32). The same 5% the Replanner asks before it changes a plan."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,6 +63,8 @@ class SolveOptions:
     """Upper bound on loader workers per rank when spare cores are handed out."""
     time_limit_s: float = 20.0
     """HiGHS time limit per MILP call."""
+    min_gain: float = DEFAULT_MIN_GAIN
+    """Keep the equal split unless the optimum is predicted this much faster (0.05 = 5%); 0 = always the optimum."""
 
     def __post_init__(self) -> None:
         if self.min_batch < 1:
@@ -69,6 +77,8 @@ class SolveOptions:
             raise ValidationError(f"cpu_reserve_per_rank must be >= 0, got {self.cpu_reserve_per_rank}")
         if self.max_workers_per_rank < 1:
             raise ValidationError(f"max_workers_per_rank must be >= 1, got {self.max_workers_per_rank}")
+        if not 0.0 <= self.min_gain < 1.0:
+            raise ValidationError(f"min_gain must be in [0, 1), got {self.min_gain}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -155,8 +165,13 @@ def solve(
     cpu_reserve_per_rank: int = 1,
     max_workers_per_rank: int = 8,
     time_limit_s: float = 20.0,
+    min_gain: float = DEFAULT_MIN_GAIN,
 ) -> Plan:
     """Plan integer per-rank batch sizes, shares and loader workers for `global_batch` (never changed).
+
+    When the optimum is predicted less than ``min_gain`` faster than the equal split (and the equal split fits),
+    the equal split is returned, with the optimum's batches and step time in ``plan.solver``: a plan must earn
+    its departure from what DistributedSampler does. ``min_gain=0`` always returns the optimum.
 
     Raises:
         PlanError: no assignment satisfies the caps; the message names the binding constraint with its numbers.
@@ -169,6 +184,7 @@ def solve(
         cpu_reserve_per_rank=cpu_reserve_per_rank,
         max_workers_per_rank=max_workers_per_rank,
         time_limit_s=time_limit_s,
+        min_gain=min_gain,
     )
     if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
         raise ValidationError(f"global batch must be a positive integer, got {global_batch!r}")
@@ -178,17 +194,19 @@ def solve(
     budgets = worker_budgets(profile, opts)
 
     b, workers, method, status = _optimize(models, caps, budgets, global_batch, opts)
-    solve_s = time.perf_counter() - t0
-    return _make_plan(
-        profile,
-        models,
-        b,
-        workers,
-        caps,
-        opts,
-        solver={"method": method, "status": status, "solve_time_s": round(solve_s, 6),
-                "profile_fingerprint": profile.fingerprint(), "options": _options_dict(opts)},
-    )
+    solver: dict[str, object] = {"method": method, "status": status, "solve_time_s": 0.0,
+                                 "profile_fingerprint": profile.fingerprint(), "options": _options_dict(opts)}
+    plan = _make_plan(profile, models, b, workers, caps, opts, solver=solver)
+    eq = np.asarray(equal_split(global_batch, len(models)), dtype=np.int64)
+    fits = all(opts.min_batch <= e <= c for e, c in zip(eq.tolist(), caps, strict=True))
+    if opts.min_gain > 0 and fits and not np.array_equal(eq, b):
+        even = _make_plan(profile, models, eq, workers, caps, opts, solver=solver)
+        t_opt, t_eq = plan.predicted.step_time_s, even.predicted.step_time_s
+        if t_eq <= t_opt * (1.0 + opts.min_gain):
+            solver = {**solver, "method": f"equal ({method} optimum within min_gain)",
+                      "optimum_batch_sizes": [int(x) for x in b], "optimum_step_time_s": t_opt}
+            plan = even
+    return replace(plan, solver={**solver, "solve_time_s": round(time.perf_counter() - t0, 6)})
 
 
 def evaluate(

@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     profile = Profile.load(args.profile)
     log = read_run_log(args.log) if args.log else None
     opts_kw = dict(max_batch_per_rank=args.max_batch_per_rank, memory_headroom=args.memory_headroom,
-                   cpu_reserve_per_rank=args.cpu_reserve_per_rank, max_workers_per_rank=args.max_workers_per_rank)
+                   cpu_reserve_per_rank=args.cpu_reserve_per_rank, max_workers_per_rank=args.max_workers_per_rank,
+                   min_gain=args.min_gain)
     if args.plan:
         plan = Plan.load(args.plan)
     elif log is not None and log.start_plan is not None and args.global_batch is None:

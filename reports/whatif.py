@@ -76,6 +76,7 @@ def solve_with(profile: Profile, global_batch: int, opts: SolveOptions) -> Plan:
         cpu_reserve_per_rank=opts.cpu_reserve_per_rank,
         max_workers_per_rank=opts.max_workers_per_rank,
         time_limit_s=opts.time_limit_s,
+        min_gain=opts.min_gain,
     )
 
 

@@ -290,7 +290,8 @@ def _after_slowdown_ideal(profile: Any, B: int, min_batch: int, factors: list[tu
         ranks.append(replace(r, compute=tuple(ComputePoint(batch_size=p.batch_size, step_time_s=p.step_time_s * f)
                                                 for p in r.compute)))
     scaled = Profile(hosts=profile.hosts, ranks=tuple(ranks), model=profile.model, comm=profile.comm)
-    return float(planner.solve(scaled, global_batch=B, min_batch=min_batch).predicted.ideal_samples_per_s)
+    # the physical limit: the optimum's ideal, not the equal split's that min_gain may keep
+    return float(planner.solve(scaled, global_batch=B, min_batch=min_batch, min_gain=0.0).predicted.ideal_samples_per_s)
 
 
 def _standalone_step_s(workload: Any, device: Any, b: int, slow: float, opts: dict[str, Any], cl: bool) -> float:

@@ -63,7 +63,7 @@ from planner.stats import StepStats
 
 # solve() options that also apply when evaluating the old plan under the updated model.
 _EVAL_KEYS = frozenset({"max_batch_per_rank", "memory_headroom", "cpu_reserve_per_rank", "max_workers_per_rank"})
-_SOLVE_KEYS = _EVAL_KEYS | {"time_limit_s"}
+_SOLVE_KEYS = _EVAL_KEYS | {"time_limit_s", "min_gain"}
 _STATE_VERSION = 1
 _SHAPE_MAX_LOG = 0.25
 """Two measured ratios further apart than e**0.25 (1.28x) mean the device changed, not the curve's shape."""
@@ -383,7 +383,7 @@ class Replanner:
             if same and abs(math.log(raw / same[0])) > _SAME_BATCH_CHANGE:
                 self._obs[i] = [(b, raw)]  # the device changed under us: what it showed before no longer holds
             else:
-                self._obs[i] = [o for o in self._obs[i] if o[0] != b][-1:] + [(b, raw)]
+                self._obs[i] = [*[o for o in self._obs[i] if o[0] != b][-1:], (b, raw)]
             if s.step_time_s > 0 and s.data_wait_s / s.step_time_s > self.loader_wait_frac:
                 if s.num_workers > 0:
                     seen = (s.compute_s + s.data_wait_s) * s.num_workers / s.batch_size

@@ -136,3 +136,13 @@ def test_console_entry_point_has_no_traceback(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_min_gain_option(capsys: pytest.CaptureFixture[str]) -> None:
+    # The minimal profile's plan is 2.00x equal: any min_gain below 1.0 keeps it; a bad value is one line, exit 2.
+    rc, out, _ = _run(["plan", "--profile", str(MINIMAL), "--global-batch", "512", "--min-gain", "0.9", "--json"],
+                      capsys)
+    assert rc == 0 and [r["batch_size"] for r in json.loads(out)["ranks"]] == [400, 112]
+    assert json.loads(out)["solver"]["options"]["min_gain"] == 0.9
+    rc, _, err = _run(["plan", "--profile", str(MINIMAL), "--global-batch", "512", "--min-gain", "1.5"], capsys)
+    assert rc == 2 and "min_gain must be in [0, 1), got 1.5" in err and len(err.strip().splitlines()) == 1
