@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cut each epoch after N steps (benchmarks)")
     t.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01, momentum 0.9)")
     t.add_argument("--amp", action="store_true", help="bf16 autocast")
+    t.add_argument("--weighting", choices=("loss-scale", "hook"), default="loss-scale",
+                   help="exact weighting of uneven batches: scale the loss (default; DDP's own all-reduce, also exact "
+                        "with SyncBatchNorm) or a Python comm hook (register_weighted_hook)")
     t.add_argument("--seed", type=int, default=0, help="shuffle and init seed, the same on every rank")
     t.add_argument("--device", default="auto", metavar="DEV", help="auto, cpu, cuda or cuda:N for every rank")
     t.add_argument("--rank-devices", default=None, metavar="LIST",
@@ -110,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             slowdown=1.0 if args.emulate_slowdown_from_epoch > 0 else slowdowns.get(env.rank, 1.0),
             slowdown_late=slowdowns.get(env.rank, 1.0), slowdown_from_epoch=args.emulate_slowdown_from_epoch, loader_workers_cap=loader_caps.get(env.rank),
             log_path=args.log, checkpoint_dir=args.checkpoint, checkpoint_every=args.checkpoint_every,
-            resume=args.resume,
+            resume=args.resume, weighting=args.weighting.replace("-", "_"),
             trace_path=args.trace_file.replace("{rank}", str(env.rank)) if args.trace_file else None,
             mixed_devices=env.device.type == "cuda" and env.backend == "gloo",
         )

@@ -42,7 +42,7 @@ from runtime.replan import Replanner
 from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler
 from runtime.timing import StepTimer
-from runtime.weighting import register_weighted_hook
+from runtime.weighting import loss_scale, register_weighted_hook
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,7 +62,11 @@ class TrainConfig:
     replan_threshold: float = 0.05
     replan_smoothing: float = 0.8
     strategy: str = "plan"
-    """'plan' (HeteroBatchSampler + weighted hook) or 'equal' (torch DistributedSampler + plain DDP)."""
+    """'plan' (HeteroBatchSampler + exact weighting) or 'equal' (torch DistributedSampler + plain DDP)."""
+    weighting: str = "loss_scale"
+    """How 'plan' weights uneven batches exactly: 'loss_scale' (the mean loss times n_i * W / n through DDP's own
+    C++ all-reduce; also exact with SyncBatchNorm) or 'hook' (``register_weighted_hook``, a Python comm hook).
+    Same parameters to 1e-10 (tests/runtime/test_train_weighting.py); cost in docs/BENCHMARKS.md section 9."""
     data_on_device: bool = False
     """Skip the DataLoader: synthetic inputs made on the device (isolates compute skew; the loader is not run)."""
     slowdown: float = 1.0
@@ -202,10 +206,16 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
         batch_sampler = hetero
     ddp: torch.nn.Module = model
     timer = StepTimer(device)
+    if cfg.weighting not in ("loss_scale", "hook"):
+        raise ValidationError(f"weighting must be 'loss_scale' or 'hook', got {cfg.weighting!r}")
+    scale_loss = False
     if env.distributed:
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        if hetero is not None:
+        if hetero is not None and cfg.weighting == "hook":
             register_weighted_hook(ddp, hetero, on_last_bucket=timer.compute_end)  # type: ignore[arg-type]
+        elif hetero is not None:
+            scale_loss = True
+            close_compute_on_last_gradient(model, timer)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
     replanner = None
     if cfg.replan and hetero is not None and profile is not None:
@@ -264,7 +274,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
                 tracer = iter(copy.deepcopy(hetero))  # same layout, not run ahead by the DataLoader's prefetch
             epoch_plan = plan
             res = _run_epoch(cfg, env, epoch, first, plan, ddp, model, optimizer, loader, hetero, timer,
-                             workload, active_slowdown, (trace, tracer), replanner)
+                             workload, active_slowdown, (trace, tracer), replanner, scale_loss)
             if replanner is not None and epoch + 1 < cfg.epochs:
                 decision = replanner.step(planner.StepStats.from_dict(res.stats[env.rank]), epoch)
                 res.replan = decision.to_log()
@@ -324,10 +334,23 @@ def _elastic_plan(saved: Plan, plan: Plan, hetero: HeteroBatchSampler | None, st
     return plan
 
 
+def close_compute_on_last_gradient(model: torch.nn.Module, timer: StepTimer) -> None:
+    """Close the timer's compute span when backward accumulates the model's first parameter's gradient.
+
+    The first parameter (the input layer's weight) gets its gradient last in backward, so this marks "local
+    compute done" -- before DDP's final all-reduce wait, like the comm hook's ``on_last_bucket`` -- with one
+    Python call per step and no comm hook. A step where it does not fire (an unused first parameter) falls back to
+    the after-``backward()`` call, which includes the wait for peers.
+    """
+    first = next((p for p in model.parameters() if p.requires_grad), None)
+    if first is not None:
+        first.register_post_accumulate_grad_hook(lambda _p: timer.compute_end())
+
+
 def _run_epoch(cfg: TrainConfig, env: DistEnv, epoch: int, first_step: int, plan: Plan, ddp: torch.nn.Module,
                model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any,
                hetero: HeteroBatchSampler | None, timer: StepTimer, workload: Workload, slowdown: Slowdown,
-               trace: tuple[Any, Any], replanner: Replanner | None) -> EpochResult:
+               trace: tuple[Any, Any], replanner: Replanner | None, scale_loss: bool = False) -> EpochResult:
     device = env.device
     cl = channels_last_for(workload, device, cfg.mixed_devices)
     timer.reset()
@@ -352,7 +375,10 @@ def _run_epoch(cfg: TrainConfig, env: DistEnv, epoch: int, first_step: int, plan
             # Emulated extra work goes between the real forward and backward: inside the measured compute span,
             # and after DDP's forward-start buffer broadcast, which would otherwise make the peers wait for it.
             slowdown.apply(ddp, workload.loss_fn, x, y)
-        loss.backward()
+        if scale_loss:  # exact sample-weighted gradient through DDP's averaging all-reduce
+            (loss * loss_scale(hetero, step)).backward()  # type: ignore[arg-type]
+        else:
+            loss.backward()
         timer.compute_end()  # ignored when the hook already closed the span (DDP with several ranks)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
