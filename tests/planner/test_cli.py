@@ -146,3 +146,20 @@ def test_min_gain_option(capsys: pytest.CaptureFixture[str]) -> None:
     assert json.loads(out)["solver"]["options"]["min_gain"] == 0.9
     rc, _, err = _run(["plan", "--profile", str(MINIMAL), "--global-batch", "512", "--min-gain", "1.5"], capsys)
     assert rc == 2 and "min_gain must be in [0, 1), got 1.5" in err and len(err.strip().splitlines()) == 1
+
+
+def test_kept_equal_split_is_explained(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import planner
+    from planner.profile import ComputePoint, HostProfile, Profile, RankProfile
+
+    ranks = tuple(RankProfile(rank=i, host="h", device=f"cuda:{i}", compute=(
+        ComputePoint(batch_size=16, step_time_s=0.0074 + s * 16), ComputePoint(batch_size=256, step_time_s=0.0074 + s * 256)))
+        for i, s in enumerate((0.000002, 0.0000015)))
+    path = tmp_path / "flat.json"
+    Profile(hosts=(HostProfile(name="h", cpu_cores=8),), ranks=ranks).save(path)
+    rc, out, _ = _run(["plan", "--profile", str(path), "--global-batch", "1024"], capsys)
+    optimum = planner.solve(Profile.load(path), global_batch=1024, min_gain=0.0).batch_sizes
+    assert rc == 0 and "kept the equal split: the optimum" in out and str(list(optimum)) in out
+    assert "< min gain 5%" in out
+    rc, out, _ = _run(["plan", "--profile", str(path), "--global-batch", "1024", "--min-gain", "0"], capsys)
+    assert rc == 0 and "kept the equal split" not in out
