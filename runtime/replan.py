@@ -13,7 +13,7 @@ knee where a launch-bound GPU turns compute-bound, a uniformly rescaled curve th
 (measured on 2x H200, ResNet-50, emulated 3x rank: the re-plan moved 38 samples and the step got 4% slower).
 So once a rank has been measured at two different batch sizes b1 < b2 (times c1 < c2; the latest measurement
 at each of the two most recent batch sizes; a batch size measured >10% off its previous time clears the history),
-with raw ratios r1, r2 within a factor e**0.25 of each other (beyond that the device itself changed, e.g. a
+with raw ratios r1, r2 within a factor 2 of each other (beyond that the device itself changed, e.g. a
 co-tenant came, and the uniform factor above applies), each original point time t becomes
 
     alpha * t + beta      alpha, beta: the affine map of the original curve through (b1, c1) and (b2, c2)
@@ -24,7 +24,8 @@ which passes through both measurements, stays convex and positive, and keeps the
 
 Measured, not predicted, has the last word: after a plan is adopted, its first epoch's step time (slowest rank)
 is compared with the previous plan's last epoch; if it is slower by more than max(1%, noise) the previous plan
-comes back at once ("reverted", logged) and the rejected batch sizes are not adopted again for 5 epochs.
+comes back at once ("reverted", logged), and for 5 epochs neither the rejected batch sizes nor a move from the
+restored plan that reaches 3/4 of the way toward them is adopted (a shorter move in that direction still is).
 
 Loader: when d_i / s_i > `loader_wait_frac` the loader did not keep up.  With w_i workers a loader-bound rank
 runs one step per b_i * p_i / w_i seconds, which the loop saw as c_i + d_i, so the effective cost per sample is
@@ -65,8 +66,11 @@ from planner.stats import StepStats
 _EVAL_KEYS = frozenset({"max_batch_per_rank", "memory_headroom", "cpu_reserve_per_rank", "max_workers_per_rank"})
 _SOLVE_KEYS = _EVAL_KEYS | {"time_limit_s", "min_gain"}
 _STATE_VERSION = 1
-_SHAPE_MAX_LOG = 0.25
-"""Two measured ratios further apart than e**0.25 (1.28x) mean the device changed, not the curve's shape."""
+_SHAPE_MAX_LOG = math.log(2.0)
+"""Two measured ratios further apart than 2x mean the device changed, not the curve's shape (a knee between a
+launch-bound floor and the linear part can make them differ by 1.5x)."""
+_WORSE_REACH = 0.75
+"""After a revert, a move from the same plan that goes at least this far along the rejected move is refused."""
 _SAME_BATCH_CHANGE = math.log(1.10)
 """The same batch size measured more than 10% off its last time: the device changed; its history is dropped."""
 _WORSE_MARGIN = 0.01
@@ -200,8 +204,8 @@ class Replanner:
         """Per rank, (batch size, measured / original-curve ratio) at the two most recent batch sizes."""
         self._revert: tuple[Plan, float, int] | None = None
         """(previous plan, its last measured step time, epoch of adoption) while a new plan awaits its check."""
-        self._worse: dict[tuple[int, ...], int] = {}
-        """Batch sizes that measured slower than their predecessor -> the epoch that showed it."""
+        self._worse: list[tuple[tuple[int, ...], tuple[int, ...], int]] = []
+        """(plan moved from, batch sizes that measured slower, epoch that showed it) of recent reverts."""
 
     # -- the model in use -------------------------------------------------------------------------------
     @property
@@ -283,7 +287,7 @@ class Replanner:
         noise = self.noise_sigmas * max(
             s.compute_s_std / math.sqrt(s.num_steps) / s.compute_s for s in by_rank
         )
-        self._worse = {b: e for b, e in self._worse.items() if epoch - e < _WORSE_EPOCHS}
+        self._worse = [w for w in self._worse if epoch - w[2] < _WORSE_EPOCHS]
 
         def refuse(reason: str, gain: float | None = None, candidate: Plan | None = None) -> ReplanDecision:
             return ReplanDecision(epoch=epoch, adopted=False, reason=reason, old_plan=old, new_plan=None,
@@ -295,7 +299,7 @@ class Replanner:
             self._revert = None
             slower = step_s / prev_step_s - 1.0
             if slower > max(_WORSE_MARGIN, noise):
-                self._worse[old.batch_sizes] = epoch
+                self._worse.append((prev.batch_sizes, old.batch_sizes, epoch))
                 self._proposed = None
                 back = replace(prev, meta={**prev.meta, "reverted_at_epoch": epoch})
                 self._plan = back
@@ -331,10 +335,11 @@ class Replanner:
         gain = t_old / t_new - 1.0
         numbers = (f"predicted step {t_old * 1e3:.4g} ms -> {t_new * 1e3:.4g} ms, gain {gain:.1%}; "
                    f"batches {list(old.batch_sizes)} -> {list(cand.batch_sizes)}")
-        if cand.batch_sizes in self._worse:
-            return refuse(f"{numbers}: these batches measured slower than {list(old.batch_sizes)} at epoch "
-                          f"{self._worse[cand.batch_sizes]}; not adopted again before epoch "
-                          f"{self._worse[cand.batch_sizes] + _WORSE_EPOCHS}", gain, cand)
+        barred = self._barred(old.batch_sizes, cand.batch_sizes)
+        if barred is not None:
+            src, dst, seen = barred
+            return refuse(f"{numbers}: goes as far as {list(dst)}, which measured slower than {list(src)} at epoch "
+                          f"{seen}; such moves are barred until epoch {seen + _WORSE_EPOCHS}", gain, cand)
         if not gain > self.threshold:
             self._proposed = None
             return refuse(f"{numbers}: below the threshold {self.threshold:.1%}", gain, cand)
@@ -353,6 +358,21 @@ class Replanner:
         return ReplanDecision(epoch=epoch, adopted=True, reason=f"{numbers}: adopted", old_plan=old, new_plan=new,
                               predicted_gain=gain, measured_compute_s=measured, predicted_compute_s=predicted,
                               candidate=cand, scale_factors=self.scale_factors)
+
+    def _barred(self, current: tuple[int, ...],
+                cand: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+        """The recent revert that rules out ``cand``: the same batches, or (from the same plan) a move reaching at
+        least ``_WORSE_REACH`` of the way along the move that measured slower."""
+        for src, dst, seen in self._worse:
+            if cand == dst:
+                return src, dst, seen
+            if src == current:
+                rejected = [d - s for s, d in zip(src, dst, strict=True)]
+                move = [c - s for s, c in zip(src, cand, strict=True)]
+                norm2 = sum(r * r for r in rejected)
+                if norm2 > 0 and sum(m * r for m, r in zip(move, rejected, strict=True)) >= _WORSE_REACH * norm2:
+                    return src, dst, seen
+        return None
 
     def _check_stats(self, stats: Sequence[StepStats], epoch: int) -> str | None:
         """Why these stats cannot be used (None when they can): refusing beats re-planning on garbage."""
@@ -477,7 +497,7 @@ class Replanner:
             "observations": [[[b, r] for b, r in obs] for obs in self._obs],
             "revert": None if self._revert is None else {
                 "plan": self._revert[0].to_dict(), "step_time_s": self._revert[1], "epoch": self._revert[2]},
-            "measured_worse": [[list(b), e] for b, e in self._worse.items()],
+            "measured_worse": [{"from": list(s), "to": list(d), "epoch": e} for s, d, e in self._worse],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -518,4 +538,5 @@ class Replanner:
         rev = state.get("revert")
         self._revert = None if rev is None else (
             Plan.from_dict(rev["plan"], path="replanner.revert.plan"), float(rev["step_time_s"]), int(rev["epoch"]))
-        self._worse = {tuple(int(x) for x in b): int(e) for b, e in state.get("measured_worse") or []}
+        self._worse = [(tuple(int(x) for x in w["from"]), tuple(int(x) for x in w["to"]), int(w["epoch"]))
+                       for w in state.get("measured_worse") or []]
