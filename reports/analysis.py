@@ -293,6 +293,16 @@ def make_findings(
         f"ideal {thr.ideal_samples_per_s:,.0f}; an epoch of {thr.dataset_size:,} samples takes "
         f"{_fmt_s(thr.epoch_time_s)}."
     )
+    kept = plan.solver.get("optimum_batch_sizes")
+    t_opt = plan.solver.get("optimum_step_time_s")
+    if kept and isinstance(t_opt, (int, float)) and t_opt > 0:
+        min_gain = (plan.solver.get("options") or {}).get("min_gain", 0.0)
+        lines.append(
+            f"The equal split was kept: the optimum {list(kept)} is predicted only "
+            f"{plan.predicted.step_time_s / t_opt - 1:.1%} faster, under the min gain of {min_gain:.0%} -- within "
+            "the planner's prediction error, and on flat (launch-bound) curves such lopsided splits measured slower; "
+            "`planner plan --min-gain 0` plans it anyway."
+        )
     if thr.resolved_samples_per_s > thr.plan_samples_per_s * 1.001:
         lines.append(
             f"Re-solving this profile gives {thr.resolved_samples_per_s:,.0f} samples/s "

@@ -123,3 +123,21 @@ def test_plan_round_trip_through_the_report_is_unchanged(tmp_path: Path) -> None
     plan = solve(three_rank_profile(), global_batch=700)
     rep = analyze(three_rank_profile(), Plan.from_dict(plan.to_dict()), SolveOptions())
     assert rep.plan_fingerprint == plan.fingerprint
+
+
+def test_a_kept_equal_split_is_a_finding() -> None:
+    from planner.profile import ComputePoint, RankProfile
+
+    ranks = tuple(RankProfile(rank=i, host="a", device=f"cuda:{i}", compute=(
+        ComputePoint(batch_size=16, step_time_s=0.0074 + s * 16), ComputePoint(batch_size=256, step_time_s=0.0074 + s * 256)))
+        for i, s in enumerate((0.000002, 0.0000015)))
+    prof = Profile(hosts=(HostProfile(name="a", cpu_cores=8),), ranks=ranks)
+    plan = solve(prof, global_batch=1024)
+    assert plan.batch_sizes == (512, 512)
+    optimum = solve(prof, global_batch=1024, min_gain=0.0).batch_sizes
+    lines = analyze(prof, plan, SolveOptions()).findings.lines
+    assert any(f"The equal split was kept: the optimum {list(optimum)}" in line and "min gain of 5%" in line
+               for line in lines), lines
+    # a plan that moved off the equal split says nothing of the kind
+    assert not any("was kept" in line for line in analyze(Profile.load(EXAMPLE), solve(Profile.load(EXAMPLE),
+                                                                              global_batch=512), SolveOptions()).findings.lines)
