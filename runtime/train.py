@@ -6,7 +6,8 @@ Usage (every rank runs the same command)::
     torchrun --nproc-per-node 2 -m planner train --auto --global-batch 512 --replan
 
 Per epoch: ``sampler.set_epoch`` -> a DataLoader over the HeteroBatchSampler (this rank's planned batch size and
-workers) -> DDP with the weighted gradient hook (exact global mean over uneven batches) -> StepTimer stats ->
+workers) -> DDP, each rank's mean loss scaled by n_i * W / n (exact global mean over uneven batches; or the
+weighted comm hook with ``weighting='hook'``) -> StepTimer stats ->
 optionally the Replanner, whose new plan the sampler adopts at the next epoch start.  The first collective is
 the agreement check (world size, plan fingerprint, dataset length, seed): ranks launched inconsistently fail
 with one clear error instead of hanging.
