@@ -11,7 +11,7 @@ from planner._table import table
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
-from planner.solve import DEFAULT_MIN_GAIN, evaluate, solve
+from planner.solve import DEFAULT_MIN_GAIN, evaluate, kept_equal_split, solve
 
 HELP = "solve per-rank batch sizes, shares and workers for a global batch"
 EPILOG = """\
@@ -111,12 +111,10 @@ def format_plan(plan: Plan, profile: Profile | None = None) -> str:
         "  equal split  " + (f"{eq:12.1f} samples/s" if eq > 0 else "  does not fit (a rank's memory cap is below B/W)"),
         f"  ideal        {p.ideal_samples_per_s:12.1f} samples/s   plan = {p.samples_per_s / p.ideal_samples_per_s:.3f} of ideal",
     ]
-    kept = plan.solver.get("optimum_batch_sizes")
-    t_opt = plan.solver.get("optimum_step_time_s")
-    if kept and isinstance(t_opt, (int, float)) and t_opt > 0:
-        gain = p.step_time_s / t_opt - 1.0
-        min_gain = (plan.solver.get("options") or {}).get("min_gain")
-        lines.append(f"  kept the equal split: the optimum {list(kept)} is predicted only {gain:.1%} faster "
+    kept = kept_equal_split(plan)
+    if kept is not None:
+        optimum, gain, min_gain = kept
+        lines.append(f"  kept the equal split: the optimum {optimum} is predicted only {gain:.1%} faster "
                      f"(< min gain {min_gain:.0%}); --min-gain 0 plans it anyway")
     out.append("\n".join(lines))
     return "\n\n".join(out)

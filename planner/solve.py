@@ -248,6 +248,16 @@ def evaluate(
     return _make_plan(profile, models, b, w, caps, opts, solver={"method": method})
 
 
+def kept_equal_split(plan: Plan) -> tuple[list[int], float, float] | None:
+    """(optimum batches, its predicted gain over the equal split, min_gain) when ``solve`` kept the equal split."""
+    kept = plan.solver.get("optimum_batch_sizes")
+    t_opt = plan.solver.get("optimum_step_time_s")
+    if not kept or not isinstance(t_opt, (int, float)) or t_opt <= 0:
+        return None
+    min_gain = float((plan.solver.get("options") or {}).get("min_gain", 0.0))
+    return [int(b) for b in kept], plan.predicted.step_time_s / t_opt - 1.0, min_gain
+
+
 def equal_split(global_batch: int, world_size: int) -> list[int]:
     """B split as evenly as integers allow (the first B % W ranks get one more)."""
     q, r = divmod(global_batch, world_size)

@@ -15,7 +15,7 @@ from planner.curves import fit_envelope, fit_memory
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
-from planner.solve import SolveOptions, build_models, equal_split, worker_budgets
+from planner.solve import SolveOptions, build_models, equal_split, kept_equal_split, worker_budgets
 from reports.runlog import RunLog
 from reports.whatif import (
     ScalePoint,
@@ -293,13 +293,12 @@ def make_findings(
         f"ideal {thr.ideal_samples_per_s:,.0f}; an epoch of {thr.dataset_size:,} samples takes "
         f"{_fmt_s(thr.epoch_time_s)}."
     )
-    kept = plan.solver.get("optimum_batch_sizes")
-    t_opt = plan.solver.get("optimum_step_time_s")
-    if kept and isinstance(t_opt, (int, float)) and t_opt > 0:
-        min_gain = (plan.solver.get("options") or {}).get("min_gain", 0.0)
+    kept = kept_equal_split(plan)
+    if kept is not None:
+        optimum, opt_gain, min_gain = kept
         lines.append(
-            f"The equal split was kept: the optimum {list(kept)} is predicted only "
-            f"{plan.predicted.step_time_s / t_opt - 1:.1%} faster, under the min gain of {min_gain:.0%} -- within "
+            f"The equal split was kept: the optimum {optimum} is predicted only "
+            f"{opt_gain:.1%} faster, under the min gain of {min_gain:.0%} -- within "
             "the planner's prediction error, and on flat (launch-bound) curves such lopsided splits measured slower; "
             "`planner plan --min-gain 0` plans it anyway."
         )

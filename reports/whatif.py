@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 from planner.errors import PlanError
@@ -67,17 +67,7 @@ class ScalePoint:
 
 def solve_with(profile: Profile, global_batch: int, opts: SolveOptions) -> Plan:
     """planner.solve with every option taken from `opts` (one place so all scenarios use the same settings)."""
-    return solve(
-        profile,
-        global_batch=global_batch,
-        min_batch=opts.min_batch,
-        max_batch_per_rank=opts.max_batch_per_rank,
-        memory_headroom=opts.memory_headroom,
-        cpu_reserve_per_rank=opts.cpu_reserve_per_rank,
-        max_workers_per_rank=opts.max_workers_per_rank,
-        time_limit_s=opts.time_limit_s,
-        min_gain=opts.min_gain,
-    )
+    return solve(profile, global_batch=global_batch, **asdict(opts))
 
 
 def epoch_time_s(step_time_s: float, global_batch: int, dataset_size: int) -> float:

@@ -52,19 +52,19 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from planner.curves import fit_envelope
 from planner.errors import PlanError, ValidationError
 from planner.plan import Plan
 from planner.profile import ComputePoint, LoaderProfile, Profile
-from planner.solve import evaluate, solve
+from planner.solve import SolveOptions, evaluate, solve
 from planner.stats import StepStats
 
 # solve() options that also apply when evaluating the old plan under the updated model.
-_EVAL_KEYS = frozenset({"max_batch_per_rank", "memory_headroom", "cpu_reserve_per_rank", "max_workers_per_rank"})
-_SOLVE_KEYS = _EVAL_KEYS | {"time_limit_s", "min_gain"}
+_SOLVE_KEYS = frozenset(f.name for f in fields(SolveOptions)) - {"min_batch"}  # min_batch comes from the plan
+_EVAL_KEYS = _SOLVE_KEYS - {"time_limit_s", "min_gain"}  # evaluate() scores a given split: no search options
 _STATE_VERSION = 1
 _SHAPE_MAX_LOG = math.log(2.0)
 """Two measured ratios further apart than 2x mean the device changed, not the curve's shape (a knee between a
@@ -235,28 +235,30 @@ class Replanner:
         alpha = (c2 - c1) / (t2 - t1)
         return b1, b2, r1, r2, alpha, c1 - alpha * t1
 
-    def _corrected(self, rank: int, batch_size: float, t: float) -> float:
-        """The model's time at ``batch_size`` for a point the original profile gave time ``t``."""
+    def _correction(self, rank: int) -> Callable[[float, float], float]:
+        """f(batch_size, t): the model's time at ``batch_size`` for a point the original profile gave time ``t``."""
         tp = self._two_point(rank)
         if tp is None:
-            return self._scale[rank] * t
+            scale = self._scale[rank]
+            return lambda b, t: scale * t
         b1, b2, r1, r2, alpha, beta = tp
         if beta <= 0:  # steeper than profiled: the affine map above b1, the ratio at b1 below (convex at b1)
-            return r1 * t if batch_size <= b1 else alpha * t + beta
-        return alpha * t + beta if batch_size <= b2 else r2 * t  # flatter: affine below b2, ratio above
+            return lambda b, t: r1 * t if b <= b1 else alpha * t + beta
+        return lambda b, t: alpha * t + beta if b <= b2 else r2 * t  # flatter: affine below b2, ratio above
 
     def ratio(self, rank: int, batch_size: float) -> float:
         """The model's time over the original curve's at ``batch_size`` (see the module docstring)."""
         t = self._base_env[rank](batch_size)
-        return self._corrected(rank, batch_size, t) / t
+        return self._correction(rank)(batch_size, t) / t
 
     @property
     def profile(self) -> Profile:
         """The original profile with each rank's compute points rescaled and loader costs raised as measured."""
         ranks = []
         for i, r in enumerate(self._base.by_rank):
+            correct = self._correction(i)
             compute = tuple(
-                ComputePoint(batch_size=p.batch_size, step_time_s=self._corrected(i, p.batch_size, p.step_time_s))
+                ComputePoint(batch_size=p.batch_size, step_time_s=correct(p.batch_size, p.step_time_s))
                 for p in r.compute
             )
             loader = r.loader
@@ -279,7 +281,7 @@ class Replanner:
                                   predicted_gain=None, measured_compute_s=measured, predicted_compute_s=(),
                                   scale_factors=self.scale_factors)
         by_rank = sorted(stats, key=lambda s: s.rank)
-        predicted = tuple(self._corrected(i, s.batch_size, self._base_env[i](s.batch_size))
+        predicted = tuple(self._correction(i)(s.batch_size, self._base_env[i](s.batch_size))
                           for i, s in enumerate(by_rank))
         self._update(by_rank)
         self._last_epoch = epoch

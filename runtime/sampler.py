@@ -356,15 +356,19 @@ class HeteroBatchSampler(Sampler[list[int]]):
             self._layout_cache = {sizes: owners}  # one vector at a time: re-plans must not grow this
         return owners
 
+    def _shuffle_key(self, epoch: int) -> tuple[int, int]:
+        """(N, generator seed) of epoch ``epoch``'s permutation: what a prefetched shuffle is matched on."""
+        return self.dataset_len, self.seed + epoch
+
     def _start_prefetch(self, epoch: int) -> None:
-        key = (self.dataset_len, self.seed + epoch)
+        key = self._shuffle_key(epoch)
         if self.prefetch and (self._prefetched is None or self._prefetched.key != key):
             self._prefetched = _PermutationPrefetch(*key)
 
     def _permutation(self) -> torch.Tensor | None:
         if not self.shuffle:
             return None  # identity: generated block by block instead of holding arange(N)
-        key = (self.dataset_len, self.seed + self._epoch)
+        key = self._shuffle_key(self._epoch)
         ready = self._prefetched
         if ready is not None and ready.key == key:
             self._prefetched = None
@@ -375,7 +379,7 @@ class HeteroBatchSampler(Sampler[list[int]]):
 
     def _drop_stale_prefetch(self) -> None:
         """Forget a shuffle built for another epoch (its thread ends on its own; the memory goes with it)."""
-        if self._prefetched is not None and self._prefetched.key != (self.dataset_len, self.seed + self._epoch):
+        if self._prefetched is not None and self._prefetched.key != self._shuffle_key(self._epoch):
             self._prefetched = None
 
     def __iter__(self) -> Iterator[list[int]]:

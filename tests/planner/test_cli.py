@@ -150,13 +150,11 @@ def test_min_gain_option(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_kept_equal_split_is_explained(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import planner
-    from planner.profile import ComputePoint, HostProfile, Profile, RankProfile
+    from planner.profile import Profile
+    from tests.planner._profiles import linear_profile
 
-    ranks = tuple(RankProfile(rank=i, host="h", device=f"cuda:{i}", compute=(
-        ComputePoint(batch_size=16, step_time_s=0.0074 + s * 16), ComputePoint(batch_size=256, step_time_s=0.0074 + s * 256)))
-        for i, s in enumerate((0.000002, 0.0000015)))
     path = tmp_path / "flat.json"
-    Profile(hosts=(HostProfile(name="h", cpu_cores=8),), ranks=ranks).save(path)
+    linear_profile([0.000002, 0.0000015], fixed_s=0.0074, cores=8).save(path)
     rc, out, _ = _run(["plan", "--profile", str(path), "--global-batch", "1024"], capsys)
     optimum = planner.solve(Profile.load(path), global_batch=1024, min_gain=0.0).batch_sizes
     assert rc == 0 and "kept the equal split: the optimum" in out and str(list(optimum)) in out

@@ -126,12 +126,9 @@ def test_plan_round_trip_through_the_report_is_unchanged(tmp_path: Path) -> None
 
 
 def test_a_kept_equal_split_is_a_finding() -> None:
-    from planner.profile import ComputePoint, RankProfile
+    from tests.planner._profiles import linear_profile
 
-    ranks = tuple(RankProfile(rank=i, host="a", device=f"cuda:{i}", compute=(
-        ComputePoint(batch_size=16, step_time_s=0.0074 + s * 16), ComputePoint(batch_size=256, step_time_s=0.0074 + s * 256)))
-        for i, s in enumerate((0.000002, 0.0000015)))
-    prof = Profile(hosts=(HostProfile(name="a", cpu_cores=8),), ranks=ranks)
+    prof = linear_profile([0.000002, 0.0000015], fixed_s=0.0074, cores=8)
     plan = solve(prof, global_batch=1024)
     assert plan.batch_sizes == (512, 512)
     optimum = solve(prof, global_batch=1024, min_gain=0.0).batch_sizes
