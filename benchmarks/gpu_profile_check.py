@@ -26,12 +26,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner._table import table
 from planner.curves import fit_envelope
+from planner.table import table
 from profiler.compute import StepRunner
 from profiler.run import gather_profile, profile_this_rank
-from profiler.specs import build_workload
 from profiler.sweep import SweepOptions
+from workloads.specs import build_workload
 
 
 def get_args_parser() -> argparse.ArgumentParser:

@@ -21,13 +21,13 @@ from planner.errors import PlanError, ValidationError
 
 # name -> (module, one-line help).  Modules outside planner/ are imported only when their command runs.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "profile": ("profiler.cli", "measure step time, memory, loader cost and all-reduce on each rank"),
+    "profile": ("apps.cmd_profile", "measure step time, memory, loader cost and all-reduce on each rank"),
     "plan": ("planner.cmd_plan", "solve per-rank batch sizes, shares and workers for a global batch"),
     "validate": ("planner.cmd_validate", "check a profile or plan file against its contract"),
-    "report": ("reports.cli", "write a capacity report (HTML + terminal summary)"),
-    "train": ("runtime.cli", "train with a plan under torchrun (reference trainer)"),
-    "bench": ("runtime.bench", "compare equal split, proportional, plan and re-plan side by side"),
-    "demo": ("planner.cmd_demo", "profile -> plan -> train -> report on this machine"),
+    "report": ("apps.cmd_report", "write a capacity report (HTML + terminal summary)"),
+    "train": ("apps.cmd_train", "train with a plan under torchrun (reference trainer)"),
+    "bench": ("apps.bench", "compare equal split, proportional, plan and re-plan side by side"),
+    "demo": ("apps.demo", "profile -> plan -> train -> report on this machine"),
 }
 
 EPILOG = """\

@@ -6,12 +6,12 @@ import argparse
 import json
 import sys
 
-from planner._json import write_json_atomic
-from planner._table import table
 from planner.errors import ValidationError
+from planner.jsonio import write_json_atomic
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.solve import DEFAULT_MIN_GAIN, evaluate, kept_equal_split, solve
+from planner.table import table
 
 HELP = "solve per-rank batch sizes, shares and workers for a global batch"
 EPILOG = """\

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from planner._json import read_json
 from planner.errors import ValidationError
+from planner.jsonio import read_json
 from planner.plan import Plan
 from planner.profile import Profile
 

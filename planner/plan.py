@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from planner._json import (
+from planner.errors import ValidationError
+from planner.jsonio import (
     JSONDict,
     as_int,
     as_list,
@@ -25,7 +26,6 @@ from planner._json import (
     read_json,
     write_json_atomic,
 )
-from planner.errors import ValidationError
 
 PLAN_VERSION = 1
 Bottleneck = Literal["compute", "loader", "memory"]

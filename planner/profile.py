@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner._json import (
+from planner.errors import ValidationError
+from planner.jsonio import (
     JSONDict,
     as_int,
     as_list,
@@ -26,7 +27,6 @@ from planner._json import (
     read_json,
     write_json_atomic,
 )
-from planner.errors import ValidationError
 
 PROFILE_VERSION = 1
 

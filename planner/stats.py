@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from planner._json import JSONDict, as_int, as_num, as_obj
+from planner.jsonio import JSONDict, as_int, as_num, as_obj
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

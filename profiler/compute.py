@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from profiler.emulate import Slowdown
-from profiler.specs import Workload, synthetic_batch
 from profiler.sweep import DoesNotFit, Measurement
+from workloads.emulate import Slowdown
+from workloads.specs import Workload, synthetic_batch
 
 
 def use_channels_last(workload: Workload, device: torch.device, channels_last: bool | None) -> bool:

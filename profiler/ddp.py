@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from planner.curves import fit_envelope
 from planner.profile import RankProfile
 from profiler.compute import StepRunner
-from profiler.specs import Workload
+from workloads.specs import Workload
 
 
 def common_batch(ranks: Sequence[RankProfile]) -> int:
@@ -48,7 +48,7 @@ def measure_exposed_s(workload: Workload, mine: RankProfile, ranks: Sequence[Ran
     try:
         ddp = DDP(runner.model, device_ids=[device.index] if device.type == "cuda" else None, process_group=group)
         dtype = next((q.dtype for q in runner.model.parameters() if q.is_floating_point()), None)
-        from profiler.specs import synthetic_batch
+        from workloads.specs import synthetic_batch
 
         x, y = synthetic_batch(workload, b, device, dtype=dtype)
         if runner.channels_last:

@@ -31,8 +31,8 @@ from profiler import inventory
 from profiler.compute import StepRunner
 from profiler.loader import LoaderOptions, profile_loader
 from profiler.memory import find_max_batch, memory_profile
-from profiler.specs import Workload
 from profiler.sweep import SweepOptions, SweepPoint, run_sweep
+from workloads.specs import Workload
 
 T = TypeVar("T")
 
@@ -87,7 +87,7 @@ def profile_this_rank(
     """Measure this rank: compute curve, memory, loader cost, device facts.
 
     Collective when torch.distributed is initialized with several ranks (the loader is measured in turns), so
-    every rank must call it.  ``slowdown`` emulates a slower device (profiler.emulate.Slowdown) exactly as the
+    every rank must call it.  ``slowdown`` emulates a slower device (workloads.emulate.Slowdown) exactly as the
     trainer applies it; ``loader_workers_cap`` is recorded and bounds the loader scaling run.
     """
     dev = torch.device(device)

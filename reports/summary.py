@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from planner._table import table
+from planner.table import table
 from reports.analysis import Report
 
 

@@ -45,8 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner._json import write_json_atomic, write_text_atomic
     from planner.errors import ValidationError
+    from planner.jsonio import write_json_atomic, write_text_atomic
     from planner.plan import Plan
     from planner.profile import Profile
     from planner.solve import SolveOptions
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run `planner report` directly (python -m reports.cli ...)."""
+    """Run `planner report` directly (python -m apps.cmd_report ...)."""
     from planner.cli import main as planner_main
 
     return planner_main(["report", *(sys.argv[1:] if argv is None else argv)])

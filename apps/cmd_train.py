@@ -77,17 +77,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from apps.distenv import init_from_env, shutdown
+    from apps.train import TrainConfig, auto_plan, train
     from planner.errors import ValidationError
     from planner.plan import Plan
     from planner.profile import Profile
-    from profiler.emulate import parse_rank_floats, parse_rank_ints
-    from profiler.specs import build_workload
-    from runtime.distenv import init_from_env, shutdown
-    from runtime.train import TrainConfig, auto_plan, train
+    from workloads.emulate import parse_rank_floats, parse_rank_ints
+    from workloads.specs import build_workload
 
     if args.auto and args.global_batch is None and args.resume and args.checkpoint:
         # Elastic restart: the global batch is the interrupted run's, read from its checkpoint.
-        from runtime.checkpoint import saved_global_batch
+        from apps.checkpoint import saved_global_batch
 
         args.global_batch = saved_global_batch(args.checkpoint)
     if args.auto and args.global_batch is None:

@@ -15,7 +15,7 @@ from profiler.comm import DDP_BUCKET_BYTES, bucket_sizes
 from profiler.compute import StepRunner
 from profiler.inventory import device_facts, host_profile
 from profiler.loader import LoaderOptions, profile_loader, worker_counts
-from profiler.specs import build_workload, synthetic_batch
+from workloads.specs import build_workload, synthetic_batch
 
 
 @pytest.mark.parametrize(
@@ -106,8 +106,8 @@ class _OomAbove(nn.Module):
 
 def test_out_of_memory_is_caught_and_the_largest_batch_found() -> None:
     from profiler.memory import find_max_batch
-    from profiler.specs import Workload
     from profiler.sweep import SweepOptions, run_sweep
+    from workloads.specs import Workload
 
     w = Workload(model_fn=lambda: _OomAbove(40), dataset=torch.utils.data.TensorDataset(torch.zeros(1, 4)),
                  num_classes=3, sample_shape=(4,), loss_fn=nn.functional.cross_entropy, name="oom", has_batchnorm=False)

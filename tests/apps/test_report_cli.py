@@ -112,7 +112,7 @@ def test_report_module_does_not_import_matplotlib_or_torch_at_import_time() -> N
     import subprocess
     import sys
 
-    code = ("import sys, reports, reports.cli; "
+    code = ("import sys, reports, apps.cmd_report; "
             "bad = [m for m in ('matplotlib', 'torch') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[2])

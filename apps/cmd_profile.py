@@ -12,11 +12,11 @@ import sys
 from datetime import timedelta
 from typing import Any
 
-from planner._table import table
 from planner.errors import ValidationError
 from planner.profile import Profile
-from profiler.emulate import parse_rank_floats, parse_rank_ints
+from planner.table import table
 from profiler.sweep import parse_batch_sizes
+from workloads.emulate import parse_rank_floats, parse_rank_ints
 
 HELP = "measure step time, memory, loader cost and all-reduce on each rank"
 EPILOG = """\
@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from profiler import run as prun
-    from profiler.specs import build_workload
     from profiler.sweep import SweepOptions
+    from workloads.specs import build_workload
 
     workload = build_workload(args.model, args.dataset, image_size=args.image_size, num_classes=args.num_classes)
     overrides: dict[str, Any] = {}

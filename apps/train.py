@@ -31,19 +31,19 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 import planner
+from apps.checkpoint import load_checkpoint, save_checkpoint
+from apps.distenv import DistEnv, all_gather_object, broadcast_object, sync_device
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
 from profiler.compute import use_channels_last
-from profiler.emulate import Slowdown
-from profiler.specs import Workload, build_workload
-from runtime.checkpoint import load_checkpoint, save_checkpoint
-from runtime.distenv import DistEnv, all_gather_object, broadcast_object, sync_device
 from runtime.replan import Replanner
 from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler
 from runtime.timing import StepTimer
 from runtime.weighting import loss_scale, register_weighted_hook
+from workloads.emulate import Slowdown
+from workloads.specs import Workload, build_workload
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -71,7 +71,7 @@ class TrainConfig:
     data_on_device: bool = False
     """Skip the DataLoader: synthetic inputs made on the device (isolates compute skew; the loader is not run)."""
     slowdown: float = 1.0
-    """Emulated compute factor of this rank (profiler.emulate.Slowdown), applied from the first epoch."""
+    """Emulated compute factor of this rank (workloads.emulate.Slowdown), applied from the first epoch."""
     slowdown_late: float | None = None
     """If set, the factor used from epoch `slowdown_from_epoch` on (a mid-run slowdown)."""
     slowdown_from_epoch: int = 0
@@ -140,7 +140,7 @@ class _DeviceBatches:
         return len(self.batch_sampler)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        from profiler.specs import synthetic_batch
+        from workloads.specs import synthetic_batch
 
         for idx in self.batch_sampler:
             n = len(idx)

@@ -73,7 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from planner.errors import ValidationError
-    from profiler.emulate import parse_rank_floats, parse_rank_ints
+    from workloads.emulate import parse_rank_floats, parse_rank_ints
 
     if args.nproc < 1:
         raise ValidationError(f"--nproc must be >= 1, got {args.nproc}")
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         print(format_bench(result) + "\n", flush=True)
         runs.append(result)
     if args.json:
-        from planner._json import write_json_atomic
+        from planner.jsonio import write_json_atomic
 
         write_json_atomic(args.json, runs[0] if len(runs) == 1 else {"runs": runs})
         print(f"wrote {args.json}")
@@ -146,8 +146,8 @@ def _worker(rank: int, nproc: int, store_path: str, opts: dict[str, Any], out_pa
     import torch
     import torch.distributed as dist
 
-    from profiler.emulate import parse_rank_floats, parse_rank_ints
-    from runtime.distenv import DistEnv, rank_device_spec, resolve_device
+    from apps.distenv import DistEnv, rank_device_spec, resolve_device
+    from workloads.emulate import parse_rank_floats, parse_rank_ints
 
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank)})
     spec, all_cuda = rank_device_spec(opts["device"], opts["rank_devices"], rank, nproc)
@@ -168,7 +168,7 @@ def _worker(rank: int, nproc: int, store_path: str, opts: dict[str, Any], out_pa
         cap = parse_rank_ints(opts["emulate_loader"]).get(rank)
         result = _bench_rank(env, opts, slow, late, cap)
         if rank == 0:
-            from planner._json import write_json_atomic
+            from planner.jsonio import write_json_atomic
 
             write_json_atomic(out_path, result)
         dist.barrier()
@@ -182,11 +182,11 @@ def _worker(rank: int, nproc: int, store_path: str, opts: dict[str, Any], out_pa
 
 def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None, cap: int | None) -> dict[str, Any]:
     import planner
+    from apps.distenv import all_gather_object, broadcast_object
+    from apps.train import TrainConfig, channels_last_for, train
     from planner.profile import Profile
     from profiler.run import gather_profile, profile_this_rank
-    from profiler.specs import build_workload
-    from runtime.distenv import all_gather_object, broadcast_object
-    from runtime.train import TrainConfig, channels_last_for, train
+    from workloads.specs import build_workload
 
     on_device = opts["data"] == "device"
     workload = build_workload(opts["model"], opts["dataset"], image_size=opts["image_size"],
@@ -387,7 +387,7 @@ def _torch_version() -> str:
 
 
 def format_bench(result: dict[str, Any]) -> str:
-    from planner._table import table
+    from planner.table import table
 
     rows = []
     for name in (*STRATEGIES, "ideal"):

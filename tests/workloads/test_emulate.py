@@ -11,9 +11,9 @@ from torch import nn
 
 from planner.errors import ValidationError
 from profiler.compute import StepRunner
-from profiler.emulate import Slowdown, parse_rank_floats, parse_rank_ints
-from profiler.specs import build_workload, synthetic_batch
 from tests._dist import run_distributed
+from workloads.emulate import Slowdown, parse_rank_floats, parse_rank_ints
+from workloads.specs import build_workload, synthetic_batch
 
 
 def test_parse_rank_floats_and_ints() -> None:
