@@ -24,7 +24,6 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
-from datetime import timedelta
 from typing import Any
 
 HELP = "compare equal split, proportional, plan and re-plan side by side"
@@ -121,23 +120,14 @@ def _uses_cuda(args: argparse.Namespace) -> bool:
 
 
 def _launch(opts: dict[str, Any], nproc: int, timeout_s: float) -> dict[str, Any]:
-    import torch.multiprocessing as mp
+    from apps.launch import spawn
 
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        ctx = mp.start_processes(_worker, args=(nproc, os.path.join(tmp, "store"), opts, out), nprocs=nproc,
-                                 join=False, start_method="spawn")
         try:
-            deadline = time.monotonic() + timeout_s
-            while not ctx.join(timeout=1.0, grace_period=5.0):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"bench did not finish in {timeout_s:.0f} s (raise --timeout)")
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-                p.join()
+            spawn(_worker, nproc, (opts, out), timeout_s=timeout_s, what="bench")
+        except TimeoutError:
+            raise RuntimeError(f"bench did not finish in {timeout_s:.0f} s (raise --timeout)") from None
         with open(out, encoding="utf-8") as f:
             return dict(json.load(f))
 
@@ -146,22 +136,15 @@ def _worker(rank: int, nproc: int, store_path: str, opts: dict[str, Any], out_pa
     import torch
     import torch.distributed as dist
 
-    from apps.distenv import DistEnv, rank_device_spec, resolve_device
+    from apps.distenv import init_from_env, shutdown
     from workloads.emulate import parse_rank_floats, parse_rank_ints
 
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank)})
-    spec, all_cuda = rank_device_spec(opts["device"], opts["rank_devices"], rank, nproc)
-    device = resolve_device(spec, rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    else:
+    env = init_from_env(opts["device"], opts["rank_devices"], timeout_s=300.0,
+                        store=dist.FileStore(store_path, nproc))
+    if env.device.type == "cpu":
         # CPU ranks share the host: split its cores so they don't oversubscribe each other.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
-    backend = "nccl" if all_cuda else "gloo"
-    store = dist.FileStore(store_path, nproc)
-    kw: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend, store=store, rank=rank, world_size=nproc, timeout=timedelta(seconds=300), **kw)
-    env = DistEnv(rank=rank, world_size=nproc, local_rank=rank, device=device, backend=backend)
     try:
         slow = parse_rank_floats(opts["emulate_slowdown"]).get(rank, 1.0)
         late = parse_rank_floats(opts["late_slowdown"], flag="--late-slowdown").get(rank)
@@ -173,7 +156,7 @@ def _worker(rank: int, nproc: int, store_path: str, opts: dict[str, Any], out_pa
             write_json_atomic(out_path, result)
         dist.barrier()
     finally:
-        dist.destroy_process_group()
+        shutdown(env)
     # Done and written: skip interpreter teardown, where gloo's worker threads can abort a finished process.
     sys.stdout.flush()
     sys.stderr.flush()
@@ -182,8 +165,8 @@ def _worker(rank: int, nproc: int, store_path: str, opts: dict[str, Any], out_pa
 
 def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None, cap: int | None) -> dict[str, Any]:
     import planner
-    from apps.distenv import all_gather_object, broadcast_object
     from apps.train import TrainConfig, channels_last_for, train
+    from collectives import all_gather_json, broadcast_json
     from planner.profile import Profile
     from profiler.run import gather_profile, profile_this_rank
     from workloads.specs import build_workload
@@ -198,7 +181,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     rp = profile_this_rank(workload, env.device, quick=opts["quick"], slowdown=slow, loader_workers_cap=cap,
                            amp=opts["amp"], rank=env.rank, measure_loader=not on_device, channels_last=cl)
     prof = gather_profile(rp, workload=workload)
-    profile = Profile.from_dict(broadcast_object(prof.to_dict() if prof else None, env))
+    profile = Profile.from_dict(broadcast_json(prof.to_dict() if prof else None))
     if env.is_main and opts.get("profile_out"):
         profile.save(opts["profile_out"])
     profile_s = time.perf_counter() - t0
@@ -223,7 +206,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
         out[name] = _summary(epochs[-1], p, timed=name != "equal")
     if "plan+replan" in opts["strategies"]:
         cfg = replace(base, epochs=int(opts["replan_epochs"]), replan=True, slowdown_late=late or slow,
-                      slowdown_from_epoch=1, replan_smoothing=1.0)
+                      slowdown_from_epoch=1)
         epochs = train(cfg, env, plan, profile, workload)
         s = _summary(epochs[-1], plan)
         s["epochs"] = [{"epoch": e.epoch, "samples_per_s": e.samples_per_s, "step_time_s": e.step_time_s,
@@ -235,13 +218,13 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     else:
         w = plan.ranks[env.rank].num_workers if cap is None else min(cap, plan.ranks[env.rank].num_workers)
         mine = _standalone_loader_step_s(workload, env.device, plan.batch_sizes[env.rank], w, slow, opts, cl)
-    alone = all_gather_object(mine, env)
+    alone = all_gather_json(mine)
     ideal = sum(b / t for b, t in zip(plan.batch_sizes, alone, strict=True))
     out["ideal"] = {"samples_per_s": ideal, "standalone_step_time_s": alone, "batch_sizes": list(plan.batch_sizes),
                     "predicted_samples_per_s": plan.predicted.ideal_samples_per_s}
     if opts["late_slowdown"]:  # the same condition on every rank: the gather below is a collective
         out["ideal"]["after_late_slowdown_samples_per_s"] = _after_slowdown_ideal(
-            profile, B, min_batch, all_gather_object((slow, late or slow), env), env)
+            profile, B, min_batch, all_gather_json([slow, late or slow]))
     eq_sps = out.get("equal", {}).get("samples_per_s")
     for s in out.values():
         if eq_sps and "samples_per_s" in s:
@@ -250,7 +233,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     out["meta"] = {
         "world_size": W, "global_batch": B, "model": opts["model"], "amp": opts["amp"],
         "data": "synthetic on device (loader excluded)" if on_device else f"DataLoader over {opts['dataset']}",
-        "devices": all_gather_object(_device_name(env.device), env),
+        "devices": all_gather_json(_device_name(env.device)),
         "emulate_slowdown": opts["emulate_slowdown"], "emulate_loader": opts["emulate_loader"],
         "late_slowdown": opts["late_slowdown"], "heterogeneity": opts.get("label") or _label(opts),
         "steps_per_strategy": opts["steps"], "profile_s": round(profile_s, 2), "torch": _torch_version(),
@@ -262,34 +245,18 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
 def proportional_split(profile: Any, B: int, min_batch: int) -> list[int]:
     """Batch proportional to throughput at the equal batch (largest-remainder rounding, >= min_batch)."""
     from planner.curves import fit_envelope
+    from planner.rounding import largest_remainder
 
-    W = profile.world_size
-    b_eq = B / W
+    b_eq = B / profile.world_size
     speed = [b_eq / fit_envelope(r.compute)(b_eq) for r in profile.by_rank]
-    raw = [B * s / sum(speed) for s in speed]
-    out = [max(min_batch, int(x)) for x in raw]
-    order = sorted(range(W), key=lambda i: raw[i] - int(raw[i]), reverse=True)
-    k = 0
-    while sum(out) < B:
-        out[order[k % W]] += 1
-        k += 1
-    while sum(out) > B:
-        i = max(range(W), key=lambda j: out[j])
-        out[i] -= 1
-    return out
+    return largest_remainder([B * s / sum(speed) for s in speed], B, lo=min_batch)
 
 
-def _after_slowdown_ideal(profile: Any, B: int, min_batch: int, factors: list[tuple[float, float]], env: Any) -> float:
+def _after_slowdown_ideal(profile: Any, B: int, min_batch: int, factors: list[list[float]]) -> float:
     """Predicted ideal throughput once the late slowdown is in force (profile curves rescaled by late/early)."""
     import planner
-    from planner.profile import ComputePoint, Profile
 
-    ranks = []
-    for r, (early, late) in zip(profile.by_rank, factors, strict=True):
-        f = late / early
-        ranks.append(replace(r, compute=tuple(ComputePoint(batch_size=p.batch_size, step_time_s=p.step_time_s * f)
-                                                for p in r.compute)))
-    scaled = Profile(hosts=profile.hosts, ranks=tuple(ranks), model=profile.model, comm=profile.comm)
+    scaled = profile.scaled([late / early for early, late in factors])
     # the physical limit: the optimum's ideal, not the equal split's that min_gain may keep
     return float(planner.solve(scaled, global_batch=B, min_batch=min_batch, min_gain=0.0).predicted.ideal_samples_per_s)
 

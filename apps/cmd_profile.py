@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from datetime import timedelta
 from typing import Any
 
 from planner.errors import ValidationError
@@ -76,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from apps.distenv import resolve_device
     from profiler import run as prun
     from profiler.sweep import SweepOptions
     from workloads.specs import build_workload
@@ -101,14 +101,13 @@ def run(args: argparse.Namespace) -> int:
     if args.devices:
         devices = [d.strip() for d in args.devices.split(",") if d.strip()]
         for d in devices:
-            _check_device(d, torch)
+            resolve_device(d, 0)  # a clear error for a device this machine lacks, before anything is measured
         profile: Profile | None = prun.profile_devices(workload, devices, slowdowns=slowdowns, loader_caps=loader_caps,
                                                        meta=meta, on_point=_progress(0), **common)
     elif distributed:
         profile = _run_distributed(args, workload, slowdowns, loader_caps, meta, common, torch, prun)
     else:
-        device = _resolve_device(args.device, 0, torch)
-        _check_device(device, torch)
+        device = str(resolve_device(args.device, 0))
         rp = prun.profile_this_rank(workload, device, slowdown=slowdowns.get(0, 1.0),
                                     loader_workers_cap=loader_caps.get(0), on_point=_progress(0), **common)
         profile = prun.gather_profile(rp, workload=workload, meta=meta)
@@ -121,49 +120,27 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_distributed(args: argparse.Namespace, workload: Any, slowdowns: dict[int, float], loader_caps: dict[int, int],
                      meta: dict[str, Any], common: dict[str, Any], torch: Any, prun: Any) -> Profile | None:
-    import torch.distributed as dist
-
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world = int(os.environ["WORLD_SIZE"])
     for r in list(slowdowns) + list(loader_caps):
         if r >= world:
             raise ValidationError(f"--emulate-*: rank {r} does not exist in a job of {world} ranks (0..{world - 1})")
-    device = _resolve_device(args.device, local_rank, torch)
-    _check_device(device, torch)
-    if device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(device))
     # gloo for the control traffic works for every mix of devices; gather_profile times NCCL when all are CUDA.
-    dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout_s))
+    from apps.distenv import init_from_env, shutdown
+
+    env = init_from_env(args.device, backend="gloo", timeout_s=args.pg_timeout_s)
     try:
         _, on_host, _ = prun.host_layout()
-        if device == "cpu":
+        if env.device.type == "cpu":
             # CPU ranks sharing a host split its cores, as they will in training.
             from profiler.loader import usable_cores
 
             torch.set_num_threads(max(1, usable_cores() // on_host))
-        rp = prun.profile_this_rank(workload, device, slowdown=slowdowns.get(rank, 1.0),
-                                    loader_workers_cap=loader_caps.get(rank), on_point=_progress(rank), **common)
+        rp = prun.profile_this_rank(workload, str(env.device), slowdown=slowdowns.get(env.rank, 1.0),
+                                    loader_workers_cap=loader_caps.get(env.rank), on_point=_progress(env.rank),
+                                    **common)
         return prun.gather_profile(rp, workload=workload, meta={**meta, "world_size": world})  # type: ignore[no-any-return]
     finally:
-        dist.destroy_process_group()
-
-
-def _resolve_device(spec: str, local_rank: int, torch: Any) -> str:
-    if spec == "auto":
-        return f"cuda:{local_rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu"
-    return spec
-
-
-def _check_device(spec: str, torch: Any) -> None:
-    if spec == "cpu":
-        return
-    kind, _, idx = spec.partition(":")
-    if kind != "cuda" or (idx and not idx.isdigit()):
-        raise ValidationError(f"--device: expected auto, cpu or cuda:N, got {spec!r}")
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if int(idx or 0) >= n:
-        raise ValidationError(f"--device {spec}: this machine has {n} visible CUDA device(s); use cpu or cuda:0..{n - 1}"
-                              if n else f"--device {spec}: no CUDA device is visible here; use --device cpu")
+        shutdown(env)
 
 
 def _progress(rank: int) -> Any:

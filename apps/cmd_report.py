@@ -39,36 +39,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="HTML report path, written atomically (default report.html)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write every number of the report as JSON")
     p.add_argument("--title", default="ddp-planner capacity report", help="page title")
-    add_solve_arguments(p, min_batch_default=None,
-                        min_batch_help="smallest local batch per rank for re-solves (default: the plan's min batch)")
+    add_solve_arguments(p, from_plan=True)
     p.add_argument("--quiet", action="store_true", help="do not print the terminal summary")
 
 
 def run(args: argparse.Namespace) -> int:
+    from planner.cmd_plan import solve_options_from_args
     from planner.errors import ValidationError
     from planner.jsonio import write_json_atomic, write_text_atomic
     from planner.plan import Plan
     from planner.profile import Profile
-    from planner.solve import SolveOptions
+    from planner.runlog import read_run_log
+    from planner.solve import solve
     from reports.analysis import analyze
     from reports.figures import render_all
     from reports.html import render_html
-    from reports.runlog import read_run_log
     from reports.summary import format_summary
-    from reports.whatif import solve_with
 
     profile = Profile.load(args.profile)
     log = read_run_log(args.log) if args.log else None
-    opts_kw = dict(max_batch_per_rank=args.max_batch_per_rank, memory_headroom=args.memory_headroom,
-                   cpu_reserve_per_rank=args.cpu_reserve_per_rank, max_workers_per_rank=args.max_workers_per_rank,
-                   min_gain=args.min_gain)
     if args.plan:
         plan = Plan.load(args.plan)
     elif log is not None and log.start_plan is not None and args.global_batch is None:
         plan = log.start_plan
     elif args.global_batch is not None:
-        opts = SolveOptions(min_batch=args.min_batch or 1, **opts_kw)  # type: ignore[arg-type]
-        plan = solve_with(profile, args.global_batch, opts)
+        plan = solve(profile, global_batch=args.global_batch, options=solve_options_from_args(args))
     else:
         raise ValidationError("planner report needs --plan PATH or --global-batch B (or a --log whose start event "
                               "holds the plan)")
@@ -79,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     if made_from and made_from != profile.fingerprint():
         print(f"warning: the plan was solved from another profile ({made_from}, this one is "
               f"{profile.fingerprint()}); predictions below use this profile", file=sys.stderr)
-    opts = SolveOptions(min_batch=args.min_batch or plan.min_batch, **opts_kw)  # type: ignore[arg-type]
+    # The report's re-solves (what-ifs, scaling, sweep) use the plan's own options unless a flag says otherwise.
+    opts = solve_options_from_args(args, plan.options)
     rep = analyze(profile, plan, opts, dataset_size=args.dataset_size, log=log)
     page = render_html(rep, render_all(rep), title=args.title)
     write_text_atomic(args.out, page)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 HELP = "train with a plan under torchrun (reference trainer)"
 DESCRIPTION = (
@@ -78,18 +79,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from apps.distenv import init_from_env, shutdown
-    from apps.train import TrainConfig, auto_plan, train
+    from apps.train import auto_plan, train
     from planner.errors import ValidationError
     from planner.plan import Plan
     from planner.profile import Profile
     from workloads.emulate import parse_rank_floats, parse_rank_ints
     from workloads.specs import build_workload
 
-    if args.auto and args.global_batch is None and args.resume and args.checkpoint:
-        # Elastic restart: the global batch is the interrupted run's, read from its checkpoint.
+    if args.resume and args.checkpoint:
+        # Read (and check: data only, docs/SECURITY.md) the checkpoint before anything is profiled or trained.
+        # Elastic restart with --auto: the global batch is the interrupted run's.
         from apps.checkpoint import saved_global_batch
 
-        args.global_batch = saved_global_batch(args.checkpoint)
+        saved = saved_global_batch(args.checkpoint)
+        if args.auto and args.global_batch is None:
+            args.global_batch = saved
     if args.auto and args.global_batch is None:
         raise ValidationError("--auto needs --global-batch B (the global batch is your convergence choice)")
     # Caught here, before any rank starts: 0 samples was silently read as "the default", a negative count
@@ -105,18 +109,7 @@ def run(args: argparse.Namespace) -> int:
     env = init_from_env(args.device, args.rank_devices)
     finished = False
     try:
-        cfg = TrainConfig(
-            model=args.model, dataset=args.dataset, image_size=args.image_size, num_samples=args.num_samples,
-            epochs=args.epochs, max_steps_per_epoch=args.max_steps_per_epoch, lr=args.lr, amp=args.amp,
-            seed=args.seed, replan=args.replan, replan_threshold=args.replan_threshold,
-            data_on_device=args.data_on_device,
-            slowdown=1.0 if args.emulate_slowdown_from_epoch > 0 else slowdowns.get(env.rank, 1.0),
-            slowdown_late=slowdowns.get(env.rank, 1.0), slowdown_from_epoch=args.emulate_slowdown_from_epoch, loader_workers_cap=loader_caps.get(env.rank),
-            log_path=args.log, checkpoint_dir=args.checkpoint, checkpoint_every=args.checkpoint_every,
-            resume=args.resume, weighting=args.weighting.replace("-", "_"),
-            trace_path=args.trace_file.replace("{rank}", str(env.rank)) if args.trace_file else None,
-            mixed_devices=env.device.type == "cuda" and env.backend == "gloo",
-        )
+        cfg = config_from_args(args, env, slowdowns, loader_caps)
         workload = build_workload(cfg.model, cfg.dataset, image_size=cfg.image_size, num_samples=cfg.num_samples)
         profile = Profile.load(args.profile) if args.profile else None
         if args.auto:
@@ -142,3 +135,23 @@ def run(args: argparse.Namespace) -> int:
         if finished:
             shutdown(env)
     return 0
+
+
+def config_from_args(args: argparse.Namespace, env: Any, slowdowns: dict[int, float],
+                     loader_caps: dict[int, int]) -> Any:
+    """This rank's TrainConfig from the command line (the config checks itself on construction)."""
+    from apps.train import TrainConfig
+
+    late = args.emulate_slowdown_from_epoch > 0
+    return TrainConfig(
+        model=args.model, dataset=args.dataset, image_size=args.image_size, num_samples=args.num_samples,
+        epochs=args.epochs, max_steps_per_epoch=args.max_steps_per_epoch, lr=args.lr, amp=args.amp,
+        seed=args.seed, replan=args.replan, replan_threshold=args.replan_threshold,
+        data_on_device=args.data_on_device,
+        slowdown=1.0 if late else slowdowns.get(env.rank, 1.0), slowdown_late=slowdowns.get(env.rank, 1.0),
+        slowdown_from_epoch=args.emulate_slowdown_from_epoch, loader_workers_cap=loader_caps.get(env.rank),
+        log_path=args.log, checkpoint_dir=args.checkpoint, checkpoint_every=args.checkpoint_every,
+        resume=args.resume, weighting=args.weighting.replace("-", "_"),
+        trace_path=args.trace_file.replace("{rank}", str(env.rank)) if args.trace_file else None,
+        mixed_devices=env.device.type == "cuda" and env.backend == "gloo",
+    )

@@ -1,4 +1,7 @@
-"""Process-group setup from torchrun's environment, device choice per rank, and small collective helpers."""
+"""Process-group set-up for every program: from torchrun's environment (or a FileStore), one device per rank.
+
+What ranks exchange afterwards goes through ``collectives`` (JSON over tensors, never pickle).
+"""
 
 from __future__ import annotations
 
@@ -64,8 +67,13 @@ def rank_device_spec(device: str, rank_devices: str | None, rank: int, world_siz
 
 
 def init_from_env(device: str = "auto", rank_devices: str | None = None, *, backend: str | None = None,
-                  timeout_s: float = 120.0) -> DistEnv:
-    """Read RANK/WORLD_SIZE/LOCAL_RANK (torchrun); init NCCL when every rank is on CUDA, gloo otherwise."""
+                  timeout_s: float = 120.0, store: dist.Store | None = None) -> DistEnv:
+    """Read RANK/WORLD_SIZE/LOCAL_RANK (torchrun); init NCCL when every rank is on CUDA, gloo otherwise.
+
+    Without WORLD_SIZE > 1 or MASTER_ADDR (one plain process) no group is made.  ``store`` rendezvous through it
+    instead of MASTER_ADDR (``apps.launch.spawn`` ranks); ``backend`` forces one (the profiler's control traffic
+    is gloo for every device mix).
+    """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -73,31 +81,17 @@ def init_from_env(device: str = "auto", rank_devices: str | None = None, *, back
     dev = resolve_device(spec, local_rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    if world_size == 1 and "MASTER_ADDR" not in os.environ:
+    if world_size == 1 and "MASTER_ADDR" not in os.environ and store is None:
         return DistEnv(rank=0, world_size=1, local_rank=0, device=dev, backend=None)
     chosen = backend or ("nccl" if all_cuda else "gloo")
     if not dist.is_initialized():
         kw: dict[str, Any] = {"backend": chosen, "timeout": timedelta(seconds=timeout_s)}
         if chosen == "nccl":
             kw["device_id"] = dev
+        if store is not None:
+            kw.update(store=store, rank=rank, world_size=world_size)
         dist.init_process_group(**kw)
     return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, backend=chosen)
-
-
-def broadcast_object(obj: Any, env: DistEnv, src: int = 0) -> Any:
-    if not env.distributed:
-        return obj
-    box = [obj if env.rank == src else None]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
-
-
-def all_gather_object(obj: Any, env: DistEnv) -> list[Any]:
-    if not env.distributed:
-        return [obj]
-    out: list[Any] = [None] * env.world_size
-    dist.all_gather_object(out, obj)
-    return out
 
 
 def sync_device(device: torch.device) -> None:

@@ -7,10 +7,13 @@ Usage (every rank runs the same command)::
 
 Per epoch: ``sampler.set_epoch`` -> a DataLoader over the HeteroBatchSampler (this rank's planned batch size and
 workers) -> DDP, each rank's mean loss scaled by n_i * W / n (exact global mean over uneven batches; or the
-weighted comm hook with ``weighting='hook'``) -> StepTimer stats ->
-optionally the Replanner, whose new plan the sampler adopts at the next epoch start.  The first collective is
-the agreement check (world size, plan fingerprint, dataset length, seed): ranks launched inconsistently fail
-with one clear error instead of hanging.
+weighted comm hook with ``weighting='hook'``) -> StepTimer stats -> optionally the Replanner, whose new plan the
+sampler adopts at the next epoch start.  The first collective is the agreement check (world size, plan
+fingerprint, dataset length, seed): ranks launched inconsistently fail with one clear error instead of hanging.
+
+The pieces: ``TrainConfig`` (what the user asked, checked on construction), ``Run`` (everything one run holds:
+model, optimizer, sampler, loader, timer, re-planner, log), ``setup`` builds it, ``run_epoch`` trains one epoch,
+``end_epoch`` re-plans, logs and checkpoints, ``train`` loops.
 """
 
 from __future__ import annotations
@@ -19,11 +22,10 @@ import contextlib
 import copy
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 import torch
 import torch.distributed as dist
@@ -32,10 +34,12 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 import planner
 from apps.checkpoint import load_checkpoint, save_checkpoint
-from apps.distenv import DistEnv, all_gather_object, broadcast_object, sync_device
+from apps.distenv import DistEnv, sync_device
+from collectives import all_gather_json, decide_on_rank0
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
+from planner.runlog import EndRecord, EpochRecord, ResizeRecord, RunLogWriter, StartRecord
 from profiler.compute import use_channels_last
 from runtime.replan import Replanner
 from runtime.safety import check_agreement, check_batchnorm
@@ -43,7 +47,10 @@ from runtime.sampler import HeteroBatchSampler
 from runtime.timing import StepTimer
 from runtime.weighting import loss_scale, register_weighted_hook
 from workloads.emulate import Slowdown
-from workloads.specs import Workload, build_workload
+from workloads.specs import Workload, build_workload, synthetic_batch
+
+STRATEGIES = ("plan", "equal")
+WEIGHTINGS = ("loss_scale", "hook")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,13 +68,14 @@ class TrainConfig:
     seed: int = 0
     replan: bool = False
     replan_threshold: float = 0.05
-    replan_smoothing: float = 0.8
+    replan_smoothing: float | None = None
+    """EMA weight of the newest epoch in the re-planner's model (None: the Replanner's documented default)."""
     strategy: str = "plan"
     """'plan' (HeteroBatchSampler + exact weighting) or 'equal' (torch DistributedSampler + plain DDP)."""
     weighting: str = "loss_scale"
     """How 'plan' weights uneven batches exactly: 'loss_scale' (the mean loss times n_i * W / n through DDP's own
     C++ all-reduce; also exact with SyncBatchNorm) or 'hook' (``register_weighted_hook``, a Python comm hook).
-    Same parameters to 1e-10 (tests/runtime/test_train_weighting.py); cost in docs/BENCHMARKS.md section 9."""
+    Same parameters to 1e-10 (tests/apps/test_train_weighting.py); cost in docs/BENCHMARKS.md section 9."""
     data_on_device: bool = False
     """Skip the DataLoader: synthetic inputs made on the device (isolates compute skew; the loader is not run)."""
     slowdown: float = 1.0
@@ -87,6 +95,27 @@ class TrainConfig:
     trace_path: str | None = None
     """Write every (epoch, step, rank, indices) to this file (tests of resume; one file per rank)."""
 
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValidationError(f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        if self.weighting not in WEIGHTINGS:
+            raise ValidationError(f"weighting must be 'loss_scale' or 'hook', got {self.weighting!r}")
+        for name, low in (("epochs", 1), ("num_samples", 1), ("max_steps_per_epoch", 1), ("checkpoint_every", 0),
+                          ("slowdown_from_epoch", 0), ("loader_workers_cap", 0), ("image_size", 1)):
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ValidationError(f"{name} must be >= {low}, got {value}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValidationError(f"lr must be a positive finite number, got {self.lr}")
+        for name in ("slowdown", "slowdown_late"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 1.0):
+                raise ValidationError(f"{name} must be a finite factor >= 1, got {value}")
+        if not self.replan_threshold >= 0:
+            raise ValidationError(f"replan_threshold must be >= 0, got {self.replan_threshold}")
+        if self.resume and not self.checkpoint_dir:
+            raise ValidationError("resume needs a checkpoint folder (--checkpoint DIR)")
+
 
 @dataclass(kw_only=True, slots=True)
 class EpochResult:
@@ -100,20 +129,40 @@ class EpochResult:
     replan: dict[str, Any] | None = None
 
 
-class RunLog:
-    """JSON-lines run log written by rank 0 (the report reads it); a no-op elsewhere."""
+@dataclass(kw_only=True, slots=True)
+class Run:
+    """Everything one training run holds; ``setup`` makes it, the epoch functions advance it."""
 
-    def __init__(self, path: str | None, enabled: bool) -> None:
-        self._f = open(path, "a", encoding="utf-8") if path and enabled else None
+    cfg: TrainConfig
+    env: DistEnv
+    workload: Workload
+    plan: Plan
+    model: torch.nn.Module
+    """The bare module (checkpoints, emulated extra work)."""
+    ddp: torch.nn.Module
+    """What the step calls: DDP-wrapped under a process group, else the bare module."""
+    optimizer: torch.optim.Optimizer
+    timer: StepTimer
+    hetero: HeteroBatchSampler | None
+    """The planned sampler (strategy 'plan'); None under 'equal'."""
+    batch_sampler: Any
+    dsampler: DistributedSampler[int] | None
+    scale_loss: bool
+    channels_last: bool
+    replanner: Replanner | None
+    log: RunLogWriter
+    loader: Any = None
+    trace: IO[str] | None = None
+    start_epoch: int = 0
+    start_step: int = 0
 
-    def write(self, record: dict[str, Any]) -> None:
-        if self._f is not None:
-            self._f.write(json.dumps(record, allow_nan=False, default=str) + "\n")
-            self._f.flush()
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return self.hetero.batch_sizes if self.hetero is not None else self.plan.batch_sizes
 
-    def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
+    def say(self, text: str) -> None:
+        if self.env.is_main and not self.cfg.quiet:
+            print(text, flush=True)
 
 
 def _autocast(cfg: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -140,8 +189,6 @@ class _DeviceBatches:
         return len(self.batch_sampler)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        from workloads.specs import synthetic_batch
-
         for idx in self.batch_sampler:
             n = len(idx)
             if n not in self._cache:
@@ -168,11 +215,22 @@ def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_wo
     )
 
 
-def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
-          workload: Workload | None = None, on_epoch: Callable[[EpochResult], None] | None = None) -> list[EpochResult]:
-    """Train `cfg.epochs` epochs on this rank with `plan`; collective (every rank calls it)."""
-    workload = workload or build_workload(cfg.model, cfg.dataset, image_size=cfg.image_size,
-                                          num_samples=cfg.num_samples)
+def close_compute_on_last_gradient(model: torch.nn.Module, timer: StepTimer) -> None:
+    """Close the timer's compute span when backward accumulates the model's first parameter's gradient.
+
+    The first parameter (the input layer's weight) gets its gradient last in backward, so this marks "local
+    compute done" -- before DDP's final all-reduce wait, like the comm hook's ``on_last_bucket`` -- with one
+    Python call per step and no comm hook. A step where it does not fire (an unused first parameter) falls back to
+    the after-``backward()`` call, which includes the wait for peers.
+    """
+    first = next((p for p in model.parameters() if p.requires_grad), None)
+    if first is not None:
+        first.register_post_accumulate_grad_hook(lambda _p: timer.compute_end())
+
+
+# -- set-up -------------------------------------------------------------------------------------------------
+def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, workload: Workload) -> Run:
+    """Model, sampler, DDP, weighting, optimizer and re-planner for this rank (collective: the agreement check)."""
     device = env.device
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts them)
     model = workload.model_fn().to(device)
@@ -194,21 +252,20 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
             f"the model has BatchNorm but the plan gives rank {plan.batch_sizes.index(min(plan.batch_sizes))} a batch "
             f"of {min(plan.batch_sizes)}; re-plan with --min-batch 2 (or convert to SyncBatchNorm)"
         )
+    hetero: HeteroBatchSampler | None = None
+    dsampler: DistributedSampler[int] | None = None
     if cfg.strategy == "equal":
         if len(set(plan.batch_sizes)) != 1:
             raise ValidationError(f"strategy 'equal' needs an equal split, got {list(plan.batch_sizes)}")
         indices: Any = range(dataset_len)  # DistributedSampler only needs len()
-        dsampler: DistributedSampler[int] = DistributedSampler(indices, num_replicas=env.world_size, rank=env.rank,
-                                                               shuffle=True, seed=cfg.seed, drop_last=False)
+        dsampler = DistributedSampler(indices, num_replicas=env.world_size, rank=env.rank, shuffle=True,
+                                      seed=cfg.seed, drop_last=False)
         batch_sampler: Any = BatchSampler(dsampler, plan.batch_sizes[env.rank], drop_last=False)
-        hetero: HeteroBatchSampler | None = None
     else:
         hetero = HeteroBatchSampler.from_plan(plan, env.rank, dataset_len, seed=cfg.seed, min_batch=min_batch)
         batch_sampler = hetero
-    ddp: torch.nn.Module = model
     timer = StepTimer(device)
-    if cfg.weighting not in ("loss_scale", "hook"):
-        raise ValidationError(f"weighting must be 'loss_scale' or 'hook', got {cfg.weighting!r}")
+    ddp: torch.nn.Module = model
     scale_loss = False
     if env.distributed:
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -217,99 +274,44 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
         elif hetero is not None:
             scale_loss = True
             close_compute_on_last_gradient(model, timer)
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
     replanner = None
     if cfg.replan and hetero is not None and profile is not None:
-        # The plan's own solve options (headroom, worker limits...) apply to every re-plan too.
-        opts = {k: v for k, v in dict(plan.solver.get("options") or {}).items() if k != "min_batch"}
-        replanner = Replanner(profile, plan, threshold=cfg.replan_threshold, smoothing=cfg.replan_smoothing,
-                              solve_kwargs=opts or None)
-    start_epoch, start_step = 0, 0
-    resize_event: dict[str, Any] | None = None
-    if cfg.resume and cfg.checkpoint_dir:
-        state = load_checkpoint(cfg.checkpoint_dir, device)
-        if state is not None:
-            saved = Plan.from_dict(state["plan"])
-            resized = saved.world_size != plan.world_size
-            if resized:
-                plan = _elastic_plan(saved, plan, hetero, state)
-                resize_event = {"event": "resize", "epoch": int(state["epoch"]), "step": int(state["step"]),
-                                "old_world_size": saved.world_size, "new_world_size": plan.world_size,
-                                "old_batch_sizes": list(saved.batch_sizes), "new_batch_sizes": list(plan.batch_sizes)}
-            else:
-                plan = saved
-                if hetero is not None:
-                    hetero.load_state_dict(state["sampler"])
-                if replanner is not None and state.get("replanner"):
-                    replanner.load_state_dict(state["replanner"])
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            start_epoch, start_step = int(state["epoch"]), int(state["step"])
-            if env.is_main and not cfg.quiet:
-                print(f"resumed from {cfg.checkpoint_dir} at epoch {start_epoch} step {start_step}", flush=True)
-    # Opened only once the checkpoint has loaded: a refused resume leaves no new log file behind.
-    log = RunLog(cfg.log_path, env.is_main)
-    if start_step == 0 and start_epoch == 0:
-        log.write({"event": "start", "time": time.time(), "world_size": env.world_size,
-                   "global_batch": plan.global_batch, "strategy": cfg.strategy, "plan": plan.to_dict()})
-    if resize_event is not None:
-        log.write({**resize_event, "time": time.time(), "plan": plan.to_dict()})
-        if env.is_main and not cfg.quiet:
-            print(f"world size {resize_event['old_world_size']} -> {resize_event['new_world_size']}: continuing "
-                  f"epoch {start_epoch} at global step {start_step} with batches {list(plan.batch_sizes)}", flush=True)
-    trace = open(cfg.trace_path, "a", encoding="utf-8") if cfg.trace_path else None
-    early, late = Slowdown(cfg.slowdown), Slowdown(cfg.slowdown_late or cfg.slowdown)
-    results: list[EpochResult] = []
-    num_workers = plan.ranks[env.rank].num_workers
-    loader = make_loader(cfg, workload, batch_sampler, num_workers, device)
-    try:
-        for epoch in range(start_epoch, cfg.epochs):
-            if hetero is not None:
-                hetero.set_epoch(epoch)
-            else:
-                dsampler.set_epoch(epoch)
-            active_slowdown = late if epoch >= cfg.slowdown_from_epoch else early
-            first = start_step if epoch == start_epoch else 0
-            tracer = None
-            if trace is not None and hetero is not None:
-                tracer = iter(copy.deepcopy(hetero))  # same layout, not run ahead by the DataLoader's prefetch
-            epoch_plan = plan
-            res = _run_epoch(cfg, env, epoch, first, plan, ddp, model, optimizer, loader, hetero, timer,
-                             workload, active_slowdown, (trace, tracer), replanner, scale_loss)
-            if replanner is not None and epoch + 1 < cfg.epochs:
-                decision = replanner.step(planner.StepStats.from_dict(res.stats[env.rank]), epoch)
-                res.replan = decision.to_log()
-                log.write(decision.to_log())
-                if decision.adopted and decision.new_plan is not None:
-                    old_workers = plan.ranks[env.rank].num_workers
-                    plan = decision.new_plan
-                    assert hetero is not None
-                    hetero.set_batch_sizes(plan.batch_sizes)
-                    if plan.ranks[env.rank].num_workers != old_workers:
-                        loader = make_loader(cfg, workload, batch_sampler, plan.ranks[env.rank].num_workers, device)
-            log.write({"event": "epoch", "epoch": epoch, "plan_fingerprint": epoch_plan.fingerprint,
-                       "samples_per_s": res.samples_per_s, "step_time_s": res.step_time_s, "loss": res.loss,
-                       "batch_sizes": list(res.batch_sizes), "ranks": res.stats,
-                       "predicted_step_time_s": [r.predicted_step_time_s for r in epoch_plan.ranks]})
-            if cfg.checkpoint_dir and env.is_main:
-                save_checkpoint(cfg.checkpoint_dir, epoch=epoch + 1, step=0, model=model, optimizer=optimizer,
-                                plan=plan, sampler_state=hetero.state_dict(hetero.num_steps) if hetero else None,
-                                replanner=replanner)
-            if env.distributed:
-                dist.barrier()
-            if env.is_main and not cfg.quiet:
-                print(f"epoch {epoch}: {res.samples_per_s:9.1f} samples/s  step {1000 * res.step_time_s:7.2f} ms  "
-                      f"loss {res.loss:.4f}  batches {list(res.batch_sizes)}"
-                      + (f"  re-plan: {res.replan['reason']}" if res.replan else ""), flush=True)
-            results.append(res)
-            if on_epoch is not None:
-                on_epoch(res)
-        log.write({"event": "end", "time": time.time(), "epochs": cfg.epochs})
-    finally:
-        log.close()
-        if trace is not None:
-            trace.close()
-    return results
+        # Every re-plan solves under the plan's own options (headroom, worker limits...): the Replanner's default.
+        kw = {} if cfg.replan_smoothing is None else {"smoothing": cfg.replan_smoothing}
+        replanner = Replanner(profile, plan, threshold=cfg.replan_threshold, **kw)  # type: ignore[arg-type]
+    return Run(cfg=cfg, env=env, workload=workload, plan=plan, model=model, ddp=ddp,
+               optimizer=torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9), timer=timer, hetero=hetero,
+               batch_sampler=batch_sampler, dsampler=dsampler, scale_loss=scale_loss, channels_last=cl,
+               replanner=replanner, log=RunLogWriter(None))
+
+
+def resume(run: Run) -> ResizeRecord | None:
+    """Continue from the checkpoint in ``cfg.checkpoint_dir`` when it holds one; a resize record when the world
+    size changed (an elastic restart)."""
+    cfg, env = run.cfg, run.env
+    if not (cfg.resume and cfg.checkpoint_dir):
+        return None
+    state = load_checkpoint(cfg.checkpoint_dir, env.device)
+    if state is None:
+        return None
+    saved = Plan.from_dict(state["plan"])
+    resize = None
+    if saved.world_size != run.plan.world_size:
+        run.plan = _elastic_plan(saved, run.plan, run.hetero, state)
+        resize = ResizeRecord(time=time.time(), epoch=int(state["epoch"]), step=int(state["step"]),
+                              old_world_size=saved.world_size, new_world_size=run.plan.world_size,
+                              old_batch_sizes=saved.batch_sizes, new_batch_sizes=run.plan.batch_sizes, plan=run.plan)
+    else:
+        run.plan = saved
+        if run.hetero is not None:
+            run.hetero.load_state_dict(state["sampler"])
+        if run.replanner is not None and state.get("replanner"):
+            run.replanner.load_state_dict(state["replanner"])
+    run.model.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.start_epoch, run.start_step = int(state["epoch"]), int(state["step"])
+    run.say(f"resumed from {cfg.checkpoint_dir} at epoch {run.start_epoch} step {run.start_step}")
+    return resize
 
 
 def _elastic_plan(saved: Plan, plan: Plan, hetero: HeteroBatchSampler | None, state: dict[str, Any]) -> Plan:
@@ -335,67 +337,57 @@ def _elastic_plan(saved: Plan, plan: Plan, hetero: HeteroBatchSampler | None, st
     return plan
 
 
-def close_compute_on_last_gradient(model: torch.nn.Module, timer: StepTimer) -> None:
-    """Close the timer's compute span when backward accumulates the model's first parameter's gradient.
-
-    The first parameter (the input layer's weight) gets its gradient last in backward, so this marks "local
-    compute done" -- before DDP's final all-reduce wait, like the comm hook's ``on_last_bucket`` -- with one
-    Python call per step and no comm hook. A step where it does not fire (an unused first parameter) falls back to
-    the after-``backward()`` call, which includes the wait for peers.
-    """
-    first = next((p for p in model.parameters() if p.requires_grad), None)
-    if first is not None:
-        first.register_post_accumulate_grad_hook(lambda _p: timer.compute_end())
+def _checkpoint(run: Run, epoch: int, step: int) -> None:
+    """Rank 0 saves where training resumes: ``epoch`` and ``step`` are the next step to run."""
+    if run.cfg.checkpoint_dir and run.env.is_main:
+        save_checkpoint(run.cfg.checkpoint_dir, epoch=epoch, step=step, model=run.model, optimizer=run.optimizer,
+                        plan=run.plan, sampler_state=run.hetero.state_dict(step) if run.hetero else None,
+                        replanner=run.replanner)
 
 
-def _run_epoch(cfg: TrainConfig, env: DistEnv, epoch: int, first_step: int, plan: Plan, ddp: torch.nn.Module,
-               model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any,
-               hetero: HeteroBatchSampler | None, timer: StepTimer, workload: Workload, slowdown: Slowdown,
-               trace: tuple[Any, Any], replanner: Replanner | None, scale_loss: bool = False) -> EpochResult:
-    device = env.device
-    cl = channels_last_for(workload, device, cfg.mixed_devices)
-    timer.reset()
+# -- one epoch ----------------------------------------------------------------------------------------------
+def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer: Iterator[Any] | None) -> EpochResult:
+    """Train one epoch from global step ``first_step``; collective (every rank's stats are gathered at the end)."""
+    cfg, env, device = run.cfg, run.env, run.env.device
+    run.timer.reset()
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     n_sum = 0
     step = first_step
-    batch_sizes = hetero.batch_sizes if hetero is not None else plan.batch_sizes
-    for x, y in timer.iter_data(loader):
+    batch_sizes = run.batch_sizes
+    for x, y in run.timer.iter_data(run.loader):
         if cfg.max_steps_per_epoch is not None and step - first_step >= cfg.max_steps_per_epoch:
             break
         x = x.to(device, non_blocking=True)
         y = y.to(device, non_blocking=True)
-        if cl and x.dim() == 4:
+        if run.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        if trace[0] is not None:
-            idx = next(trace[1]) if trace[1] is not None else []
-            trace[0].write(json.dumps({"epoch": epoch, "step": step, "rank": env.rank, "indices": idx}) + "\n")
-            trace[0].flush()  # a kill -9 must not lose lines of steps the checkpoint already covers
-        timer.compute_start()
+        if run.trace is not None:
+            idx = next(tracer) if tracer is not None else []
+            run.trace.write(json.dumps({"epoch": epoch, "step": step, "rank": env.rank, "indices": idx}) + "\n")
+            run.trace.flush()  # a kill -9 must not lose lines of steps the checkpoint already covers
+        run.timer.compute_start()
         with _autocast(cfg, device):
-            loss = workload.loss_fn(ddp(x), y)
+            loss = run.workload.loss_fn(run.ddp(x), y)
             # Emulated extra work goes between the real forward and backward: inside the measured compute span,
             # and after DDP's forward-start buffer broadcast, which would otherwise make the peers wait for it.
-            slowdown.apply(ddp, workload.loss_fn, x, y)
-        if scale_loss:  # exact sample-weighted gradient through DDP's averaging all-reduce
-            (loss * loss_scale(hetero, step)).backward()  # type: ignore[arg-type]
+            slowdown.apply(run.ddp, run.workload.loss_fn, x, y)
+        if run.scale_loss:  # exact sample-weighted gradient through DDP's averaging all-reduce
+            (loss * loss_scale(run.hetero, step)).backward()  # type: ignore[arg-type]
         else:
             loss.backward()
-        timer.compute_end()  # ignored when the hook already closed the span (DDP with several ranks)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        run.timer.compute_end()  # ignored when the hook already closed the span (DDP with several ranks)
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
         loss_sum += loss.detach().double() * x.shape[0]
         n_sum += int(x.shape[0])
-        timer.step_end()
+        run.timer.step_end()
         step += 1
-        if cfg.checkpoint_dir and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and env.is_main:
-            save_checkpoint(cfg.checkpoint_dir, epoch=epoch, step=step, model=model, optimizer=optimizer,
-                            plan=plan, sampler_state=hetero.state_dict(step) if hetero else None,
-                            replanner=replanner)
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+            _checkpoint(run, epoch, step)
     sync_device(device)
-    w = plan.ranks[env.rank].num_workers
-    stats = timer.epoch_summary(rank=env.rank, epoch=epoch, batch_size=batch_sizes[env.rank], num_workers=w)
-    local = (stats.to_dict(), float(loss_sum.item()), n_sum)
-    gathered = all_gather_object(local, env)
+    stats = run.timer.epoch_summary(rank=env.rank, epoch=epoch, batch_size=batch_sizes[env.rank],
+                                    num_workers=run.plan.ranks[env.rank].num_workers)
+    gathered = all_gather_json([stats.to_dict(), float(loss_sum.item()), n_sum])
     all_stats = [g[0] for g in gathered]
     loss_total = sum(g[1] for g in gathered)
     n_total = sum(g[2] for g in gathered)
@@ -405,37 +397,102 @@ def _run_epoch(cfg: TrainConfig, env: DistEnv, epoch: int, first_step: int, plan
     sps = B / step_s if step_s and math.isfinite(step_s) and step_s > 0 else 0.0
     return EpochResult(epoch=epoch, samples_per_s=sps, step_time_s=step_s if math.isfinite(step_s) else 0.0,
                        loss=loss_total / max(n_total, 1), batch_sizes=tuple(batch_sizes), stats=all_stats,
-                       predicted_step_time_s=plan.predicted.step_time_s)
+                       predicted_step_time_s=run.plan.predicted.step_time_s)
+
+
+def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
+    """Re-plan (collective), log the epoch and checkpoint it; the next epoch runs ``run.plan``."""
+    cfg, env = run.cfg, run.env
+    if run.replanner is not None and res.epoch + 1 < cfg.epochs:
+        decision = run.replanner.step(planner.StepStats.from_dict(res.stats[env.rank]), res.epoch)
+        record = decision.to_record()
+        res.replan = record.to_dict()
+        run.log.write(record)
+        if decision.adopted and decision.new_plan is not None:
+            old_workers = run.plan.ranks[env.rank].num_workers
+            run.plan = decision.new_plan
+            assert run.hetero is not None
+            run.hetero.set_batch_sizes(run.plan.batch_sizes)
+            if run.plan.ranks[env.rank].num_workers != old_workers:
+                run.loader = make_loader(cfg, run.workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers,
+                                         env.device)
+    run.log.write(EpochRecord(epoch=res.epoch, plan_fingerprint=epoch_plan.fingerprint,
+                              samples_per_s=res.samples_per_s, step_time_s=res.step_time_s, loss=res.loss,
+                              batch_sizes=res.batch_sizes,
+                              ranks=tuple(planner.StepStats.from_dict(s) for s in res.stats),
+                              predicted_step_time_s=tuple(r.predicted_step_time_s for r in epoch_plan.ranks)))
+    _checkpoint(run, res.epoch + 1, 0)
+    if env.distributed:
+        dist.barrier()
+    run.say(f"epoch {res.epoch}: {res.samples_per_s:9.1f} samples/s  step {1000 * res.step_time_s:7.2f} ms  "
+            f"loss {res.loss:.4f}  batches {list(res.batch_sizes)}"
+            + (f"  re-plan: {res.replan['reason']}" if res.replan else ""))
+
+
+# -- the loop -----------------------------------------------------------------------------------------------
+def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
+          workload: Workload | None = None, on_epoch: Callable[[EpochResult], None] | None = None) -> list[EpochResult]:
+    """Train `cfg.epochs` epochs on this rank with `plan`; collective (every rank calls it)."""
+    workload = workload or build_workload(cfg.model, cfg.dataset, image_size=cfg.image_size,
+                                          num_samples=cfg.num_samples)
+    run = setup(cfg, env, plan, profile, workload)
+    resize = resume(run)
+    # Opened only once the checkpoint has loaded: a refused resume leaves no new log file behind.
+    run.log = RunLogWriter(cfg.log_path, enabled=env.is_main)
+    if run.start_epoch == 0 and run.start_step == 0:
+        run.log.write(StartRecord(time=time.time(), world_size=env.world_size, global_batch=run.plan.global_batch,
+                                  strategy=cfg.strategy, plan=run.plan))
+    if resize is not None:
+        run.log.write(resize)
+        run.say(f"world size {resize.old_world_size} -> {resize.new_world_size}: continuing epoch {run.start_epoch} "
+                f"at global step {run.start_step} with batches {list(run.plan.batch_sizes)}")
+    run.trace = open(cfg.trace_path, "a", encoding="utf-8") if cfg.trace_path else None
+    early, late = Slowdown(cfg.slowdown), Slowdown(cfg.slowdown_late or cfg.slowdown)
+    run.loader = make_loader(cfg, workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers, env.device)
+    results: list[EpochResult] = []
+    try:
+        for epoch in range(run.start_epoch, cfg.epochs):
+            if run.hetero is not None:
+                run.hetero.set_epoch(epoch)
+            elif run.dsampler is not None:
+                run.dsampler.set_epoch(epoch)
+            tracer = None
+            if run.trace is not None and run.hetero is not None:
+                tracer = iter(copy.deepcopy(run.hetero))  # same layout, not run ahead by the DataLoader's prefetch
+            epoch_plan = run.plan
+            res = run_epoch(run, epoch, run.start_step if epoch == run.start_epoch else 0,
+                            late if epoch >= cfg.slowdown_from_epoch else early, tracer)
+            end_epoch(run, res, epoch_plan)
+            results.append(res)
+            if on_epoch is not None:
+                on_epoch(res)
+        run.log.write(EndRecord(time=time.time(), epochs=cfg.epochs))
+    finally:
+        run.log.close()
+        if run.trace is not None:
+            run.trace.close()
+    return results
 
 
 def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool, workload: Workload,
               plan_out: str | None, profile_out: str | None, min_batch: int = 1) -> tuple[Plan, Profile | None]:
-    """Profile every rank in-process, solve on rank 0, broadcast the plan (collective)."""
+    """Profile every rank in-process, solve on rank 0, share the plan (collective; a PlanError reaches every rank)."""
     from profiler.run import gather_profile, profile_this_rank
 
     rank_profile = profile_this_rank(workload, env.device, quick=quick, slowdown=cfg.slowdown,
                                      loader_workers_cap=cfg.loader_workers_cap, amp=cfg.amp, rank=env.rank,
                                      channels_last=channels_last_for(workload, env.device, cfg.mixed_devices))
     profile = gather_profile(rank_profile, workload=workload)
-    payload: Any = None
-    if env.is_main:
+
+    def decide() -> dict[str, Any]:
         assert profile is not None
-        if workload.has_batchnorm:
-            min_batch = max(min_batch, 2)
-        try:
-            plan = planner.solve(profile, global_batch=global_batch, min_batch=min_batch)
-            payload = ("ok", plan.to_dict(), profile.to_dict())
-            if plan_out:
-                plan.save(plan_out)
-            if profile_out:
-                profile.save(profile_out)
-        except ValueError as e:
-            payload = ("error", str(e), None)
-    payload = broadcast_object(payload, env)
-    if payload[0] == "error":
-        raise planner.PlanError(payload[1])
-    return Plan.from_dict(payload[1]), Profile.from_dict(payload[2])
+        plan = planner.solve(profile, global_batch=global_batch,
+                             min_batch=max(min_batch, 2) if workload.has_batchnorm else min_batch)
+        if plan_out:
+            plan.save(plan_out)
+        if profile_out:
+            profile.save(profile_out)
+        return {"plan": plan.to_dict(), "profile": profile.to_dict()}
 
-
-def env_summary() -> dict[str, Any]:
-    return {"torch": torch.__version__, "cuda": torch.version.cuda, "pid": os.getpid()}
+    shared = decide_on_rank0(decide)
+    return Plan.from_dict(shared["plan"]), Profile.from_dict(shared["profile"])

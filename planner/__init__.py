@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from planner.curves import Envelope, fit_envelope, fit_memory, memory_cap
 from planner.errors import PlanError, ValidationError
+from planner.options import SolveOptions
 from planner.plan import Plan, Predicted, RankPlan
 from planner.profile import (
     CommProfile,
@@ -47,6 +48,7 @@ __all__ = [
     "Profile",
     "RankPlan",
     "RankProfile",
+    "SolveOptions",
     "StepStats",
     "ValidationError",
     "equal_split",

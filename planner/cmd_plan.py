@@ -7,10 +7,10 @@ import json
 import sys
 
 from planner.errors import ValidationError
-from planner.jsonio import write_json_atomic
+from planner.options import DEFAULT_MIN_GAIN, SolveOptions
 from planner.plan import Plan
 from planner.profile import Profile
-from planner.solve import DEFAULT_MIN_GAIN, evaluate, kept_equal_split, solve
+from planner.solve import evaluate, kept_equal_split, solve
 from planner.table import table
 
 HELP = "solve per-rank batch sizes, shares and workers for a global batch"
@@ -37,21 +37,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the plan JSON to stdout instead of the table")
 
 
-def add_solve_arguments(p: argparse.ArgumentParser, *, min_batch_default: int | None = 1,
-                        min_batch_help: str = "smallest local batch per rank (default 1; use >= 2 for BatchNorm)") -> None:
-    """The solver's options, shared by `planner plan` and `planner report` (same names, units and defaults)."""
-    p.add_argument("--min-batch", "--min_batch", type=int, default=min_batch_default, metavar="M", help=min_batch_help)
+def add_solve_arguments(p: argparse.ArgumentParser, *, from_plan: bool = False) -> None:
+    """The solver's options (``SolveOptions``), shared by `planner plan` and `planner report`: same names and units.
+
+    With ``from_plan`` every default is None, meaning "the plan's own" (``solve_options_from_args``).
+    """
+    d = SolveOptions()
+
+    def default(value: object, text: str) -> tuple[object, str]:
+        return (None, "the plan's") if from_plan else (value, text)
+
+    mb, mb_text = default(d.min_batch, f"{d.min_batch}; use >= 2 for BatchNorm")
+    p.add_argument("--min-batch", "--min_batch", type=int, default=mb, metavar="M",
+                   help=f"smallest local batch per rank (default {mb_text})")
     p.add_argument("--max-batch-per-rank", "--max_batch_per_rank", type=int, default=None, metavar="N",
-                   help="cap every rank's local batch at N samples, on top of its memory cap")
-    p.add_argument("--memory-headroom", type=float, default=0.10, metavar="FRAC",
-                   help="fraction of device memory kept free when capping the batch (default 0.10)")
-    p.add_argument("--cpu-reserve-per-rank", type=int, default=1, metavar="CORES",
-                   help="cores per rank kept for the training process, not for loader workers (default 1)")
-    p.add_argument("--max-workers-per-rank", type=int, default=8, metavar="W",
-                   help="most loader workers given to one rank (default 8)")
-    p.add_argument("--min-gain", type=float, default=DEFAULT_MIN_GAIN, metavar="FRAC",
-                   help="keep the equal split unless the plan is predicted this much faster "
-                        f"(default {DEFAULT_MIN_GAIN}; 0 = always the optimum)")
+                   help="cap every rank's local batch at N samples, on top of its memory cap"
+                        + (" (default: the plan's)" if from_plan else ""))
+    v, text = default(d.memory_headroom, f"{d.memory_headroom}")
+    p.add_argument("--memory-headroom", type=float, default=v, metavar="FRAC",
+                   help=f"fraction of device memory kept free when capping the batch (default {text})")
+    v, text = default(d.cpu_reserve_per_rank, f"{d.cpu_reserve_per_rank}")
+    p.add_argument("--cpu-reserve-per-rank", type=int, default=v, metavar="CORES",
+                   help=f"cores per rank kept for the training process, not for loader workers (default {text})")
+    v, text = default(d.max_workers_per_rank, f"{d.max_workers_per_rank}")
+    p.add_argument("--max-workers-per-rank", type=int, default=v, metavar="W",
+                   help=f"most loader workers given to one rank (default {text})")
+    v, text = default(DEFAULT_MIN_GAIN, f"{DEFAULT_MIN_GAIN}; 0 = always the optimum")
+    p.add_argument("--min-gain", type=float, default=v, metavar="FRAC",
+                   help=f"keep the equal split unless the plan is predicted this much faster (default {text})")
+
+
+_SOLVE_FLAGS = ("min_batch", "max_batch_per_rank", "memory_headroom", "cpu_reserve_per_rank", "max_workers_per_rank",
+                "min_gain")
+
+
+def solve_options_from_args(args: argparse.Namespace, base: SolveOptions | None = None) -> SolveOptions:
+    """``base`` (default ``SolveOptions()``) with every solver flag the user gave (None = not given) applied.
+
+    ``--max-batch-per-rank`` is the one option whose None is a value ("no cap"): without a base it stays None.
+    """
+    given = {k: getattr(args, k) for k in _SOLVE_FLAGS if getattr(args, k, None) is not None}
+    return (base or SolveOptions()).with_overrides(given)
 
 
 def _parse_batches(text: str) -> list[int]:
@@ -63,23 +89,16 @@ def _parse_batches(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     profile = Profile.load(args.profile)
-    common = dict(
-        min_batch=args.min_batch,
-        max_batch_per_rank=args.max_batch_per_rank,
-        memory_headroom=args.memory_headroom,
-        cpu_reserve_per_rank=args.cpu_reserve_per_rank,
-        max_workers_per_rank=args.max_workers_per_rank,
-    )
-    solve_only = dict(min_gain=args.min_gain)
+    options = solve_options_from_args(args)
     if args.from_batches:
         batches = _parse_batches(args.from_batches)
         if sum(batches) != args.global_batch:
             raise ValidationError(
                 f"--from-batches sums to {sum(batches)} but --global-batch is {args.global_batch}"
             )
-        plan = evaluate(profile, batches, **common)  # type: ignore[arg-type]
+        plan = evaluate(profile, batches, options=options)
     else:
-        plan = solve(profile, global_batch=args.global_batch, **common, **solve_only)  # type: ignore[arg-type]
+        plan = solve(profile, global_batch=args.global_batch, options=options)
     if args.out:
         plan.save(args.out)
     if args.json:
@@ -119,6 +138,3 @@ def format_plan(plan: Plan, profile: Profile | None = None) -> str:
     out.append("\n".join(lines))
     return "\n\n".join(out)
 
-
-def write_plan(plan: Plan, path: str) -> None:
-    write_json_atomic(path, plan.to_dict())

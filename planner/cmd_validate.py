@@ -1,29 +1,52 @@
-"""`planner validate FILE...`: check profile and plan files against their contracts (kind decides which)."""
+"""`planner validate FILE...`: check profile, plan and run-log files against their contracts."""
 
 from __future__ import annotations
 
 import argparse
+import json
 
 from planner.errors import ValidationError
 from planner.jsonio import read_json
 from planner.plan import Plan
 from planner.profile import Profile
+from planner.runlog import read_run_log
 
-HELP = "check a profile or plan file against its contract"
+HELP = "check profile, plan and run-log files against their contracts"
 EPILOG = """\
 examples:
   planner validate profile.json
-  planner validate profile.json plan.json
+  planner validate profile.json plan.json run.jsonl
+
+A file whose first line is a JSON object with an "event" key (what `planner train --log-file` writes) is checked
+as a run log: every line typed (planner/schemas/runlog.schema.json), every embedded plan valid.
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("files", nargs="+", metavar="FILE", help="profile or plan JSON files (their 'kind' decides)")
+    p.add_argument("files", nargs="+", metavar="FILE", help="profile or plan JSON files (their 'kind' decides) or run logs (JSON lines)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
+
+
+def _is_run_log(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline()
+    except (OSError, UnicodeDecodeError):
+        return False  # read_json below says what is wrong with the file
+    try:
+        obj = json.loads(first)
+    except (json.JSONDecodeError, RecursionError):
+        return False
+    return isinstance(obj, dict) and "event" in obj and "kind" not in obj
 
 
 def validate_file(path: str) -> str:
     """Load and check one file; returns a one-line description or raises ValidationError."""
+    if _is_run_log(path):
+        log = read_run_log(path, strict_plans=True)
+        tail = f"; {log.num_skipped_lines} truncated trailing line skipped" if log.num_skipped_lines else ""
+        return (f"{path}: valid run log, {len(log.epochs)} epoch(s), {len(log.replans)} re-plan decision(s), "
+                f"{'finished' if log.ended else 'no end record (still running or killed)'}{tail}")
     data = read_json(path, "input")
     kind = data.get("kind") if isinstance(data, dict) else None
     if kind == "profile":
@@ -33,7 +56,7 @@ def validate_file(path: str) -> str:
         plan = Plan.from_dict(data, path=path)
         return (f"{path}: valid plan, {plan.world_size} rank(s), global batch {plan.global_batch}, "
                 f"fingerprint {plan.fingerprint}")
-    raise ValidationError(f"{path}: 'kind' must be \"profile\" or \"plan\", got {kind!r}")
+    raise ValidationError(f"{path}: 'kind' must be \"profile\" or \"plan\" (or a run log of JSON lines), got {kind!r}")
 
 
 def run(args: argparse.Namespace) -> int:

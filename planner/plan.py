@@ -26,6 +26,7 @@ from planner.jsonio import (
     read_json,
     write_json_atomic,
 )
+from planner.options import SolveOptions
 
 PLAN_VERSION = 1
 Bottleneck = Literal["compute", "loader", "memory"]
@@ -102,6 +103,14 @@ class Plan:
     @property
     def batch_sizes(self) -> tuple[int, ...]:
         return tuple(r.batch_size for r in self.ranks)
+
+    @property
+    def options(self) -> SolveOptions:
+        """The solve options this plan was made with (``solver["options"]``; defaults where it records none),
+        with the plan's own min batch: what a re-plan or a report re-solves under."""
+        recorded = self.solver.get("options")
+        base = SolveOptions.from_dict(recorded, path="plan.solver.options") if isinstance(recorded, Mapping) else SolveOptions()
+        return base.with_overrides({"min_batch": self.min_batch})
 
     @property
     def fingerprint(self) -> str:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from planner.errors import ValidationError
@@ -93,6 +93,13 @@ class HostProfile:
     """Cores usable by this job on the host (sched_getaffinity), shared by every rank's loader workers."""
     memory_bytes: int | None = None
 
+    def to_dict(self) -> JSONDict:
+        return _drop_none(_asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str = "host") -> HostProfile:
+        return _host_from(data, path)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelInfo:
@@ -122,6 +129,14 @@ class RankProfile:
     device_name: str | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
     """Free-form facts (NVML, emulation settings...)."""
+
+    def to_dict(self) -> JSONDict:
+        """The rank's entry of the profile JSON (what ranks exchange when a profile is gathered)."""
+        return _rank_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str = "rank") -> RankProfile:
+        return _rank_from(data, path)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -205,6 +220,23 @@ class Profile:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         write_json_atomic(path, self.to_dict())
+
+    def with_compute_times(self, time_at: Callable[[int, int, float], float]) -> Profile:
+        """A copy (hosts, model, comm, meta and memory/loader kept) whose compute point of rank i at batch b,
+        measured at t seconds, takes ``time_at(i, b, t)`` seconds: how a re-plan or a what-if rescales curves."""
+        ranks = tuple(
+            replace(r, compute=tuple(ComputePoint(batch_size=p.batch_size,
+                                                  step_time_s=time_at(r.rank, p.batch_size, p.step_time_s))
+                                     for p in r.compute))
+            for r in self.ranks
+        )
+        return replace(self, ranks=ranks)
+
+    def scaled(self, factors: Sequence[float]) -> Profile:
+        """Every compute time of rank i multiplied by ``factors[i]`` (a rank f x slower: factor f)."""
+        if len(factors) != self.world_size:
+            raise ValidationError(f"{len(factors)} scale factors for a profile of {self.world_size} ranks")
+        return self.with_compute_times(lambda i, _b, t: float(factors[i]) * t)
 
 
 def _asdict(obj: Any) -> JSONDict:

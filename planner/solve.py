@@ -30,55 +30,20 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from planner._program import Pieces, bisect_workers, capacity, solve_milp
 from planner.curves import Envelope, fit_envelope, memory_cap
 from planner.errors import PlanError, ValidationError
+from planner.options import SolveOptions, resolve_options
 from planner.plan import Bottleneck, Plan, Predicted, RankPlan
 from planner.profile import Profile
+from planner.rounding import largest_remainder
 
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
 """DDP's default bucket_cap_mb: the last bucket's all-reduce runs after backward and is exposed."""
-
-
-DEFAULT_MIN_GAIN = 0.05
-"""Predicted gain below which solve() keeps the equal split: predictions carry a few percent of error (measured in
-docs/BENCHMARKS.md), and on flat, launch-bound curves a gain of 2% can mean a lopsided split such as [1022, 2] that
-ran 16% slower than equal on 2x H200 (ResNet-18, 32x32). The same 5% the Replanner asks before it changes a plan."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SolveOptions:
-    min_batch: int = 1
-    """Smallest local batch any rank may get (2 or more for BatchNorm models)."""
-    max_batch_per_rank: int | None = None
-    """User cap on every rank's local batch, on top of the memory caps."""
-    memory_headroom: float = 0.10
-    """Fraction of device memory kept free when deriving the memory cap from the fit."""
-    cpu_reserve_per_rank: int = 1
-    """Cores per rank kept for the training process itself (not given to loader workers)."""
-    max_workers_per_rank: int = 8
-    """Upper bound on loader workers per rank when spare cores are handed out."""
-    time_limit_s: float = 20.0
-    """HiGHS time limit per MILP call."""
-    min_gain: float = DEFAULT_MIN_GAIN
-    """Keep the equal split unless the optimum is predicted this much faster (0.05 = 5%); 0 = always the optimum."""
-
-    def __post_init__(self) -> None:
-        if self.min_batch < 1:
-            raise ValidationError(f"min_batch must be >= 1, got {self.min_batch}")
-        if self.max_batch_per_rank is not None and self.max_batch_per_rank < 1:
-            raise ValidationError(f"max_batch_per_rank must be >= 1, got {self.max_batch_per_rank}")
-        if not 0.0 <= self.memory_headroom < 1.0:
-            raise ValidationError(f"memory_headroom must be in [0, 1), got {self.memory_headroom}")
-        if self.cpu_reserve_per_rank < 0:
-            raise ValidationError(f"cpu_reserve_per_rank must be >= 0, got {self.cpu_reserve_per_rank}")
-        if self.max_workers_per_rank < 1:
-            raise ValidationError(f"max_workers_per_rank must be >= 1, got {self.max_workers_per_rank}")
-        if not 0.0 <= self.min_gain < 1.0:
-            raise ValidationError(f"min_gain must be in [0, 1), got {self.min_gain}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -159,15 +124,15 @@ def solve(
     profile: Profile,
     *,
     global_batch: int,
-    min_batch: int = 1,
-    max_batch_per_rank: int | None = None,
-    memory_headroom: float = 0.10,
-    cpu_reserve_per_rank: int = 1,
-    max_workers_per_rank: int = 8,
-    time_limit_s: float = 20.0,
-    min_gain: float = DEFAULT_MIN_GAIN,
+    options: SolveOptions | None = None,
+    **overrides: Any,
 ) -> Plan:
     """Plan integer per-rank batch sizes, shares and loader workers for `global_batch` (never changed).
+
+    Settings come from ``options`` (a ``SolveOptions``; default ``SolveOptions()``), and any of its fields may
+    also be given as a keyword, which wins: ``solve(p, global_batch=512, min_batch=2)`` and
+    ``solve(p, global_batch=512, options=SolveOptions(min_batch=2))`` are the same.  The plan records the
+    options in ``plan.solver["options"]`` (``plan.options`` reads them back).
 
     When the optimum is predicted less than ``min_gain`` faster than the equal split (and the equal split fits),
     the equal split is returned, with the optimum's batches and step time in ``plan.solver``: a plan must earn
@@ -175,17 +140,9 @@ def solve(
 
     Raises:
         PlanError: no assignment satisfies the caps; the message names the binding constraint with its numbers.
-        ValidationError: an option is out of range.
+        ValidationError: an option is out of range or unknown.
     """
-    opts = SolveOptions(
-        min_batch=min_batch,
-        max_batch_per_rank=max_batch_per_rank,
-        memory_headroom=memory_headroom,
-        cpu_reserve_per_rank=cpu_reserve_per_rank,
-        max_workers_per_rank=max_workers_per_rank,
-        time_limit_s=time_limit_s,
-        min_gain=min_gain,
-    )
+    opts = resolve_options(options, overrides)
     if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
         raise ValidationError(f"global batch must be a positive integer, got {global_batch!r}")
     t0 = time.perf_counter()
@@ -195,7 +152,7 @@ def solve(
 
     b, workers, method, status = _optimize(models, caps, budgets, global_batch, opts)
     solver: dict[str, object] = {"method": method, "status": status, "solve_time_s": 0.0,
-                                 "profile_fingerprint": profile.fingerprint(), "options": _options_dict(opts)}
+                                 "profile_fingerprint": profile.fingerprint(), "options": opts.to_dict()}
     plan = _make_plan(profile, models, b, workers, caps, opts, solver=solver)
     eq = np.asarray(equal_split(global_batch, len(models)), dtype=np.int64)
     fits = all(opts.min_batch <= e <= c for e, c in zip(eq.tolist(), caps, strict=True))
@@ -214,24 +171,17 @@ def evaluate(
     batch_sizes: Sequence[int],
     *,
     num_workers: Sequence[int] | None = None,
-    min_batch: int = 1,
-    max_batch_per_rank: int | None = None,
-    memory_headroom: float = 0.10,
-    cpu_reserve_per_rank: int = 1,
-    max_workers_per_rank: int = 8,
+    options: SolveOptions | None = None,
     method: str = "given",
+    **overrides: Any,
 ) -> Plan:
     """The Plan (with predictions) for a split chosen elsewhere: an equal split, a heuristic, a hand-picked one.
 
-    Workers default to the host's budget shared equally (what a DataLoader user would set).
+    ``options`` and keyword overrides as in ``solve`` (the search settings ``time_limit_s`` and ``min_gain`` do
+    not apply to a given split).  Workers default to the host's budget shared equally (what a DataLoader user
+    would set).
     """
-    opts = SolveOptions(
-        min_batch=min_batch,
-        max_batch_per_rank=max_batch_per_rank,
-        memory_headroom=memory_headroom,
-        cpu_reserve_per_rank=cpu_reserve_per_rank,
-        max_workers_per_rank=max_workers_per_rank,
-    )
+    opts = resolve_options(options, overrides)
     if len(batch_sizes) != profile.world_size:
         raise ValidationError(
             f"{len(batch_sizes)} batch sizes given for a profile of {profile.world_size} ranks"
@@ -239,7 +189,7 @@ def evaluate(
     models = build_models(profile, opts)
     b = np.asarray([int(x) for x in batch_sizes], dtype=np.int64)
     if num_workers is None:
-        w = _default_workers(profile, models, opts)
+        w = equal_split_workers(profile, models, opts)
     else:
         if len(num_workers) != profile.world_size:
             raise ValidationError(f"{len(num_workers)} worker counts given for {profile.world_size} ranks")
@@ -254,7 +204,7 @@ def kept_equal_split(plan: Plan) -> tuple[list[int], float, float] | None:
     t_opt = plan.solver.get("optimum_step_time_s")
     if not kept or not isinstance(t_opt, (int, float)) or t_opt <= 0:
         return None
-    min_gain = float((plan.solver.get("options") or {}).get("min_gain", 0.0))
+    min_gain = plan.options.min_gain
     return [int(b) for b in kept], plan.predicted.step_time_s / t_opt - 1.0, min_gain
 
 
@@ -365,25 +315,13 @@ def _balance(pieces: Pieces, p: np.ndarray, b: np.ndarray, w: np.ndarray, caps: 
     U = np.maximum(capacity(pieces, caps, T, (p, w)), b).astype(np.int64)
     B = int(b.sum())
     x = B * U / U.sum()
-    out = np.clip(np.floor(x).astype(np.int64), min_batch, U)
-    rem = x - np.floor(x)
-    for i in np.argsort(-rem, kind="stable"):  # largest remainders first, within the caps
-        if out.sum() >= B:
-            break
-        if out[i] < U[i]:
-            out[i] += 1
-    for i in np.argsort(rem, kind="stable"):  # too many (min_batch raised some): take from the smallest remainders
-        if out.sum() <= B:
-            break
-        if out[i] > min_batch:
-            out[i] -= 1
+    try:
+        out = np.asarray(largest_remainder(x.tolist(), B, lo=min_batch, hi=U.tolist()), dtype=np.int64)
+    except PlanError:
+        return b
     if out.sum() != B or np.max(_busy(pieces, p, out, w)) > T * (1 + 1e-12):
         return b
     return out
-
-
-def _options_dict(opts: SolveOptions) -> dict[str, object]:
-    return {name: getattr(opts, name) for name in opts.__slots__}
 
 
 def _spread_spare_workers(
@@ -405,7 +343,7 @@ def _spread_spare_workers(
     return w
 
 
-def _default_workers(profile: Profile, models: list[RankModel], opts: SolveOptions) -> np.ndarray:
+def equal_split_workers(profile: Profile, models: list[RankModel], opts: SolveOptions) -> np.ndarray:
     """What a DataLoader user sets without a planner: the host's worker budget split equally."""
     budgets = worker_budgets(profile, opts)
     per_host = Counter(m.host for m in models)
@@ -493,7 +431,7 @@ def _make_plan(
     step = t_max + comm
     ideal = sum(bi / t for (_, bi, _, t, _, _) in ranks if t > 0)
     eq_b = equal_split(B, len(models))
-    eq_w = _default_workers(profile, models, opts)
+    eq_w = equal_split_workers(profile, models, opts)
     eq_fits = all(m.cap is None or eb <= m.cap for m, eb in zip(models, eq_b, strict=True))
     eq_step = max(m.busy_time(eb, int(ew))[0] for m, eb, ew in zip(models, eq_b, eq_w.tolist(), strict=True)) + comm
     predicted = Predicted(

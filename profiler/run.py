@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from collectives import all_gather_json
 from planner import __version__
 from planner.profile import CommProfile, HostProfile, ModelInfo, Profile, RankProfile
 from profiler import inventory
@@ -45,8 +46,7 @@ def host_layout() -> tuple[int, int, int]:
     """(index of this rank among its host's ranks, ranks on this host, most ranks on any host); collective."""
     if not _dist_on():
         return 0, 1, 1
-    names: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(names, inventory.host_name())
+    names = all_gather_json(inventory.host_name())
     mine = names[dist.get_rank()]
     local_index = sum(1 for n in names[: dist.get_rank()] if n == mine)
     counts = {n: names.count(n) for n in names}
@@ -164,14 +164,15 @@ def gather_profile(rank_profile: RankProfile, *, workload: Workload, comm_repeat
     host = inventory.host_profile()
     if not _dist_on():
         return _assemble([rank_profile], [host], workload, None, meta)
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (rank_profile, host))
+    # JSON, not pickle: a peer's profile is data (docs/SECURITY.md).
+    gathered = all_gather_json({"rank": rank_profile.to_dict(), "host": host.to_dict()})
     grad_bytes = int(rank_profile.meta.get("grad_bytes") or inventory.model_info("m", workload.model_fn()).grad_bytes or 0)
-    ranks = [r for r, _ in gathered]
+    ranks = [RankProfile.from_dict(g["rank"], path=f"rank {i}'s profile") for i, g in enumerate(gathered)]
+    hosts = [HostProfile.from_dict(g["host"], path=f"rank {i}'s host") for i, g in enumerate(gathered)]
     comm = _measure_comm(grad_bytes, ranks, rank_profile, workload, comm_repeats)
     if dist.get_rank() != 0:
         return None
-    return _assemble(ranks, [h for _, h in gathered], workload, comm, meta)
+    return _assemble(ranks, hosts, workload, comm, meta)
 
 
 def _measure_comm(grad_bytes: int, ranks: list[RankProfile], mine: RankProfile, workload: Workload,

@@ -11,6 +11,7 @@ import time::
 
 from __future__ import annotations
 
+from planner.runlog import EpochRecord, ReplanRecord, RunLog, read_run_log
 from reports.analysis import (
     DEFAULT_DATASET_SIZE,
     Findings,
@@ -21,7 +22,6 @@ from reports.analysis import (
     analyze,
     options_for,
 )
-from reports.runlog import EpochRecord, ReplanRecord, RunLog, read_run_log
 from reports.whatif import ScalePoint, SweepPoint, WhatIf
 
 __all__ = [

@@ -15,8 +15,16 @@ from planner.curves import fit_envelope, fit_memory
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
-from planner.solve import SolveOptions, build_models, equal_split, kept_equal_split, worker_budgets
-from reports.runlog import RunLog
+from planner.runlog import RunLog
+from planner.solve import (
+    SolveOptions,
+    build_models,
+    equal_split,
+    equal_split_workers,
+    kept_equal_split,
+    solve,
+    worker_budgets,
+)
 from reports.whatif import (
     ScalePoint,
     SweepPoint,
@@ -25,7 +33,6 @@ from reports.whatif import (
     epoch_time_s,
     rank_label,
     scaling,
-    solve_with,
     sweep,
     sweep_batches,
     what_if_add,
@@ -129,15 +136,21 @@ class Report:
         d["version"] = 1
         if self.log is not None:
             d["log"]["start_plan"] = self.log.start_plan.to_dict() if self.log.start_plan else None
-            for e, rec in zip(d["log"]["epochs"], self.log.epochs, strict=True):
-                e["measured_busy_s"] = list(rec.measured_busy_s)
+            d["log"]["replans"] = [r.to_dict() for r in self.log.replans]
+            d["log"]["resizes"] = [r.to_dict() for r in self.log.resizes]
+            d["log"]["epochs"] = [None] * len(self.log.epochs)
+            for i, rec in enumerate(self.log.epochs):
+                d["log"]["epochs"][i] = {**rec.to_dict(), "measured_compute_s": list(rec.measured_compute_s),
+                                         "measured_data_wait_s": list(rec.measured_data_wait_s),
+                                         "measured_step_time_s": list(rec.measured_step_time_s),
+                                         "measured_busy_s": list(rec.measured_busy_s)}
         return d
 
 
 def options_for(plan: Plan, **overrides: Any) -> SolveOptions:
-    """Solve options for the report's re-solves: the plan's min batch unless the caller overrides it."""
-    overrides.setdefault("min_batch", plan.min_batch)
-    return SolveOptions(**{k: v for k, v in overrides.items() if v is not None})
+    """Solve options for the report's re-solves: the plan's own (``plan.options``), with the overrides that are
+    not None applied."""
+    return plan.options.with_overrides({k: v for k, v in overrides.items() if v is not None})
 
 
 def analyze(
@@ -163,7 +176,7 @@ def analyze(
         raise ValidationError(f"--dataset-size must be >= 1, got {dataset_size}")
     B = plan.global_batch
     rows = _rank_rows(profile, plan, opts)
-    base = solve_with(profile, B, opts)
+    base = solve(profile, global_batch=B, options=opts)
     p = plan.predicted
     eq_step = p.equal_split_step_time_s
     thr = Throughput(
@@ -205,12 +218,10 @@ def analyze(
 def _rank_rows(profile: Profile, plan: Plan, opts: SolveOptions) -> list[RankRow]:
     models = build_models(profile, opts)
     eq_b = equal_split(plan.global_batch, plan.world_size)
-    # Equal split with the workers a DataLoader user would set: the host's budget shared equally.
-    budgets = worker_budgets(profile, opts)
+    # Equal split with the workers a DataLoader user would set: the plan's own rule (planner.solve).
+    eq_ws = equal_split_workers(profile, models, opts).tolist()
     rows = []
-    for r, m, rp, eb in zip(profile.by_rank, models, plan.ranks, eq_b, strict=True):
-        per_host = sum(1 for q in profile.ranks if q.host == r.host)
-        eq_w = 0 if m.serial_loader else min(opts.max_workers_per_rank, max(1, budgets[r.host] // per_host))
+    for r, m, rp, eb, eq_w in zip(profile.by_rank, models, plan.ranks, eq_b, eq_ws, strict=True):
         _, tc, tl = m.busy_time(rp.batch_size, rp.num_workers)
         env = fit_envelope(r.compute)
         fit = fit_memory(r.memory) if r.memory is not None else None

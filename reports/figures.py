@@ -263,9 +263,14 @@ FIGURES: tuple[tuple[str, str, Callable[[Report], Figure | None]], ...] = (
 
 def render_all(rep: Report) -> dict[str, bytes]:
     """PNG bytes of every figure that has data, keyed by id."""
+    import matplotlib
+
     out = {}
-    for key, _, build in FIGURES:
-        fig = build(rep)
-        if fig is not None:
-            out[key] = png_bytes(fig)
+    # Device, host and model names come from files: "$" in one must print as "$", not start mathtext (which
+    # raises on a malformed formula and would turn a report into a traceback).
+    with matplotlib.rc_context({"text.parse_math": False}):
+        for key, _, build in FIGURES:
+            fig = build(rep)
+            if fig is not None:
+                out[key] = png_bytes(fig)
     return out

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from planner.errors import PlanError
-from planner.plan import Plan
 from planner.profile import Profile, RankProfile
 from planner.solve import SolveOptions, build_models, solve
 
@@ -63,11 +62,6 @@ class ScalePoint:
     speedup: float = 0.0
     """samples_per_s over the one-rank value."""
     note: str = ""
-
-
-def solve_with(profile: Profile, global_batch: int, opts: SolveOptions) -> Plan:
-    """planner.solve with every option taken from `opts` (one place so all scenarios use the same settings)."""
-    return solve(profile, global_batch=global_batch, **asdict(opts))
 
 
 def epoch_time_s(step_time_s: float, global_batch: int, dataset_size: int) -> float:
@@ -130,7 +124,7 @@ def sweep(
     out = []
     for B in batches:
         try:
-            plan = solve_with(profile, B, opts)
+            plan = solve(profile, global_batch=B, options=opts)
         except PlanError as e:
             out.append(SweepPoint(global_batch=B, feasible=False, note=str(e)))
             continue
@@ -165,7 +159,7 @@ def _scenario(
 ) -> WhatIf:
     common = dict(kind=kind, label=label, subject_rank=subject, world_size=profile.world_size, global_batch=B)
     try:
-        plan = solve_with(profile, B, opts)
+        plan = solve(profile, global_batch=B, options=opts)
     except PlanError as e:
         return WhatIf(**common, feasible=False, note=str(e))  # type: ignore[arg-type]
     x = plan.predicted.samples_per_s
@@ -244,7 +238,7 @@ def scaling(profile: Profile, global_batch: int, opts: SolveOptions) -> tuple[Sc
             if room < B:
                 B, note = room, f"caps hold at most {room} samples; global batch lowered from {global_batch}"
         try:
-            plan = solve_with(sub, B, opts)
+            plan = solve(sub, global_batch=B, options=opts)
         except PlanError as e:
             out.append(ScalePoint(num_ranks=k, global_batch=B, feasible=False, note=str(e)))
             continue

@@ -1,8 +1,8 @@
 """Checks that must pass before the first training collective, so a misconfigured run fails loudly, not hangs.
 
 Ranks launched with different plans, datasets or seeds would build different sampler layouts: their batch counts
-differ and some rank eventually waits in an all-reduce that never comes. One ``all_gather_object`` up front
-compares what every rank must agree on and raises the same clear error on every rank.
+differ and some rank eventually waits in an all-reduce that never comes. One JSON all-gather up front
+(``collectives.all_gather_json``: data, never pickle) compares what every rank must agree on and raises the same clear error on every rank.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from collectives import all_gather_json
 from planner.errors import ValidationError
 
 # Field name in the message -> the fix to print with it.
@@ -52,9 +53,7 @@ def check_agreement(*, plan_fingerprint: str, dataset_len: int, seed: int, world
         "dataset length": int(dataset_len),
         "seed": int(seed),
     }
-    gathered: list[Any] = [None] * actual
-    dist.all_gather_object(gathered, (dist.get_rank(group), mine), group=group)
-    by_rank = dict(gathered)
+    by_rank = dict(enumerate(all_gather_json(mine, group)))
     for field, fix in _FIXES.items():
         values = {r: by_rank[r][field] for r in sorted(by_rank)}
         if len(set(values.values())) > 1:

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from apps.launch import spawn
 
 
-def _entry(rank: int, fn: Callable[..., None], world_size: int, store_path: str, pg_timeout_s: float,
+def _entry(rank: int, world_size: int, store_path: str, fn: Callable[..., None], pg_timeout_s: float,
            args: tuple[Any, ...]) -> None:
     torch.set_num_threads(1)  # several ranks on 2 cores: no oversubscription
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -45,17 +44,5 @@ def _entry(rank: int, fn: Callable[..., None], world_size: int, store_path: str,
 def run_distributed(fn: Callable[..., None], world_size: int = 2, *args: Any, timeout_s: float = 90.0,
                     pg_timeout_s: float = 15.0) -> None:
     """Run fn(rank, world_size, *args) on world_size gloo ranks; raise on any rank's error or on a hang."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(_entry, args=(fn, world_size, os.path.join(tmp, "store"), pg_timeout_s, args),
-                                 nprocs=world_size, join=False, start_method="spawn")
-        try:
-            deadline = time.monotonic() + timeout_s
-            while not ctx.join(timeout=0.5, grace_period=2.0):  # raises if any rank failed
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"distributed test did not finish in {timeout_s}s")
-        finally:  # also runs when pytest-timeout interrupts us
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-                p.join()
+    # The programs' launcher (apps.launch.spawn): spawn, FileStore in a fresh temp dir, deadline, children killed.
+    spawn(_entry, world_size, (fn, pg_timeout_s, args), timeout_s=timeout_s, what="distributed test")

@@ -3,12 +3,13 @@
 Reads every import (also the lazy ones inside functions) of the project's packages with ``ast`` and fails on an
 import that goes against the layers:
 
-    planner    (core)     numpy / scipy only; none of our other packages (planner/cli.py dispatches by name)
-    workloads             planner
-    profiler   (measure)  planner, workloads
-    runtime    (apply)    planner                      -- the library users import: no profiler, no programs
-    reports    (report)   planner
-    apps       (programs) anything
+    planner     (core)     numpy / scipy only; none of our other packages (planner/cli.py dispatches by name)
+    workloads              planner                      -- model/dataset specs, emulation
+    collectives            planner                      -- JSON exchange between ranks (torch.distributed)
+    profiler    (measure)  planner, workloads, collectives
+    runtime     (apply)    planner, collectives         -- the library users import: no profiler, no programs
+    reports     (report)   planner
+    apps        (programs) anything
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = ("planner", "workloads", "profiler", "runtime", "reports", "apps")
+OURS = ("planner", "workloads", "collectives", "profiler", "runtime", "reports", "apps")
 ALLOWED: dict[str, frozenset[str]] = {
     "planner": frozenset({"planner"}),
     "workloads": frozenset({"planner", "workloads"}),
-    "profiler": frozenset({"planner", "workloads", "profiler"}),
-    "runtime": frozenset({"planner", "runtime"}),
+    "collectives": frozenset({"planner", "collectives"}),
+    "profiler": frozenset({"planner", "workloads", "collectives", "profiler"}),
+    "runtime": frozenset({"planner", "collectives", "runtime"}),
     "reports": frozenset({"planner", "reports"}),
     "apps": frozenset(OURS),
 }

@@ -11,9 +11,9 @@ from planner import Plan, Profile, solve
 from planner.cli import main
 from planner.errors import ValidationError
 from planner.profile import HostProfile
+from planner.runlog import read_run_log
 from planner.solve import SolveOptions
 from reports.analysis import analyze
-from reports.runlog import read_run_log
 from tests.reports._fixtures import linear_rank, three_rank_profile, write_run_log
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "planner" / "examples" / "minimal_profile.json"

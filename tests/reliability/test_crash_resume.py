@@ -58,7 +58,7 @@ def _all_dead(pids: list[int], timeout_s: float = 10.0) -> bool:
 
 
 def _final(ckpt: Path) -> dict[str, Any]:
-    return torch.load(ckpt / "checkpoint.pt", map_location="cpu", weights_only=False)  # type: ignore[no-any-return]
+    return torch.load(ckpt / "checkpoint.pt", map_location="cpu", weights_only=True)  # type: ignore[no-any-return]
 
 
 @pytest.mark.distributed

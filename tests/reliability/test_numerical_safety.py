@@ -69,7 +69,7 @@ def test_replan_that_would_starve_a_rank_is_refused_and_the_reason_logged(tmp_pa
     # The refusal itself is tested in tests/runtime/test_replan.py::test_min_batch_is_never_starved; this checks
     # what the trainer writes to its run log for it (decision.to_log(), one JSON line, no NaN) and that the
     # report's reader gets the reason back.
-    from reports.runlog import read_run_log
+    from planner.runlog import read_run_log
 
     profile = planner.Profile.load(Path(planner.__file__).parent / "examples" / "minimal_profile.json")
     plan = planner.solve(profile, global_batch=512, min_batch=16)

@@ -1,0 +1,92 @@
+"""SolveOptions: the one carrier of the solver's settings, from the CLI to the plan and back.
+
+Everything that solves or evaluates (``planner.solve``, ``planner.evaluate``, the Replanner, the report's
+what-ifs, the trainer) takes a ``SolveOptions``; a plan records the options it was solved with in
+``plan.solver["options"]``, and ``Plan.options`` reads them back, so a re-plan or a report re-solves under the
+same settings as the plan it starts from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from planner.errors import ValidationError
+
+DEFAULT_MIN_GAIN = 0.05
+"""Predicted gain below which solve() keeps the equal split: predictions carry a few percent of error (measured in
+docs/BENCHMARKS.md), and on flat, launch-bound curves a gain of 2% can mean a lopsided split such as [1022, 2] that
+ran 16% slower than equal on 2x H200 (ResNet-18, 32x32). The same 5% the Replanner asks before it changes a plan."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SolveOptions:
+    """Settings of the program (DESIGN.md section 4); every field has the CLI flag of the same name."""
+
+    min_batch: int = 1
+    """Smallest local batch any rank may get (2 or more for BatchNorm models)."""
+    max_batch_per_rank: int | None = None
+    """User cap on every rank's local batch, on top of the memory caps."""
+    memory_headroom: float = 0.10
+    """Fraction of device memory kept free when deriving the memory cap from the fit."""
+    cpu_reserve_per_rank: int = 1
+    """Cores per rank kept for the training process itself (not given to loader workers)."""
+    max_workers_per_rank: int = 8
+    """Upper bound on loader workers per rank when spare cores are handed out."""
+    time_limit_s: float = 20.0
+    """HiGHS time limit per MILP call."""
+    min_gain: float = DEFAULT_MIN_GAIN
+    """Keep the equal split unless the optimum is predicted this much faster (0.05 = 5%); 0 = always the optimum."""
+
+    def __post_init__(self) -> None:
+        for name in ("min_batch", "cpu_reserve_per_rank", "max_workers_per_rank"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValidationError(f"{name} must be an integer, got {v!r}")
+        if self.min_batch < 1:
+            raise ValidationError(f"min_batch must be >= 1, got {self.min_batch}")
+        if self.max_batch_per_rank is not None and (
+                isinstance(self.max_batch_per_rank, bool) or not isinstance(self.max_batch_per_rank, int)
+                or self.max_batch_per_rank < 1):
+            raise ValidationError(f"max_batch_per_rank must be an integer >= 1, got {self.max_batch_per_rank!r}")
+        if not 0.0 <= self.memory_headroom < 1.0:
+            raise ValidationError(f"memory_headroom must be in [0, 1), got {self.memory_headroom}")
+        if self.cpu_reserve_per_rank < 0:
+            raise ValidationError(f"cpu_reserve_per_rank must be >= 0, got {self.cpu_reserve_per_rank}")
+        if self.max_workers_per_rank < 1:
+            raise ValidationError(f"max_workers_per_rank must be >= 1, got {self.max_workers_per_rank}")
+        if not self.time_limit_s > 0:
+            raise ValidationError(f"time_limit_s must be > 0, got {self.time_limit_s}")
+        if not 0.0 <= self.min_gain < 1.0:
+            raise ValidationError(f"min_gain must be in [0, 1), got {self.min_gain}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form, as stored in ``plan.solver["options"]``."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, path: str = "options") -> SolveOptions:
+        """Read ``to_dict``'s form back; keys this version does not know (a newer writer's) are ignored."""
+        if not isinstance(data, Mapping):
+            raise ValidationError(f"{path}: expected an object of solve options, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except (TypeError, ValidationError) as e:
+            raise ValidationError(f"{path}: {e}") from None
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> SolveOptions:
+        """A copy with the named fields changed; an unknown name is a ValidationError listing the known ones."""
+        known = {f.name for f in fields(self)}
+        bad = sorted(set(overrides) - known)
+        if bad:
+            raise ValidationError(f"unknown solve option(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
+        return replace(self, **overrides) if overrides else self
+
+
+def resolve_options(options: SolveOptions | None, overrides: Mapping[str, Any]) -> SolveOptions:
+    """``options`` (default ``SolveOptions()``) with keyword overrides applied: the keyword form of the API
+    (``solve(profile, global_batch=512, min_batch=2)``) and the carrier form (``options=SolveOptions(...)``) meet
+    here, and may be combined (the keywords win)."""
+    return (options if options is not None else SolveOptions()).with_overrides(overrides)

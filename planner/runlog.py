@@ -1,0 +1,368 @@
+"""The run log: typed records, one writer, one reader (a contract beside Profile and Plan).
+
+``planner train --log-file run.jsonl`` (and the framework adapters) write one JSON object per line; ``planner
+report --log`` and ``planner validate`` read it; ``planner/schemas/runlog.schema.json`` describes one line::
+
+    {"event": "start",  "time": t, "world_size": W, "global_batch": B, "strategy": "plan", "plan": {...}}
+    {"event": "epoch",  "epoch": e, "plan_fingerprint": "..", "samples_per_s": x, "step_time_s": y, "loss": l,
+                        "batch_sizes": [...], "ranks": [<StepStats per rank>], "predicted_step_time_s": [...]}
+    {"event": "replan", "epoch": e, "adopted": bool, "reason": "..", "predicted_gain": g,
+                        "old_batch_sizes": [...], "new_batch_sizes": [...], "measured_compute_s": [...],
+                        "predicted_compute_s": [...], "plan": {...} | null}
+    {"event": "revert", ... the same fields as "replan": the adopted plan measured slower and was taken back}
+    {"event": "resize", "time": t, "epoch": e, "step": s, "old_world_size": .., "new_world_size": ..,
+                        "old_batch_sizes": [...], "new_batch_sizes": [...], "plan": {...}}
+    {"event": "end",    "time": t, "epochs": n}
+
+Numbers that are not finite (a diverged loss, a rank that ran no step) are written as null, so every line is
+strict JSON.  The reader is tolerant where a log can legitimately differ -- unknown keys and event kinds are
+ignored (a newer writer may log more), and a truncated last line (what a killed run leaves) is skipped and
+counted -- and strict where it cannot: a malformed line in the middle, or a record whose known fields have the
+wrong type, is a ValidationError naming the line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from planner.errors import ValidationError
+from planner.jsonio import JSONDict
+from planner.plan import Plan
+from planner.stats import StepStats
+
+RUNLOG_VERSION = 1
+_STATS_KEYS = frozenset(f.name for f in fields(StepStats))
+
+
+def _finite(x: float | None) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def _finites(xs: Sequence[float | None]) -> list[float | None]:
+    return [_finite(x) for x in xs]
+
+
+# -- records ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StartRecord:
+    time: float
+    world_size: int | None
+    global_batch: int | None
+    strategy: str = "plan"
+    """'plan' (HeteroBatchSampler + exact weighting) or 'equal' (DistributedSampler)."""
+    plan: Plan | None = None
+    event: Literal["start"] = "start"
+
+    def to_dict(self) -> JSONDict:
+        return {"event": self.event, "version": RUNLOG_VERSION, "time": self.time, "world_size": self.world_size,
+                "global_batch": self.global_batch, "strategy": self.strategy,
+                "plan": self.plan.to_dict() if self.plan is not None else None}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EpochRecord:
+    epoch: int
+    plan_fingerprint: str
+    samples_per_s: float | None
+    step_time_s: float | None
+    """Measured mean synchronous step time (slowest rank + communication)."""
+    loss: float | None
+    batch_sizes: tuple[int, ...]
+    predicted_step_time_s: tuple[float, ...]
+    """Per-rank predicted busy time of the plan in force this epoch (max of compute and loader)."""
+    ranks: tuple[StepStats, ...] = ()
+    """What every rank measured this epoch, in rank order."""
+    event: Literal["epoch"] = "epoch"
+
+    @property
+    def measured_compute_s(self) -> tuple[float, ...]:
+        return tuple(s.compute_s for s in self.ranks)
+
+    @property
+    def measured_data_wait_s(self) -> tuple[float, ...]:
+        return tuple(s.data_wait_s for s in self.ranks)
+
+    @property
+    def measured_step_time_s(self) -> tuple[float, ...]:
+        return tuple(s.step_time_s for s in self.ranks)
+
+    @property
+    def measured_busy_s(self) -> tuple[float, ...]:
+        """Per-rank compute + data wait: the measured counterpart of the predicted busy time (no peer waiting)."""
+        return tuple(s.compute_s + s.data_wait_s for s in self.ranks)
+
+    def to_dict(self) -> JSONDict:
+        return {"event": self.event, "epoch": self.epoch, "plan_fingerprint": self.plan_fingerprint,
+                "samples_per_s": _finite(self.samples_per_s), "step_time_s": _finite(self.step_time_s),
+                "loss": _finite(self.loss), "batch_sizes": list(self.batch_sizes),
+                "ranks": [{k: (_finite(v) if isinstance(v, float) else v) for k, v in s.to_dict().items()}
+                          for s in self.ranks],
+                "predicted_step_time_s": _finites(self.predicted_step_time_s)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReplanRecord:
+    """A re-plan decision at an epoch end (``event`` 'replan'), or a revert (``event`` 'revert'): the plan adopted
+    before measured slower than its predecessor and was taken back."""
+
+    epoch: int
+    adopted: bool
+    reason: str
+    predicted_gain: float | None
+    """Relative step-time gain the re-planner predicted for the new split (0.05 = 5% faster)."""
+    old_batch_sizes: tuple[int, ...]
+    new_batch_sizes: tuple[int, ...]
+    measured_compute_s: tuple[float | None, ...] = ()
+    predicted_compute_s: tuple[float | None, ...] = ()
+    plan: Plan | None = None
+    """The plan for the next epoch when one was adopted."""
+    event: Literal["replan", "revert"] = "replan"
+
+    @property
+    def reverted(self) -> bool:
+        return self.event == "revert"
+
+    def to_dict(self) -> JSONDict:
+        return {"event": self.event, "epoch": self.epoch, "adopted": self.adopted, "reason": self.reason,
+                "predicted_gain": _finite(self.predicted_gain), "old_batch_sizes": list(self.old_batch_sizes),
+                "new_batch_sizes": list(self.new_batch_sizes),
+                "measured_compute_s": _finites(self.measured_compute_s),
+                "predicted_compute_s": _finites(self.predicted_compute_s),
+                "plan": self.plan.to_dict() if self.plan is not None else None}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResizeRecord:
+    """A resume with another world size (elastic restart): same global batch, the new ranks' split."""
+
+    time: float
+    epoch: int
+    step: int
+    old_world_size: int
+    new_world_size: int
+    old_batch_sizes: tuple[int, ...]
+    new_batch_sizes: tuple[int, ...]
+    plan: Plan | None = None
+    event: Literal["resize"] = "resize"
+
+    def to_dict(self) -> JSONDict:
+        return {"event": self.event, "time": self.time, "epoch": self.epoch, "step": self.step,
+                "old_world_size": self.old_world_size, "new_world_size": self.new_world_size,
+                "old_batch_sizes": list(self.old_batch_sizes), "new_batch_sizes": list(self.new_batch_sizes),
+                "plan": self.plan.to_dict() if self.plan is not None else None}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EndRecord:
+    time: float
+    epochs: int
+    event: Literal["end"] = "end"
+
+    def to_dict(self) -> JSONDict:
+        return {"event": self.event, "time": self.time, "epochs": self.epochs}
+
+
+Record = StartRecord | EpochRecord | ReplanRecord | ResizeRecord | EndRecord
+
+
+# -- the writer -----------------------------------------------------------------------------------------------
+class RunLogWriter:
+    """Appends records as JSON lines, flushed per line (a killed run loses at most the line being written).
+
+    Only the writing rank opens the file: ``RunLogWriter(path, enabled=rank == 0)``; elsewhere it is a no-op.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None, *, enabled: bool = True) -> None:
+        self._f: IO[str] | None = open(path, "a", encoding="utf-8") if path and enabled else None
+
+    def write(self, record: Record) -> None:
+        if self._f is not None:
+            # allow_nan=False: a non-finite number that slipped past to_dict is our bug, not a line to write.
+            self._f.write(json.dumps(record.to_dict(), allow_nan=False) + "\n")
+            self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def __enter__(self) -> RunLogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- the reader -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunLog:
+    world_size: int | None
+    global_batch: int | None
+    start_plan: Plan | None
+    """The plan the run started with (None when the start event is missing or its plan does not parse)."""
+    epochs: tuple[EpochRecord, ...]
+    replans: tuple[ReplanRecord, ...]
+    """Re-plan decisions and reverts, in order."""
+    resizes: tuple[ResizeRecord, ...] = ()
+    ended: bool = False
+    """An end record was written: the run finished (a killed run has none)."""
+    num_skipped_lines: int = 0
+    """Truncated trailing lines (a run killed mid-write)."""
+
+
+def _num(d: Mapping[str, Any], key: str, where: str) -> float | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValidationError(f"{where}: '{key}' must be a number or null, got {v!r}")
+    return float(v)
+
+
+def _int(d: Mapping[str, Any], key: str, where: str, default: int | None = None) -> int:
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValidationError(f"{where}: '{key}' must be an integer, got {v!r}")
+    return v
+
+
+def _opt_int(d: Mapping[str, Any], key: str, where: str) -> int | None:
+    return None if d.get(key) is None else _int(d, key, where)
+
+
+def _nums(v: Any, key: str, where: str) -> tuple[float | None, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))
+                                          for x in v):
+        raise ValidationError(f"{where}: '{key}' must be a list of numbers")
+    return tuple(None if x is None else float(x) for x in v)
+
+
+def _ints(v: Any, key: str, where: str) -> tuple[int, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise ValidationError(f"{where}: '{key}' must be a list of integers")
+    return tuple(v)
+
+
+def _stats(r: Mapping[str, Any], where: str) -> StepStats:
+    known = {k: v for k, v in r.items() if k in _STATS_KEYS}
+    if known.get("num_steps") == 0:
+        # A rank that ran no step this epoch has no times: the writer logged them as null.
+        known = {k: (0.0 if v is None else v) for k, v in known.items()}
+    return StepStats.from_dict(known, path=where)
+
+
+def _plan(v: Any, where: str, *, strict: bool) -> Plan | None:
+    if v is None:
+        return None
+    try:
+        return Plan.from_dict(v, path=f"{where}.plan")
+    except ValidationError as e:
+        if strict:
+            text = str(e)
+            raise ValidationError(text if text.startswith(where) else f"{where}.plan: {text}") from None
+        return None  # the report still shows measured numbers without it
+
+
+def parse_record(d: Mapping[str, Any], where: str = "record", *, strict_plans: bool = False) -> Record | None:
+    """One line's record; None for an event kind this version does not know (ignored by design)."""
+    kind = d.get("event")
+    if kind == "start":
+        return StartRecord(time=_num(d, "time", where) or 0.0, world_size=_opt_int(d, "world_size", where),
+                           global_batch=_opt_int(d, "global_batch", where), strategy=str(d.get("strategy", "plan")),
+                           plan=_plan(d.get("plan"), where, strict=strict_plans))
+    if kind == "epoch":
+        ranks = d.get("ranks") or []
+        if not isinstance(ranks, list) or not all(isinstance(r, dict) for r in ranks):
+            raise ValidationError(f"{where}: 'ranks' must be a list of per-rank StepStats objects")
+        stats = tuple(sorted((_stats(r, f"{where}.ranks[{i}]") for i, r in enumerate(ranks)), key=lambda s: s.rank))
+        batches = _ints(d.get("batch_sizes"), "batch_sizes", where) or tuple(s.batch_size for s in stats)
+        predicted = tuple(x for x in _nums(d.get("predicted_step_time_s"), "predicted_step_time_s", where)
+                          if x is not None)
+        return EpochRecord(epoch=_int(d, "epoch", where, 0), plan_fingerprint=str(d.get("plan_fingerprint", "")),
+                           samples_per_s=_num(d, "samples_per_s", where), step_time_s=_num(d, "step_time_s", where),
+                           loss=_num(d, "loss", where), batch_sizes=batches, predicted_step_time_s=predicted,
+                           ranks=stats)
+    if kind in ("replan", "revert"):
+        return ReplanRecord(epoch=_int(d, "epoch", where, 0), adopted=bool(d.get("adopted", False)),
+                            reason=str(d.get("reason", "")), predicted_gain=_num(d, "predicted_gain", where),
+                            old_batch_sizes=_ints(d.get("old_batch_sizes"), "old_batch_sizes", where),
+                            new_batch_sizes=_ints(d.get("new_batch_sizes"), "new_batch_sizes", where),
+                            measured_compute_s=_nums(d.get("measured_compute_s"), "measured_compute_s", where),
+                            predicted_compute_s=_nums(d.get("predicted_compute_s"), "predicted_compute_s", where),
+                            plan=_plan(d.get("plan"), where, strict=strict_plans),
+                            event="revert" if kind == "revert" else "replan")
+    if kind == "resize":
+        return ResizeRecord(time=_num(d, "time", where) or 0.0, epoch=_int(d, "epoch", where),
+                            step=_int(d, "step", where), old_world_size=_int(d, "old_world_size", where),
+                            new_world_size=_int(d, "new_world_size", where),
+                            old_batch_sizes=_ints(d.get("old_batch_sizes"), "old_batch_sizes", where),
+                            new_batch_sizes=_ints(d.get("new_batch_sizes"), "new_batch_sizes", where),
+                            plan=_plan(d.get("plan"), where, strict=strict_plans))
+    if kind == "end":
+        return EndRecord(time=_num(d, "time", where) or 0.0, epochs=_int(d, "epochs", where, 0))
+    return None
+
+
+def read_run_log(path: str | os.PathLike[str], *, strict_plans: bool = False) -> RunLog:
+    """Parse a run log (see the module docstring for what is tolerated).
+
+    Raises:
+        ValidationError: the file is missing or unreadable, a line other than the last is not a JSON object, a
+            known record has a field of the wrong type, or the file holds no start, epoch or replan record.
+    """
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise ValidationError(f"run log not found: {p}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValidationError(f"cannot read run log {p}: {e}") from None
+    numbered = [(i + 1, s) for i, s in enumerate(lines) if s.strip()]
+    records: list[Record] = []
+    skipped = 0
+    for k, (lineno, text) in enumerate(numbered):
+        try:
+            obj = json.loads(text, parse_constant=_refuse_constant)
+        except json.JSONDecodeError as e:
+            if k == len(numbered) - 1:
+                skipped += 1  # a run killed mid-write leaves half a line; everything before it is good
+                continue
+            raise ValidationError(f"{p}:{lineno}: not a JSON line ({e.msg}); is this a `planner train --log` file?") from None
+        except (ValueError, RecursionError) as e:
+            raise ValidationError(f"{p}:{lineno}: {e}") from None
+        if not isinstance(obj, dict):
+            raise ValidationError(f"{p}:{lineno}: expected a JSON object per line, got {type(obj).__name__}")
+        rec = parse_record(obj, f"{p}:{lineno}", strict_plans=strict_plans)
+        if rec is not None:
+            records.append(rec)
+    starts = [r for r in records if isinstance(r, StartRecord)]
+    epochs = tuple(r for r in records if isinstance(r, EpochRecord))
+    replans = tuple(r for r in records if isinstance(r, ReplanRecord))
+    if not epochs and not replans and not starts:
+        raise ValidationError(f"{p}: no start, epoch or replan events; is this a `planner train --log` file?")
+    start = starts[0] if starts else None
+    return RunLog(
+        world_size=start.world_size if start else None,
+        global_batch=start.global_batch if start else None,
+        start_plan=start.plan if start else None,
+        epochs=epochs,
+        replans=replans,
+        resizes=tuple(r for r in records if isinstance(r, ResizeRecord)),
+        ended=any(isinstance(r, EndRecord) for r in records),
+        num_skipped_lines=skipped,
+    )
+
+
+def _refuse_constant(name: str) -> Any:
+    # json.loads accepts NaN/Infinity by default; our writer never emits them, so a log holding one is not ours.
+    raise ValueError(f"non-finite number {name} (the run log writes null for those)")

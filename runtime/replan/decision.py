@@ -1,0 +1,88 @@
+"""ReplanDecision: what the re-planner decided at one epoch boundary, its log record and its wire form."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from planner.plan import Plan
+from planner.runlog import ReplanRecord
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReplanDecision:
+    """What the re-planner decided at one epoch boundary (identical on every rank after ``Replanner.step``)."""
+
+    epoch: int
+    adopted: bool
+    reason: str
+    """Why the plan was or was not changed, with the numbers."""
+    old_plan: Plan
+    """The plan that ran this epoch."""
+    new_plan: Plan | None
+    """The plan for the next epoch when adopted, else None."""
+    predicted_gain: float | None
+    """T(old plan) / T(new plan) - 1 under the updated model; None when no re-solve was made."""
+    measured_compute_s: tuple[float, ...]
+    """Per rank: mean compute time measured this epoch."""
+    predicted_compute_s: tuple[float, ...]
+    """Per rank: the model's compute time at the batch the rank ran, before this epoch's update."""
+    candidate: Plan | None = None
+    """The re-solved plan, also when it was not adopted."""
+    scale_factors: tuple[float, ...] = ()
+    """Per rank: compute time relative to the original profile after this update."""
+    reverted: bool = False
+    """The plan adopted at an earlier epoch measured slower than its predecessor, which comes back now."""
+
+    @property
+    def plan(self) -> Plan:
+        """The plan in force for the next epoch."""
+        return self.new_plan if self.new_plan is not None else self.old_plan
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return self.plan.batch_sizes
+
+    def to_record(self) -> ReplanRecord:
+        """The run log's record of this decision (planner.runlog: a 'replan' or, for a revert, a 'revert' event)."""
+        return ReplanRecord(epoch=self.epoch, adopted=self.adopted, reason=self.reason,
+                            predicted_gain=self.predicted_gain, old_batch_sizes=self.old_plan.batch_sizes,
+                            new_batch_sizes=self.plan.batch_sizes, measured_compute_s=self.measured_compute_s,
+                            predicted_compute_s=self.predicted_compute_s, plan=self.new_plan,
+                            event="revert" if self.reverted else "replan")
+
+    def to_log(self) -> dict[str, Any]:
+        """The JSON-lines record the report reads (non-finite numbers become null: the line stays valid JSON)."""
+        return self.to_record().to_dict()
+
+    def to_wire(self) -> dict[str, Any]:
+        """What rank 0 sends the others (JSON-able): the log record plus what it leaves out."""
+        return {"log": self.to_log(), "candidate": self.candidate.to_dict() if self.candidate is not None else None,
+                "scale_factors": list(self.scale_factors)}
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any], old_plan: Plan) -> ReplanDecision:
+        """The decision ``to_wire`` described, on a rank whose plan this epoch was ``old_plan`` (the same as rank
+        0's: the fingerprints were compared before deciding)."""
+        log, cand = wire["log"], wire["candidate"]
+        return cls(
+            epoch=int(log["epoch"]), adopted=bool(log["adopted"]), reason=str(log["reason"]), old_plan=old_plan,
+            new_plan=Plan.from_dict(log["plan"], path="replan.plan") if log["plan"] is not None else None,
+            predicted_gain=log["predicted_gain"],
+            # The log wrote a NaN measurement as null; the decision holds it as NaN again, as on rank 0.
+            measured_compute_s=_nan_for_none(log["measured_compute_s"]),
+            predicted_compute_s=_nan_for_none(log["predicted_compute_s"]),
+            candidate=Plan.from_dict(cand, path="replan.candidate") if cand is not None else None,
+            scale_factors=tuple(float(x) for x in wire["scale_factors"]),
+            reverted=log["event"] == "revert",
+        )
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _nan_for_none(xs: list[float | None]) -> tuple[float, ...]:
+    return tuple(math.nan if x is None else float(x) for x in xs)

@@ -1,0 +1,219 @@
+"""The correction model: what measured epochs teach about each rank's compute curve and loader (pure).
+
+Rank i ran batch b_i and measured mean compute c_i, data wait d_i, step time s_i:
+
+    raw_i     = c_i / t0_i(b_i)                    t0_i = envelope fitted to the ORIGINAL profile's points
+    factor_i <- (1 - a) * factor_i + a * raw_i     EMA, a = `smoothing` (DEFAULT_SMOOTHING = 0.8); factor_i
+                                                   starts at 1 (trust the profile as much as one epoch), so one
+                                                   noisy epoch moves the model only part of the way
+    points_i  = original compute points, step_time_s * factor_i      (same curve shape, rescaled)
+
+Shape correction: a profile's curve can be right at one batch size and off in slope elsewhere -- e.g. near the
+knee where a launch-bound GPU turns compute-bound, a uniformly rescaled curve then sends too much work to a rank
+(measured on 2x H200, ResNet-50, emulated 3x rank: the re-plan moved 38 samples and the step got 4% slower).
+So once a rank has been measured at two different batch sizes b1 < b2 (times c1 < c2; the latest measurement
+at each of the two most recent batch sizes; a batch size measured >10% off its previous time clears the history),
+with raw ratios r1, r2 within a factor 2 of each other (beyond that the device itself changed, e.g. a
+co-tenant came, and the uniform factor above applies), each original point time t becomes
+
+    alpha * t + beta      alpha, beta: the affine map of the original curve through (b1, c1) and (b2, c2)
+    r1 * t  for b <= b1   when beta <= 0 (truly steeper than profiled), else
+    r2 * t  for b >= b2   (truly flatter)
+
+which passes through both measurements, stays convex and positive, and keeps the profile's shape beyond them.
+
+Loader: when d_i / s_i > `loader_wait_frac` the loader did not keep up.  With w_i workers a loader-bound rank
+runs one step per b_i * p_i / w_i seconds, which the loop saw as c_i + d_i, so the effective cost per sample is
+
+    p_i = (c_i + d_i) * w_i / b_i      (w_i >= 1)        p_i = d_i / b_i      (w_i = 0: loaded in the loop)
+
+smoothed the same way and only ever raised (a loader that keeps up hides its true cost, so a small wait is no
+evidence that it got faster).  The corrected compute points and loader costs form a new ``planner.Profile``
+(``CorrectionModel.corrected_profile``): the profile in use stays the one source of truth for the solver.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from planner.curves import Envelope, fit_envelope
+from planner.profile import LoaderProfile, Profile
+from planner.stats import StepStats
+
+DEFAULT_SMOOTHING = 0.8
+"""EMA weight of the newest epoch.  Chosen from tests/runtime/test_replan.py's two opposing checks, re-run at
+a = 0.5 ... 1.0: on the 60 random profiles with slope/floor errors (seeds 2026, 7, 11) the mean step time over
+12 epochs improves as a grows (0.915 / 0.898 / 0.900 of the first plan's at 0.5, 0.910 / 0.893 / 0.895 at 0.8,
+0.904 / 0.883 / 0.888 at 1.0), but at 1.0 the safety fails: one case ends 1.4% slower than never re-planning,
+and on noise alone (2% epoch jitter, 100 seeds) one run adopts 3 plans in 10 epochs.  0.8 passes both with margin
+(no churn, scale factors within 4.1% of 1 under noise), closes 96% of the gap to a real change in two epochs
+(0.5: 75%), and is what the trainer has run."""
+SHAPE_MAX_LOG = math.log(2.0)
+"""Two measured ratios further apart than 2x mean the device changed, not the curve's shape (a knee between a
+launch-bound floor and the linear part can make them differ by 1.5x)."""
+SAME_BATCH_CHANGE = math.log(1.10)
+"""The same batch size measured more than 10% off its last time: the device changed; its history is dropped."""
+
+TimeMap = Callable[[float, float], float]
+"""f(batch_size, t): the model's time at ``batch_size`` for a point the original profile gave time ``t``."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Observation:
+    """One epoch's raw measurement of a rank, relative to the original profile."""
+
+    batch_size: int
+    ratio: float
+    """Measured compute time over the original curve's time at ``batch_size`` (raw_i above, not smoothed)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShapeCorrection:
+    """The two-point correction of one rank: the affine map through two measurements, ratios beyond them."""
+
+    b1: int
+    b2: int
+    """The two measured batch sizes, b1 < b2."""
+    r1: float
+    r2: float
+    """Measured / original-curve ratio at b1 and at b2."""
+    alpha: float
+    beta: float
+    """t -> alpha * t + beta maps the original curve's times at b1, b2 onto the measured ones."""
+
+    def time_at(self, batch_size: float, t: float) -> float:
+        if self.beta <= 0:  # steeper than profiled: the affine map above b1, the ratio at b1 below (convex at b1)
+            return self.r1 * t if batch_size <= self.b1 else self.alpha * t + self.beta
+        # Flatter: the affine map below b2, the ratio at b2 above (a positive beta would keep adding beyond b2).
+        return self.alpha * t + self.beta if batch_size <= self.b2 else self.r2 * t
+
+
+def shape_correction(observations: Sequence[Observation], envelope: Envelope) -> ShapeCorrection | None:
+    """The two-point correction from a rank's observations, or None when the uniform factor applies."""
+    if len(observations) != 2 or observations[0].batch_size == observations[1].batch_size:
+        return None
+    lo, hi = sorted(observations, key=lambda o: o.batch_size)
+    b1, r1, b2, r2 = lo.batch_size, lo.ratio, hi.batch_size, hi.ratio
+    if abs(math.log(r1 / r2)) > SHAPE_MAX_LOG:
+        return None  # the device changed between the two epochs: the newest uniform factor is the better guess
+    t1, t2 = envelope(b1), envelope(b2)
+    c1, c2 = r1 * t1, r2 * t2
+    if not (t2 > t1 and c2 > c1):
+        return None  # no slope to learn from (flat curve, or noise reversed the order)
+    alpha = (c2 - c1) / (t2 - t1)
+    return ShapeCorrection(b1=b1, b2=b2, r1=r1, r2=r2, alpha=alpha, beta=c1 - alpha * t1)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankCorrection:
+    """What the measured epochs taught about one rank (all of the model's state for that rank)."""
+
+    scale: float = 1.0
+    """EMA of raw_i: compute time relative to the original profile (1.0 = the profile as measured)."""
+    loader_sec_per_sample: float = 0.0
+    """The loader cost in use: the profile's, raised when the loader did not keep up."""
+    observations: tuple[Observation, ...] = ()
+    """The latest observation at each of the two most recent batch sizes, oldest first."""
+
+    def updated(self, s: StepStats, envelope: Envelope, *, smoothing: float,
+                loader_wait_frac: float) -> RankCorrection:
+        """This rank after one more epoch of (already checked: finite, positive) stats."""
+        a = smoothing
+        raw = s.compute_s / envelope(s.batch_size)
+        b = int(s.batch_size)
+        same = [o.ratio for o in self.observations if o.batch_size == b]
+        if same and abs(math.log(raw / same[0])) > SAME_BATCH_CHANGE:
+            obs: tuple[Observation, ...] = (Observation(batch_size=b, ratio=raw),)  # what it showed no longer holds
+        else:
+            others = [o for o in self.observations if o.batch_size != b]
+            obs = (*others[-1:], Observation(batch_size=b, ratio=raw))
+        spp = self.loader_sec_per_sample
+        if s.step_time_s > 0 and s.data_wait_s / s.step_time_s > loader_wait_frac:
+            if s.num_workers > 0:
+                seen = (s.compute_s + s.data_wait_s) * s.num_workers / s.batch_size
+            else:
+                seen = s.data_wait_s / s.batch_size
+            spp = max(spp, (1.0 - a) * spp + a * seen)  # only raised: see the module docstring
+        return RankCorrection(scale=(1.0 - a) * self.scale + a * raw, loader_sec_per_sample=spp, observations=obs)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CorrectionModel:
+    """The original profile plus each rank's correction; ``updated`` returns a new model, nothing is mutated."""
+
+    base: Profile
+    """The profile the first plan was solved from (the curves' shape; never modified)."""
+    envelopes: tuple[Envelope, ...] = field(compare=False)
+    """t0_i: the envelope of each rank's original points, by rank id (fitted once per profile)."""
+    ranks: tuple[RankCorrection, ...]
+    """By rank id."""
+
+    @classmethod
+    def of(cls, profile: Profile) -> CorrectionModel:
+        """The model before any measurement: the profile as it is."""
+        by_rank = profile.by_rank
+        return cls(base=profile, envelopes=tuple(fit_envelope(r.compute) for r in by_rank),
+                   ranks=tuple(RankCorrection(loader_sec_per_sample=_loader_spp(r.loader)) for r in by_rank))
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def scale_factors(self) -> tuple[float, ...]:
+        return tuple(r.scale for r in self.ranks)
+
+    @property
+    def loader_sec_per_sample(self) -> tuple[float, ...]:
+        return tuple(r.loader_sec_per_sample for r in self.ranks)
+
+    def time_map(self, rank: int) -> TimeMap:
+        """The rank's correction as f(batch_size, t) (see ``TimeMap``)."""
+        shape = shape_correction(self.ranks[rank].observations, self.envelopes[rank])
+        if shape is not None:
+            return shape.time_at
+        scale = self.ranks[rank].scale
+        return lambda _b, t: scale * t
+
+    def compute_s(self, rank: int, batch_size: float) -> float:
+        """The model's compute time of ``rank`` at ``batch_size``."""
+        return self.time_map(rank)(batch_size, self.envelopes[rank](batch_size))
+
+    def ratio(self, rank: int, batch_size: float) -> float:
+        """The model's time over the original curve's at ``batch_size``."""
+        return self.compute_s(rank, batch_size) / self.envelopes[rank](batch_size)
+
+    def updated(self, by_rank: Sequence[StepStats], *, smoothing: float, loader_wait_frac: float) -> CorrectionModel:
+        """The model after one epoch; ``by_rank[i]`` is rank i's checked stats."""
+        assert len(by_rank) == self.world_size and all(s.rank == i for i, s in enumerate(by_rank))
+        ranks = tuple(r.updated(s, env, smoothing=smoothing, loader_wait_frac=loader_wait_frac)
+                      for r, s, env in zip(self.ranks, by_rank, self.envelopes, strict=True))
+        return replace(self, ranks=ranks)
+
+    def with_ranks(self, ranks: Sequence[RankCorrection]) -> CorrectionModel:
+        """The same profile with restored corrections (a checkpoint's)."""
+        assert len(ranks) == self.world_size
+        return replace(self, ranks=tuple(ranks))
+
+    def corrected_profile(self) -> Profile:
+        """The original profile with each rank's compute points corrected and loader costs raised as measured."""
+        maps = [self.time_map(i) for i in range(self.world_size)]  # one correction per rank, not per point
+        profile = self.base.with_compute_times(lambda rank, b, t: maps[rank](b, t))
+        raised = {i for i, (r, c) in enumerate(zip(self.base.by_rank, self.ranks, strict=True))
+                  if c.loader_sec_per_sample != _loader_spp(r.loader)}
+        if not raised:
+            return profile
+        ranks = tuple(replace(r, loader=_with_spp(r.loader, self.ranks[r.rank].loader_sec_per_sample))
+                      if r.rank in raised else r for r in profile.ranks)
+        return replace(profile, ranks=ranks)
+
+
+def _loader_spp(loader: LoaderProfile | None) -> float:
+    return loader.sec_per_sample if loader is not None else 0.0
+
+
+def _with_spp(loader: LoaderProfile | None, spp: float) -> LoaderProfile:
+    # replace() keeps the rest of the loader's profile (its measured scaling and its worker cap).
+    return LoaderProfile(sec_per_sample=spp) if loader is None else replace(loader, sec_per_sample=spp)

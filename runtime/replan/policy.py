@@ -1,0 +1,177 @@
+"""The adoption policy: whether a re-solved plan replaces the running one (pure: numbers in, a verdict out).
+
+After AdaptDL's ``_sync_local_bsz``: change only above a threshold, and only above the noise.
+
+    gain  = T(old plan under the updated model) / T(new plan) - 1     (computed by the caller)
+    noise = noise_sigmas * max_i (std_i / sqrt(n_i)) / c_i            (``AdoptionPolicy.noise``)
+    adopt iff  gain > threshold  and  gain > noise
+               and (gain >= confirm_below  or  the previous epoch proposed a move in the same direction)
+
+The direction of a move is the sign of each rank's batch change; a small gain is adopted only when the next epoch
+confirms it, so one epoch disturbed by another process on the host does not move the plan while a real slowdown
+(gains of 30-80% measured) is followed at once.
+
+Measured, not predicted, has the last word: a newly adopted plan is on trial until its first epoch is measured;
+if its step time (slowest rank) is slower than the previous plan's last epoch by more than max(1%, noise), the
+previous plan comes back at once ("reverted"), and for 5 epochs neither the rejected batch sizes nor a move from
+the restored plan that reaches 3/4 of the way toward them is adopted (a shorter move in that direction still is):
+
+    barred iff  cand == rejected   or  (current == moved_from  and  <cand - from, rej - from> >= 3/4 |rej - from|^2)
+
+The policy knows batch sizes only; the Replanner keeps the plans they belong to.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from planner.errors import ValidationError
+from planner.stats import StepStats
+
+Batches = tuple[int, ...]
+
+WORSE_MARGIN = 0.01
+"""A newly adopted plan measured this much slower (or more, with noise) than its predecessor is reverted."""
+WORSE_EPOCHS = 5
+"""Epochs for which batch sizes that measured worse are not adopted again."""
+WORSE_REACH = 0.75
+"""After a revert, a move from the same plan that goes at least this far along the rejected move is refused."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Trial:
+    """A plan adopted at epoch ``adopted_at``, on trial until its first epoch has been measured."""
+
+    previous: Batches
+    """The batch sizes it replaced (restored if it measures slower)."""
+    previous_step_s: float
+    """The step time (slowest rank) measured in the previous plan's last epoch."""
+    adopted_at: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rejection:
+    """A move that measured slower and was reverted: barred for ``WORSE_EPOCHS`` epochs."""
+
+    moved_from: Batches
+    batch_sizes: Batches
+    """The batch sizes that measured slower."""
+    epoch: int
+    """The epoch that measured them."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PolicyState:
+    """Everything the policy remembers between epochs."""
+
+    proposed: tuple[int, ...] | None = None
+    """Direction (sign per rank) of the last epoch's unconfirmed small move, if any."""
+    trial: Trial | None = None
+    rejections: tuple[Rejection, ...] = ()
+    """Recent reverts, oldest first."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Revert:
+    """The plan on trial measured slower than its predecessor: go back to ``trial.previous``."""
+
+    trial: Trial
+    rejected: Batches
+    """The batch sizes on trial."""
+    step_s: float
+    """Their measured step time."""
+
+    @property
+    def slower(self) -> float:
+        return self.step_s / self.trial.previous_step_s - 1.0
+
+    def reason(self) -> str:
+        prev = list(self.trial.previous)
+        return (f"reverted: batches {list(self.rejected)} (adopted at epoch {self.trial.adopted_at}) measured "
+                f"{self.step_s * 1e3:.4g} ms per step, {self.slower:.1%} slower than the "
+                f"{self.trial.previous_step_s * 1e3:.4g} ms of {prev} before them; back to {prev}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Verdict:
+    adopt: bool
+    why: str
+    """The reason, to follow the caller's numbers ("...: below the threshold 5.0%")."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AdoptionPolicy:
+    """The rules (module docstring); the memory they need is a ``PolicyState`` passed in and returned."""
+
+    threshold: float = 0.05
+    """Minimum predicted gain to switch plans (0.05 = 5 %)."""
+    noise_sigmas: float = 2.0
+    """The gain must also exceed this many relative standard errors of the noisiest rank."""
+    confirm_below: float = 0.10
+    """A gain under this (over the threshold) is adopted only when the previous epoch proposed the same move."""
+
+    def __post_init__(self) -> None:
+        if not self.threshold >= 0.0:
+            raise ValidationError(f"replan threshold must be >= 0, got {self.threshold}")
+
+    def noise(self, by_rank: Sequence[StepStats]) -> float:
+        """The relative noise a gain must beat: ``noise_sigmas`` standard errors of the noisiest rank's mean."""
+        return self.noise_sigmas * max(s.compute_s_std / math.sqrt(s.num_steps) / s.compute_s for s in by_rank)
+
+    def check_trial(self, state: PolicyState, *, epoch: int, batch_sizes: Batches, step_s: float,
+                    noise: float) -> tuple[PolicyState, Revert | None]:
+        """First at every accepted epoch: forget expired rejections, then judge the plan on trial (if any),
+        ``batch_sizes``, by the step time ``step_s`` its first epoch measured.  The trial ends either way."""
+        rejections = tuple(r for r in state.rejections if epoch - r.epoch < WORSE_EPOCHS)
+        trial = state.trial
+        state = replace(state, trial=None, rejections=rejections)
+        if trial is None:
+            return state, None
+        revert = Revert(trial=trial, rejected=batch_sizes, step_s=step_s)
+        # A slowdown within the noise is no evidence against the new plan; 1% is not worth a change either way.
+        if not revert.slower > max(WORSE_MARGIN, noise):
+            return state, None
+        rejected = Rejection(moved_from=trial.previous, batch_sizes=batch_sizes, epoch=epoch)
+        return PolicyState(proposed=None, trial=None, rejections=(*rejections, rejected)), revert
+
+    def judge(self, state: PolicyState, *, epoch: int, current: Batches, candidate: Batches, gain: float,
+              noise: float, step_s: float) -> tuple[PolicyState, Verdict]:
+        """Whether ``candidate`` (a valid re-solve, different from ``current``) with predicted ``gain`` replaces
+        ``current``, whose epoch measured ``step_s`` per step.  Adopting puts it on trial."""
+        # First: a barred move is refused whatever its predicted gain -- the prediction is what was wrong.
+        barred = self.barred_by(state, current, candidate)
+        if barred is not None:
+            return state, Verdict(adopt=False, why=(
+                f"goes as far as {list(barred.batch_sizes)}, which measured slower than {list(barred.moved_from)} "
+                f"at epoch {barred.epoch}; such moves are barred until epoch {barred.epoch + WORSE_EPOCHS}"))
+        if not gain > self.threshold:
+            # Nothing worth moving for: a small move proposed earlier is no longer pending confirmation.
+            return replace(state, proposed=None), Verdict(adopt=False, why=f"below the threshold {self.threshold:.1%}")
+        if not gain > noise:  # a noisy epoch neither confirms nor cancels a pending proposal
+            return state, Verdict(adopt=False, why=(
+                f"within the measurement noise {noise:.1%} ({self.noise_sigmas:g} x relative std error)"))
+        direction = tuple((b > a) - (b < a) for a, b in zip(current, candidate, strict=True))
+        if gain < self.confirm_below and state.proposed != direction:
+            return replace(state, proposed=direction), Verdict(adopt=False, why=(
+                f"under {self.confirm_below:.0%}, adopted only if the next epoch confirms it"))
+        # This epoch's measured step is the yardstick the new plan's first epoch must not lose to.
+        trial = Trial(previous=current, previous_step_s=step_s, adopted_at=epoch)
+        return replace(state, proposed=None, trial=trial), Verdict(adopt=True, why="adopted")
+
+    @staticmethod
+    def barred_by(state: PolicyState, current: Batches, candidate: Batches) -> Rejection | None:
+        """The recent revert that rules out ``candidate``: the same batches, or (from the same plan) a move reaching
+        at least ``WORSE_REACH`` of the way along the move that measured slower."""
+        for r in state.rejections:
+            if candidate == r.batch_sizes:
+                return r
+            if r.moved_from == current:
+                # Project the candidate's move onto the rejected one: a shorter step the same way may still win.
+                rejected = [d - s for s, d in zip(r.moved_from, r.batch_sizes, strict=True)]
+                move = [c - s for s, c in zip(r.moved_from, candidate, strict=True)]
+                norm2 = sum(x * x for x in rejected)
+                if norm2 > 0 and sum(m * x for m, x in zip(move, rejected, strict=True)) >= WORSE_REACH * norm2:
+                    return r
+        return None

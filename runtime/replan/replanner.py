@@ -1,0 +1,309 @@
+"""The Replanner: one decision per epoch boundary -- check the stats, update the model, re-solve, ask the policy.
+
+    1. refuse stats that are missing, NaN/inf/negative or from fewer than ``min_steps`` steps (the model stays)
+    2. update the correction model (model.py) with every rank's stats
+    3. a plan on trial that measured slower is reverted (policy.py); nothing else happens this epoch
+    4. re-solve the corrected profile at the same global batch and min batch with the run's SolveOptions;
+       refuse a re-solve that fails, changes the global batch, puts a rank below min batch, or is identical
+    5. gain = T(old plan under the updated model) / T(new plan) - 1  (``planner.evaluate`` with the old batches
+       and workers); the policy adopts or refuses it, with the reason logged
+
+``step`` runs the same on every rank through one collective exchange (exchange.py); ``decide`` is the local,
+collective-free part.  The global batch never changes, so the sampler's coverage stays exactly-once.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields, replace
+from typing import Any
+
+from planner.errors import PlanError, ValidationError
+from planner.plan import Plan
+from planner.profile import Profile
+from planner.solve import SolveOptions, evaluate, solve
+from planner.stats import StepStats
+from runtime.replan.decision import ReplanDecision
+from runtime.replan.exchange import exchange_decision
+from runtime.replan.model import DEFAULT_SMOOTHING, CorrectionModel, Observation, RankCorrection
+from runtime.replan.policy import AdoptionPolicy, PolicyState, Rejection, Trial
+
+_SOLVE_KEYS = frozenset(f.name for f in fields(SolveOptions)) - {"min_batch"}  # min_batch comes from the plan
+_STATE_VERSION = 1
+_STATS_FIELDS = ("data_wait_s", "compute_s", "step_time_s", "compute_s_std")
+
+
+class Replanner:
+    """Keeps a plan matched to measured per-rank speeds across epochs.
+
+    Args:
+        profile: the profile the first plan was solved from (the model's shape; never modified).
+        plan: the plan running now.
+        threshold: minimum predicted throughput gain to switch plans (0.05 = 5 %); switching costs a sampler
+            re-layout and, when worker counts change, new DataLoader workers.
+        min_steps: epochs with fewer averaged steps are refused as too noisy.
+        options: the ``planner.SolveOptions`` every re-solve uses (memory headroom, CPU reserve, worker cap, ...);
+            default: the plan's own (``plan.options``).  ``global_batch`` and ``min_batch`` always come from the plan.
+        solve_kwargs: the same as keywords (the older form); applied on top of ``options``.
+        smoothing: EMA weight of the newest epoch in the scale factors (1.0 = trust the last epoch only); the
+            default ``DEFAULT_SMOOTHING`` (0.8) and why: runtime/replan/model.py.
+        noise_sigmas: the gain must also exceed this many relative standard errors of the noisiest rank.
+        confirm_below: a gain under this (but over the threshold) is adopted only when the previous epoch proposed
+            a move in the same direction too: one epoch disturbed by another process on the host must not move
+            the plan, while a real slowdown (gains of 30-80% measured) is followed at once.
+        loader_wait_frac: data wait above this fraction of the step counts as a loader that did not keep up.
+        solve_fn: the solver (``planner.solve``); replaceable for heuristics and tests.  Called as
+            ``solve_fn(profile, global_batch=..., min_batch=..., options=...)``.
+    """
+
+    def __init__(
+        self,
+        profile: Profile,
+        plan: Plan,
+        *,
+        threshold: float = 0.05,
+        min_steps: int = 5,
+        options: SolveOptions | None = None,
+        solve_kwargs: Mapping[str, Any] | None = None,
+        smoothing: float = DEFAULT_SMOOTHING,
+        noise_sigmas: float = 2.0,
+        confirm_below: float = 0.10,
+        loader_wait_frac: float = 0.10,
+        solve_fn: Callable[..., Plan] = solve,
+    ) -> None:
+        if plan.world_size != profile.world_size:
+            raise ValidationError(
+                f"the plan has {plan.world_size} ranks but the profile {profile.world_size}; "
+                "re-run `planner plan` on this profile"
+            )
+        self._policy = AdoptionPolicy(threshold=threshold, noise_sigmas=noise_sigmas, confirm_below=confirm_below)
+        if min_steps < 1:
+            raise ValidationError(f"replan min_steps must be >= 1, got {min_steps}")
+        if not 0.0 < smoothing <= 1.0:
+            raise ValidationError(f"replan smoothing must be in (0, 1], got {smoothing}")
+        kwargs = dict(solve_kwargs or {})
+        bad = sorted(set(kwargs) - _SOLVE_KEYS)
+        if bad:
+            raise ValidationError(
+                f"solve_kwargs: {', '.join(bad)} not accepted (global_batch and min_batch come from the plan); "
+                f"allowed: {', '.join(sorted(_SOLVE_KEYS))}"
+            )
+        self.min_steps = min_steps
+        self.smoothing = smoothing
+        self.loader_wait_frac = loader_wait_frac
+        self._options = (options if options is not None else plan.options).with_overrides(
+            {**kwargs, "min_batch": plan.min_batch})
+        self._solve_fn = solve_fn
+        self._plan = plan
+        self._model = CorrectionModel.of(profile)
+        self._policy_state = PolicyState()
+        self._previous: Plan | None = None
+        """The plan the one on trial replaced (set exactly while ``_policy_state.trial`` is): restored on revert."""
+        self._last_epoch: int | None = None
+
+    # -- the model in use -------------------------------------------------------------------------------
+    @property
+    def plan(self) -> Plan:
+        return self._plan
+
+    @property
+    def threshold(self) -> float:
+        return self._policy.threshold
+
+    @property
+    def noise_sigmas(self) -> float:
+        return self._policy.noise_sigmas
+
+    @property
+    def confirm_below(self) -> float:
+        return self._policy.confirm_below
+
+    @property
+    def scale_factors(self) -> tuple[float, ...]:
+        return self._model.scale_factors
+
+    @property
+    def loader_sec_per_sample(self) -> tuple[float, ...]:
+        return self._model.loader_sec_per_sample
+
+    def ratio(self, rank: int, batch_size: float) -> float:
+        """The model's time over the original curve's at ``batch_size`` (see runtime/replan/model.py)."""
+        return self._model.ratio(rank, batch_size)
+
+    @property
+    def profile(self) -> Profile:
+        """The original profile with each rank's compute points corrected and loader costs raised as measured."""
+        return self._model.corrected_profile()
+
+    # -- the decision (no collectives) ------------------------------------------------------------------------
+    def decide(self, stats: Sequence[StepStats], epoch: int) -> ReplanDecision:
+        """Update the model from every rank's stats of `epoch` and decide whether to switch plans.
+
+        Call once per epoch with all ranks' stats: accepted stats move the model (also when the plan is kept).
+        """
+        old = self._plan
+        measured = tuple(float(s.compute_s) for s in sorted(stats, key=lambda s: s.rank))
+        problem = self._check_stats(stats, epoch)
+        if problem is not None:
+            return ReplanDecision(epoch=epoch, adopted=False, reason=problem, old_plan=old, new_plan=None,
+                                  predicted_gain=None, measured_compute_s=measured, predicted_compute_s=(),
+                                  scale_factors=self.scale_factors)
+        by_rank = sorted(stats, key=lambda s: s.rank)
+        predicted = tuple(self._model.compute_s(i, s.batch_size) for i, s in enumerate(by_rank))
+        self._model = self._model.updated(by_rank, smoothing=self.smoothing, loader_wait_frac=self.loader_wait_frac)
+        self._last_epoch = epoch
+        step_s = max(s.step_time_s for s in by_rank)  # the synchronous step waits for the slowest rank
+        noise = self._policy.noise(by_rank)
+
+        def outcome(reason: str, new: Plan | None = None, gain: float | None = None,
+                    candidate: Plan | None = None, reverted: bool = False) -> ReplanDecision:
+            return ReplanDecision(epoch=epoch, adopted=new is not None, reason=reason, old_plan=old, new_plan=new,
+                                  predicted_gain=gain, measured_compute_s=measured, predicted_compute_s=predicted,
+                                  candidate=candidate, scale_factors=self.scale_factors, reverted=reverted)
+
+        self._policy_state, revert = self._policy.check_trial(
+            self._policy_state, epoch=epoch, batch_sizes=old.batch_sizes, step_s=step_s, noise=noise)
+        previous, self._previous = self._previous, None
+        if revert is not None:
+            assert previous is not None and previous.batch_sizes == revert.trial.previous
+            self._plan = replace(previous, meta={**previous.meta, "reverted_at_epoch": epoch})
+            return outcome(revert.reason(), new=self._plan, reverted=True)
+
+        profile = self.profile
+        try:
+            cand = self._solve_fn(profile, global_batch=old.global_batch, min_batch=old.min_batch,
+                                  options=self._options)
+        except PlanError as e:
+            return outcome(f"re-solve failed, keeping the plan: {e}")
+        if cand.world_size != old.world_size or cand.global_batch != old.global_batch:
+            return outcome(
+                f"re-solved plan has world size {cand.world_size} / global batch {cand.global_batch}, "
+                f"the run has {old.world_size} / {old.global_batch}: refused (the global batch never changes)",
+                candidate=cand,
+            )
+        starved = [(r.rank, r.batch_size) for r in cand.ranks if r.batch_size < old.min_batch]
+        if starved:
+            listed = ", ".join(f"rank {i} at {b}" for i, b in starved)
+            return outcome(f"re-solved plan puts {listed} below min batch {old.min_batch}: refused", candidate=cand)
+        if cand.fingerprint == old.fingerprint:
+            return outcome("re-solved plan is identical to the current one", gain=0.0, candidate=cand)
+        # Both times under the same updated model: the gain compares plans, not the model with the profile.
+        old_eval = evaluate(profile, old.batch_sizes, num_workers=[r.num_workers for r in old.ranks],
+                            min_batch=old.min_batch, options=self._options)
+        t_old, t_new = old_eval.predicted.step_time_s, cand.predicted.step_time_s
+        gain = t_old / t_new - 1.0
+        numbers = (f"predicted step {t_old * 1e3:.4g} ms -> {t_new * 1e3:.4g} ms, gain {gain:.1%}; "
+                   f"batches {list(old.batch_sizes)} -> {list(cand.batch_sizes)}")
+        self._policy_state, verdict = self._policy.judge(
+            self._policy_state, epoch=epoch, current=old.batch_sizes, candidate=cand.batch_sizes, gain=gain,
+            noise=noise, step_s=step_s)
+        if not verdict.adopt:
+            return outcome(f"{numbers}: {verdict.why}", gain=gain, candidate=cand)
+        self._plan = replace(cand, meta={**cand.meta, "replanned_at_epoch": epoch})
+        self._previous = old
+        return outcome(f"{numbers}: {verdict.why}", new=self._plan, gain=gain, candidate=cand)
+
+    def _check_stats(self, stats: Sequence[StepStats], epoch: int) -> str | None:
+        """Why these stats cannot be used (None when they can): refusing beats re-planning on garbage."""
+        W = self._plan.world_size
+        ids = sorted(s.rank for s in stats)
+        if ids != list(range(W)):
+            return f"need stats from ranks 0..{W - 1} exactly once, got ranks {ids}: refused"
+        if self._last_epoch is not None and epoch <= self._last_epoch:
+            return f"epoch {epoch} was already decided (last {self._last_epoch}): refused"
+        for s in sorted(stats, key=lambda s: s.rank):
+            for name in _STATS_FIELDS:
+                v = getattr(s, name)
+                if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                    return f"rank {s.rank} reported {name}={v}: non-finite or negative measurement, refused"
+            if s.num_steps < self.min_steps:
+                return f"rank {s.rank} averaged {s.num_steps} steps, fewer than min_steps {self.min_steps}: refused"
+            if s.compute_s <= 0 or s.batch_size < 1:
+                return f"rank {s.rank} reported compute_s={s.compute_s} at batch {s.batch_size}: refused"
+        return None
+
+    # -- the collective ------------------------------------------------------------------------------------
+    def step(self, local_stats: StepStats, epoch: int, *, group: Any = None) -> ReplanDecision:
+        """All-gather every rank's stats, decide on rank 0, broadcast; every rank returns the same decision.
+
+        Without an initialized process group (one process) it decides locally.  Every rank leaves with the same
+        plan and model state, checked by fingerprint; a disagreement raises on every rank instead of hanging.
+        The caller then applies ``decision.batch_sizes`` (``sampler.set_batch_sizes``) before the next epoch;
+        when the adopted plan changes ``num_workers`` the DataLoader must be rebuilt to follow it.  With NCCL the
+        exchange uses the current CUDA device: call ``torch.cuda.set_device`` first (every DDP script does).
+        """
+        return exchange_decision(self, local_stats, epoch, group)
+
+    # -- checkpointing ---------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The current plan and the model's corrections (JSON-able), so a resumed run continues re-planning."""
+        ps, trial = self._policy_state, self._policy_state.trial
+        return {
+            "version": _STATE_VERSION,
+            "kind": "replanner",
+            "plan": self._plan.to_dict(),
+            "compute_scale": list(self.scale_factors),
+            "loader_sec_per_sample": list(self.loader_sec_per_sample),
+            "last_epoch": self._last_epoch,
+            "proposed_direction": None if ps.proposed is None else list(ps.proposed),
+            "profile_fingerprint": self._model.base.fingerprint(),
+            "observations": [[[o.batch_size, o.ratio] for o in r.observations] for r in self._model.ranks],
+            "revert": None if trial is None or self._previous is None else {
+                "plan": self._previous.to_dict(), "step_time_s": trial.previous_step_s, "epoch": trial.adopted_at},
+            "measured_worse": [{"from": list(r.moved_from), "to": list(r.batch_sizes), "epoch": r.epoch}
+                               for r in ps.rejections],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what ``state_dict`` returned (on a Replanner built from the same profile).
+
+        Everything is checked before anything is changed: a state that fails leaves this Replanner as it was.
+        """
+        if state.get("kind") != "replanner" or state.get("version") != _STATE_VERSION:
+            raise ValidationError(
+                f"not a replanner state (kind={state.get('kind')!r}, version={state.get('version')!r}); "
+                f"expected kind 'replanner' version {_STATE_VERSION}"
+            )
+        plan = Plan.from_dict(state["plan"], path="replanner.plan")
+        base = self._model.base
+        W = base.world_size
+        scale = [float(x) for x in state["compute_scale"]]
+        spp = [float(x) for x in state["loader_sec_per_sample"]]
+        if plan.world_size != W or len(scale) != W or len(spp) != W:
+            raise ValidationError(
+                f"replanner state is for {plan.world_size} ranks ({len(scale)} scale factors) but the profile has "
+                f"{W}: resume with the same cluster or start re-planning afresh"
+            )
+        if not all(math.isfinite(x) and x > 0 for x in scale) or not all(math.isfinite(x) and x >= 0 for x in spp):
+            raise ValidationError(f"replanner state has invalid factors {scale} / loader costs {spp}")
+        if state.get("profile_fingerprint") not in (None, base.fingerprint()):
+            warnings.warn("replanner state was saved with another profile; its scale factors are applied to this "
+                          "one's curves", stacklevel=2)
+        last = state.get("last_epoch")
+        proposed = state.get("proposed_direction")
+        # Optional (states written before the shape correction lack them: they resume with an empty history).
+        raw_obs = state.get("observations") or [[] for _ in range(W)]
+        if len(raw_obs) != W:
+            raise ValidationError(f"replanner state has observations for {len(raw_obs)} ranks, the profile {W}")
+        obs = [[(int(b), float(r)) for b, r in o][-2:] for o in raw_obs]
+        if not all(b >= 1 and math.isfinite(r) and r > 0 for o in obs for b, r in o):
+            raise ValidationError(f"replanner state has invalid observations {obs}")
+        rev = state.get("revert")
+        previous = None if rev is None else Plan.from_dict(rev["plan"], path="replanner.revert.plan")
+        trial = None if rev is None or previous is None else Trial(
+            previous=previous.batch_sizes, previous_step_s=float(rev["step_time_s"]), adopted_at=int(rev["epoch"]))
+        rejections = tuple(Rejection(moved_from=tuple(int(x) for x in w["from"]),
+                                     batch_sizes=tuple(int(x) for x in w["to"]), epoch=int(w["epoch"]))
+                           for w in state.get("measured_worse") or [])
+
+        self._plan = plan
+        self._model = self._model.with_ranks([
+            RankCorrection(scale=f, loader_sec_per_sample=p,
+                           observations=tuple(Observation(batch_size=b, ratio=r) for b, r in o))
+            for f, p, o in zip(scale, spp, obs, strict=True)])
+        self._last_epoch = None if last is None else int(last)
+        self._policy_state = PolicyState(proposed=None if proposed is None else tuple(int(x) for x in proposed),
+                                         trial=trial, rejections=rejections)
+        self._previous = previous

@@ -1,0 +1,122 @@
+"""The correction model on its own: EMA factors, the two-point shape correction, loader costs, the profile."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from planner.profile import LoaderPoint, LoaderProfile, Profile
+from planner.stats import StepStats
+from runtime.replan.model import CorrectionModel, Observation
+from tests.planner._profiles import linear_profile
+
+
+def _profile() -> Profile:
+    # t_i(b) = 0.01 + s_i * b, profiled at b = 16 and 256.
+    return linear_profile([0.001, 0.003], fixed_s=0.01, loader_s=[0.0004, 0.0004])
+
+
+def _epoch(model: CorrectionModel, times: dict[int, tuple[int, float]], *, smoothing: float = 1.0,
+           wait_s: tuple[float, float] = (0.0, 0.0), workers: int = 2) -> CorrectionModel:
+    """One epoch: rank i ran batch b at c seconds of compute (ranks not named ran as profiled at 64)."""
+    stats = []
+    for i in range(model.world_size):
+        b, c = times.get(i, (64, model.envelopes[i](64)))
+        stats.append(StepStats(rank=i, epoch=0, num_steps=50, batch_size=b, num_workers=workers,
+                               data_wait_s=wait_s[i], compute_s=c, step_time_s=c + wait_s[i]))
+    return model.updated(stats, smoothing=smoothing, loader_wait_frac=0.10)
+
+
+def test_scale_factors_are_an_ema_from_one_and_the_model_is_never_mutated() -> None:
+    m0 = CorrectionModel.of(_profile())
+    t = m0.envelopes[1](128)
+    m1 = _epoch(m0, {1: (128, 3 * t)}, smoothing=0.8)
+    m2 = _epoch(m1, {1: (128, 3 * t)}, smoothing=0.8)
+    assert m0.scale_factors == (1.0, 1.0)
+    assert m1.scale_factors == pytest.approx((1.0, 2.6))
+    assert m2.scale_factors == pytest.approx((1.0, 1 + 2 * (1 - 0.2**2)))  # 96% of the way after two epochs
+    # One batch size seen: the uniform factor applies at every batch size.
+    assert m2.ratio(1, 16) == m2.ratio(1, 500) == pytest.approx(m2.scale_factors[1])
+    assert m2.compute_s(1, 128) == pytest.approx(m2.scale_factors[1] * t)
+
+
+@pytest.mark.parametrize(("alpha", "beta"), [(1.5, -0.01), (0.5, 0.02)])  # truly steeper / truly flatter
+def test_two_measurements_correct_the_shape(alpha: float, beta: float) -> None:
+    m = CorrectionModel.of(_profile())
+    t0 = m.envelopes[1]
+
+    def true(b: float) -> float:
+        return alpha * t0(b) + beta
+
+    m = _epoch(_epoch(m, {1: (64, true(64))}), {1: (128, true(128))})
+    assert m.ranks[1].observations == (Observation(batch_size=64, ratio=true(64) / t0(64)),
+                                      Observation(batch_size=128, ratio=true(128) / t0(128)))
+    # Through both measurements and exact between them (the true curve is an affine map of the profiled one).
+    for b in (64, 96, 128):
+        assert m.compute_s(1, b) == pytest.approx(true(b))
+    r1, r2 = true(64) / t0(64), true(128) / t0(128)
+    if beta <= 0:  # steeper: the map holds above b1, the ratio at b1 below it
+        assert m.compute_s(1, 256) == pytest.approx(true(256))
+        assert m.compute_s(1, 16) == pytest.approx(r1 * t0(16))
+    else:  # flatter: the map holds below b2, the ratio at b2 above it
+        assert m.compute_s(1, 16) == pytest.approx(true(16))
+        assert m.compute_s(1, 256) == pytest.approx(r2 * t0(256))
+    # The corrected profile's points follow the same map (rank 0, measured as profiled, is left as it was).
+    points = {p.batch_size: p.step_time_s for p in m.corrected_profile().rank(1).compute}
+    assert points == pytest.approx({b: m.compute_s(1, b) for b in (16, 256)})
+    assert m.corrected_profile().rank(0).compute == _profile().rank(0).compute
+
+
+def test_ratios_more_than_2x_apart_mean_a_changed_device() -> None:
+    m = CorrectionModel.of(_profile())
+    t0 = m.envelopes[1]
+    m = _epoch(_epoch(m, {1: (64, t0(64))}), {1: (128, 2.5 * t0(128))})
+    assert m.ratio(1, 16) == m.ratio(1, 256) == pytest.approx(2.5)  # uniform, from the newest epoch
+
+
+def test_a_batch_size_measured_far_off_its_last_time_clears_the_history() -> None:
+    m = CorrectionModel.of(_profile())
+    t0 = m.envelopes[1]
+    m = _epoch(_epoch(m, {1: (64, 1.2 * t0(64))}), {1: (128, 1.3 * t0(128))})
+    near = _epoch(m, {1: (128, 1.4 * t0(128))})  # within 10% of 1.3: the newest replaces the old at 128
+    assert [o.batch_size for o in near.ranks[1].observations] == [64, 128]
+    assert [o.ratio for o in near.ranks[1].observations] == pytest.approx([1.2, 1.4])
+    far = _epoch(m, {1: (128, 1.6 * t0(128))})  # 23% off: the device changed, what it showed before is dropped
+    assert [o.batch_size for o in far.ranks[1].observations] == [128]
+    assert far.ranks[1].observations[0].ratio == pytest.approx(1.6)
+    third = _epoch(m, {1: (256, 1.35 * t0(256))})  # a third batch size pushes out the oldest
+    assert [o.batch_size for o in third.ranks[1].observations] == [128, 256]
+
+
+def test_loader_cost_is_only_ever_raised() -> None:
+    m = CorrectionModel.of(_profile())
+    b, c = 64, m.envelopes[0](64)
+    # Rank 0 waits as long for data as it computes, with 2 workers: p = (c + d) * w / b.
+    m1 = _epoch(m, {0: (b, c)}, wait_s=(c, 0.0))
+    assert m1.loader_sec_per_sample == pytest.approx((2 * c * 2 / b, 0.0004))
+    # A loader that keeps up, or waits less, is no evidence that it got faster.
+    assert _epoch(m1, {0: (b, c)}).loader_sec_per_sample == m1.loader_sec_per_sample
+    assert _epoch(m1, {0: (b, c)}, wait_s=(0.5 * c, 0.0)).loader_sec_per_sample == m1.loader_sec_per_sample
+    # A wait under 10% of the step is not counted; without workers the loop loaded the data itself: p = d / b.
+    assert _epoch(m, {0: (b, c)}, wait_s=(0.05 * c, 0.0)).loader_sec_per_sample == (0.0004, 0.0004)
+    assert _epoch(m, {0: (b, c)}, wait_s=(c, 0.0), workers=0).loader_sec_per_sample[0] == pytest.approx(c / b)
+
+
+def test_the_corrected_profile_changes_only_times_and_loader_costs() -> None:
+    base = _profile()
+    capped = replace(base.rank(0), loader=LoaderProfile(
+        sec_per_sample=0.0004, scaling=(LoaderPoint(num_workers=1, samples_per_s=2500.0),), max_workers=3))
+    base = replace(base, ranks=(capped, base.rank(1)), meta={"note": "kept"})
+    m = CorrectionModel.of(base)
+    assert m.corrected_profile() == base  # nothing measured: the profile as it is
+    c = m.envelopes[0](64)
+    m = _epoch(m, {0: (64, 2 * c)}, wait_s=(2 * c, 0.0))
+    out = m.corrected_profile()
+    assert out.hosts == base.hosts and out.meta == base.meta and out.model == base.model
+    loader = out.rank(0).loader
+    assert loader is not None and loader.sec_per_sample == m.loader_sec_per_sample[0] > 0.0004
+    # The rest of the loader's profile stays: its measured scaling and its worker cap.
+    assert loader.scaling == capped.loader.scaling and loader.max_workers == 3  # type: ignore[union-attr]
+    assert out.rank(1).loader == base.rank(1).loader
+    assert [p.step_time_s for p in out.rank(0).compute] == pytest.approx([2 * p.step_time_s for p in capped.compute])

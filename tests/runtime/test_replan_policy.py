@@ -1,0 +1,125 @@
+"""The adoption policy on numbers alone: no profile, no solver, no processes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from planner.errors import ValidationError
+from planner.stats import StepStats
+from runtime.replan.policy import WORSE_EPOCHS, AdoptionPolicy, PolicyState, Trial
+
+POLICY = AdoptionPolicy(threshold=0.05, noise_sigmas=2.0, confirm_below=0.10)
+EQUAL = (256, 256)
+TOWARD_0 = (300, 212)  # rank 1 slower: work moves to rank 0
+TOWARD_1 = (212, 300)
+
+
+def _judge(state: PolicyState, gain: float, *, epoch: int = 0, current: tuple[int, ...] = EQUAL,
+           candidate: tuple[int, ...] = TOWARD_0, noise: float = 0.0,
+           step_s: float = 0.100) -> tuple[PolicyState, bool, str]:
+    """One epoch as the Replanner runs it: the trial check first, then the verdict on the candidate."""
+    state, revert = POLICY.check_trial(state, epoch=epoch, batch_sizes=current, step_s=step_s, noise=noise)
+    assert revert is None
+    state, verdict = POLICY.judge(state, epoch=epoch, current=current, candidate=candidate, gain=gain, noise=noise,
+                                  step_s=step_s)
+    return state, verdict.adopt, verdict.why
+
+
+def test_threshold() -> None:
+    assert _judge(PolicyState(), 0.049)[1:] == (False, "below the threshold 5.0%")
+    assert not _judge(PolicyState(), 0.05)[1]  # the gain must beat the threshold, not reach it
+    state, adopted, why = _judge(PolicyState(), 0.30, epoch=3, step_s=0.120)
+    assert adopted and why == "adopted"
+    assert state.trial == Trial(previous=EQUAL, previous_step_s=0.120, adopted_at=3)
+    with pytest.raises(ValidationError, match="threshold must be >= 0"):
+        AdoptionPolicy(threshold=-0.01)
+    with pytest.raises(ValidationError):
+        AdoptionPolicy(threshold=math.nan)
+
+
+def test_noise() -> None:
+    # A 20% gain measured with 25% relative noise is no evidence; with 15% it is.
+    _, adopted, why = _judge(PolicyState(), 0.20, noise=0.25)
+    assert not adopted and why == "within the measurement noise 25.0% (2 x relative std error)"
+    assert _judge(PolicyState(), 0.20, noise=0.15)[1]
+    # noise = sigmas x the noisiest rank's relative standard error of its mean compute time.
+    stats = [StepStats(rank=i, epoch=0, num_steps=n, batch_size=8, num_workers=0, data_wait_s=0.0, compute_s=c,
+                       step_time_s=c, compute_s_std=sd) for i, (n, c, sd) in enumerate([(25, 0.1, 0.01),
+                                                                                     (16, 0.2, 0.04)])]
+    assert POLICY.noise(stats) == pytest.approx(2.0 * max(0.01 / 5 / 0.1, 0.04 / 4 / 0.2))
+
+
+def test_small_gain_is_adopted_only_when_the_next_epoch_confirms_its_direction() -> None:
+    state, adopted, why = _judge(PolicyState(), 0.07, epoch=0)
+    assert not adopted and why == "under 10%, adopted only if the next epoch confirms it"
+    assert state.proposed == (1, -1)
+    # The next epoch proposes the same direction (not necessarily the same batches): adopted.
+    assert _judge(state, 0.06, epoch=1, candidate=(290, 222))[1]
+    # The opposite direction does not confirm; it becomes the proposal to confirm instead.
+    other, adopted, _ = _judge(state, 0.07, epoch=1, candidate=TOWARD_1)
+    assert not adopted and other.proposed == (-1, 1)
+    # A disturbance that went away (gain under the threshold) forgets the proposal.
+    quiet, adopted, _ = _judge(state, 0.01, epoch=1)
+    assert not adopted and quiet.proposed is None
+    assert not _judge(quiet, 0.07, epoch=2)[1]
+    # A large gain needs no confirmation; adopting clears the proposal.
+    state, adopted, _ = _judge(state, 0.40, epoch=1, candidate=TOWARD_1)
+    assert adopted and state.proposed is None
+
+
+def _adopted(epoch: int = 3, step_s: float = 0.100) -> PolicyState:
+    state, adopted, _ = _judge(PolicyState(), 0.30, epoch=epoch, current=EQUAL, candidate=TOWARD_0, step_s=step_s)
+    assert adopted
+    return state
+
+
+@pytest.mark.parametrize(("step_s", "noise", "reverted"), [
+    (0.1021, 0.0, True),    # 2.1% slower: back
+    (0.1009, 0.0, False),   # 0.9%: within the 1% margin
+    (0.1021, 0.03, False),  # 2.1% but 3% noise: within the noise
+    (0.1040, 0.03, True),   # 4% over 3% noise: back
+    (0.0900, 0.0, False),   # faster, as predicted: kept
+])
+def test_a_plan_measured_slower_than_its_predecessor_comes_back(step_s: float, noise: float, reverted: bool) -> None:
+    state = _adopted(epoch=3, step_s=0.100)
+    after, revert = POLICY.check_trial(state, epoch=4, batch_sizes=TOWARD_0, step_s=step_s, noise=noise)
+    assert after.trial is None  # one epoch decides: the trial ends either way
+    assert (revert is not None) == reverted
+    if revert is not None:
+        assert revert.trial.previous == EQUAL and revert.rejected == TOWARD_0
+        assert revert.slower == pytest.approx(step_s / 0.100 - 1)
+        assert revert.reason().startswith("reverted: batches [300, 212] (adopted at epoch 3) measured ")
+        assert revert.reason().endswith("of [256, 256] before them; back to [256, 256]")
+        assert [(r.moved_from, r.batch_sizes, r.epoch) for r in after.rejections] == [(EQUAL, TOWARD_0, 4)]
+    else:
+        assert after.rejections == ()
+
+
+def test_no_trial_no_revert() -> None:
+    state, revert = POLICY.check_trial(PolicyState(), epoch=0, batch_sizes=EQUAL, step_s=9.9, noise=0.0)
+    assert revert is None and state == PolicyState()
+
+
+def test_moves_toward_reverted_batches_are_barred_for_five_epochs() -> None:
+    rejected = (320, 192)  # EQUAL + 64 * (1, -1) measured slower at epoch 3 and was reverted
+    state = PolicyState(trial=Trial(previous=EQUAL, previous_step_s=0.100, adopted_at=2))
+    state, revert = POLICY.check_trial(state, epoch=3, batch_sizes=rejected, step_s=0.110, noise=0.0)
+    assert revert is not None
+    for epoch in range(4, 3 + WORSE_EPOCHS):  # epochs 4..7
+        for cand in (rejected, (304, 208), (330, 182)):  # the same, 3/4 of the way (48 of 64), beyond it
+            state, adopted, why = _judge(state, 0.5, epoch=epoch, candidate=cand)
+            assert not adopted
+            assert why == ("goes as far as [320, 192], which measured slower than [256, 256] at epoch 3; such "
+                           "moves are barred until epoch 8")
+        # A shorter move the same way (47 of 64 < 3/4) and a move elsewhere are judged as usual.
+        for cand in ((303, 209), (240, 272)):
+            _, adopted, _ = _judge(state, 0.5, epoch=epoch, candidate=cand)
+            assert adopted
+    # From another plan only the rejected batches themselves are barred.
+    assert not _judge(state, 0.5, epoch=7, current=(300, 212), candidate=rejected)[1]
+    assert _judge(state, 0.5, epoch=7, current=(300, 212), candidate=(310, 202))[1]
+    # Epoch 8: the bar is lifted.
+    state, adopted, _ = _judge(state, 0.5, epoch=3 + WORSE_EPOCHS, candidate=rejected)
+    assert adopted and state.rejections == ()
