@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   creates .venv, installs, profiles, plans, trains a little, writes a report
-#   make test   creates .venv, installs, runs ruff, mypy and the test suite
+#   make test   creates .venv, installs (with the Lightning, Accelerate and HF extras), runs ruff, mypy and the tests
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -11,7 +11,7 @@ DEMO_OUT ?= demo-out
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,all]'
 	touch $@
 
 venv: $(VENV)/.installed
