@@ -18,11 +18,20 @@ class StepStats:
     data_wait_s: float
     """Mean seconds per step the training loop waited for its next batch."""
     compute_s: float
-    """Mean seconds per step from forward start until the last gradient bucket was ready (no waiting for peers)."""
+    """Mean seconds per step from forward start until the last gradient bucket was ready (no waiting for peers),
+    over the steps that are not outliers (see ``num_outliers``)."""
     step_time_s: float
     """Mean wall seconds per step, synchronization included."""
     compute_s_std: float = 0.0
-    """Standard deviation of compute_s across steps (the noise the re-planner must beat)."""
+    """Standard deviation of compute_s across the steps averaged (the noise the re-planner must beat)."""
+    compute_s_median: float | None = None
+    """Median compute time per step over all valid steps (robust to a few stalled steps)."""
+    compute_s_mad: float | None = None
+    """Median absolute deviation of the per-step compute times from their median (1.4826 x MAD estimates the
+    standard deviation of the bulk of the steps, whatever the tail)."""
+    num_outliers: int = 0
+    """Steps left out of ``compute_s`` because their compute time was more than 5 robust sigmas from the median
+    (an epoch-start worker spin-up, GC, another process's burst); they are counted, not hidden."""
 
     def to_dict(self) -> JSONDict:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -34,7 +43,7 @@ class StepStats:
             path,
             required=("rank", "epoch", "num_steps", "batch_size", "num_workers", "data_wait_s", "compute_s",
                       "step_time_s"),
-            allowed=("compute_s_std",),
+            allowed=("compute_s_std", "compute_s_median", "compute_s_mad", "num_outliers"),
         )
         return cls(
             rank=as_int(d["rank"], f"{path}.rank", min_value=0),
@@ -46,4 +55,19 @@ class StepStats:
             compute_s=as_num(d["compute_s"], f"{path}.compute_s", non_negative=True),
             step_time_s=as_num(d["step_time_s"], f"{path}.step_time_s", non_negative=True),
             compute_s_std=as_num(d.get("compute_s_std", 0.0), f"{path}.compute_s_std", non_negative=True),
+            compute_s_median=_opt_num(d, "compute_s_median", path),
+            compute_s_mad=_opt_num(d, "compute_s_mad", path),
+            num_outliers=as_int(d.get("num_outliers", 0), f"{path}.num_outliers", min_value=0),
         )
+
+    @property
+    def compute_s_sigma(self) -> float:
+        """The per-step noise of compute_s: the robust 1.4826 x MAD when recorded, else the standard deviation."""
+        if self.compute_s_mad:
+            return 1.4826 * self.compute_s_mad
+        return self.compute_s_std
+
+
+def _opt_num(d: Any, key: str, path: str) -> float | None:
+    v = d.get(key)
+    return None if v is None else as_num(v, f"{path}.{key}", non_negative=True)

@@ -33,6 +33,7 @@ Measurements that are NaN, infinite or negative never reach a StepStats: the ste
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -44,6 +45,11 @@ from planner.errors import ValidationError
 from planner.stats import StepStats
 
 T = TypeVar("T")
+
+OUTLIER_SIGMAS = 5.0
+"""A step whose compute time is this many robust sigmas (1.4826 x MAD) from the epoch's median is an outlier."""
+MAX_OUTLIER_FRACTION = 0.2
+"""If more of an epoch's steps than this look like outliers they are not: the spread is real and all count."""
 
 
 class DeviceEvent(Protocol):
@@ -287,9 +293,18 @@ class StepTimer:
             return StepStats(rank=rank, epoch=epoch, num_steps=0, batch_size=batch_size, num_workers=num_workers,
                              data_wait_s=0.0, compute_s=0.0, step_time_s=0.0, compute_s_std=0.0)
         compute = [float(s.compute_s) for s in good]  # type: ignore[arg-type]
-        mean_c = math.fsum(compute) / n
-        # Sample std (n - 1): the re-planner turns it into a standard error, std / sqrt(n).
-        std_c = math.sqrt(math.fsum((c - mean_c) ** 2 for c in compute) / (n - 1)) if n > 1 else 0.0
+        med = statistics.median(compute)
+        mad = statistics.median(abs(c - med) for c in compute)
+        # Outliers: more than OUTLIER_SIGMAS robust sigmas from the median.  If that flags a large part of the
+        # epoch, the "tail" is the distribution itself (e.g. alternating step sizes), and every step counts.
+        limit = OUTLIER_SIGMAS * 1.4826 * mad
+        inliers = [c for c in compute if abs(c - med) <= limit] if mad > 0 else compute
+        if len(inliers) < (1.0 - MAX_OUTLIER_FRACTION) * n:
+            inliers = compute
+        k = len(inliers)
+        mean_c = math.fsum(inliers) / k
+        # Sample std (k - 1): the re-planner turns it into a standard error, std / sqrt(n).
+        std_c = math.sqrt(math.fsum((c - mean_c) ** 2 for c in inliers) / (k - 1)) if k > 1 else 0.0
         return StepStats(
             rank=rank,
             epoch=epoch,
@@ -300,4 +315,7 @@ class StepTimer:
             compute_s=mean_c,
             step_time_s=math.fsum(float(s.step_time_s) for s in good) / n,  # type: ignore[arg-type]
             compute_s_std=std_c,
+            compute_s_median=med,
+            compute_s_mad=mad,
+            num_outliers=n - k,
         )

@@ -41,9 +41,15 @@ def test_threshold() -> None:
 
 def test_noise() -> None:
     # A 20% gain measured with 25% relative noise is no evidence; with 15% it is.
-    _, adopted, why = _judge(PolicyState(), 0.20, noise=0.25)
-    assert not adopted and why == "within the measurement noise 25.0% (2 x relative std error)"
+    state, adopted, why = _judge(PolicyState(), 0.20, noise=0.25)
+    assert not adopted and why == ("within the measurement noise 25.0% (2 x relative std error); adopted if the "
+                                   "next epoch proposes the same move")
     assert _judge(PolicyState(), 0.20, noise=0.15)[1]
+    # ... but the same move proposed by the next epoch too is adopted, however noisy (issue 18: heavy tails made
+    # the noise 22-24% while a real 15-17% gain was proposed twice and refused twice).
+    assert _judge(state, 0.17, noise=0.24, epoch=1)[1:] == (True, "adopted")
+    other, adopted, _ = _judge(state, 0.17, noise=0.24, epoch=1, candidate=TOWARD_1)  # the opposite move: no
+    assert not adopted and other.proposed == (-1, 1)
     # noise = sigmas x the noisiest rank's relative standard error of its mean compute time.
     stats = [StepStats(rank=i, epoch=0, num_steps=n, batch_size=8, num_workers=0, data_wait_s=0.0, compute_s=c,
                        step_time_s=c, compute_s_std=sd) for i, (n, c, sd) in enumerate([(25, 0.1, 0.01),
