@@ -20,7 +20,6 @@ yields those; a step is then one optimizer step. The layout of the steps above d
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +29,7 @@ from torch.utils.data import Sampler
 
 from planner.errors import ValidationError
 from runtime.accumulate import check_accumulation, micro_batch_sizes, partial_micro_layout
+from runtime.shuffle import PermutationPrefetch, epoch_permutation
 
 if TYPE_CHECKING:
     from planner.plan import Plan
@@ -42,40 +42,6 @@ MAX_BATCH = 1 << 26
 _BLOCK_POSITIONS = 1 << 20
 # prefetch=None turns the background shuffle on from this N (randperm takes ~0.1 s here, ~3 s at 10**8).
 PREFETCH_MIN_LEN = 1 << 22
-
-
-def epoch_permutation(dataset_len: int, seed: int) -> torch.Tensor:
-    """``torch.randperm(dataset_len)`` from ``Generator().manual_seed(seed)``: DistributedSampler's shuffle.
-
-    int32 halves the memory (4 bytes/sample). torch's CPU randperm is a Fisher-Yates shuffle whose random draws do
-    not depend on the dtype, so the permutation equals DistributedSampler's int64 one (tested).
-    """
-    g = torch.Generator()
-    g.manual_seed(seed)
-    dtype = torch.int32 if dataset_len < 2**31 else torch.int64
-    return torch.randperm(dataset_len, generator=g, dtype=dtype)
-
-
-class _PermutationPrefetch:
-    """One epoch's permutation built on a daemon thread; ``torch.randperm`` releases the GIL while it runs."""
-
-    def __init__(self, dataset_len: int, seed: int) -> None:
-        self.key = (dataset_len, seed)
-        self._result: torch.Tensor | None = None
-        self._thread = threading.Thread(target=self._run, name="HeteroBatchSampler-shuffle", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._result = epoch_permutation(*self.key)
-        except BaseException:  # the consumer recomputes synchronously and sees the error there
-            self._result = None
-
-    def take(self) -> torch.Tensor | None:
-        """The permutation (waits for the thread), or None when the thread failed."""
-        self._thread.join()
-        result, self._result = self._result, None
-        return result
 
 
 def interleave_owners(batch_sizes: Sequence[int]) -> np.ndarray:
@@ -220,7 +186,7 @@ class HeteroBatchSampler(Sampler[list[int]]):
         self._cursor = (0, 0)  # next position to yield (runs ahead of training when a DataLoader prefetches)
         self._layout_cache: dict[tuple[int, ...], np.ndarray] = {}
         self.prefetch = self.shuffle and (self.dataset_len >= PREFETCH_MIN_LEN if prefetch is None else bool(prefetch))
-        self._prefetched: _PermutationPrefetch | None = None
+        self._prefetched: PermutationPrefetch | None = None
         self._start_prefetch(self._epoch)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -440,7 +406,7 @@ class HeteroBatchSampler(Sampler[list[int]]):
     def _start_prefetch(self, epoch: int) -> None:
         key = self._shuffle_key(epoch)
         if self.prefetch and (self._prefetched is None or self._prefetched.key != key):
-            self._prefetched = _PermutationPrefetch(*key)
+            self._prefetched = PermutationPrefetch(*key)
 
     def _permutation(self) -> torch.Tensor | None:
         if not self.shuffle:
@@ -509,7 +475,8 @@ class HeteroDistributedSampler(Sampler[int]):
     Yields this rank's indices in batch order. Use it with ``DataLoader(ds, sampler=s, batch_size=s.batch_size,
     drop_last=False)``: the loader then cuts exactly the planned batches, and the last batch of the epoch is the
     plan's partial step (r_i <= b_i always holds). Any other ``batch_size`` or ``drop_last=True`` breaks the
-    step alignment between ranks. Same arguments as HeteroBatchSampler.
+    step alignment between ranks. Same arguments as HeteroBatchSampler; plans with gradient accumulation are
+    refused (a fixed ``batch_size`` cannot cut their uneven micro-batches).
     """
 
     def __init__(self, dataset_len: int, batch_sizes: Sequence[int], rank: int, **kw: Any) -> None:
@@ -530,6 +497,7 @@ class HeteroDistributedSampler(Sampler[int]):
                   **kw: Any) -> HeteroDistributedSampler:
         plan = _as_plan(plan)
         kw.setdefault("min_batch", plan.min_batch)
+        kw.setdefault("accumulation_steps", plan_accumulation_steps(plan))  # refused: see _check_one_micro_step
         return cls(dataset_len, plan.batch_sizes, rank, **kw)
 
     @property

@@ -200,6 +200,14 @@ def register_weighted_hook(ddp_model: torch.nn.parallel.DistributedDataParallel,
     """
     if accumulation_steps < 1:
         raise ValidationError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
+    micro = getattr(sampler, "accumulation_steps", None)
+    if accumulation_steps > 1 and micro is not None and max(micro) > 1:
+        # Windows of several sampler steps each made of micro-batches: exact by the formulas, but MicroStep's
+        # weights assume one optimizer step per sampler step. One way of accumulating at a time.
+        raise ValidationError(
+            f"the sampler already splits every step into micro-batches (accumulation_steps {list(micro)}); do not "
+            f"also pass accumulation_steps={accumulation_steps} to register_weighted_hook"
+        )
     world = dist.get_world_size(process_group)
     if sampler.world_size != world:
         raise ValidationError(

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from planner.errors import ValidationError
 from runtime.accumulate import MicroStep, micro_batch_sizes, micro_step_at, micro_steps, partial_micro_layout
 from runtime.sampler import HeteroBatchSampler, HeteroDistributedSampler
-from runtime.weighting import accumulation_weight, loss_scale
+from runtime.weighting import accumulation_weight, loss_scale, register_weighted_hook
 
 
 def micro_shards(n: int, sizes: list[int], steps: list[int], **kw: object) -> list[list[list[int]]]:
@@ -57,6 +57,10 @@ def test_fsdp_equal_k_gives_equal_micro_counts_in_the_partial_step() -> None:
     s = HeteroBatchSampler(36, [10, 4], 1, accumulation_steps=[2, 2], min_batch=2, shuffle=False)
     assert s.micro_sizes_at(2) == ((3, 3), (2, 2)) and s.partial_sizes() == (6, 4)
     assert partial_micro_layout([6, 3], [10, 4], [2, 1], 2) == ((6, 3), (2, 1))  # unequal k: counts per rank
+    # b = [10, 3], K = 2 (micro-batches 5 and 2), N = 33: R = 7 -> r = (6, 2); rank 0 needs 2 micro-batches,
+    # rank 1 alone would need 1 but runs 2 of 1 sample each, so both ranks run 2 forwards (FSDP2 all-gathers)
+    s = HeteroBatchSampler(33, [10, 3], 1, accumulation_steps=[2, 2], shuffle=False)
+    assert s.micro_sizes_at(2) == ((3, 3), (1, 1)) and list(s)[-2:] == [[27], [31]]
 
 
 # -- validation -------------------------------------------------------------------------------------------------
@@ -90,6 +94,8 @@ def test_from_plan_reads_accumulation_and_refuses_unequal_fsdp() -> None:
     assert HeteroBatchSampler.from_plan(_plan([7, 3], [1, 1]), 0, 25).accumulation_steps == (1, 1)  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="mode 'fsdp' needs the same accumulation_steps"):
         HeteroBatchSampler.from_plan(_plan([7, 3], [2, 1], "fsdp"), 0, 25)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="use HeteroBatchSampler as the DataLoader's batch_sampler"):
+        HeteroDistributedSampler.from_plan(_plan([7, 3], [2, 1]), 0, 25)  # type: ignore[arg-type]
 
 
 # -- layout properties -------------------------------------------------------------------------------------------
@@ -262,6 +268,8 @@ def test_micro_step_weights_and_the_step_level_helpers() -> None:
         loss_scale(s, 0)
     with pytest.raises(RuntimeError, match="more batches than the sampler's 4 steps"):
         list(micro_steps([[0]] * 11, s))
+    with pytest.raises(ValidationError, match="already splits every step into micro-batches"):
+        register_weighted_hook(None, s, accumulation_steps=2)  # type: ignore[arg-type]  # refused before any use
 
 
 def test_micro_steps_through_a_prefetching_dataloader() -> None:
