@@ -149,14 +149,20 @@ class MicroStep:
         return self.num_samples / self.rank_samples
 
 
-def micro_step_at(sampler: MicroLayout, step: int, index: int) -> MicroStep:
-    """The :class:`MicroStep` of this rank's micro-batch ``index`` in optimizer step ``step``."""
+def _step_micro_steps(sampler: MicroLayout, step: int) -> list[MicroStep]:
+    """Every :class:`MicroStep` of this rank in optimizer step ``step``."""
     counts = sampler.counts_at(step)
     mine = sampler.micro_sizes_at(step)[sampler.rank]
-    if not 0 <= index < len(mine):
-        raise IndexError(f"micro-step {index} is outside 0..{len(mine) - 1} of step {step} on rank {sampler.rank}")
-    return MicroStep(step=step, index=index, count=len(mine), num_samples=mine[index],
-                     rank_samples=counts[sampler.rank], step_samples=sum(counts), world_size=sampler.world_size)
+    return [MicroStep(step=step, index=j, count=len(mine), num_samples=m, rank_samples=counts[sampler.rank],
+                      step_samples=sum(counts), world_size=sampler.world_size) for j, m in enumerate(mine)]
+
+
+def micro_step_at(sampler: MicroLayout, step: int, index: int) -> MicroStep:
+    """The :class:`MicroStep` of this rank's micro-batch ``index`` in optimizer step ``step``."""
+    micro = _step_micro_steps(sampler, step)
+    if not 0 <= index < len(micro):
+        raise IndexError(f"micro-step {index} is outside 0..{len(micro) - 1} of step {step} on rank {sampler.rank}")
+    return micro[index]
 
 
 def micro_steps(loader: Iterable[T], sampler: MicroLayout) -> Iterator[tuple[T, MicroStep]]:
@@ -168,12 +174,15 @@ def micro_steps(loader: Iterable[T], sampler: MicroLayout) -> Iterator[tuple[T, 
     """
     it = iter(loader)  # starts the sampler's pass: its start position is now this pass's
     step, index = sampler.start_step, sampler.start_micro_step
+    current: list[MicroStep] = []  # the step's MicroSteps, built once per step
     for batch in it:
         if step >= sampler.num_steps:
             raise RuntimeError(
                 f"micro_steps: the loader yielded more batches than the sampler's {sampler.num_steps} steps; build "
                 "the DataLoader with batch_sampler= this sampler"
             )
-        micro = micro_step_at(sampler, step, index)
+        if not current or current[0].step != step:
+            current = _step_micro_steps(sampler, step)
+        micro = current[index]
         yield batch, micro
         step, index = (step + 1, 0) if micro.is_last else (step, index + 1)
