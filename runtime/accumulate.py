@@ -42,6 +42,8 @@ def micro_batch_sizes(batch_size: int, accumulation_steps: int) -> list[int]:
 
     >>> micro_batch_sizes(10, 3)
     [4, 3, 3]
+
+    The plan's rule (planner.plan.micro_batch_sizes on the planner side of #13; one of the two goes at merge).
     """
     q, r = divmod(batch_size, accumulation_steps)
     return [q + 1] * r + [q] * (accumulation_steps - r)
