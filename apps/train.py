@@ -263,6 +263,9 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
         batch_sampler: Any = BatchSampler(dsampler, plan.batch_sizes[env.rank], drop_last=False)
     else:
         hetero = HeteroBatchSampler.from_plan(plan, env.rank, dataset_len, seed=cfg.seed, min_batch=min_batch)
+        if max(hetero.accumulation_steps) > 1:  # run_epoch steps the optimizer after every batch it draws
+            raise ValidationError(f"planner train does not run gradient accumulation yet (plan accumulation_steps "
+                                  f"{list(hetero.accumulation_steps)}); use runtime.accumulate.micro_steps in a loop")
         batch_sampler = hetero
     timer = StepTimer(device)
     ddp: torch.nn.Module = model

@@ -1,13 +1,14 @@
 """Applying a plan to DDP: sampler, exact gradient weighting, step timing, re-planning, reference trainer.
 
 Cross-rank contract: every rank builds the same HeteroBatchSampler layout from (plan, dataset length, seed,
-epoch), so each knows every rank's batch size at every step without communicating; all ranks run the same
-number of steps; collectives happen in the same order on every rank (agreement check first, then DDP's
-all-reduces, then the re-plan exchange at epoch ends).
+epoch), so each knows every rank's batch (and micro-batch) sizes at every step without communicating; all ranks
+run the same number of optimizer steps; collectives happen in the same order on every rank (agreement check
+first, then DDP's all-reduces -- one per optimizer step -- then the re-plan exchange at epoch ends).
 """
 
 from __future__ import annotations
 
+from runtime.accumulate import MicroStep, micro_steps
 from runtime.replan import ReplanDecision, Replanner
 from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler, HeteroDistributedSampler
@@ -17,6 +18,7 @@ from runtime.weighting import accumulation_weight, loss_scale, register_weighted
 __all__ = [
     "HeteroBatchSampler",
     "HeteroDistributedSampler",
+    "MicroStep",
     "ReplanDecision",
     "Replanner",
     "StepTimer",
@@ -24,5 +26,6 @@ __all__ = [
     "check_agreement",
     "check_batchnorm",
     "loss_scale",
+    "micro_steps",
     "register_weighted_hook",
 ]

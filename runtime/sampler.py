@@ -9,14 +9,17 @@ to the rank owning the p-th smallest key. With equal b that is positions i, i+W,
 
 The last partial step (drop_last=False, R = N - S*B samples left) gives rank i r_i = max(min_batch,
 ceil(R * b_i / B)) samples; when sum(r_i) > R the extra positions wrap around to P[0], P[1], ... (as
-DistributedSampler pads). Every rank yields the same number of batches, and every rank can compute every rank's
+DistributedSampler pads). Every rank yields the same number of steps, and every rank can compute every rank's
 batch size at every step (``counts_at``) without communicating: the gradient hook depends on that.
+
+Micro-batches (gradient accumulation, runtime/accumulate.py): with ``accumulation_steps`` k_i, rank i's positions
+of a step are cut, in order, into k_i micro-batches of sizes ceil(b_i/k_i) ... floor(b_i/k_i), and the sampler
+yields those; a step is then one optimizer step. The layout of the steps above does not change.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +28,8 @@ import torch
 from torch.utils.data import Sampler
 
 from planner.errors import ValidationError
+from runtime.accumulate import check_accumulation, micro_batch_sizes, partial_micro_layout
+from runtime.shuffle import PermutationPrefetch, epoch_permutation
 
 if TYPE_CHECKING:
     from planner.plan import Plan
@@ -37,40 +42,6 @@ MAX_BATCH = 1 << 26
 _BLOCK_POSITIONS = 1 << 20
 # prefetch=None turns the background shuffle on from this N (randperm takes ~0.1 s here, ~3 s at 10**8).
 PREFETCH_MIN_LEN = 1 << 22
-
-
-def epoch_permutation(dataset_len: int, seed: int) -> torch.Tensor:
-    """``torch.randperm(dataset_len)`` from ``Generator().manual_seed(seed)``: DistributedSampler's shuffle.
-
-    int32 halves the memory (4 bytes/sample). torch's CPU randperm is a Fisher-Yates shuffle whose random draws do
-    not depend on the dtype, so the permutation equals DistributedSampler's int64 one (tested).
-    """
-    g = torch.Generator()
-    g.manual_seed(seed)
-    dtype = torch.int32 if dataset_len < 2**31 else torch.int64
-    return torch.randperm(dataset_len, generator=g, dtype=dtype)
-
-
-class _PermutationPrefetch:
-    """One epoch's permutation built on a daemon thread; ``torch.randperm`` releases the GIL while it runs."""
-
-    def __init__(self, dataset_len: int, seed: int) -> None:
-        self.key = (dataset_len, seed)
-        self._result: torch.Tensor | None = None
-        self._thread = threading.Thread(target=self._run, name="HeteroBatchSampler-shuffle", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._result = epoch_permutation(*self.key)
-        except BaseException:  # the consumer recomputes synchronously and sees the error there
-            self._result = None
-
-    def take(self) -> torch.Tensor | None:
-        """The permutation (waits for the thread), or None when the thread failed."""
-        self._thread.join()
-        result, self._result = self._result, None
-        return result
 
 
 def interleave_owners(batch_sizes: Sequence[int]) -> np.ndarray:
@@ -99,6 +70,17 @@ def _as_plan(plan: Plan | str | os.PathLike[str]) -> Plan:
     return plan
 
 
+def plan_accumulation_steps(plan: Plan) -> tuple[int, ...] | None:
+    """The plan's per-rank micro-step counts k_i, or None when no rank accumulates (plans without the field).
+
+    Under ``plan.mode == "fsdp"`` every rank must run the same number of micro-steps (each forward all-gathers).
+    """
+    steps = tuple(int(getattr(r, "accumulation_steps", 1)) for r in plan.ranks)
+    if getattr(plan, "mode", "ddp") == "fsdp" and len(set(steps)) > 1:
+        raise ValidationError(f"plan mode 'fsdp' needs the same accumulation_steps on every rank, got {list(steps)}")
+    return steps if max(steps) > 1 else None
+
+
 def _check_sizes(batch_sizes: Sequence[int], min_batch: int, what: str = "batch_sizes") -> tuple[int, ...]:
     sizes = tuple(int(b) for b in batch_sizes)
     if not sizes:
@@ -118,7 +100,8 @@ def _check_sizes(batch_sizes: Sequence[int], min_batch: int, what: str = "batch_
 
 
 class HeteroBatchSampler(Sampler[list[int]]):
-    """Yields this rank's batches of dataset indices with a per-rank batch size; one global step per batch.
+    """Yields this rank's batches of dataset indices with a per-rank batch size; one global step per batch
+    (or per ``accumulation_steps[rank]`` micro-batches).
 
     Use it as ``DataLoader(dataset, batch_sampler=HeteroBatchSampler(...))``. ``rank`` and the batch sizes are
     explicit, so the sampler works (and tests) without a process group.
@@ -139,6 +122,11 @@ class HeteroBatchSampler(Sampler[list[int]]):
     batches are rank 0: [0, 2], [4, 6], [8] and rank 1: [1, 3], [5, 7], [9] -- exactly
     ``BatchSampler(DistributedSampler(range(10), 2, rank), 2, drop_last=False)``.
 
+    Micro-batches: the same N = 10, batch_sizes = [3, 1] with accumulation_steps = [2, 1] keeps the steps above
+    and cuts rank 0's positions into micro-batches of ceil(3/2) = 2 then 1: rank 0 yields [0, 2], [3], [4, 6],
+    [7], [8, 0] (the partial step's 2 samples fit one micro-batch of 2) and rank 1 still [1], [5], [9]; both run
+    3 optimizer steps. Use :func:`runtime.accumulate.micro_steps` to know where each step ends.
+
     .. warning::
         Call :meth:`set_epoch` at the start of every epoch, **before** creating the DataLoader iterator, as with
         DistributedSampler; otherwise every epoch uses the same order.
@@ -150,7 +138,11 @@ class HeteroBatchSampler(Sampler[list[int]]):
         seed: shuffling seed, identical on every rank.
         shuffle: permute the dataset each epoch (seed + epoch) or keep range(N).
         drop_last: drop the last partial global step instead of padding it.
-        min_batch: no rank ever gets a batch smaller than this (2 for models with BatchNorm).
+        min_batch: no rank ever gets a batch (or micro-batch) smaller than this (2 for models with BatchNorm).
+        accumulation_steps: micro-batches per optimizer step of every rank, k_i (None: 1 everywhere). Each step's
+            b_i samples are yielded as k_i micro-batches, larger first; the epoch's partial last step uses the
+            fewest micro-batches that fit ceil(b_i/k_i) (see :func:`runtime.accumulate.partial_micro_layout`),
+            the same number on every rank when every k_i is equal (FSDP2 needs that).
         prefetch: build the next epoch's shuffle on a background thread, so epoch starts do not wait for
             ``torch.randperm(N)`` (about 3 s at N = 10**8; DistributedSampler waits for it and for N Python ints
             every epoch). The thread starts when the sampler is built and when an epoch's first batch is drawn --
@@ -162,7 +154,7 @@ class HeteroBatchSampler(Sampler[list[int]]):
 
     def __init__(self, dataset_len: int, batch_sizes: Sequence[int], rank: int, *, seed: int = 0,
                  shuffle: bool = True, drop_last: bool = False, min_batch: int = 1,
-                 prefetch: bool | None = None) -> None:
+                 prefetch: bool | None = None, accumulation_steps: Sequence[int] | None = None) -> None:
         if isinstance(dataset_len, bool) or int(dataset_len) != dataset_len or dataset_len < 1:
             raise ValidationError(f"dataset_len must be a positive integer, got {dataset_len!r}")
         if int(min_batch) != min_batch or min_batch < 1:
@@ -185,14 +177,16 @@ class HeteroBatchSampler(Sampler[list[int]]):
             )
         self._epoch = 0
         self._sizes = sizes
-        self._pending: tuple[int, ...] | None = None
-        self._resume_step = 0  # where the next iteration starts (set by load_state_dict)
+        self._steps = check_accumulation(sizes, accumulation_steps, self.min_batch)
+        self._pending: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # (batch sizes, accumulation steps)
+        # Positions are (step, micro-step of this rank inside it); the micro-step is 0 without accumulation.
+        self._resume = (0, 0)  # where the next iteration starts (set by load_state_dict)
         self._generation = 0  # incremented by every __iter__: tells the gradient hook a new pass began
-        self._generation_start = 0  # step the current pass started at
-        self._position = 0  # steps yielded so far in the current pass (runs ahead of training when prefetching)
+        self._generation_start = (0, 0)  # position the current pass started at
+        self._cursor = (0, 0)  # next position to yield (runs ahead of training when a DataLoader prefetches)
         self._layout_cache: dict[tuple[int, ...], np.ndarray] = {}
         self.prefetch = self.shuffle and (self.dataset_len >= PREFETCH_MIN_LEN if prefetch is None else bool(prefetch))
-        self._prefetched: _PermutationPrefetch | None = None
+        self._prefetched: PermutationPrefetch | None = None
         self._start_prefetch(self._epoch)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -204,12 +198,14 @@ class HeteroBatchSampler(Sampler[list[int]]):
     @classmethod
     def from_plan(cls, plan: Plan | str | os.PathLike[str], rank: int, dataset_len: int,
                   **kw: Any) -> HeteroBatchSampler:
-        """A sampler with the plan's batch sizes and min_batch (``kw``: seed, shuffle, drop_last, min_batch).
+        """A sampler with the plan's batch sizes, accumulation steps and min_batch (``kw``: seed, shuffle,
+        drop_last, min_batch, accumulation_steps).
 
         ``plan`` is a Plan or the path of a plan JSON file (loaded and fingerprint-checked).
         """
         plan = _as_plan(plan)
         kw.setdefault("min_batch", plan.min_batch)
+        kw.setdefault("accumulation_steps", plan_accumulation_steps(plan))
         return cls(dataset_len, plan.batch_sizes, rank, **kw)
 
     # -- what every rank can compute without communicating ----------------------------------------------
@@ -217,6 +213,11 @@ class HeteroBatchSampler(Sampler[list[int]]):
     def batch_sizes(self) -> tuple[int, ...]:
         """Batch sizes of the current epoch (a pending re-plan is not included until it takes effect)."""
         return self._sizes
+
+    @property
+    def accumulation_steps(self) -> tuple[int, ...]:
+        """Micro-batches per full optimizer step of every rank in the current epoch (k_i)."""
+        return self._steps
 
     @property
     def world_size(self) -> int:
@@ -236,7 +237,7 @@ class HeteroBatchSampler(Sampler[list[int]]):
 
     @property
     def num_steps(self) -> int:
-        """Batches every rank yields per epoch (the same on every rank)."""
+        """Global (optimizer) steps per epoch, the same on every rank; with one micro-step, the batches yielded."""
         partial = self.dataset_len % self.global_batch != 0 and not self.drop_last
         return self.num_full_steps + int(partial)
 
@@ -248,13 +249,25 @@ class HeteroBatchSampler(Sampler[list[int]]):
     @property
     def start_step(self) -> int:
         """Step the current pass started at (0, or the resumed step after ``load_state_dict``)."""
-        return self._generation_start if self._generation else self._resume_step
+        return (self._generation_start if self._generation else self._resume)[0]
 
-    def partial_sizes(self) -> tuple[int, ...]:
-        """Every rank's batch size in the last partial step: max(min_batch, ceil(R * b_i / B))."""
+    @property
+    def start_micro_step(self) -> int:
+        """This rank's micro-step inside :attr:`start_step` where the current pass started (0 unless resumed
+        mid-step)."""
+        return (self._generation_start if self._generation else self._resume)[1]
+
+    def _partial_layout(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        # r_i = max(min_batch, ceil(R * b_i / B)), then what the micro-batches need (unchanged with k_i = 1)
         remaining = self.dataset_len - self.num_full_steps * self.global_batch
         big_b = self.global_batch
-        return tuple(max(self.min_batch, -(-remaining * b // big_b)) for b in self._sizes)
+        proportional = [max(self.min_batch, -(-remaining * b // big_b)) for b in self._sizes]
+        return partial_micro_layout(proportional, self._sizes, self._steps, self.min_batch)
+
+    def partial_sizes(self) -> tuple[int, ...]:
+        """Every rank's batch size in the last partial step: max(min_batch, ceil(R * b_i / B)), raised where its
+        micro-batches would fall below min_batch (:func:`runtime.accumulate.partial_micro_layout`)."""
+        return self._partial_layout()[0]
 
     def counts_at(self, step: int) -> tuple[int, ...]:
         """Every rank's number of samples at global step ``step`` of the current epoch (last step included)."""
@@ -262,8 +275,16 @@ class HeteroBatchSampler(Sampler[list[int]]):
             raise IndexError(f"step {step} is outside 0..{self.num_steps - 1} of epoch {self._epoch}")
         return self._sizes if step < self.num_full_steps else self.partial_sizes()
 
+    def micro_sizes_at(self, step: int) -> tuple[tuple[int, ...], ...]:
+        """Every rank's micro-batch sizes at global step ``step`` of the current epoch, in the order yielded."""
+        counts = self.counts_at(step)
+        parts = self._steps if step < self.num_full_steps else self._partial_layout()[1]
+        return tuple(tuple(micro_batch_sizes(n, k)) for n, k in zip(counts, parts, strict=True))
+
     def __len__(self) -> int:
-        return self.num_steps
+        """Batches (micro-batches) this rank yields per epoch; ``num_steps`` when nobody accumulates."""
+        full = self.num_full_steps * self._steps[self.rank]
+        return full + (self._partial_layout()[1][self.rank] if self.num_steps > self.num_full_steps else 0)
 
     # -- epochs and re-plans -----------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -274,15 +295,16 @@ class HeteroBatchSampler(Sampler[list[int]]):
         """
         if epoch != self._epoch:
             self._epoch = int(epoch)
-            self._resume_step = 0
+            self._resume = (0, 0)
             self._apply_pending()
             self._drop_stale_prefetch()
 
-    def set_batch_sizes(self, batch_sizes: Sequence[int]) -> None:
-        """Adopt new per-rank batch sizes from the next epoch start on (never mid-epoch).
+    def set_batch_sizes(self, batch_sizes: Sequence[int], accumulation_steps: Sequence[int] | None = None) -> None:
+        """Adopt new per-rank batch sizes (and micro-steps) from the next epoch start on (never mid-epoch).
 
         The global batch must stay the same: then every epoch still covers each sample exactly once, and the
-        optimizer's hyper-parameters (tuned for that global batch) stay valid.
+        optimizer's hyper-parameters (tuned for that global batch) stay valid. ``accumulation_steps`` is the new
+        plan's k_i (None: one micro-step per rank, as in the constructor): pass it whenever the plan has it.
         """
         sizes = _check_sizes(batch_sizes, self.min_batch)
         if len(sizes) != self.world_size:
@@ -292,26 +314,29 @@ class HeteroBatchSampler(Sampler[list[int]]):
                 f"set_batch_sizes: new batch sizes {list(sizes)} sum to {sum(sizes)} but the global batch is "
                 f"{self.global_batch}; a re-plan must keep the global batch"
             )
-        self._pending = None if sizes == self._sizes else sizes
+        steps = check_accumulation(sizes, accumulation_steps, self.min_batch, "set_batch_sizes: accumulation_steps")
+        self._pending = None if (sizes, steps) == (self._sizes, self._steps) else (sizes, steps)
 
     def _apply_pending(self) -> None:
         if self._pending is not None:
-            self._sizes, self._pending = self._pending, None
+            (self._sizes, self._steps), self._pending = self._pending, None
 
     # -- checkpointing -----------------------------------------------------------------------------------
-    def state_dict(self, steps_done: int | None = None) -> dict[str, Any]:
+    def state_dict(self, steps_done: int | None = None, *, micro_steps_done: int = 0) -> dict[str, Any]:
         """State to resume mid-epoch.
 
         Args:
-            steps_done: batches your training loop has consumed in this epoch. Pass it when the DataLoader has
-                workers: they prefetch, so the sampler's own position runs ahead of training. Default: the
-                sampler's position (exact with ``num_workers=0``).
+            steps_done: steps your training loop has finished in this epoch (batches consumed, without
+                accumulation). Pass it when the DataLoader has workers: they prefetch, so the sampler's own
+                position runs ahead of training. Default: the sampler's position (exact with ``num_workers=0``).
+            micro_steps_done: with ``steps_done``, this rank's micro-batches of the next step already consumed
+                (0 when you save after an optimizer step -- the usual place, where every rank's state is the same).
         """
-        step = self._generation_start + self._position if steps_done is None else int(steps_done)
-        if self._generation == 0 and steps_done is None:
-            step = self._resume_step
-        if not 0 <= step <= self.num_steps:
-            raise ValidationError(f"state_dict: steps_done {step} is outside 0..{self.num_steps}")
+        if steps_done is None:
+            step, micro = self._cursor if self._generation else self._resume
+        else:
+            step, micro = int(steps_done), int(micro_steps_done)
+        self._check_position(step, micro, "state_dict: steps_done")
         return {
             "version": STATE_VERSION,
             "epoch": self._epoch,
@@ -323,8 +348,21 @@ class HeteroBatchSampler(Sampler[list[int]]):
             "drop_last": self.drop_last,
             "min_batch": self.min_batch,
             "batch_sizes": list(self._sizes),
-            "pending_batch_sizes": None if self._pending is None else list(self._pending),
+            "pending_batch_sizes": None if self._pending is None else list(self._pending[0]),
+            # Absent or None in states without accumulation (and in those saved before it existed): all ones.
+            "accumulation_steps": list(self._steps) if max(self._steps) > 1 else None,
+            "pending_accumulation_steps": (list(self._pending[1]) if self._pending and max(self._pending[1]) > 1
+                                           else None),
+            "micro_step": micro,
         }
+
+    def _check_position(self, step: int, micro: int, what: str) -> None:
+        if not 0 <= step <= self.num_steps:
+            raise ValidationError(f"{what} {step} is outside 0..{self.num_steps}")
+        count = len(self.micro_sizes_at(step)[self.rank]) if step < self.num_steps else 1
+        if not 0 <= micro < count:
+            raise ValidationError(f"{what}: micro-step {micro} is outside 0..{count - 1} of step {step} on rank "
+                                  f"{self.rank}")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration starts at the saved step of the saved epoch with the saved batch sizes."""
@@ -337,15 +375,20 @@ class HeteroBatchSampler(Sampler[list[int]]):
                     f"sampler state was saved with {key}={state[key]} but this sampler has {key}={mine}; "
                     "resume with the same dataset, seed, world size and sampler options"
                 )
-        self._sizes = _check_sizes(state["batch_sizes"], self.min_batch, "state.batch_sizes")
+        sizes = _check_sizes(state["batch_sizes"], self.min_batch, "state.batch_sizes")
+        steps = check_accumulation(sizes, state.get("accumulation_steps"), self.min_batch, "state.accumulation_steps")
         pending = state.get("pending_batch_sizes")
-        self._pending = None if pending is None else _check_sizes(pending, self.min_batch, "state.pending")
+        if pending is None:
+            self._pending = None
+        else:
+            pending = _check_sizes(pending, self.min_batch, "state.pending")
+            self._pending = pending, check_accumulation(pending, state.get("pending_accumulation_steps"),
+                                                        self.min_batch, "state.pending_accumulation_steps")
+        self._sizes, self._steps = sizes, steps
         self._epoch = int(state["epoch"])
-        step = int(state["step"])
-        if not 0 <= step <= self.num_steps:
-            raise ValidationError(f"sampler state step {step} is outside 0..{self.num_steps}")
-        self._resume_step = step
-        self._generation_start, self._position = step, 0
+        position = int(state["step"]), int(state.get("micro_step", 0))
+        self._check_position(*position, "sampler state step")
+        self._resume = self._generation_start = self._cursor = position
         self._drop_stale_prefetch()
 
     # -- iteration ---------------------------------------------------------------------------------------
@@ -363,7 +406,7 @@ class HeteroBatchSampler(Sampler[list[int]]):
     def _start_prefetch(self, epoch: int) -> None:
         key = self._shuffle_key(epoch)
         if self.prefetch and (self._prefetched is None or self._prefetched.key != key):
-            self._prefetched = _PermutationPrefetch(*key)
+            self._prefetched = PermutationPrefetch(*key)
 
     def _permutation(self) -> torch.Tensor | None:
         if not self.shuffle:
@@ -383,35 +426,47 @@ class HeteroBatchSampler(Sampler[list[int]]):
             self._prefetched = None
 
     def __iter__(self) -> Iterator[list[int]]:
-        start = self._resume_step
-        self._resume_step = 0
-        if start == 0:
+        start, self._resume = self._resume, (0, 0)
+        if start == (0, 0):
             self._apply_pending()  # a pass from step 0 is an epoch start
         self._generation += 1
-        self._generation_start, self._position = start, 0
+        self._generation_start = self._cursor = start
         return self._batches(start, self._permutation())
 
-    def _batches(self, start: int, perm: torch.Tensor | None) -> Iterator[list[int]]:
+    def _cut(self, row: list[int], parts: Sequence[int], step: int, first: int) -> Iterator[list[int]]:
+        """Yield ``row`` (this rank's indices of one step) as micro-batches of sizes ``parts``, from ``first``."""
+        offsets = np.cumsum([0, *parts]).tolist()
+        for j in range(first, len(parts)):
+            self._cursor = (step, j + 1) if j + 1 < len(parts) else (step + 1, 0)
+            yield row[offsets[j]:offsets[j + 1]]
+
+    def _batches(self, start: tuple[int, int], perm: torch.Tensor | None) -> Iterator[list[int]]:
         # Runs at the first next(): a DataLoader has forked this epoch's workers by then (see ``prefetch``).
         self._start_prefetch(self._epoch + 1)
         big_b, n = self.global_batch, self.dataset_len
         full = self.num_full_steps
+        first_step, first_micro = start
         mine = torch.from_numpy(np.flatnonzero(self._owners(self._sizes) == self.rank))
+        parts = micro_batch_sizes(self._sizes[self.rank], self._steps[self.rank])
         steps_per_block = max(1, _BLOCK_POSITIONS // big_b)
-        for s0 in range(start, full, steps_per_block):
+        for s0 in range(first_step, full, steps_per_block):
             s1 = min(full, s0 + steps_per_block)
             lo, hi = s0 * big_b, s1 * big_b
             block = torch.arange(lo, hi) if perm is None else perm[lo:hi]
-            for row in block.view(s1 - s0, big_b)[:, mine].tolist():
-                self._position += 1
-                yield row
-        if self.num_steps > full and start <= full:
+            for s, row in enumerate(block.view(s1 - s0, big_b)[:, mine].tolist(), start=s0):
+                if len(parts) == 1:  # no accumulation: the step is the batch (the common, fast path)
+                    self._cursor = (s + 1, 0)
+                    yield row
+                else:
+                    yield from self._cut(row, parts, s, first_micro if s == first_step else 0)
+        if self.num_steps > full and first_step <= full:
             sizes = self.partial_sizes()
             owners = interleave_owners(sizes)
             pos = torch.from_numpy(np.flatnonzero(owners == self.rank)) + full * big_b
             pos = pos % n  # wrap-around padding (repeatedly when N is tiny), as DistributedSampler pads
-            self._position += 1
-            yield (pos if perm is None else perm[pos]).tolist()
+            row = (pos if perm is None else perm[pos]).tolist()
+            yield from self._cut(row, self.micro_sizes_at(full)[self.rank], full, first_micro if first_step == full
+                                 else 0)
 
 
 class HeteroDistributedSampler(Sampler[int]):
@@ -420,17 +475,29 @@ class HeteroDistributedSampler(Sampler[int]):
     Yields this rank's indices in batch order. Use it with ``DataLoader(ds, sampler=s, batch_size=s.batch_size,
     drop_last=False)``: the loader then cuts exactly the planned batches, and the last batch of the epoch is the
     plan's partial step (r_i <= b_i always holds). Any other ``batch_size`` or ``drop_last=True`` breaks the
-    step alignment between ranks. Same arguments as HeteroBatchSampler.
+    step alignment between ranks. Same arguments as HeteroBatchSampler; plans with gradient accumulation are
+    refused (a fixed ``batch_size`` cannot cut their uneven micro-batches).
     """
 
     def __init__(self, dataset_len: int, batch_sizes: Sequence[int], rank: int, **kw: Any) -> None:
         self.batch_sampler = HeteroBatchSampler(dataset_len, batch_sizes, rank, **kw)
+        self._check_one_micro_step()
+
+    def _check_one_micro_step(self) -> None:
+        # A DataLoader's fixed batch_size cannot cut the plan's uneven micro-batches (ceil then floor).
+        steps = self.batch_sampler.accumulation_steps
+        if max(steps) > 1:
+            raise ValidationError(
+                f"HeteroDistributedSampler yields one fixed-size batch per step, but the plan accumulates "
+                f"(accumulation_steps {list(steps)}); use HeteroBatchSampler as the DataLoader's batch_sampler="
+            )
 
     @classmethod
     def from_plan(cls, plan: Plan | str | os.PathLike[str], rank: int, dataset_len: int,
                   **kw: Any) -> HeteroDistributedSampler:
         plan = _as_plan(plan)
         kw.setdefault("min_batch", plan.min_batch)
+        kw.setdefault("accumulation_steps", plan_accumulation_steps(plan))  # refused: see _check_one_micro_step
         return cls(dataset_len, plan.batch_sizes, rank, **kw)
 
     @property
@@ -439,6 +506,7 @@ class HeteroDistributedSampler(Sampler[int]):
         return self.batch_sampler.batch_sizes[self.batch_sampler.rank]
 
     def __iter__(self) -> Iterator[int]:
+        self._check_one_micro_step()  # a re-plan or a loaded state may have brought accumulation
         for batch in self.batch_sampler:
             yield from batch
 

@@ -4,6 +4,11 @@ The true gradient of a global step is  g = sum_i (n_i / n) * g_i,  where g_i is 
 its sample count this step and n = sum_i n_i. Stock DDP computes (1/W) * sum_i g_i, which over-weights a rank
 with few samples. The hook multiplies each bucket by n_i / n and SUM-all-reduces (no division by W). Every rank
 knows every n_i from the sampler's deterministic layout (``counts_at``), so no extra collective is needed.
+
+With micro-batches (the sampler's ``accumulation_steps``, runtime/accumulate.py) a sampler step is one optimizer
+step made of this rank's micro-batches j: the hook still applies n_i / n once per step (it fires on the
+synchronizing backward only), and the micro-batch mean losses are weighted n_ij / n_i before it
+(``accumulation_weight(..., micro_step=j)``), or n_ij * W / n without the hook (``loss_scale(..., micro_step=j)``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class StepCounts(Protocol):
     @property
     def start_step(self) -> int: ...
     def counts_at(self, step: int) -> tuple[int, ...]: ...
+    def micro_sizes_at(self, step: int) -> tuple[tuple[int, ...], ...]: ...
 
 
 def _window(sampler: StepCounts, step: int, accumulation_steps: int) -> range:
@@ -50,27 +56,49 @@ def _window_counts(sampler: StepCounts, step: int, accumulation_steps: int) -> t
     return mine, total
 
 
-def loss_scale(sampler: StepCounts, step: int, *, accumulation_steps: int = 1) -> float:
+def _samples(sampler: StepCounts, step: int, micro_step: int | None) -> int:
+    """This rank's samples in ``step`` (micro_step None) or in its micro-batch ``micro_step`` of that step."""
+    parts = sampler.micro_sizes_at(step)[sampler.rank]
+    if micro_step is None:
+        if len(parts) > 1:
+            raise ValidationError(
+                f"step {step} runs as {len(parts)} micro-batches on rank {sampler.rank} (the sampler's "
+                "accumulation_steps); pass micro_step=, or iterate with runtime.accumulate.micro_steps, whose "
+                "MicroStep carries loss_scale and accumulation_weight"
+            )
+        return parts[0]
+    if not 0 <= micro_step < len(parts):
+        raise IndexError(f"micro_step {micro_step} is outside 0..{len(parts) - 1} of step {step} on rank "
+                         f"{sampler.rank}")
+    return parts[micro_step]
+
+
+def loss_scale(sampler: StepCounts, step: int, *, accumulation_steps: int = 1, micro_step: int | None = None) -> float:
     """Factor for a mean loss when DDP keeps its default (averaging) all-reduce: n_i * W / n.
 
     ``(loss * loss_scale(sampler, step)).backward()`` makes DDP's mean over W ranks equal the true gradient.
     With gradient accumulation over K micro-batches, n is the window's total over all ranks (windows of K steps
     from the epoch start), so the scale already contains the 1/K: do NOT divide the loss by K as well. This is
     exact for every window, the epoch's short last one included, and also with SyncBatchNorm.
+
+    When the sampler itself splits steps into micro-batches (its ``accumulation_steps``), pass ``micro_step=j``:
+    the factor is then n_ij * W / n, exact under DDP and FSDP2 (both average over W) for any per-rank k_i.
     """
-    mine_step = sampler.counts_at(step)[sampler.rank]
+    mine = _samples(sampler, step, micro_step)
     _, total = _window_counts(sampler, step, accumulation_steps)
-    return mine_step * sampler.world_size / total
+    return mine * sampler.world_size / total
 
 
-def accumulation_weight(sampler: StepCounts, step: int, accumulation_steps: int) -> float:
+def accumulation_weight(sampler: StepCounts, step: int, accumulation_steps: int = 1, *,
+                        micro_step: int | None = None) -> float:
     """Weight of micro-batch ``step``'s mean loss inside its accumulation window when using the hook.
 
     n_i(step) / sum of n_i over the window: 1/K whenever this rank's micro-batches in the window are equal, which
     is every window except one holding the epoch's partial last step. See :func:`register_weighted_hook`.
+    With the sampler's own micro-batches pass ``micro_step=j``: n_ij / (this rank's samples in the window).
     """
     mine, _ = _window_counts(sampler, step, accumulation_steps)
-    return sampler.counts_at(step)[sampler.rank] / mine
+    return _samples(sampler, step, micro_step) / mine
 
 
 @dataclass(kw_only=True, slots=True)
@@ -98,7 +126,8 @@ class WeightedHookState:
             raise RuntimeError(
                 f"weighted gradient hook: synchronizing backward number {self.step + 1} of a pass that has only "
                 f"{s.num_steps} steps; feed training from a DataLoader over this sampler (a new `for` loop per "
-                "epoch) and pass accumulation_steps= when you use no_sync"
+                "epoch) and synchronize only on a step's last micro-batch (runtime.accumulate.micro_steps says "
+                "which) or pass accumulation_steps= when you use no_sync across sampler steps"
             )
         mine, total = _window_counts(s, self.step, self.accumulation_steps)
         return mine / total
@@ -140,13 +169,20 @@ def register_weighted_hook(ddp_model: torch.nn.parallel.DistributedDataParallel,
     DataLoader's prefetching, which moves the sampler ahead, does not matter; the count restarts when the sampler
     starts a new pass (each ``for batch in loader``), at the resumed step after ``load_state_dict``.
 
-    Gradient accumulation with ``no_sync``: pass ``accumulation_steps=K``. Windows are K consecutive sampler steps
-    from the epoch start (the last may be shorter); run ``no_sync`` on all but the window's last micro-batch and
-    synchronize on the last (also at the end of the epoch). The hook then applies N_i / N, with N_i this rank's
-    and N all ranks' samples in the window, so the result is exact when the locally accumulated gradient is the
-    mean over this rank's window samples, i.e. each micro-batch's mean loss is multiplied by
-    ``accumulation_weight(sampler, step, K)`` -- which equals the usual ``1 / K`` in every window whose
-    micro-batches are equal on this rank (all but the window holding the epoch's partial last step).
+    Micro-batches from the sampler (``HeteroBatchSampler(..., accumulation_steps=[k_0, k_1, ...])``, k_i may
+    differ per rank): nothing to pass here. Iterate with :func:`runtime.accumulate.micro_steps`, run ``no_sync``
+    on all but ``micro.is_last`` and multiply each micro-batch's mean loss by ``micro.accumulation_weight``
+    (n_ij / n_i); every rank synchronizes once per step and the hook applies n_i / n, so the result is
+    sum_ij (n_ij / n) g_ij exactly, the epoch's partial last step included.
+
+    Equal accumulation across sampler steps with ``no_sync`` (the sampler without micro-batches): pass
+    ``accumulation_steps=K``. Windows are K consecutive sampler steps from the epoch start (the last may be
+    shorter); run ``no_sync`` on all but the window's last micro-batch and synchronize on the last (also at the
+    end of the epoch). The hook then applies N_i / N, with N_i this rank's and N all ranks' samples in the window,
+    so the result is exact when the locally accumulated gradient is the mean over this rank's window samples,
+    i.e. each micro-batch's mean loss is multiplied by ``accumulation_weight(sampler, step, K)`` -- which equals
+    the usual ``1 / K`` in every window whose micro-batches are equal on this rank (all but the window holding
+    the epoch's partial last step).
 
     SyncBatchNorm: its backward all-reduces the per-rank loss gradients unweighted, so a per-rank factor on the
     parameter gradients cannot be exact when batch sizes differ. For SyncBatchNorm models keep DDP's default
@@ -164,6 +200,14 @@ def register_weighted_hook(ddp_model: torch.nn.parallel.DistributedDataParallel,
     """
     if accumulation_steps < 1:
         raise ValidationError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
+    micro = getattr(sampler, "accumulation_steps", None)
+    if accumulation_steps > 1 and micro is not None and max(micro) > 1:
+        # Windows of several sampler steps each made of micro-batches: exact by the formulas, but MicroStep's
+        # weights assume one optimizer step per sampler step. One way of accumulating at a time.
+        raise ValidationError(
+            f"the sampler already splits every step into micro-batches (accumulation_steps {list(micro)}); do not "
+            f"also pass accumulation_steps={accumulation_steps} to register_weighted_hook"
+        )
     world = dist.get_world_size(process_group)
     if sampler.world_size != world:
         raise ValidationError(

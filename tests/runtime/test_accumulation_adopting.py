@@ -1,0 +1,107 @@
+"""docs/ADOPTING.md's accumulation changes, applied literally to stock DDP-no_sync and FSDP2 scripts, train on a plan
+with per-rank micro-batches (2 gloo ranks)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from planner.plan import Plan, Predicted, RankPlan
+from tests._dist import run_distributed
+from tests.runtime.test_adopting import DOC, apply_diff, changed_lines, load_module
+
+HERE = Path(__file__).resolve().parent
+# (doc section, stock script, planned twin, batch sizes, accumulation steps, plan mode)
+FORMS = {
+    "ddp": ("Gradient accumulation (DDP with no_sync)", "stock_accum_ddp_script.py", "planned_accum_ddp_script.py",
+            [12, 4], [3, 1], "ddp"),
+    "fsdp": ("FSDP2", "stock_fsdp_script.py", "planned_fsdp_script.py", [12, 4], [2, 2], "fsdp"),
+}
+# 100 samples, B = 16: 6 full steps, then R = 4 -> r = (3, 1), one micro-batch each (3 fits ceil(12/3) = 4 and 6)
+EXPECTED = {
+    "ddp": ([4, 4, 4] * 6 + [3], [4] * 6 + [1]),
+    "fsdp": ([6, 6] * 6 + [3], [2, 2] * 6 + [1]),
+}
+
+
+def documented_diff(section: str) -> list[str]:
+    match = re.search(rf"^## {re.escape(section)}\n.*?```diff\n(.*?)```", DOC.read_text(), re.S | re.M)
+    assert match, f"docs/ADOPTING.md must hold a '## {section}' section with a ```diff block"
+    return match.group(1).splitlines()
+
+
+def code_of(source: str) -> str:
+    """The script after its module docstring (the twins' docstrings say which is which)."""
+    return source.split('"""', 2)[2]
+
+
+def accumulating_plan(sizes: list[int], steps: list[int], mode: str) -> Any:
+    """A Plan with per-rank accumulation; a stand-in object with the same fields while Plan lacks them (#13)."""
+    if "accumulation_steps" not in {f.name for f in dataclasses.fields(RankPlan)}:
+        ranks = [SimpleNamespace(rank=i, batch_size=b, accumulation_steps=k) for i, (b, k) in enumerate(zip(sizes, steps))]
+        return SimpleNamespace(ranks=ranks, batch_sizes=tuple(sizes), min_batch=1, mode=mode)
+    big_b = sum(sizes)
+    ranks = tuple(RankPlan(rank=i, batch_size=b, share=b / big_b, num_workers=0, predicted_step_time_s=0.01,  # type: ignore[call-arg]
+                           bottleneck="memory", accumulation_steps=k) for i, (b, k) in enumerate(zip(sizes, steps)))
+    return Plan(world_size=len(sizes), global_batch=big_b, ranks=ranks, mode=mode,  # type: ignore[call-arg]
+                predicted=Predicted(step_time_s=0.01, samples_per_s=1600.0, equal_split_samples_per_s=1000.0,
+                                    ideal_samples_per_s=1600.0))
+
+
+def planned_args(module: Any, plan: Any, tmp: str) -> argparse.Namespace:
+    if isinstance(plan, Plan):  # the whole route: a plan file on the command line
+        path = f"{tmp}/plan-{plan.mode}.json"
+        plan.save(path)
+        return module.get_args_parser().parse_args(["--plan", path])  # type: ignore[no-any-return]
+    args = module.get_args_parser().parse_args(["--plan", "stand-in"])
+    args.plan = plan  # from_plan takes a Plan object as well as a path
+    return args  # type: ignore[no-any-return]
+
+
+def same_on_every_rank(params: list[torch.Tensor], world: int) -> None:
+    flat = torch.cat([p.flatten() for p in params])
+    gathered = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    assert all(torch.equal(g, gathered[0]) for g in gathered)
+    assert torch.isfinite(flat).all()
+
+
+def adopt_worker(rank: int, world: int, tmp: str) -> None:
+    for form, (_, stock_name, planned_name, sizes, steps, mode) in FORMS.items():
+        stock = load_module(str(HERE / stock_name), f"stock_{form}")
+        out = stock.train(stock.get_args_parser().parse_args([]))  # type: ignore[attr-defined]
+        assert out["batch_sizes"] == ([4] * 12 + [2]) * 2  # DistributedSampler: 50 samples per rank and epoch
+        assert out["optimizer_steps"] == 14  # 6 windows of 2 micro-batches + the last one, per epoch
+        same_on_every_rank(out["params"], world)
+
+        planned = load_module(str(HERE / planned_name), f"planned_{form}")
+        args = planned_args(planned, accumulating_plan(sizes, steps, mode), tmp)
+        out = planned.train(args)  # type: ignore[attr-defined]
+        assert out["batch_sizes"] == EXPECTED[form][rank] * 2, (form, out["batch_sizes"])
+        assert out["optimizer_steps"] == 14  # 7 steps per epoch on every rank, whatever its k_i
+        same_on_every_rank(out["params"], world)
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_documented_change_gives_the_planned_twin(form: str) -> None:
+    section, stock_name, planned_name, *_ = FORMS[form]
+    diff = documented_diff(section)
+    assert changed_lines(diff) <= 8
+    planned = apply_diff((HERE / stock_name).read_text(), diff)
+    assert code_of(planned) == code_of((HERE / planned_name).read_text())
+    assert "DistributedSampler(" not in planned.split("def train", 1)[1]
+    assert "accumulation_steps" not in planned.split("def train", 1)[1]  # the plan says, per rank
+
+
+@pytest.mark.distributed
+def test_stock_and_planned_accumulation_scripts_run(tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed.fsdp", reason="FSDP2 (fully_shard) needs torch >= 2.6")
+    run_distributed(adopt_worker, 2, str(tmp_path), timeout_s=150)
