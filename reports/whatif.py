@@ -19,6 +19,11 @@ from planner.solve import SolveOptions, build_models, solve
 
 WhatIfKind = Literal["drop", "add", "upgrade"]
 
+FULL_DETAIL_RANKS = 32
+"""Up to this many ranks every rank gets its own drop/upgrade what-if and every k its scaling point; above it one
+representative rank per (device kind, bottleneck) and about 16 cluster sizes: a 200-rank report re-solved 200-rank
+programs ~600 times (87 s) for tables nobody reads row by row."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SweepPoint:
@@ -173,19 +178,49 @@ def _scenario(
     )
 
 
-def what_if_drop(profile: Profile, global_batch: int, base_samples_per_s: float, opts: SolveOptions) -> list[WhatIf]:
-    """Re-solve without each rank in turn, same global batch (nothing when only one rank is left to drop)."""
+def what_if_drop(profile: Profile, global_batch: int, base_samples_per_s: float, opts: SolveOptions,
+                 subjects: Sequence[int] | None = None, like: dict[int, int] | None = None) -> list[WhatIf]:
+    """Re-solve without each rank in turn (or each of `subjects`), same global batch (nothing when only one rank is
+    left to drop).  ``like[r]``: how many ranks rank r stands for (said in the label)."""
     ranks = profile.by_rank
     if len(ranks) < 2:
         return []
     out = []
-    for r in ranks:
+    for r in ranks if subjects is None else [profile.rank(i) for i in subjects]:
         rest = [q for q in ranks if q.rank != r.rank]
         out.append(
-            _scenario("drop", f"drop rank {r.rank} ({rank_label(r)})", r.rank, with_ranks(profile, rest),
-                      global_batch, base_samples_per_s, opts)
+            _scenario("drop", f"drop rank {r.rank} ({rank_label(r)}{_like(r.rank, like)})", r.rank,
+                      with_ranks(profile, rest), global_batch, base_samples_per_s, opts)
         )
     return out
+
+
+def _like(rank: int, like: dict[int, int] | None) -> str:
+    n = (like or {}).get(rank, 1)
+    return f"; the slowest of {n} such" if n > 1 else ""
+
+
+def representatives(profile: Profile, bottlenecks: Sequence[str]) -> dict[int, int]:
+    """One rank per (device kind, bottleneck at the plan): the one with the lowest peak throughput (dropping or
+    upgrading the weakest of a kind is the what-if that matters) -> how many ranks its group holds."""
+    groups: dict[tuple[str, str], list[RankProfile]] = {}
+    for r, b in zip(profile.by_rank, bottlenecks, strict=True):
+        groups.setdefault((rank_label(r), b), []).append(r)
+    return {min(g, key=peak_samples_per_s).rank: len(g) for g in groups.values()}
+
+
+def scaling_sizes(world_size: int) -> list[int]:
+    """Cluster sizes for the scaling table: every k up to FULL_DETAIL_RANKS, else about 16 sizes spread
+    geometrically from 1 to W (W always included)."""
+    if world_size <= FULL_DETAIL_RANKS:
+        return list(range(1, world_size + 1))
+    ratio = world_size ** (1 / 15)
+    sizes = {1, world_size}
+    x = 1.0
+    while x < world_size:
+        x *= ratio
+        sizes.add(min(world_size, max(1, round(x))))
+    return sorted(sizes)
 
 
 def what_if_add(profile: Profile, global_batch: int, base_samples_per_s: float, opts: SolveOptions) -> list[WhatIf]:
@@ -203,33 +238,35 @@ def peak_samples_per_s(r: RankProfile) -> float:
     return max(p.batch_size / p.step_time_s for p in r.compute)
 
 
-def what_if_upgrade(profile: Profile, global_batch: int, base_samples_per_s: float, opts: SolveOptions) -> list[WhatIf]:
-    """Give each rank slower than the fastest kind that kind's device (its compute and memory), keeping its host and
-    loader (data loading runs on the host's CPUs, not on the device)."""
+def what_if_upgrade(profile: Profile, global_batch: int, base_samples_per_s: float, opts: SolveOptions,
+                    subjects: Sequence[int] | None = None, like: dict[int, int] | None = None) -> list[WhatIf]:
+    """Give each rank (or each of `subjects`) slower than the fastest kind that kind's device (its compute and
+    memory), keeping its host and loader (data loading runs on the host's CPUs, not on the device)."""
     kinds = device_kinds(profile)
     if len(kinds) < 2:
         return []
     fast_kind, fast = max(kinds, key=lambda kr: peak_samples_per_s(kr[1]))
     out = []
-    for r in profile.by_rank:
+    for r in profile.by_rank if subjects is None else [profile.rank(i) for i in subjects]:
         if peak_samples_per_s(r) >= peak_samples_per_s(fast) or r.compute == fast.compute:
             continue
         swapped = replace(r, compute=fast.compute, memory=fast.memory, device_name=fast.device_name, device=r.device)
         ranks = [swapped if q.rank == r.rank else q for q in profile.by_rank]
         out.append(
-            _scenario("upgrade", f"upgrade rank {r.rank} ({rank_label(r)}) to a {fast_kind}", r.rank,
-                      with_ranks(profile, ranks), global_batch, base_samples_per_s, opts)
+            _scenario("upgrade", f"upgrade rank {r.rank} ({rank_label(r)}{_like(r.rank, like)}) to a {fast_kind}",
+                      r.rank, with_ranks(profile, ranks), global_batch, base_samples_per_s, opts)
         )
     return out
 
 
 # -- scaling -------------------------------------------------------------------------------------------------
 def scaling(profile: Profile, global_batch: int, opts: SolveOptions) -> tuple[ScalePoint, ...]:
-    """Solve on the first k ranks for k = 1..W at the same global batch, or the largest feasible one."""
+    """Solve on the first k ranks for k in ``scaling_sizes(W)`` at the same global batch, or the largest feasible
+    one."""
     out: list[ScalePoint] = []
     one = 0.0
     ranks = profile.by_rank
-    for k in range(1, len(ranks) + 1):
+    for k in scaling_sizes(len(ranks)):
         sub = with_ranks(profile, ranks[:k])
         caps = [m.cap for m in build_models(sub, opts)]
         B, note = global_batch, ""
