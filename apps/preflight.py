@@ -105,8 +105,8 @@ def compare_with_checkpoint(args: argparse.Namespace, meta: dict[str, Any], plan
                     why=f"the checkpoint holds that model's weights -- resume with --model {meta.get('model')}, or "
                         "start afresh in another --checkpoint folder"),
         "global_batch": ResumeValue(flag="--global-batch", saved=B, given=given_B, changeable=False,
-                    why=f"a resumed run keeps the global batch (its position is counted in steps of it) -- re-plan "
-                        f"with --global-batch {B}"),
+                    why=f"a resumed run keeps the global batch -- re-plan with --global-batch {B} (the position in "
+                        "the epoch is counted in steps of it)"),
         "lr": ResumeValue(flag="--lr", saved=meta.get("lr"), given=args.lr),
         "seed": ResumeValue(flag="--seed", saved=meta.get("seed"), given=args.seed),
         "dataset": ResumeValue(flag="--dataset", saved=meta.get("dataset"), given=args.dataset),

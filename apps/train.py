@@ -358,21 +358,17 @@ def _elastic_plan(saved: Plan, plan: Plan, hetero: HeteroBatchSampler | None, st
 
 
 def _checkpoint(run: Run, epoch: int, step: int) -> None:
-    """Rank 0 saves where training resumes: ``epoch`` and ``step`` are the next step to run.
-
-    Every rank records (epoch, step) as the last saved state, so each can name it when the loss diverges.
-    """
+    """Rank 0 saves where training resumes: ``epoch`` and ``step`` are the next step to run (and records it as
+    ``run.last_saved``; the epoch-end gather tells the other ranks)."""
     cfg = run.cfg
-    if not cfg.checkpoint_dir:
-        return
-    if run.env.is_main:
+    if cfg.checkpoint_dir and run.env.is_main:
         start = run.start_plan or run.plan
         meta = run_meta(model=cfg.model, dataset=cfg.dataset, image_size=cfg.image_size, num_samples=cfg.num_samples,
                         seed=cfg.seed, lr=cfg.lr, plan=start)
         save_checkpoint(cfg.checkpoint_dir, epoch=epoch, step=step, model=run.model, optimizer=run.optimizer,
                         plan=run.plan, sampler_state=run.hetero.state_dict(step) if run.hetero else None,
                         replanner=run.replanner, run=meta)
-    run.last_saved = (epoch, step)
+        run.last_saved = (epoch, step)
 
 
 
@@ -418,7 +414,7 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             # Never save a diverged state over the last finite one. Only rank 0 saves, so only its view counts:
             # a peer's NaN reaches rank 0's weights through the gradient all-reduce.
-            if not run.env.is_main or watch.clean(run.model):
+            if run.env.is_main and watch.clean(run.model):
                 _checkpoint(run, epoch, step)
     sync_device(device)
     stats = run.timer.epoch_summary(rank=env.rank, epoch=epoch, batch_size=batch_sizes[env.rank],
@@ -426,8 +422,10 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
     first_bad = watch.at_epoch_end(run.model, first_step, step)
     loss_value = float(loss_sum.item())
     gathered = all_gather_json([stats.to_dict(), loss_value if math.isfinite(loss_value) else None, n_sum,
-                                first_bad])
+                                first_bad, run.last_saved])
     all_stats = [g[0] for g in gathered]
+    saved = gathered[0][4]  # rank 0 saves: its record is the one every rank names if the loss diverged
+    run.last_saved = None if saved is None else (int(saved[0]), int(saved[1]))
     bad = [g[3] for g in gathered if g[3] >= 0]
     loss_total = sum(g[1] for g in gathered) if all(g[1] is not None for g in gathered) else float("nan")
     n_total = sum(g[2] for g in gathered)

@@ -20,6 +20,7 @@ Pure: the standard library only (no torch), so `planner plan` and the programs s
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -63,7 +64,8 @@ def _lstat(path: str, flag: str, *, follow: bool = False) -> os.stat_result | No
     except FileNotFoundError:
         return None
     except OSError as e:  # a component is a file (ENOTDIR), a name too long, no permission on a parent ...
-        raise ValidationError(f"{flag} {_show(path)}: {e.strerror}") from None
+        why = "a part of the path is a file, not a folder" if e.errno == errno.ENOTDIR else e.strerror
+        raise ValidationError(f"{flag} {_show(path)}: {why}") from None
 
 
 def _stat(path: str, flag: str) -> os.stat_result | None:
@@ -153,10 +155,8 @@ def check_output_folder(path: str, flag: str, files: tuple[str, ...] = ()) -> No
         raise ValidationError(f"{flag} {shown}: is a broken symbolic link (to {os.readlink(path)!r})")
     if st is None:
         ancestor = os.path.dirname(os.path.abspath(path))
-        while _stat(ancestor, flag) is None:
+        while _stat(ancestor, flag) is None:  # a file on the way raises (ENOTDIR) in _stat
             ancestor = os.path.dirname(ancestor)
-        if not stat.S_ISDIR(os.stat(ancestor).st_mode):
-            raise ValidationError(f"{flag} {shown}: {_show(ancestor)!r} is a file, so the folder cannot be created")
         _probe_writable(ancestor, flag, shown)
         return
     for name in files:

@@ -217,7 +217,7 @@ class RunLog:
     """Re-plan decisions and reverts, in order."""
     resizes: tuple[ResizeRecord, ...] = ()
     ended: bool = False
-    """An end record was written: the run finished (a killed run has none)."""
+    """The last record is an end record: the run finished or stopped (a killed run has none)."""
     end_reason: str | None = None
     """The end record's reason when the run stopped early (a diverged loss)."""
     num_skipped_lines: int = 0
@@ -382,10 +382,11 @@ def read_run_log(path: str | os.PathLike[str], *, strict_plans: bool = False) ->
         epochs=epochs,
         replans=replans,
         resizes=tuple(r for r in records if isinstance(r, ResizeRecord)),
-        ended=any(isinstance(r, EndRecord) for r in records),
+        # The last record decides: a run that ended, was resumed and then killed has an end record in the middle.
+        ended=bool(records) and isinstance(records[-1], EndRecord),
         num_skipped_lines=skipped,
         runs=max(1, len(starts)),
-        end_reason=next((r.reason for r in records if isinstance(r, EndRecord)), None),
+        end_reason=records[-1].reason if records and isinstance(records[-1], EndRecord) else None,
     )
 
 

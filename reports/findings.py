@@ -73,6 +73,11 @@ def fmt_s(seconds: float) -> str:
     return f"{seconds / 86400:,.1f} days"
 
 
+def fmt_step(seconds: float) -> str:
+    """A step time: milliseconds while they read well, then seconds, minutes... ("3000000.0 ms" did not)."""
+    return f"{1000 * seconds:.1f} ms" if seconds < 10 else fmt_s(seconds)
+
+
 def rank_list(ids: Sequence[int], limit: int = MAX_LISTED) -> str:
     """'rank 3', 'ranks 0..39, 42, 45 and 114 more': consecutive runs as ranges, at most `limit` items."""
     ids = sorted(ids)
@@ -139,9 +144,9 @@ def _step_line(rows: Sequence[RankRow], thr: Throughput, binding: tuple[int, ...
     what = " / ".join(sorted({rows[i].bottleneck for i in binding}))
     comm = f", plus {1000 * thr.comm_s:.1f} ms of exposed communication" if thr.comm_s > 0 else ""
     if len(binding) == len(rows) and len(rows) > 1:
-        return (f"All {len(rows)} ranks finish their step together at {1000 * t_max:.1f} ms ({what}-bound){comm}: "
+        return (f"All {len(rows)} ranks finish their step together at {fmt_step(t_max)} ({what}-bound){comm}: "
                 "the split is balanced and nobody waits.")
-    return f"Step time {1000 * thr.step_time_s:.1f} ms is set by {_who(rows, binding)} ({what}-bound){comm}."
+    return f"Step time {fmt_step(thr.step_time_s)} is set by {_who(rows, binding)} ({what}-bound){comm}."
 
 
 def _throughput_line(thr: Throughput) -> str:
@@ -245,5 +250,5 @@ def make_findings(profile: Profile, plan: Plan, rows: Sequence[RankRow], thr: Th
                     upgrade_ranks=ups, loader_starved=tuple(starved), over_cap_ranks=over)
 
 
-__all__ = ["BINDING_TOL", "Findings", "LoaderNeed", "fmt_rate", "fmt_s", "kinds_text", "loader_needs",
+__all__ = ["BINDING_TOL", "Findings", "LoaderNeed", "fmt_rate", "fmt_s", "fmt_step", "kinds_text", "loader_needs",
            "make_findings", "rank_list"]

@@ -90,3 +90,36 @@ def slow_model(num_classes: int = NUM_CLASSES) -> nn.Module:
 
 def not_a_model() -> str:
     return "I am not a torch.nn.Module"
+
+
+# Dataset factories that return something else than a dataset (each was a TypeError traceback).
+def none_dataset() -> None:
+    return None
+
+
+def int_dataset() -> int:
+    return 7
+
+
+def list_of_ints_dataset() -> list[int]:
+    return [1, 2, 3]
+
+
+class _Switchable(nn.Module):
+    """`model` whose forward multiplies by a huge factor from step DIVERGE_AT_STEP on (RELIABILITY_DIVERGE_AT):
+    a loss that is finite for the first steps and then inf/NaN, whatever the learning rate."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> Any:
+        self.calls += 1
+        at = int(os.environ.get("RELIABILITY_DIVERGE_AT", "0"))
+        out = self.inner(x)
+        return out * float("inf") if at and self.calls >= at else out
+
+
+def diverging_model(num_classes: int = NUM_CLASSES) -> nn.Module:
+    return _Switchable(model(num_classes))
