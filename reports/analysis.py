@@ -19,6 +19,7 @@ from planner.solve import SolveOptions, build_models, equal_split, equal_split_w
 from reports.findings import BINDING_TOL, Findings, LoaderNeed, make_findings
 from reports.whatif import (
     FULL_DETAIL_RANKS,
+    MAX_ADD_KINDS,
     ScalePoint,
     SweepPoint,
     WhatIf,
@@ -167,12 +168,12 @@ def analyze(
     points = sweep(profile, batches, opts, dataset_size=dataset_size)
     ref = resolved or p.samples_per_s
     # Past FULL_DETAIL_RANKS ranks, one what-if per (device kind, bottleneck) instead of one per rank.
-    subjects, like = None, None
+    subjects, like, max_kinds = None, None, None
     if profile.world_size > FULL_DETAIL_RANKS:
         like = representatives(profile, [r.bottleneck for r in rows])
-        subjects = sorted(like)
+        subjects, max_kinds = sorted(like), MAX_ADD_KINDS
     what_ifs = (
-        what_if_drop(profile, B, ref, opts, subjects, like) + what_if_add(profile, B, ref, opts)
+        what_if_drop(profile, B, ref, opts, subjects, like) + what_if_add(profile, B, ref, opts, max_kinds)
         + what_if_upgrade(profile, B, ref, opts, subjects, like)
     )
     scale = scaling(profile, B, opts)

@@ -37,7 +37,8 @@ def marker(i: int) -> str:
 
 def png_bytes(fig: Figure) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", facecolor="white")
+    # No bbox_inches="tight": the constrained layout already fits the figure, and "tight" draws it twice.
+    fig.savefig(buf, format="png", dpi=DPI, facecolor="white")
     return buf.getvalue()
 
 
@@ -70,6 +71,7 @@ def curves(rep: Report) -> Figure:
         groups = {}
         for r in rep.ranks:
             groups.setdefault(r.label, []).append(r.rank)
+    handles: list[Any] = []
     for g, ranks in enumerate(groups.values()):
         r = rep.ranks[ranks[0]]
         c, mk = colour(g), marker(g)
@@ -79,7 +81,7 @@ def curves(rep: Report) -> Figure:
         mt = np.array([x for _, x in r.measured_points])
         who = f"rank {ranks[0]}" if len(ranks) == 1 else (
             "ranks " + ", ".join(map(str, ranks)) if len(ranks) <= 6 else f"{len(ranks)} ranks")
-        ax_t.plot(grid, 1000 * t, color=c, linewidth=1.6, label=f"{who} ({r.label})")
+        handles += ax_t.plot(grid, 1000 * t, color=c, linewidth=1.6, label=f"{who} ({r.label})")
         ax_t.scatter(mb, 1000 * mt, color=c, marker=mk, s=28, zorder=3)
         ax_x.plot(grid, grid / t, color=c, linewidth=1.6)
         ax_x.scatter(mb, mb / mt, color=c, marker=mk, s=28, zorder=3)
@@ -92,18 +94,21 @@ def curves(rep: Report) -> Figure:
         t = np.array([r.predicted_step_time_s for r in rows])
         ax_t.scatter(b, 1000 * t, s=130, facecolor=c, edgecolor="black", linewidth=1.5, marker="*", zorder=4)
         ax_x.scatter(b, b / t, s=130, facecolor=c, edgecolor="black", linewidth=1.5, marker="*", zorder=4)
-        for cap in sorted({r.cap for r in rows if r.cap is not None and r.cap <= b_max}):
+        caps = sorted({r.cap for r in rows if r.cap is not None and r.cap <= b_max})
+        for cap in caps if len(caps) <= 4 else ():  # dozens of lines are noise: the memory figure shows the caps
             for ax in (ax_t, ax_x):
                 ax.axvline(cap, color=c, linestyle=":", linewidth=1.2)
     step = max(r.predicted_step_time_s for r in rep.ranks)
-    ax_t.axhline(1000 * step, color=GREY, linestyle="--", linewidth=1, label="planned step (every rank done)")
+    handles.append(ax_t.axhline(1000 * step, color=GREY, linestyle="--", linewidth=1,
+                                label="planned step (every rank done)"))
     ax_t.set(title="Step time vs local batch", xlabel="local batch (samples)", ylabel="step time (ms)")
     ax_x.set(title="Throughput vs local batch", xlabel="local batch (samples)", ylabel="samples/s (rank alone)")
     for ax in (ax_t, ax_x):
         ax.set_xlim(0, b_max)
         ax.set_ylim(bottom=0)
     # Below both panels: never covers a curve, however many kinds there are.
-    fig.legend(handles=ax_t.get_lines(), loc="outside lower center", ncols=min(4, len(groups) + 1), fontsize=8,
+    # The curves and the step line only: cap lines are not legend entries (200 of them collapsed the layout).
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(4, len(groups) + 1), fontsize=8,
                frameon=False)
     return fig
 

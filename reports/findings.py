@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # analysis imports this module; the row types are only annota
 
 BINDING_TOL = 0.01
 """A rank whose busy time is within 1% of the slowest one is counted as setting the step time."""
+MIN_DROP_GAIN = 0.001
+"""Dropping a rank must gain at least 0.1% samples/s to be a finding."""
 MAX_LISTED = 6
 """Items one finding lists before it says "and N more"."""
 
@@ -160,7 +162,8 @@ def _throughput_line(thr: Throughput) -> str:
 
 def _what_if_lines(profile: Profile, rows: Sequence[RankRow], what_ifs: Sequence[WhatIf]) -> tuple[list[str], tuple[int, ...], tuple[int, ...]]:
     lines = []
-    drops = sorted((w for w in what_ifs if w.kind == "drop" and w.feasible and w.delta_samples_per_s > 0),
+    # A gain under 0.1% is noise-level (and printed as "+0.0%"): not a finding.
+    drops = sorted((w for w in what_ifs if w.kind == "drop" and w.feasible and w.delta_frac >= MIN_DROP_GAIN),
                    key=lambda w: -w.delta_samples_per_s)
     if drops:
         listed = _listed([f"rank {w.subject_rank} ({rows[w.subject_rank].label}) +{100 * w.delta_frac:.1f}%"

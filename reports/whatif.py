@@ -21,8 +21,11 @@ WhatIfKind = Literal["drop", "add", "upgrade"]
 
 FULL_DETAIL_RANKS = 32
 """Up to this many ranks every rank gets its own drop/upgrade what-if and every k its scaling point; above it one
-representative rank per (device kind, bottleneck) and about 16 cluster sizes: a 200-rank report re-solved 200-rank
-programs ~600 times (87 s) for tables nobody reads row by row."""
+representative rank per (device kind, bottleneck), at most MAX_ADD_KINDS of each kind of what-if, about 12
+cluster sizes and the powers of two of the global batch sweep: a
+200-rank report re-solved 200-rank programs ~600 times (87 s) for tables nobody reads row by row."""
+MAX_ADD_KINDS = 6
+"""Past FULL_DETAIL_RANKS: at most this many additions, and drop/upgrade representatives."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -101,7 +104,8 @@ def device_kinds(profile: Profile) -> list[tuple[str, RankProfile]]:
 
 # -- global batch sweep --------------------------------------------------------------------------------------
 def sweep_batches(profile: Profile, opts: SolveOptions, *, include: Sequence[int] = ()) -> list[int]:
-    """Powers of two and W * powers of two from W * min_batch up to the sum of the caps.
+    """Powers of two and (up to FULL_DETAIL_RANKS ranks) W * powers of two from W * min_batch up to the sum of the
+    caps.
 
     A rank without a memory cap counts 2x its largest measured batch: beyond that the curve is extrapolation.
     """
@@ -115,7 +119,9 @@ def sweep_batches(profile: Profile, opts: SolveOptions, *, include: Sequence[int
     out = {lo, limit}
     k = 1
     while k <= limit:
-        for b in (k, W * k):
+        # Past FULL_DETAIL_RANKS the W * 2^k points are left out: they double the solves of large programs and
+        # the powers of two already trace the curve.
+        for b in (k, W * k) if W <= FULL_DETAIL_RANKS else (k,):
             if lo <= b <= limit:
                 out.add(b)
         k *= 2
@@ -200,21 +206,24 @@ def _like(rank: int, like: dict[int, int] | None) -> str:
     return f"; the slowest of {n} such" if n > 1 else ""
 
 
-def representatives(profile: Profile, bottlenecks: Sequence[str]) -> dict[int, int]:
+def representatives(profile: Profile, bottlenecks: Sequence[str], limit: int = MAX_ADD_KINDS) -> dict[int, int]:
     """One rank per (device kind, bottleneck at the plan): the one with the lowest peak throughput (dropping or
-    upgrading the weakest of a kind is the what-if that matters) -> how many ranks its group holds."""
+    upgrading the weakest of a kind is the what-if that matters) -> how many ranks its group holds; at most
+    `limit` groups, the weakest first."""
     groups: dict[tuple[str, str], list[RankProfile]] = {}
     for r, b in zip(profile.by_rank, bottlenecks, strict=True):
         groups.setdefault((rank_label(r), b), []).append(r)
-    return {min(g, key=peak_samples_per_s).rank: len(g) for g in groups.values()}
+    weakest = sorted(((min(g, key=peak_samples_per_s), len(g)) for g in groups.values()),
+                     key=lambda rn: peak_samples_per_s(rn[0]))
+    return {r.rank: n for r, n in weakest[:limit]}
 
 
 def scaling_sizes(world_size: int) -> list[int]:
-    """Cluster sizes for the scaling table: every k up to FULL_DETAIL_RANKS, else about 16 sizes spread
+    """Cluster sizes for the scaling table: every k up to FULL_DETAIL_RANKS, else about 12 sizes spread
     geometrically from 1 to W (W always included)."""
     if world_size <= FULL_DETAIL_RANKS:
         return list(range(1, world_size + 1))
-    ratio = world_size ** (1 / 15)
+    ratio = world_size ** (1 / 11)
     sizes = {1, world_size}
     x = 1.0
     while x < world_size:
@@ -223,11 +232,21 @@ def scaling_sizes(world_size: int) -> list[int]:
     return sorted(sizes)
 
 
-def what_if_add(profile: Profile, global_batch: int, base_samples_per_s: float, opts: SolveOptions) -> list[WhatIf]:
-    """Add one more rank of each device kind: a copy of its first rank, on the same host (sharing its cores)."""
+def what_if_add(profile: Profile, global_batch: int, base_samples_per_s: float, opts: SolveOptions,
+                max_kinds: int | None = None) -> list[WhatIf]:
+    """Add one more rank of each device kind: a copy of its first rank, on the same host (sharing its cores).
+
+    ``max_kinds``: past that many kinds (unnamed ranks whose curves all differ are a kind each), only that many,
+    spread evenly over peak throughput from the fastest down.
+    """
     ranks = list(profile.by_rank)
+    kinds = device_kinds(profile)
+    if max_kinds is not None and len(kinds) > max_kinds:
+        by_speed = sorted(kinds, key=lambda kr: -peak_samples_per_s(kr[1]))
+        step = (len(by_speed) - 1) / max(1, max_kinds - 1)
+        kinds = [by_speed[round(i * step)] for i in range(max_kinds)]
     out = []
-    for kind, r in device_kinds(profile):
+    for kind, r in kinds:
         grown = with_ranks(profile, [*ranks, r])
         out.append(_scenario("add", f"add a {kind} on {r.host}", r.rank, grown, global_batch, base_samples_per_s, opts))
     return out
