@@ -501,6 +501,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     early, late = Slowdown(cfg.slowdown), Slowdown(cfg.slowdown_late or cfg.slowdown)
     run.loader = make_loader(cfg, workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers, env.device)
     results: list[EpochResult] = []
+    done = run.start_epoch  # epochs completed, for an end record written on the way out
     try:
         for epoch in range(run.start_epoch, cfg.epochs):
             if run.hetero is not None:
@@ -514,17 +515,35 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
             res = run_epoch(run, epoch, run.start_step if epoch == run.start_epoch else 0,
                             late if epoch >= cfg.slowdown_from_epoch else early, tracer)
             if res.diverged_step is not None:  # every rank saw the same gathered steps: all stop here together
-                raise stop_diverged(run, res, epoch_plan, epochs_done=epoch)
+                error = stop_diverged(run, res, epoch_plan, epochs_done=epoch)
+                done = -1  # its end record is written
+                raise error
             end_epoch(run, res, epoch_plan)
+            done = epoch + 1
             results.append(res)
             if on_epoch is not None:
                 on_epoch(res)
         run.log.write(EndRecord(time=time.time(), epochs=cfg.epochs))
+    except BaseException as e:
+        # Any other way out (a peer died, Ctrl-C, a full disk) still ends the log with why: the report and
+        # `planner validate` then tell a stopped run from one still going.
+        if done >= 0:
+            _end_on_error(run, done, e)
+        raise
     finally:
         run.log.close()
         if run.trace is not None:
             run.trace.close()
     return results
+
+
+def _end_on_error(run: Run, epochs_done: int, error: BaseException) -> None:
+    text = (str(error).strip().splitlines() or [""])[0][:200]
+    reason = "interrupted" if isinstance(error, KeyboardInterrupt) else f"stopped: {type(error).__name__}: {text}"
+    try:
+        run.log.write(EndRecord(time=time.time(), epochs=epochs_done, reason=reason))
+    except (OSError, ValueError):  # the log itself may be what failed (a full disk, a closed file)
+        pass
 
 
 def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool, workload: Workload,

@@ -105,10 +105,7 @@ def list_of_ints_dataset() -> list[int]:
     return [1, 2, 3]
 
 
-class _Switchable(nn.Module):
-    """`model` whose forward multiplies by a huge factor from step DIVERGE_AT_STEP on (RELIABILITY_DIVERGE_AT):
-    a loss that is finite for the first steps and then inf/NaN, whatever the learning rate."""
-
+class _Failing(nn.Module):
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
         self.inner = inner
@@ -116,10 +113,11 @@ class _Switchable(nn.Module):
 
     def forward(self, x: torch.Tensor) -> Any:
         self.calls += 1
-        at = int(os.environ.get("RELIABILITY_DIVERGE_AT", "0"))
-        out = self.inner(x)
-        return out * float("inf") if at and self.calls >= at else out
+        if self.calls == DIE_AT_STEP:
+            raise RuntimeError(f"injected failure at forward call {DIE_AT_STEP}")
+        return self.inner(x)
 
 
-def diverging_model(num_classes: int = NUM_CLASSES) -> nn.Module:
-    return _Switchable(model(num_classes))
+def failing_model(num_classes: int = NUM_CLASSES) -> nn.Module:
+    """Raises in the forward of its 3rd step: an internal error in the middle of a run."""
+    return _Failing(model(num_classes))

@@ -119,3 +119,13 @@ def test_a_good_checkpoint_survives_a_diverged_resume_and_resumes_again(tmp_path
     events = [json.loads(line)["event"] for line in log.read_text().splitlines()]
     assert events.count("start") == 1 and events[-1] == "end"
     assert math.isfinite(read_run_log(log).epochs[-1].loss or math.nan)
+
+
+def test_any_other_failure_still_ends_the_log_with_why(tmp_path: Path) -> None:
+    plan = one_rank_plan(tmp_path / "plan.json", 12)
+    log = tmp_path / "run.jsonl"
+    with pytest.raises(RuntimeError, match="injected failure"):  # an internal error: main_and_exit makes it exit 1
+        main(["train", "--plan", str(plan), "--device", "cpu", "--model", "tests.reliability._fixtures:failing_model",
+              "--dataset", "tests.reliability._fixtures:dataset", "--epochs", "2", "--log-file", str(log)])
+    run = read_run_log(log)
+    assert run.ended and run.end_reason == "stopped: RuntimeError: injected failure at forward call 3"

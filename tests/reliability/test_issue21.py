@@ -243,6 +243,8 @@ def test_force_writes_the_plan_with_an_oom_warning_and_the_report_leads_with_it(
     err = capsys.readouterr().err
     assert rc == 0 and out.exists()
     assert err.count("\n") == 1 and "warning: --force: rank 0 gets 300 samples" in err and "out of memory" in err
+    assert main(["validate", str(out)]) == 0  # a valid file, and says what it holds
+    assert "over its cap, expect out-of-memory: rank 0 (300 > 200)" in capsys.readouterr().out
     rc = main(["report", "--profile", str(CAPPED), "--plan", str(out), "--out", str(work / "r.html"), "--json",
                str(work / "r.json")])
     assert rc == 0, capsys.readouterr().err
