@@ -26,6 +26,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from planner.argcheck import count, real
+
 HELP = "compare equal split, proportional, plan and re-plan side by side"
 EPILOG = """\
 examples:
@@ -38,7 +40,7 @@ STRATEGIES = ("equal", "proportional", "plan", "plan+replan")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc", type=int, default=2, metavar="N", help="ranks to launch on this host (default 2)")
+    p.add_argument("--nproc", type=count(1, 1024), default=2, metavar="N", help="ranks to launch on this host (default 2)")
     p.add_argument("--device", default="auto", metavar="DEV", help="auto, cpu or cuda (rank i -> cuda:i)")
     p.add_argument("--rank-devices", default=None, metavar="LIST", help="one device per rank, e.g. cuda:0,cpu")
     p.add_argument("--model", default=None, metavar="M",
@@ -46,13 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="fake", metavar="D", help="dataset spec for --data loader (default fake)")
     p.add_argument("--data", choices=("device", "loader"), default="device",
                    help="device: synthetic batches on the device (isolates compute); loader: the real DataLoader")
-    p.add_argument("--image-size", type=int, default=None, metavar="PX", help="input side (fake data)")
-    p.add_argument("--num-samples", type=int, default=None, metavar="N", help="dataset length")
-    p.add_argument("--global-batch", type=int, default=None, metavar="B",
+    p.add_argument("--image-size", type=count(), default=None, metavar="PX", help="input side (fake data)")
+    p.add_argument("--num-samples", type=count(), default=None, metavar="N", help="dataset length")
+    p.add_argument("--global-batch", type=count(), default=None, metavar="B",
                    help="global batch (default 512 on CUDA, 64 on CPU); a multiple of the rank count")
-    p.add_argument("--steps", type=int, default=None, metavar="N",
+    p.add_argument("--steps", type=count(), default=None, metavar="N",
                    help="timed steps per strategy and epoch (default 30 on CUDA, 15 on CPU)")
-    p.add_argument("--replan-epochs", type=int, default=4, metavar="E", help="epochs of plan+replan (default 4)")
+    p.add_argument("--replan-epochs", type=count(), default=4, metavar="E", help="epochs of plan+replan (default 4)")
     p.add_argument("--amp", action="store_true", help="bf16 autocast")
     p.add_argument("--quick", action="store_true", help="a short profile")
     p.add_argument("--emulate-slowdown", default=None, metavar="R=F,..", help="rank R does F x its compute")
@@ -65,29 +67,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategies", default=",".join(STRATEGIES), metavar="LIST",
                    help=f"subset of {','.join(STRATEGIES)} (ideal is always measured)")
     p.add_argument("--label", default=None, metavar="TEXT", help="name of the heterogeneity, stored in the JSON")
-    p.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="kill every rank after S seconds")
+    p.add_argument("--timeout", type=real(0.0, lo_open=True), default=1800.0, metavar="S", help="kill every rank after S seconds")
     p.add_argument("--json", default=None, metavar="PATH", help="write all numbers here")
     p.add_argument("--profile-out", default=None, metavar="PATH", help="also write the profile used")
 
 
 def run(args: argparse.Namespace) -> int:
+    from planner.argcheck import check_ranks
     from planner.errors import ValidationError
+    from planner.paths import Output, check_outputs
     from workloads.emulate import parse_rank_floats, parse_rank_ints
 
-    if args.nproc < 1:
-        raise ValidationError(f"--nproc must be >= 1, got {args.nproc}")
+    # Checked before a single rank starts: a bad --json path found after the benchmark lost all of it.
+    check_outputs([Output(flag="--json", path=args.json), Output(flag="--profile-out", path=args.profile_out)])
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [s for s in strategies if s not in STRATEGIES]
     if bad:
         raise ValidationError(f"--strategies: unknown {bad[0]!r}; choose from {', '.join(STRATEGIES)}")
-    parse_rank_floats(args.emulate_slowdown)
-    parse_rank_ints(args.emulate_loader)
-    parse_rank_floats(args.late_slowdown, flag="--late-slowdown")
+    for flag, rank_map in (("--emulate-slowdown", parse_rank_floats(args.emulate_slowdown)),
+                           ("--emulate-loader", parse_rank_ints(args.emulate_loader)),
+                           ("--late-slowdown", parse_rank_floats(args.late_slowdown, flag="--late-slowdown"))):
+        check_ranks(rank_map, args.nproc, flag)
     cuda = _uses_cuda(args)
+
+    def given(value: Any, default: Any) -> Any:  # `value or default` read an explicit 0 as "the default"
+        return default if value is None else value
+
     opts = vars(args) | {
-        "model": args.model or ("resnet50" if cuda else "cifar_cnn"),
-        "global_batch": args.global_batch or (512 if cuda else 64),
-        "steps": args.steps or (30 if cuda else 15),
+        "model": given(args.model, "resnet50" if cuda else "cifar_cnn"),
+        "global_batch": given(args.global_batch, 512 if cuda else 64),
+        "steps": given(args.steps, 30 if cuda else 15),
         "strategies": strategies,
     }
     if opts["global_batch"] % args.nproc:
@@ -97,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         )
     specs = [x.strip() for x in args.sweep_slowdown.split(";")] if args.sweep_slowdown else [args.emulate_slowdown]
     for spec in specs:
-        parse_rank_floats(spec)
+        check_ranks(parse_rank_floats(spec), args.nproc, "--sweep-slowdown")
     runs = []
     for spec in specs:
         result = _launch(opts | {"emulate_slowdown": spec or None}, args.nproc, args.timeout)

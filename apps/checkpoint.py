@@ -43,8 +43,12 @@ _SAFE_LOAD_TORCH = (2, 6)
 
 def save_checkpoint(directory: str | os.PathLike[str], *, epoch: int, step: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, plan: Plan, sampler_state: dict[str, Any] | None,
-                    replanner: Any = None) -> Path:
-    """Save where training resumes: `epoch` and `step` are the next step to run."""
+                    replanner: Any = None, run: dict[str, Any] | None = None) -> Path:
+    """Save where training resumes: `epoch` and `step` are the next step to run.
+
+    ``run``: what the run was started with (model, lr, global batch, plan fingerprint...), JSON-able; a resume
+    compares it with its own command line (apps/preflight.py) instead of silently taking the checkpoint's.
+    """
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     state = {
@@ -58,6 +62,7 @@ def save_checkpoint(directory: str | os.PathLike[str], *, epoch: int, step: int,
         "plan": _plain(plan.to_dict(), "plan"),
         "sampler": _plain(sampler_state, "sampler"),
         "replanner": _plain(replanner.state_dict(), "replanner") if replanner is not None else None,
+        "run": _plain(run, "run"),
     }
     _check_data_only(state, "checkpoint")  # our invariant: what we write, load_checkpoint can read back
     fd, tmp = tempfile.mkstemp(prefix=".checkpoint.", suffix=".tmp", dir=d)
@@ -185,9 +190,10 @@ def _check_layout(state: Any, path: Path) -> None:
         if type(state[key]) is not int or state[key] < 0:
             raise bad(f"{key} is {state[key]!r}, expected an integer >= 0")
     for key, kinds in (("model", (dict,)), ("optimizer", (dict,)), ("plan", (dict,)),
-                       ("sampler", (dict, type(None))), ("replanner", (dict, type(None)))):
-        if not isinstance(state[key], kinds):
-            raise bad(f"{key} is a {type(state[key]).__name__}, expected "
+                       ("sampler", (dict, type(None))), ("replanner", (dict, type(None))),
+                       ("run", (dict, type(None)))):
+        if not isinstance(state.get(key), kinds):  # "run" is absent from checkpoints before it was added
+            raise bad(f"{key} is a {type(state.get(key)).__name__}, expected "
                       + " or ".join("None" if k is type(None) else k.__name__ for k in kinds))
     try:
         Plan.from_dict(state["plan"], path="plan")

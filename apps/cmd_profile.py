@@ -11,7 +11,9 @@ import os
 import sys
 from typing import Any
 
+from planner.argcheck import check_ranks, count, real
 from planner.errors import ValidationError
+from planner.paths import Output, check_outputs
 from planner.profile import Profile
 from planner.table import table
 from profiler.sweep import parse_batch_sizes
@@ -39,17 +41,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "package.module:factory (default resnet18)")
     p.add_argument("--dataset", default="fake", metavar="D",
                    help="fake, cifar10:DIR, mnist:DIR, imagefolder:DIR or package.module:factory (default fake)")
-    p.add_argument("--image-size", type=int, default=None, metavar="PX",
+    p.add_argument("--image-size", type=count(), default=None, metavar="PX",
                    help="input side in pixels (default: 224 for torchvision models, 32 cifar_cnn, 28 mnist_cnn/mlp)")
-    p.add_argument("--num-classes", type=int, default=None, metavar="N", help="classifier outputs (default from data)")
+    p.add_argument("--num-classes", type=count(), default=None, metavar="N", help="classifier outputs (default from data)")
     p.add_argument("--device", default="auto", metavar="DEV",
                    help="auto (cuda:LOCAL_RANK if a GPU is visible, else cpu), cpu or cuda:N")
     p.add_argument("--devices", default=None, metavar="LIST",
                    help="profile several local devices in turn in this process, e.g. cuda:0,cuda:1,cpu (one rank each)")
     p.add_argument("--batch-sizes", default="auto", metavar="auto|B,..",
                    help="local batch sizes to time (default auto: 8,16,32,.. until memory, step limit or budget)")
-    p.add_argument("--max-batch", type=int, default=None, metavar="B", help="largest batch of the auto sweep")
-    p.add_argument("--budget-s", type=float, default=None, metavar="SEC",
+    p.add_argument("--max-batch", type=count(), default=None, metavar="B", help="largest batch of the auto sweep")
+    p.add_argument("--budget-s", type=real(0.0, lo_open=True), default=None, metavar="SEC",
                    help="seconds of compute sweep per device (default 30; 6 with --quick)")
     p.add_argument("--quick", action="store_true", help="CI-sized run: fewer repeats, small budget (seconds per device)")
     p.add_argument("--amp", action="store_true", help="bf16 autocast for forward and loss (as in training with --amp)")
@@ -61,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--emulate-loader", default=None, metavar="R=W,..",
                    help="cap rank R's loader at W workers (recorded; the trainer applies it)")
     p.add_argument("--out", default="profile.json", metavar="PATH", help="profile JSON to write (default profile.json)")
-    p.add_argument("--pg-timeout-s", type=float, default=900.0, metavar="SEC",
+    p.add_argument("--pg-timeout-s", type=real(0.0, lo_open=True), default=900.0, metavar="SEC",
                    help="torch.distributed timeout under torchrun (default 900: ranks wait for the slowest profile)")
 
 
@@ -72,6 +74,15 @@ def run(args: argparse.Namespace) -> int:
     distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if args.devices and distributed:
         raise ValidationError("--devices profiles local devices in one process; under torchrun use --device per rank")
+    # Everything a user typed is checked before a single step is measured (on every rank under torchrun): a bad
+    # --out found after the sweep used to lose the whole measurement.
+    check_outputs([Output(flag="--out", path=args.out)])
+    if args.devices:
+        world = len([d for d in args.devices.split(",") if d.strip()])
+    else:
+        world = int(os.environ["WORLD_SIZE"]) if distributed else 1
+    check_ranks(slowdowns, world, "--emulate-slowdown")
+    check_ranks(loader_caps, world, "--emulate-loader")
 
     import torch
 
@@ -121,9 +132,6 @@ def run(args: argparse.Namespace) -> int:
 def _run_distributed(args: argparse.Namespace, workload: Any, slowdowns: dict[int, float], loader_caps: dict[int, int],
                      meta: dict[str, Any], common: dict[str, Any], torch: Any, prun: Any) -> Profile | None:
     world = int(os.environ["WORLD_SIZE"])
-    for r in list(slowdowns) + list(loader_caps):
-        if r >= world:
-            raise ValidationError(f"--emulate-*: rank {r} does not exist in a job of {world} ranks (0..{world - 1})")
     # gloo for the control traffic works for every mix of devices; gather_profile times NCCL when all are CUDA.
     from apps.distenv import init_from_env, shutdown
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
+from planner.argcheck import count
 from planner.cmd_plan import add_solve_arguments
 
 HELP = "write a capacity report (HTML + terminal summary)"
@@ -31,9 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", required=True, metavar="PATH", help="profile JSON from `planner profile`")
     p.add_argument("--plan", default=None, metavar="PATH", help="plan JSON from `planner plan` (else one is solved)")
     p.add_argument("--log", default=None, metavar="PATH", help="run log from `planner train --log` (JSON lines)")
-    p.add_argument("--global-batch", "--global_batch", type=int, default=None, metavar="B",
+    p.add_argument("--global-batch", "--global_batch", type=count(), default=None, metavar="B",
                    help="samples per optimizer step over all ranks; required without --plan or --log")
-    p.add_argument("--dataset-size", type=int, default=50_000, metavar="N",
+    p.add_argument("--dataset-size", type=count(), default=50_000, metavar="N",
                    help="samples per epoch, for epoch times (default 50000)")
     p.add_argument("--out", default="report.html", metavar="PATH",
                    help="HTML report path, written atomically (default report.html)")
@@ -47,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.cmd_plan import solve_options_from_args
     from planner.errors import ValidationError
     from planner.jsonio import write_json_atomic, write_text_atomic
+    from planner.paths import Output, check_outputs
     from planner.plan import Plan
     from planner.profile import Profile
     from planner.runlog import read_run_log
@@ -56,8 +59,13 @@ def run(args: argparse.Namespace) -> int:
     from reports.html import render_html
     from reports.summary import format_summary
 
+    # Outputs first (planner/paths.py): never the profile, plan or log given, never a device or a folder.
+    check_outputs([Output(flag="--out", path=args.out), Output(flag="--json", path=args.json)],
+                  {"--profile": args.profile, "--plan": args.plan, "--log": args.log})
     profile = Profile.load(args.profile)
     log = read_run_log(args.log) if args.log else None
+    # Printed after the report is written: a warning followed by an error would be two lines on stderr.
+    warnings: list[str] = []
     if args.plan:
         plan = Plan.load(args.plan)
     elif log is not None and log.start_plan is not None and args.global_batch is None:
@@ -72,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
                               f"{plan.global_batch}; drop --global-batch or re-run `planner plan`")
     made_from = plan.solver.get("profile_fingerprint")
     if made_from and made_from != profile.fingerprint():
-        print(f"warning: the plan was solved from another profile ({made_from}, this one is "
-              f"{profile.fingerprint()}); predictions below use this profile", file=sys.stderr)
+        warnings.append(f"warning: the plan was solved from another profile ({made_from}, this one is "
+                        f"{profile.fingerprint()}); predictions below use this profile")
+    if log is not None:
+        warnings += check_log(log, profile, plan if args.plan else None, args.log)
     # The report's re-solves (what-ifs, scaling, sweep) use the plan's own options unless a flag says otherwise.
     opts = solve_options_from_args(args, plan.options)
     rep = analyze(profile, plan, opts, dataset_size=args.dataset_size, log=log)
@@ -84,7 +94,34 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(format_summary(rep))
         print(f"\nwrote {args.out}" + (f" and {args.json}" if args.json else ""))
+    for w in warnings:
+        print(w, file=sys.stderr)
     return 0
+
+
+def check_log(log: Any, profile: Any, plan: Any, path: str) -> list[str]:
+    """Refuse a run log from a job of another size than the profile; warnings for softer mismatches.
+
+    A 3-rank log read against a 2-rank profile used to be reported as if it fitted: predicted and measured
+    columns of different clusters side by side.
+    """
+    from planner.errors import ValidationError
+
+    sizes = [n for n in [log.world_size, *(r.new_world_size for r in log.resizes)] if n is not None]
+    sizes += [len(e.batch_sizes) for e in log.epochs[-1:] if e.batch_sizes and not log.resizes]
+    last = sizes[-1] if sizes else None
+    if last is not None and last != profile.world_size:
+        raise ValidationError(f"--log {path} is from a run of {last} rank(s) but the profile has "
+                              f"{profile.world_size}; pass the profile (and plan) that run used")
+    out = []
+    if log.runs > 1:
+        out.append(f"warning: --log {path} holds {log.runs} runs (a fresh run appended to an old log); the report "
+                   "reads the last one")
+    if plan is not None and log.start_plan is not None and log.start_plan.fingerprint != plan.fingerprint \
+            and not log.resizes:
+        out.append(f"warning: the run in --log started with plan {log.start_plan.fingerprint}, not --plan's "
+                   f"{plan.fingerprint}; the measured-vs-predicted table uses the log's own predictions")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

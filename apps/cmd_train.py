@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from planner.argcheck import ALLOW_RESUME_FLAG, count, real
+
 HELP = "train with a plan under torchrun (reference trainer)"
 DESCRIPTION = (
     "Train a torchvision model (FakeData by default) with per-rank batch sizes from a plan, exact weighted "
@@ -26,9 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--plan", metavar="PATH", help="plan JSON from `planner plan` (same file on every rank)")
     src.add_argument("--auto", action="store_true", help="profile every rank in-process, solve, write the plan")
-    g.add_argument("--global-batch", type=int, default=None, metavar="B",
+    g.add_argument("--global-batch", type=count(), default=None, metavar="B",
                    help="samples per step over all ranks (required with --auto; must match --plan)")
-    g.add_argument("--min-batch", type=int, default=1, metavar="M", help="--auto: smallest local batch (default 1)")
+    g.add_argument("--min-batch", type=count(), default=1, metavar="M", help="--auto: smallest local batch (default 1)")
     g.add_argument("--quick", action="store_true", help="--auto: a short profile (CI-sized)")
     g.add_argument("--plan-out", default="plan.json", metavar="PATH", help="--auto: where rank 0 writes the plan")
     g.add_argument("--profile-out", default=None, metavar="PATH", help="--auto: also write the profile here")
@@ -36,83 +38,88 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="profile the plan came from (needed by --replan with --plan)")
     g.add_argument("--replan", action=argparse.BooleanOptionalAction, default=False,
                    help="re-plan between epochs from measured step times (default off)")
-    g.add_argument("--replan-threshold", type=float, default=0.05, metavar="FRAC",
+    g.add_argument("--replan-threshold", type=real(0.0, 1.0, hi_open=True), default=0.05, metavar="FRAC",
                    help="adopt a new plan only if it is predicted this much faster (default 0.05)")
     w = p.add_argument_group("workload")
-    w.add_argument("--model", default="mlp", metavar="M",
-                   help="torchvision name (resnet50, ...), mnist_cnn, cifar_cnn, mlp, or package.module:factory")
-    w.add_argument("--dataset", default="fake", metavar="D",
+    # Defaults of None: "not given", so --resume can tell a value typed from the checkpoint's (apps/preflight.py).
+    w.add_argument("--model", default=None, metavar="M",
+                   help="torchvision name (resnet50, ...), mnist_cnn, cifar_cnn, mlp, or package.module:factory "
+                        "(default mlp; on --resume the checkpoint's)")
+    w.add_argument("--dataset", default=None, metavar="D",
                    help="fake, cifar10:DIR, mnist:DIR, imagefolder:DIR or package.module:factory (default fake)")
-    w.add_argument("--image-size", type=int, default=None, metavar="PX", help="input side for fake data")
-    w.add_argument("--num-samples", type=int, default=None, metavar="N", help="fake dataset length")
+    w.add_argument("--image-size", type=count(), default=None, metavar="PX", help="input side for fake data")
+    w.add_argument("--num-samples", type=count(), default=None, metavar="N", help="fake dataset length")
     w.add_argument("--data-on-device", action="store_true",
                    help="synthetic inputs made on the device, no DataLoader (isolates compute skew)")
     t = p.add_argument_group("training")
-    t.add_argument("--epochs", type=int, default=2, metavar="N", help="epochs (default 2)")
-    t.add_argument("--max-steps-per-epoch", type=int, default=None, metavar="N",
+    t.add_argument("--epochs", type=count(), default=2, metavar="N", help="epochs (default 2)")
+    t.add_argument("--max-steps-per-epoch", type=count(), default=None, metavar="N",
                    help="cut each epoch after N steps (benchmarks)")
-    t.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01, momentum 0.9)")
+    t.add_argument("--lr", type=real(0.0, lo_open=True), default=None,
+                   help="SGD learning rate (default 0.01, momentum 0.9; on --resume the checkpoint's). A loss that "
+                        "diverges stops the run (exit 2) and keeps the last finite checkpoint")
     t.add_argument("--amp", action="store_true", help="bf16 autocast")
     t.add_argument("--weighting", choices=("loss-scale", "hook"), default="loss-scale",
                    help="exact weighting of uneven batches: scale the loss (default; DDP's own all-reduce, also exact "
                         "with SyncBatchNorm) or a Python comm hook (register_weighted_hook)")
-    t.add_argument("--seed", type=int, default=0, help="shuffle and init seed, the same on every rank")
+    t.add_argument("--seed", type=count(0, 2**62), default=None,
+                   help="shuffle and init seed, the same on every rank (default 0; on --resume the checkpoint's)")
     t.add_argument("--device", default="auto", metavar="DEV", help="auto, cpu, cuda or cuda:N for every rank")
     t.add_argument("--rank-devices", default=None, metavar="LIST",
                    help="one device per rank, e.g. cuda:0,cpu (mixed ranks use gloo)")
     t.add_argument("--log-file", "--log", dest="log", default=None, metavar="PATH",
                    help="JSON-lines run log (rank 0), read by `planner report`; under torchrun spell it --log-file "
                         "(torchrun takes --log for an abbreviation of its own --log-dir)")
-    t.add_argument("--checkpoint", default=None, metavar="DIR", help="save an atomic checkpoint here each epoch")
-    t.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+    t.add_argument("--checkpoint", default=None, metavar="DIR",
+                   help="save an atomic checkpoint here each epoch (a folder already holding one needs --resume)")
+    t.add_argument("--checkpoint-every", type=count(0), default=0, metavar="STEPS",
                    help="also checkpoint every STEPS steps inside an epoch (default 0: epoch ends only)")
-    t.add_argument("--resume", action="store_true", help="continue from --checkpoint DIR when it holds one")
+    t.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint DIR when it holds one; values not given are the checkpoint's, "
+                        "values given must match it")
+    t.add_argument(ALLOW_RESUME_FLAG, action="store_true",
+                   help="--resume with another --lr, --plan (same global batch), --seed or dataset than the "
+                        "checkpoint's run (each change is printed)")
     # Hidden: every (epoch, step, rank, indices) as JSON lines, for the resume tests; {rank} becomes the rank.
     t.add_argument("--trace-file", default=None, help=argparse.SUPPRESS)
     e = p.add_argument_group("emulated heterogeneity (DESIGN.md section 7)")
     e.add_argument("--emulate-slowdown", default=None, metavar="R=F,..",
                    help="rank R does F x its real compute (repeated fwd+bwd), e.g. 1=3")
-    e.add_argument("--emulate-slowdown-from-epoch", type=int, default=0, metavar="E",
+    e.add_argument("--emulate-slowdown-from-epoch", type=count(0), default=0, metavar="E",
                    help="start the emulated slowdown at epoch E (a mid-run slowdown)")
     e.add_argument("--emulate-loader", default=None, metavar="R=W,..", help="cap rank R's loader workers at W")
 
 
 def run(args: argparse.Namespace) -> int:
     from apps.distenv import init_from_env, shutdown
+    from apps.preflight import preflight
     from apps.train import auto_plan, train
+    from planner.argcheck import check_global_batch
     from planner.errors import ValidationError
-    from planner.plan import Plan
     from planner.profile import Profile
     from workloads.emulate import parse_rank_floats, parse_rank_ints
     from workloads.specs import build_workload
 
-    if args.resume and args.checkpoint:
-        # Read (and check: data only, docs/SECURITY.md) the checkpoint before anything is profiled or trained.
-        # Elastic restart with --auto: the global batch is the interrupted run's.
-        from apps.checkpoint import saved_global_batch
-
-        saved = saved_global_batch(args.checkpoint)
-        if args.auto and args.global_batch is None:
-            args.global_batch = saved
-    if args.auto and args.global_batch is None:
-        raise ValidationError("--auto needs --global-batch B (the global batch is your convergence choice)")
-    # Caught here, before any rank starts: 0 samples was silently read as "the default", a negative count
-    # crashed in len(), and a negative --checkpoint-every checkpointed anyway (Python's % of a negative).
-    for flag, value, low in (("--epochs", args.epochs, 1), ("--num-samples", args.num_samples, 1),
-                             ("--checkpoint-every", args.checkpoint_every, 0)):
-        if value is not None and value < low:
-            raise ValidationError(f"{flag} must be >= {low}, got {value}")
-    if args.resume and not args.checkpoint:
-        raise ValidationError("--resume needs --checkpoint DIR (the folder the interrupted run saved to)")
+    # Every path, number, rank map and the resume's consistency, on every rank, before the process group starts
+    # (numbers were already range-checked while parsing).
+    pre = preflight(args)
     slowdowns = parse_rank_floats(args.emulate_slowdown)
     loader_caps = parse_rank_ints(args.emulate_loader)
+    profile = Profile.load(args.profile) if args.profile else None
+    if pre.plan is not None and args.replan and profile is None:
+        raise ValidationError("--replan with --plan needs --profile PATH (the profile the plan came from)")
     env = init_from_env(args.device, args.rank_devices)
     finished = False
     try:
-        cfg = config_from_args(args, env, slowdowns, loader_caps)
+        cfg = config_from_args(args, env, slowdowns, loader_caps, resume_changes=pre.changes)
         workload = build_workload(cfg.model, cfg.dataset, image_size=cfg.image_size, num_samples=cfg.num_samples)
-        profile = Profile.load(args.profile) if args.profile else None
+        if env.is_main:
+            for note in pre.notes:
+                print(note, flush=True)
         if args.auto:
+            if workload.has_batchnorm:  # the plan will ask min batch 2: known now, before anything is profiled
+                check_global_batch(args.global_batch, env.world_size, max(args.min_batch, 2),
+                                   why=" (a BatchNorm model needs 2 per rank)")
             plan, profile = auto_plan(cfg, env, global_batch=args.global_batch, quick=args.quick, workload=workload,
                                       plan_out=args.plan_out, profile_out=args.profile_out, min_batch=args.min_batch)
             if env.is_main:
@@ -120,13 +127,8 @@ def run(args: argparse.Namespace) -> int:
 
                 print(format_plan(plan, profile), flush=True)
         else:
-            plan = Plan.load(args.plan)
-            if args.global_batch is not None and args.global_batch != plan.global_batch:
-                raise ValidationError(
-                    f"--global-batch {args.global_batch} differs from the plan's {plan.global_batch}; re-plan"
-                )
-            if args.replan and profile is None:
-                raise ValidationError("--replan with --plan needs --profile PATH (the profile the plan came from)")
+            assert pre.plan is not None
+            plan = pre.plan
         train(cfg, env, plan, profile, workload)
         finished = True
     finally:
@@ -138,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def config_from_args(args: argparse.Namespace, env: Any, slowdowns: dict[int, float],
-                     loader_caps: dict[int, int]) -> Any:
+                     loader_caps: dict[int, int], resume_changes: tuple[str, ...] = ()) -> Any:
     """This rank's TrainConfig from the command line (the config checks itself on construction)."""
     from apps.train import TrainConfig
 
@@ -151,7 +153,7 @@ def config_from_args(args: argparse.Namespace, env: Any, slowdowns: dict[int, fl
         slowdown=1.0 if late else slowdowns.get(env.rank, 1.0), slowdown_late=slowdowns.get(env.rank, 1.0),
         slowdown_from_epoch=args.emulate_slowdown_from_epoch, loader_workers_cap=loader_caps.get(env.rank),
         log_path=args.log, checkpoint_dir=args.checkpoint, checkpoint_every=args.checkpoint_every,
-        resume=args.resume, weighting=args.weighting.replace("-", "_"),
+        resume=args.resume, resume_changes=resume_changes, weighting=args.weighting.replace("-", "_"),
         trace_path=args.trace_file.replace("{rank}", str(env.rank)) if args.trace_file else None,
         mixed_devices=env.device.type == "cuda" and env.backend == "gloo",
     )

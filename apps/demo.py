@@ -16,7 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+from planner.argcheck import check_ranks, count, real
 from planner.errors import ValidationError
+from planner.paths import Output, check_outputs
 
 HELP = "profile -> plan -> train -> report on this machine"
 EPILOG = """\
@@ -28,16 +30,17 @@ examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="demo-out", metavar="DIR", help="folder for profile, plan, log and report")
-    p.add_argument("--nproc", type=int, default=2, metavar="N", help="local ranks (default 2)")
+    p.add_argument("--nproc", type=count(1, 1024), default=2, metavar="N", help="local ranks (default 2)")
     p.add_argument("--device", default="auto", metavar="DEV", help="auto, cpu or cuda (default auto)")
     p.add_argument("--model", default="cifar_cnn", metavar="M", help="model spec (default cifar_cnn)")
-    p.add_argument("--image-size", type=int, default=None, metavar="PX", help="input side for fake data")
-    p.add_argument("--global-batch", type=int, default=64, metavar="B", help="global batch (default 64)")
-    p.add_argument("--num-samples", type=int, default=1024, metavar="N", help="fake dataset length (default 1024)")
-    p.add_argument("--epochs", type=int, default=2, metavar="E", help="training epochs (default 2)")
+    p.add_argument("--image-size", type=count(), default=None, metavar="PX", help="input side for fake data")
+    p.add_argument("--global-batch", type=count(), default=64, metavar="B", help="global batch (default 64)")
+    p.add_argument("--num-samples", type=count(), default=1024, metavar="N",
+                   help="fake dataset length (default 1024)")
+    p.add_argument("--epochs", type=count(), default=2, metavar="E", help="training epochs (default 2)")
     p.add_argument("--emulate-slowdown", default="1=2", metavar="R=F,..",
                    help="emulated compute skew (default 1=2; '' for none)")
-    p.add_argument("--stage-timeout", type=float, default=600.0, metavar="S", help="deadline per stage in seconds")
+    p.add_argument("--stage-timeout", type=real(0.0, lo_open=True), default=600.0, metavar="S", help="deadline per stage in seconds")
 
 
 def _torchrun(nproc: int) -> list[str]:
@@ -68,10 +71,20 @@ def _run_stage(name: str, cmd: list[str], timeout_s: float) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch  # noqa: F401  (fail early, with a clear import error, when torch is missing)
 
+    from workloads.emulate import parse_rank_floats
+
+    names = ("profile.json", "plan.json", "run.jsonl", "report.html")
+    # The folder and the four files in it are checked before the first stage: each stage checks its own output
+    # too, but only once the stages before it have run.
+    check_outputs([Output(flag="--out", path=args.out, folder=True, files=names)])
+    check_ranks(parse_rank_floats(args.emulate_slowdown), args.nproc, "--emulate-slowdown")
+    if args.global_batch < args.nproc * 2:  # the demo plans with --min-batch 2 (cifar_cnn has BatchNorm)
+        raise ValidationError(f"--global-batch {args.global_batch} cannot give each of {args.nproc} ranks the "
+                              f"demo's min batch 2: use --global-batch >= {2 * args.nproc}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    prof, plan, log, report = out / "profile.json", out / "plan.json", out / "run.jsonl", out / "report.html"
-    if log.exists():
+    prof, plan, log, report = (out / n for n in names)
+    if log.exists():  # the demo's own log from its last run: the trainer refuses to append to a log
         log.unlink()
     common = ["--model", args.model, "--dataset", "fake", "--device", args.device]
     if args.image_size:

@@ -35,6 +35,8 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 import planner
 from apps.checkpoint import load_checkpoint, save_checkpoint
 from apps.distenv import DistEnv, sync_device
+from apps.divergence import DivergenceWatch, divergence_error
+from apps.preflight import check_weights_fit, run_meta
 from collectives import all_gather_json, decide_on_rank0
 from planner.errors import ValidationError
 from planner.plan import Plan
@@ -89,6 +91,9 @@ class TrainConfig:
     checkpoint_every: int = 0
     """Also checkpoint every N steps inside an epoch (0: only at epoch ends)."""
     resume: bool = False
+    resume_changes: tuple[str, ...] = ()
+    """On resume, what this run takes from its config instead of the checkpoint ('lr', 'plan'): changes the user
+    allowed with --allow-resume-changes (apps/preflight.py compared them)."""
     quiet: bool = False
     mixed_devices: bool = False
     """Some ranks are CPU and some CUDA (gloo): keep one memory format everywhere (no channels_last)."""
@@ -127,6 +132,8 @@ class EpochResult:
     stats: list[dict[str, Any]] = field(default_factory=list)
     predicted_step_time_s: float = 0.0
     replan: dict[str, Any] | None = None
+    diverged_step: int | None = None
+    """First global step of this epoch whose loss (or the weights after it) was not finite, on any rank."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -155,6 +162,10 @@ class Run:
     trace: IO[str] | None = None
     start_epoch: int = 0
     start_step: int = 0
+    start_plan: Plan | None = None
+    """The plan this invocation was started with (recorded in checkpoints; a resume compares it)."""
+    last_saved: tuple[int, int] | None = None
+    """(epoch, step) of the newest checkpoint of this run: the last finite state when the loss diverges."""
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -285,7 +296,7 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
     return Run(cfg=cfg, env=env, workload=workload, plan=plan, model=model, ddp=ddp,
                optimizer=torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9), timer=timer, hetero=hetero,
                batch_sampler=batch_sampler, dsampler=dsampler, scale_loss=scale_loss, channels_last=cl,
-               replanner=replanner, log=RunLogWriter(None))
+               replanner=replanner, log=RunLogWriter(None), start_plan=plan)
 
 
 def resume(run: Run) -> ResizeRecord | None:
@@ -298,12 +309,17 @@ def resume(run: Run) -> ResizeRecord | None:
     if state is None:
         return None
     saved = Plan.from_dict(state["plan"])
+    check_weights_fit(run.model.state_dict(), state["model"], cfg.checkpoint_dir)
     resize = None
     if saved.world_size != run.plan.world_size:
         run.plan = _elastic_plan(saved, run.plan, run.hetero, state)
         resize = ResizeRecord(time=time.time(), epoch=int(state["epoch"]), step=int(state["step"]),
                               old_world_size=saved.world_size, new_world_size=run.plan.world_size,
                               old_batch_sizes=saved.batch_sizes, new_batch_sizes=run.plan.batch_sizes, plan=run.plan)
+    elif "plan" in cfg.resume_changes:
+        # Another plan of the same global batch, allowed by the user: the position carries over as in an elastic
+        # restart (global step s covers the same samples whatever the split); the re-planner starts afresh.
+        run.plan = _elastic_plan(saved, run.plan, run.hetero, state)
     else:
         run.plan = saved
         if run.hetero is not None:
@@ -312,7 +328,11 @@ def resume(run: Run) -> ResizeRecord | None:
             run.replanner.load_state_dict(state["replanner"])
     run.model.load_state_dict(state["model"])
     run.optimizer.load_state_dict(state["optimizer"])
+    if "lr" in cfg.resume_changes:  # the optimizer state carries the old rate; the user asked for this one
+        for group in run.optimizer.param_groups:
+            group["lr"] = cfg.lr
     run.start_epoch, run.start_step = int(state["epoch"]), int(state["step"])
+    run.last_saved = (run.start_epoch, run.start_step)
     run.say(f"resumed from {cfg.checkpoint_dir} at epoch {run.start_epoch} step {run.start_step}")
     return resize
 
@@ -341,11 +361,18 @@ def _elastic_plan(saved: Plan, plan: Plan, hetero: HeteroBatchSampler | None, st
 
 
 def _checkpoint(run: Run, epoch: int, step: int) -> None:
-    """Rank 0 saves where training resumes: ``epoch`` and ``step`` are the next step to run."""
-    if run.cfg.checkpoint_dir and run.env.is_main:
-        save_checkpoint(run.cfg.checkpoint_dir, epoch=epoch, step=step, model=run.model, optimizer=run.optimizer,
+    """Rank 0 saves where training resumes: ``epoch`` and ``step`` are the next step to run (and records it as
+    ``run.last_saved``; the epoch-end gather tells the other ranks)."""
+    cfg = run.cfg
+    if cfg.checkpoint_dir and run.env.is_main:
+        start = run.start_plan or run.plan
+        meta = run_meta(model=cfg.model, dataset=cfg.dataset, image_size=cfg.image_size, num_samples=cfg.num_samples,
+                        seed=cfg.seed, lr=cfg.lr, plan=start)
+        save_checkpoint(cfg.checkpoint_dir, epoch=epoch, step=step, model=run.model, optimizer=run.optimizer,
                         plan=run.plan, sampler_state=run.hetero.state_dict(step) if run.hetero else None,
-                        replanner=run.replanner)
+                        replanner=run.replanner, run=meta)
+        run.last_saved = (epoch, step)
+
 
 
 # -- one epoch ----------------------------------------------------------------------------------------------
@@ -354,6 +381,7 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
     cfg, env, device = run.cfg, run.env, run.env.device
     run.timer.reset()
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+    watch = DivergenceWatch(device)  # apps/divergence.py: no per-step synchronization
     n_sum = 0
     step = first_step
     batch_sizes = run.batch_sizes
@@ -382,17 +410,27 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
         loss_sum += loss.detach().double() * x.shape[0]
+        watch.observe(loss, step)
         n_sum += int(x.shape[0])
         run.timer.step_end()
         step += 1
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-            _checkpoint(run, epoch, step)
+            # Never save a diverged state over the last finite one. Only rank 0 saves, so only its view counts:
+            # a peer's NaN reaches rank 0's weights through the gradient all-reduce.
+            if run.env.is_main and watch.clean(run.model):
+                _checkpoint(run, epoch, step)
     sync_device(device)
     stats = run.timer.epoch_summary(rank=env.rank, epoch=epoch, batch_size=batch_sizes[env.rank],
                                     num_workers=run.plan.ranks[env.rank].num_workers)
-    gathered = all_gather_json([stats.to_dict(), float(loss_sum.item()), n_sum])
+    first_bad = watch.at_epoch_end(run.model, first_step, step)
+    loss_value = float(loss_sum.item())
+    gathered = all_gather_json([stats.to_dict(), loss_value if math.isfinite(loss_value) else None, n_sum,
+                                first_bad, run.last_saved])
     all_stats = [g[0] for g in gathered]
-    loss_total = sum(g[1] for g in gathered)
+    saved = gathered[0][4]  # rank 0 saves: its record is the one every rank names if the loss diverged
+    run.last_saved = None if saved is None else (int(saved[0]), int(saved[1]))
+    bad = [g[3] for g in gathered if g[3] >= 0]
+    loss_total = sum(g[1] for g in gathered) if all(g[1] is not None for g in gathered) else float("nan")
     n_total = sum(g[2] for g in gathered)
     # The synchronous step is as slow as its slowest rank's step-to-step interval.
     step_s = max((s["step_time_s"] for s in all_stats if s["num_steps"] > 0), default=float("nan"))
@@ -400,7 +438,7 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
     sps = B / step_s if step_s and math.isfinite(step_s) and step_s > 0 else 0.0
     return EpochResult(epoch=epoch, samples_per_s=sps, step_time_s=step_s if math.isfinite(step_s) else 0.0,
                        loss=loss_total / max(n_total, 1), batch_sizes=tuple(batch_sizes), stats=all_stats,
-                       predicted_step_time_s=run.plan.predicted.step_time_s)
+                       predicted_step_time_s=run.plan.predicted.step_time_s, diverged_step=min(bad) if bad else None)
 
 
 def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
@@ -419,17 +457,30 @@ def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
             if run.plan.ranks[env.rank].num_workers != old_workers:
                 run.loader = make_loader(cfg, run.workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers,
                                          env.device)
-    run.log.write(EpochRecord(epoch=res.epoch, plan_fingerprint=epoch_plan.fingerprint,
-                              samples_per_s=res.samples_per_s, step_time_s=res.step_time_s, loss=res.loss,
-                              batch_sizes=res.batch_sizes,
-                              ranks=tuple(planner.StepStats.from_dict(s) for s in res.stats),
-                              predicted_step_time_s=tuple(r.predicted_step_time_s for r in epoch_plan.ranks)))
+    _log_epoch(run, res, epoch_plan)
     _checkpoint(run, res.epoch + 1, 0)
     if env.distributed:
         dist.barrier()
     run.say(f"epoch {res.epoch}: {res.samples_per_s:9.1f} samples/s  step {1000 * res.step_time_s:7.2f} ms  "
             f"loss {res.loss:.4f}  batches {list(res.batch_sizes)}"
             + (f"  re-plan: {res.replan['reason']}" if res.replan else ""))
+
+
+def _log_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
+    run.log.write(EpochRecord(epoch=res.epoch, plan_fingerprint=epoch_plan.fingerprint,
+                              samples_per_s=res.samples_per_s, step_time_s=res.step_time_s, loss=res.loss,
+                              batch_sizes=res.batch_sizes,
+                              ranks=tuple(planner.StepStats.from_dict(s) for s in res.stats),
+                              predicted_step_time_s=tuple(r.predicted_step_time_s for r in epoch_plan.ranks)))
+
+
+def stop_diverged(run: Run, res: EpochResult, epoch_plan: Plan, epochs_done: int) -> ValidationError:
+    """Log the diverged epoch (loss null) and an end record that says why; the error every rank raises
+    (apps/divergence.py). The epoch-end checkpoint is not made: the folder keeps the last finite state."""
+    reason = f"loss diverged at epoch {res.epoch} step {res.diverged_step}"
+    _log_epoch(run, res, epoch_plan)
+    run.log.write(EndRecord(time=time.time(), epochs=epochs_done, reason=reason))
+    return divergence_error(reason, lr=run.cfg.lr, checkpoint_dir=run.cfg.checkpoint_dir, last_saved=run.last_saved)
 
 
 # -- the loop -----------------------------------------------------------------------------------------------
@@ -453,6 +504,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     early, late = Slowdown(cfg.slowdown), Slowdown(cfg.slowdown_late or cfg.slowdown)
     run.loader = make_loader(cfg, workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers, env.device)
     results: list[EpochResult] = []
+    done = run.start_epoch  # epochs completed, for an end record written on the way out
     try:
         for epoch in range(run.start_epoch, cfg.epochs):
             if run.hetero is not None:
@@ -465,16 +517,36 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
             epoch_plan = run.plan
             res = run_epoch(run, epoch, run.start_step if epoch == run.start_epoch else 0,
                             late if epoch >= cfg.slowdown_from_epoch else early, tracer)
+            if res.diverged_step is not None:  # every rank saw the same gathered steps: all stop here together
+                error = stop_diverged(run, res, epoch_plan, epochs_done=epoch)
+                done = -1  # its end record is written
+                raise error
             end_epoch(run, res, epoch_plan)
+            done = epoch + 1
             results.append(res)
             if on_epoch is not None:
                 on_epoch(res)
         run.log.write(EndRecord(time=time.time(), epochs=cfg.epochs))
+    except BaseException as e:
+        # Any other way out (a peer died, Ctrl-C, a full disk) still ends the log with why: the report and
+        # `planner validate` then tell a stopped run from one still going.
+        if done >= 0:
+            _end_on_error(run, done, e)
+        raise
     finally:
         run.log.close()
         if run.trace is not None:
             run.trace.close()
     return results
+
+
+def _end_on_error(run: Run, epochs_done: int, error: BaseException) -> None:
+    text = (str(error).strip().splitlines() or [""])[0][:200]
+    reason = "interrupted" if isinstance(error, KeyboardInterrupt) else f"stopped: {type(error).__name__}: {text}"
+    try:
+        run.log.write(EndRecord(time=time.time(), epochs=epochs_done, reason=reason))
+    except (OSError, ValueError):  # the log itself may be what failed (a full disk, a closed file)
+        pass
 
 
 def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool, workload: Workload,

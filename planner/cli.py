@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from planner.errors import PlanError, ValidationError
+from planner.stdio import GuardedStdout
 
 # name -> (module, one-line help).  Modules outside planner/ are imported only when their command runs.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -80,6 +81,22 @@ def build_parser(command: str) -> tuple[argparse.ArgumentParser, object]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # A closed or full stdout loses the printed text, never the work (planner/stdio.py).
+    guard = GuardedStdout(sys.stdout)
+    sys.stdout = guard  # type: ignore[assignment]
+    try:
+        rc = _main(argv)
+        guard.flush()
+    finally:
+        sys.stdout = guard.inner
+    problem = guard.problem()
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return rc or 2
+    return rc
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
         if not args_list or args_list[0].startswith("-"):
@@ -115,7 +132,10 @@ def main_and_exit(argv: Sequence[str] | None = None) -> NoReturn:
     except BaseException:  # an internal error: the traceback, exit 1 -- at once, so peers are not left waiting
         traceback.print_exc()
         rc = 1
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()  # a closed pipe here was already reported (or not worth reporting) by main
+    except OSError:
+        pass
     sys.stderr.flush()
     os._exit(rc)
 

@@ -6,11 +6,13 @@ import argparse
 import json
 import sys
 
+from planner.argcheck import MAX_COUNT, count
 from planner.errors import ValidationError
 from planner.options import DEFAULT_MIN_GAIN, SolveOptions
+from planner.paths import Output, check_outputs
 from planner.plan import Plan
 from planner.profile import Profile
-from planner.solve import evaluate, kept_equal_split, solve
+from planner.solve import build_models, evaluate, kept_equal_split, solve
 from planner.table import table
 
 HELP = "solve per-rank batch sizes, shares and workers for a global batch"
@@ -28,11 +30,15 @@ writes the plan JSON (`--json` prints it to stdout instead) that `planner train 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", required=True, metavar="PATH", help="profile JSON from `planner profile`")
-    p.add_argument("--global-batch", "--global_batch", type=int, required=True, metavar="B",
+    p.add_argument("--global-batch", "--global_batch", type=count(), required=True, metavar="B",
                    help="samples per optimizer step summed over all ranks (kept exactly)")
     add_solve_arguments(p)
     p.add_argument("--from-batches", default=None, metavar="B0,B1,..",
-                   help="skip the solver: evaluate this split (comma-separated, one per rank)")
+                   help="skip the solver: evaluate this split (comma-separated, one per rank); a batch over a rank's "
+                        "cap is refused")
+    p.add_argument("--force", action="store_true",
+                   help="with --from-batches: write the plan even when a batch is over its rank's cap (a warning "
+                        "says which rank will run out of memory)")
     p.add_argument("--out", default=None, metavar="PATH", help="write the plan JSON here (atomically)")
     p.add_argument("--json", action="store_true", help="print the plan JSON to stdout instead of the table")
 
@@ -48,19 +54,19 @@ def add_solve_arguments(p: argparse.ArgumentParser, *, from_plan: bool = False) 
         return (None, "the plan's") if from_plan else (value, text)
 
     mb, mb_text = default(d.min_batch, f"{d.min_batch}; use >= 2 for BatchNorm")
-    p.add_argument("--min-batch", "--min_batch", type=int, default=mb, metavar="M",
+    p.add_argument("--min-batch", "--min_batch", type=count(), default=mb, metavar="M",
                    help=f"smallest local batch per rank (default {mb_text})")
-    p.add_argument("--max-batch-per-rank", "--max_batch_per_rank", type=int, default=None, metavar="N",
+    p.add_argument("--max-batch-per-rank", "--max_batch_per_rank", type=count(), default=None, metavar="N",
                    help="cap every rank's local batch at N samples, on top of its memory cap"
                         + (" (default: the plan's)" if from_plan else ""))
     v, text = default(d.memory_headroom, f"{d.memory_headroom}")
     p.add_argument("--memory-headroom", type=float, default=v, metavar="FRAC",
                    help=f"fraction of device memory kept free when capping the batch (default {text})")
     v, text = default(d.cpu_reserve_per_rank, f"{d.cpu_reserve_per_rank}")
-    p.add_argument("--cpu-reserve-per-rank", type=int, default=v, metavar="CORES",
+    p.add_argument("--cpu-reserve-per-rank", type=count(0), default=v, metavar="CORES",
                    help=f"cores per rank kept for the training process, not for loader workers (default {text})")
     v, text = default(d.max_workers_per_rank, f"{d.max_workers_per_rank}")
-    p.add_argument("--max-workers-per-rank", type=int, default=v, metavar="W",
+    p.add_argument("--max-workers-per-rank", type=count(), default=v, metavar="W",
                    help=f"most loader workers given to one rank (default {text})")
     v, text = default(DEFAULT_MIN_GAIN, f"{DEFAULT_MIN_GAIN}; 0 = always the optimum")
     p.add_argument("--min-gain", type=float, default=v, metavar="FRAC",
@@ -82,25 +88,62 @@ def solve_options_from_args(args: argparse.Namespace, base: SolveOptions | None 
 
 def _parse_batches(text: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        batches = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ValidationError(f"--from-batches: expected comma-separated integers, got {text!r}") from None
+    bad = [b for b in batches if not 1 <= b <= MAX_COUNT]
+    if bad or not batches:
+        raise ValidationError(f"--from-batches: every batch must be an integer in 1..{MAX_COUNT}, got "
+                              f"{bad[0] if bad else 'nothing'}")
+    return batches
+
+
+def over_caps(profile: Profile, batches: list[int], options: SolveOptions) -> list[str]:
+    """One phrase per rank whose given batch is over its cap (memory fit with headroom, or --max-batch-per-rank)."""
+    out = []
+    for m, b in zip(build_models(profile, options), batches, strict=True):
+        if m.cap is not None and b > m.cap:
+            if m.cap_reason == "memory":
+                out.append(f"rank {m.rank} gets {b} samples, over its memory cap of {m.cap} (memory fit with "
+                           f"{options.memory_headroom:.0%} headroom): it would run out of memory")
+            else:
+                out.append(f"rank {m.rank} gets {b} samples, over --max-batch-per-rank {m.cap}")
+    return out
+
+
+def _evaluate_given(profile: Profile, args: argparse.Namespace, options: SolveOptions) -> tuple[Plan, list[str]]:
+    """The plan for ``--from-batches``; a batch over its rank's cap is refused unless ``--force`` (then warned)."""
+    batches = _parse_batches(args.from_batches)
+    if sum(batches) != args.global_batch:
+        raise ValidationError(f"--from-batches sums to {sum(batches)} but --global-batch is {args.global_batch}")
+    if len(batches) != profile.world_size:
+        raise ValidationError(f"--from-batches gives {len(batches)} batch sizes for a profile of "
+                              f"{profile.world_size} ranks")
+    over = over_caps(profile, batches, options)
+    if over and not args.force:
+        raise ValidationError(f"--from-batches: {'; '.join(over)} -- lower its batch, or pass --force to write the "
+                              "plan anyway")
+    warnings = [f"warning: --force: {o}" + ("" if o.endswith("memory") else ", which may run out of memory")
+                for o in over]
+    return evaluate(profile, batches, options=options), warnings
 
 
 def run(args: argparse.Namespace) -> int:
+    # Every output is checked before anything is solved (planner/paths.py): never an input, never a device.
+    check_outputs([Output(flag="--out", path=args.out)], {"--profile": args.profile})
+    if args.force and not args.from_batches:
+        raise ValidationError("--force only applies to --from-batches (the solver never exceeds a cap)")
     profile = Profile.load(args.profile)
     options = solve_options_from_args(args)
+    warnings: list[str] = []
     if args.from_batches:
-        batches = _parse_batches(args.from_batches)
-        if sum(batches) != args.global_batch:
-            raise ValidationError(
-                f"--from-batches sums to {sum(batches)} but --global-batch is {args.global_batch}"
-            )
-        plan = evaluate(profile, batches, options=options)
+        plan, warnings = _evaluate_given(profile, args, options)
     else:
         plan = solve(profile, global_batch=args.global_batch, options=options)
     if args.out:
         plan.save(args.out)
+    for w in warnings:  # after the work: a warning never precedes an error line
+        print(w, file=sys.stderr)
     if args.json:
         json.dump(plan.to_dict(), sys.stdout, indent=1)
         print()

@@ -54,8 +54,12 @@ def validate_file(path: str) -> str:
         return f"{path}: valid profile, {prof.world_size} rank(s) on {len(prof.hosts)} host(s)"
     if kind == "plan":
         plan = Plan.from_dict(data, path=path)
+        # A split forced over a cap (plan --from-batches --force) is a valid file and an OOM waiting: say so.
+        over = [f"rank {r.rank} ({r.batch_size} > {r.max_batch_size})" for r in plan.ranks
+                if r.max_batch_size is not None and r.batch_size > r.max_batch_size]
         return (f"{path}: valid plan, {plan.world_size} rank(s), global batch {plan.global_batch}, "
-                f"fingerprint {plan.fingerprint}")
+                f"fingerprint {plan.fingerprint}"
+                + (f"; over its cap, expect out-of-memory: {', '.join(over)}" if over else ""))
     raise ValidationError(f"{path}: 'kind' must be \"profile\" or \"plan\" (or a run log of JSON lines), got {kind!r}")
 
 

@@ -114,6 +114,8 @@ def read_json(path: str | os.PathLike[str], what: str) -> Any:
     except json.JSONDecodeError as e:
         msg = e.msg.removesuffix(" at")  # some decoder messages end in "at" already
         raise ValidationError(f"{p}: not valid JSON ({msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:  # [[[[...]]]] thousands deep: the decoder recurses once per level
+        raise ValidationError(f"cannot read {what} file {p}: its JSON is nested too deeply") from None
 
 
 def canonical(data: Any) -> str:

@@ -31,11 +31,36 @@ from planner.jsonio import (
 PROFILE_VERSION = 1
 
 
+MAX_TIME_S = 1e6
+"""Longest step time (or loader seconds per sample) accepted, about 11.6 days: larger is not a measurement, and
+1.7e308 passed every check and then overflowed the solver's arithmetic to inf."""
+
+
 def _check_finite(value: float, what: str, *, positive: bool) -> None:
     # The JSON readers check the same; this catches profiles built in code, so NaN/inf/negative times never
     # reach the solver by any path.
     if not math.isfinite(value) or value < 0 or (positive and value == 0):
         raise ValidationError(f"{what} must be a finite number {'> 0' if positive else '>= 0'}, got {value}")
+    if value > MAX_TIME_S:
+        raise ValidationError(f"{what} is {value:g} s, more than {MAX_TIME_S:g} s (11.6 days): not a measurement; "
+                              "re-measure")
+
+
+def _time(value: Any, path: str, *, positive: bool) -> float:
+    """A time field of the JSON: finite, in range, and the field path in the message."""
+    x = as_num(value, path, positive=positive, non_negative=not positive)
+    _check_finite(x, path, positive=positive)
+    return x
+
+
+MAX_BATCH = 2**31 - 1  # planner.argcheck.MAX_COUNT: every sum and product of batches stays exact in int64
+
+
+def _batch(value: Any, path: str) -> int:
+    b = as_int(value, path, min_value=1)
+    if b > MAX_BATCH:
+        raise ValidationError(f"{path}: must be <= {MAX_BATCH}, got {b}")
+    return b
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -298,8 +323,8 @@ def _rank_from(v: Any, path: str) -> RankProfile:
         pd = as_obj(p, pp, required=("batch_size", "step_time_s"))
         compute.append(
             ComputePoint(
-                batch_size=as_int(pd["batch_size"], f"{pp}.batch_size", min_value=1),
-                step_time_s=as_num(pd["step_time_s"], f"{pp}.step_time_s", positive=True),
+                batch_size=_batch(pd["batch_size"], f"{pp}.batch_size"),
+                step_time_s=_time(pd["step_time_s"], f"{pp}.step_time_s", positive=True),
             )
         )
     memory = _memory_from(d["memory"], f"{path}.memory") if opt(d, "memory") is not None else None
@@ -326,7 +351,7 @@ def _memory_from(v: Any, path: str) -> MemoryProfile:
         pd = as_obj(p, pp, required=("batch_size", "peak_bytes"))
         points.append(
             MemoryPoint(
-                batch_size=as_int(pd["batch_size"], f"{pp}.batch_size", min_value=1),
+                batch_size=_batch(pd["batch_size"], f"{pp}.batch_size"),
                 peak_bytes=as_int(pd["peak_bytes"], f"{pp}.peak_bytes", min_value=0),
             )
         )
@@ -335,7 +360,7 @@ def _memory_from(v: Any, path: str) -> MemoryProfile:
     return MemoryProfile(
         capacity_bytes=None if cap is None else as_int(cap, f"{path}.capacity_bytes", min_value=1),
         points=tuple(points),
-        max_batch_size=None if mx is None else as_int(mx, f"{path}.max_batch_size", min_value=1),
+        max_batch_size=None if mx is None else _batch(mx, f"{path}.max_batch_size"),
     )
 
 
@@ -353,7 +378,7 @@ def _loader_from(v: Any, path: str) -> LoaderProfile:
         )
     mw = opt(d, "max_workers")
     return LoaderProfile(
-        sec_per_sample=as_num(d["sec_per_sample"], f"{path}.sec_per_sample", non_negative=True),
+        sec_per_sample=_time(d["sec_per_sample"], f"{path}.sec_per_sample", positive=False),
         scaling=tuple(scaling),
         max_workers=None if mw is None else as_int(mw, f"{path}.max_workers", min_value=1),
     )
@@ -374,6 +399,6 @@ def _comm_from(v: Any, path: str) -> CommProfile:
     b, a, e = opt(d, "backend"), opt(d, "allreduce_s"), opt(d, "exposed_s")
     return CommProfile(
         backend=None if b is None else as_str(b, f"{path}.backend"),
-        allreduce_s=None if a is None else as_num(a, f"{path}.allreduce_s", non_negative=True),
-        exposed_s=None if e is None else as_num(e, f"{path}.exposed_s", non_negative=True),
+        allreduce_s=None if a is None else _time(a, f"{path}.allreduce_s", positive=False),
+        exposed_s=None if e is None else _time(e, f"{path}.exposed_s", positive=False),
     )

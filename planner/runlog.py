@@ -12,7 +12,7 @@ report --log`` and ``planner validate`` read it; ``planner/schemas/runlog.schema
     {"event": "revert", ... the same fields as "replan": the adopted plan measured slower and was taken back}
     {"event": "resize", "time": t, "epoch": e, "step": s, "old_world_size": .., "new_world_size": ..,
                         "old_batch_sizes": [...], "new_batch_sizes": [...], "plan": {...}}
-    {"event": "end",    "time": t, "epochs": n}
+    {"event": "end",    "time": t, "epochs": n, "reason": ".." (only when the run stopped early)}
 
 Numbers that are not finite (a diverged loss, a rank that ran no step) are written as null, so every line is
 strict JSON.  The reader is tolerant where a log can legitimately differ -- unknown keys and event kinds are
@@ -27,7 +27,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -162,10 +162,16 @@ class ResizeRecord:
 class EndRecord:
     time: float
     epochs: int
+    """Epochs completed."""
+    reason: str | None = None
+    """Why the run stopped early ("loss diverged at epoch 1 step 3"); None when it ran every epoch."""
     event: Literal["end"] = "end"
 
     def to_dict(self) -> JSONDict:
-        return {"event": self.event, "time": self.time, "epochs": self.epochs}
+        d: JSONDict = {"event": self.event, "time": self.time, "epochs": self.epochs}
+        if self.reason is not None:
+            d["reason"] = self.reason
+        return d
 
 
 Record = StartRecord | EpochRecord | ReplanRecord | ResizeRecord | EndRecord
@@ -211,9 +217,14 @@ class RunLog:
     """Re-plan decisions and reverts, in order."""
     resizes: tuple[ResizeRecord, ...] = ()
     ended: bool = False
-    """An end record was written: the run finished (a killed run has none)."""
+    """The last record is an end record: the run finished or stopped (a killed run has none)."""
+    end_reason: str | None = None
+    """The end record's reason when the run stopped early (a diverged loss)."""
     num_skipped_lines: int = 0
     """Truncated trailing lines (a run killed mid-write)."""
+    runs: int = 1
+    """Start records in the file: more than one when a fresh run appended to an old log (the trainer now
+    refuses that); only the last run's records are read."""
 
 
 def _num(d: Mapping[str, Any], key: str, where: str) -> float | None:
@@ -253,12 +264,19 @@ def _ints(v: Any, key: str, where: str) -> tuple[int, ...]:
     return tuple(v)
 
 
+_TIME_KEYS = ("data_wait_s", "compute_s", "step_time_s", "compute_s_std")
+
+
 def _stats(r: Mapping[str, Any], where: str) -> StepStats:
     known = {k: v for k, v in r.items() if k in _STATS_KEYS}
     if known.get("num_steps") == 0:
         # A rank that ran no step this epoch has no times: the writer logged them as null.
         known = {k: (0.0 if v is None else v) for k, v in known.items()}
-    return StepStats.from_dict(known, path=where)
+    # A time the writer could not measure (non-finite) was logged as null: it reads back as NaN, "missing", which
+    # the report shows as "-" -- never as a number it is not.
+    missing = [k for k in _TIME_KEYS if k in known and known[k] is None]
+    stats = StepStats.from_dict({**known, **dict.fromkeys(missing, 0.0)}, path=where)
+    return replace(stats, **{k: math.nan for k in missing}) if missing else stats  # type: ignore[arg-type]
 
 
 def _plan(v: Any, where: str, *, strict: bool) -> Plan | None:
@@ -286,8 +304,9 @@ def parse_record(d: Mapping[str, Any], where: str = "record", *, strict_plans: b
             raise ValidationError(f"{where}: 'ranks' must be a list of per-rank StepStats objects")
         stats = tuple(sorted((_stats(r, f"{where}.ranks[{i}]") for i, r in enumerate(ranks)), key=lambda s: s.rank))
         batches = _ints(d.get("batch_sizes"), "batch_sizes", where) or tuple(s.batch_size for s in stats)
-        predicted = tuple(x for x in _nums(d.get("predicted_step_time_s"), "predicted_step_time_s", where)
-                          if x is not None)
+        # null (not measured) stays in its place as NaN: rank i's prediction must stay at index i.
+        predicted = tuple(math.nan if x is None else x
+                          for x in _nums(d.get("predicted_step_time_s"), "predicted_step_time_s", where))
         return EpochRecord(epoch=_int(d, "epoch", where, 0), plan_fingerprint=str(d.get("plan_fingerprint", "")),
                            samples_per_s=_num(d, "samples_per_s", where), step_time_s=_num(d, "step_time_s", where),
                            loss=_num(d, "loss", where), batch_sizes=batches, predicted_step_time_s=predicted,
@@ -309,7 +328,9 @@ def parse_record(d: Mapping[str, Any], where: str = "record", *, strict_plans: b
                             new_batch_sizes=_ints(d.get("new_batch_sizes"), "new_batch_sizes", where),
                             plan=_plan(d.get("plan"), where, strict=strict_plans))
     if kind == "end":
-        return EndRecord(time=_num(d, "time", where) or 0.0, epochs=_int(d, "epochs", where, 0))
+        reason = d.get("reason")
+        return EndRecord(time=_num(d, "time", where) or 0.0, epochs=_int(d, "epochs", where, 0),
+                         reason=None if reason is None else str(reason))
     return None
 
 
@@ -346,11 +367,14 @@ def read_run_log(path: str | os.PathLike[str], *, strict_plans: bool = False) ->
         if rec is not None:
             records.append(rec)
     starts = [r for r in records if isinstance(r, StartRecord)]
+    if len(starts) > 1:  # several runs appended to one file: the last one is the run this log is about
+        last = max(i for i, r in enumerate(records) if isinstance(r, StartRecord))
+        records = records[last:]
     epochs = tuple(r for r in records if isinstance(r, EpochRecord))
     replans = tuple(r for r in records if isinstance(r, ReplanRecord))
     if not epochs and not replans and not starts:
         raise ValidationError(f"{p}: no start, epoch or replan events; is this a `planner train --log` file?")
-    start = starts[0] if starts else None
+    start = starts[-1] if starts else None
     return RunLog(
         world_size=start.world_size if start else None,
         global_batch=start.global_batch if start else None,
@@ -358,8 +382,11 @@ def read_run_log(path: str | os.PathLike[str], *, strict_plans: bool = False) ->
         epochs=epochs,
         replans=replans,
         resizes=tuple(r for r in records if isinstance(r, ResizeRecord)),
-        ended=any(isinstance(r, EndRecord) for r in records),
+        # The last record decides: a run that ended, was resumed and then killed has an end record in the middle.
+        ended=bool(records) and isinstance(records[-1], EndRecord),
         num_skipped_lines=skipped,
+        runs=max(1, len(starts)),
+        end_reason=records[-1].reason if records and isinstance(records[-1], EndRecord) else None,
     )
 
 

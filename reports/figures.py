@@ -15,6 +15,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from reports.analysis import Report
+from reports.findings import fmt_rate
+from reports.whatif import FULL_DETAIL_RANKS
 
 # Okabe-Ito, reordered so the first colours have the most contrast on white (yellow last).
 OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000", "#F0E442")
@@ -35,7 +37,8 @@ def marker(i: int) -> str:
 
 def png_bytes(fig: Figure) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", facecolor="white")
+    # No bbox_inches="tight": the constrained layout already fits the figure, and "tight" draws it twice.
+    fig.savefig(buf, format="png", dpi=DPI, facecolor="white")
     return buf.getvalue()
 
 
@@ -59,10 +62,16 @@ def curves(rep: Report) -> Figure:
     fig, (ax_t, ax_x) = _new(4.4)
     b_max = 1.1 * max(max(b for r in rep.ranks for b, _ in r.measured_points), max(r.batch_size for r in rep.ranks))
     grid = np.linspace(1.0, b_max, 300)
-    groups: dict[tuple[tuple[int, float], ...], list[int]] = {}
+    groups: dict[object, list[int]] = {}
     for r in rep.ranks:
         groups.setdefault(r.measured_points, []).append(r.rank)
-    group_of = {i: g for g, ranks in enumerate(groups.values()) for i in ranks}
+    if len(groups) > len(OKABE_ITO):
+        # Many ranks measured apart (every real card differs a little): one line per device kind, drawn from its
+        # first rank; every rank keeps its planned star in its kind's colour.
+        groups = {}
+        for r in rep.ranks:
+            groups.setdefault(r.label, []).append(r.rank)
+    handles: list[Any] = []
     for g, ranks in enumerate(groups.values()):
         r = rep.ranks[ranks[0]]
         c, mk = colour(g), marker(g)
@@ -70,30 +79,36 @@ def curves(rep: Report) -> Figure:
         t = np.max(s * grid[None, :] + k, axis=0)
         mb = np.array([b for b, _ in r.measured_points], dtype=float)
         mt = np.array([x for _, x in r.measured_points])
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
-        ax_t.plot(grid, 1000 * t, color=c, linewidth=1.6, label=f"{who} ({r.label})")
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else (
+            "ranks " + ", ".join(map(str, ranks)) if len(ranks) <= 6 else f"{len(ranks)} ranks")
+        handles += ax_t.plot(grid, 1000 * t, color=c, linewidth=1.6, label=f"{who} ({r.label})")
         ax_t.scatter(mb, 1000 * mt, color=c, marker=mk, s=28, zorder=3)
         ax_x.plot(grid, grid / t, color=c, linewidth=1.6)
         ax_x.scatter(mb, mb / mt, color=c, marker=mk, s=28, zorder=3)
-    for r in rep.ranks:
-        c = colour(group_of[r.rank])
-        # The planned point: the rank's busy time at its planned batch (compute, or loader when that is slower).
-        ax_t.scatter([r.batch_size], [1000 * r.predicted_step_time_s], s=130, facecolor=c, edgecolor="black",
-                     linewidth=1.5, marker="*", zorder=4)
-        ax_x.scatter([r.batch_size], [r.batch_size / r.predicted_step_time_s], s=130, facecolor=c,
-                     edgecolor="black", linewidth=1.5, marker="*", zorder=4)
-        if r.cap is not None and r.cap <= b_max:
+    # The planned points: each rank's busy time at its planned batch (compute, or loader when that is slower); one
+    # scatter per group and one line per distinct cap, so 200 ranks draw in the time of a few.
+    for g, ranks in enumerate(groups.values()):
+        c = colour(g)
+        rows = [rep.ranks[i] for i in ranks]
+        b = np.array([r.batch_size for r in rows], dtype=float)
+        t = np.array([r.predicted_step_time_s for r in rows])
+        ax_t.scatter(b, 1000 * t, s=130, facecolor=c, edgecolor="black", linewidth=1.5, marker="*", zorder=4)
+        ax_x.scatter(b, b / t, s=130, facecolor=c, edgecolor="black", linewidth=1.5, marker="*", zorder=4)
+        caps = sorted({r.cap for r in rows if r.cap is not None and r.cap <= b_max})
+        for cap in caps if len(caps) <= 4 else ():  # dozens of lines are noise: the memory figure shows the caps
             for ax in (ax_t, ax_x):
-                ax.axvline(r.cap, color=c, linestyle=":", linewidth=1.2)
+                ax.axvline(cap, color=c, linestyle=":", linewidth=1.2)
     step = max(r.predicted_step_time_s for r in rep.ranks)
-    ax_t.axhline(1000 * step, color=GREY, linestyle="--", linewidth=1, label="planned step (every rank done)")
+    handles.append(ax_t.axhline(1000 * step, color=GREY, linestyle="--", linewidth=1,
+                                label="planned step (every rank done)"))
     ax_t.set(title="Step time vs local batch", xlabel="local batch (samples)", ylabel="step time (ms)")
     ax_x.set(title="Throughput vs local batch", xlabel="local batch (samples)", ylabel="samples/s (rank alone)")
     for ax in (ax_t, ax_x):
         ax.set_xlim(0, b_max)
         ax.set_ylim(bottom=0)
     # Below both panels: never covers a curve, however many kinds there are.
-    fig.legend(handles=ax_t.get_lines(), loc="outside lower center", ncols=min(4, len(groups) + 1), fontsize=8,
+    # The curves and the step line only: cap lines are not legend entries (200 of them collapsed the layout).
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(4, len(groups) + 1), fontsize=8,
                frameon=False)
     return fig
 
@@ -106,7 +121,7 @@ def split(rep: Report) -> Figure:
     vals = [thr.equal_split_samples_per_s, thr.plan_samples_per_s, thr.ideal_samples_per_s]
     bars = ax_b.bar(names, vals, color=[GREY, colour(0), colour(2)])
     for bar, v in zip(bars, vals, strict=True):
-        text = f"{v:,.0f}" if v > 0 else "does not fit"
+        text = fmt_rate(v) if v > 0 else "does not fit"
         ax_b.annotate(text, (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=9,
                       xytext=(0, 2), textcoords="offset points")
     ax_b.set(title=f"Throughput at global batch {thr.global_batch}", ylabel="samples/s")
@@ -115,6 +130,15 @@ def split(rep: Report) -> Figure:
     y = np.arange(len(ranks))
     eq = [1000 * r.equal_split_step_time_s for r in rep.ranks]
     pl = [1000 * r.predicted_step_time_s for r in rep.ranks]
+    if len(ranks) > FULL_DETAIL_RANKS:  # a bar and a label per rank are unreadable (and slow) past a few dozen
+        ax_r.plot(ranks, eq, linestyle="none", marker=".", color=GREY, label="equal split")
+        ax_r.plot(ranks, pl, linestyle="none", marker=".", color=colour(0), label="plan")
+        ax_r.axhline(max(eq), color=GREY, linestyle="--", linewidth=1)
+        ax_r.axhline(max(pl), color=colour(0), linestyle="--", linewidth=1)
+        ax_r.set(title="Busy time per rank (dashed = synchronous step)", xlabel="rank", ylabel="ms per step")
+        ax_r.set_ylim(bottom=0)
+        ax_r.legend(fontsize=8, loc="lower right")
+        return fig
     ax_r.barh(y + 0.2, eq, height=0.38, color=GREY, label="equal split")
     ax_r.barh(y - 0.2, pl, height=0.38, color=colour(0), label="plan")
     ax_r.axvline(max(eq), color=GREY, linestyle="--", linewidth=1)
@@ -156,6 +180,8 @@ def memory(rep: Report) -> Figure | None:
     capped = [r for r in rep.ranks if r.cap is not None]
     if not capped:
         return None
+    if len(rep.ranks) > FULL_DETAIL_RANKS:
+        return _memory_many(rep)
     fig, ax = _new(0.9 + 0.45 * len(rep.ranks), ncols=1)
     y = np.arange(len(rep.ranks))
     top = max(max(r.cap or 0 for r in rep.ranks), max(r.batch_size for r in rep.ranks)) * 1.1
@@ -174,6 +200,23 @@ def memory(rep: Report) -> Figure | None:
     return fig
 
 
+def _memory_many(rep: Report) -> Figure:
+    """Past a few dozen ranks: each rank's planned batch as a share of its cap, one point per rank."""
+    fig, ax = _new(3.6, ncols=1)
+    pts = [(r.rank, 100 * r.batch_size / r.cap) for r in rep.ranks if r.cap]
+    over = [(k, v) for k, v in pts if v > 100]
+    ax.plot([k for k, _ in pts], [v for _, v in pts], linestyle="none", marker=".", color=colour(0),
+            label="planned batch / cap")
+    if over:
+        ax.plot([k for k, _ in over], [v for _, v in over], linestyle="none", marker="x", color=colour(3),
+                label="over the cap: out of memory")
+    ax.axhline(100, color="black", linewidth=0.8)
+    ax.set_ylim(0, max([110.0, *(v * 1.1 for _, v in pts)]))
+    ax.set(title="Memory headroom: planned batch as % of each rank's cap", xlabel="rank", ylabel="% of cap")
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
 def what_ifs(rep: Report) -> Figure | None:
     if not rep.what_ifs:
         return None
@@ -184,7 +227,7 @@ def what_ifs(rep: Report) -> Figure | None:
     cols = [colour(2) if v > 0 else colour(3) for v in vals]
     ax.barh(y, vals, color=cols, height=0.6)
     for i, (w, v) in enumerate(zip(items, vals, strict=True)):
-        text = f"{v:+.1f}%  ({w.samples_per_s:,.0f}/s)" if w.feasible else "infeasible"
+        text = f"{v:+.1f}%  ({fmt_rate(w.samples_per_s)}/s)" if w.feasible else "infeasible"
         ax.annotate(text, (v, i), xytext=(4 if v >= 0 else -4, 0), textcoords="offset points", va="center",
                     ha="left" if v >= 0 else "right", fontsize=8)
     ax.axvline(0, color="black", linewidth=0.8)
@@ -209,7 +252,8 @@ def scaling(rep: Report) -> Figure | None:
     for p in pts:
         ax.annotate(f"{p.speedup:.2f}x" + ("*" if p.note else ""), (p.num_ranks, p.samples_per_s), xytext=(0, 6),
                     textcoords="offset points", ha="center", fontsize=8)
-    ax.set_xticks(k)
+    if len(k) <= FULL_DETAIL_RANKS:
+        ax.set_xticks(k)
     ax.set_ylim(bottom=0)
     ax.set(title="Scaling over the first k ranks (speedup vs rank 0 alone; * = global batch lowered to fit)",
            xlabel="ranks used (0..k-1)", ylabel="samples/s")
@@ -224,7 +268,10 @@ def run_log(rep: Report) -> Figure | None:
     fig, (ax_r, ax_x) = _new(3.8)
     ep = [e.epoch for e in log.epochs]
     n = max(len(e.measured_compute_s) for e in log.epochs)
-    for i in range(n):
+    # Past 8 ranks a line each is a tangle: the 8 slowest (by their last measured busy time) are drawn.
+    last = log.epochs[-1].measured_busy_s
+    shown = sorted(range(n), key=lambda i: -(last[i] if i < len(last) and np.isfinite(last[i]) else 0.0))[:8]
+    for i in sorted(shown):
         pred = [(e.epoch, 1000 * e.predicted_step_time_s[i]) for e in log.epochs if i < len(e.predicted_step_time_s)]
         meas = [(e.epoch, 1000 * e.measured_busy_s[i]) for e in log.epochs if i < len(e.measured_compute_s)]
         if meas:

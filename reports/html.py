@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 from collections.abc import Sequence
 
 from reports.analysis import Report
+from reports.findings import fmt_rate
 
 CSS = """
 body{font-family:-apple-system,"Segoe UI",Roboto,"DejaVu Sans",Arial,sans-serif;color:#1a1a1a;background:#fff;
@@ -55,7 +57,8 @@ def _figure(pngs: dict[str, bytes], key: str, alt: str, caption: str) -> str:
 
 
 def _ms(s: float) -> str:
-    return f"{1000 * s:.2f}"
+    """Milliseconds, or "-" for a time the run could not measure (logged as null, read back as NaN)."""
+    return f"{1000 * s:.2f}" if math.isfinite(s) else "-"
 
 
 def render_html(rep: Report, pngs: dict[str, bytes], *, title: str = "ddp-planner capacity report") -> str:
@@ -70,7 +73,7 @@ def render_html(rep: Report, pngs: dict[str, bytes], *, title: str = "ddp-planne
     )
     eq = thr.equal_split_samples_per_s
     kpis = [
-        (f"{thr.plan_samples_per_s:,.0f}", "samples/s with the plan"),
+        (fmt_rate(thr.plan_samples_per_s), "samples/s with the plan"),
         (f"{thr.plan_samples_per_s / eq:.2f}x" if eq > 0 else "n/a", "vs equal split (DistributedSampler)"),
         (f"{100 * thr.plan_samples_per_s / thr.ideal_samples_per_s:.1f}%", "of ideal (nobody waits)"),
         (f"{_ms(thr.step_time_s)} ms", "predicted step"),
@@ -96,11 +99,11 @@ def render_html(rep: Report, pngs: dict[str, bytes], *, title: str = "ddp-planne
     parts.append('<h2 id="split">Equal split vs plan vs ideal</h2>')
     parts.append(_table(
         ["split", "samples/s", "step ms", f"epoch ({thr.dataset_size:,} samples)"],
-        [("equal split", f"{eq:,.1f}" if eq > 0 else "does not fit",
+        [("equal split", fmt_rate(eq) if eq > 0 else "does not fit",
           _ms(thr.global_batch / eq) if eq > 0 else "-",
           f"{thr.equal_split_epoch_time_s:.1f} s" if thr.equal_split_epoch_time_s is not None else "-"),
-         ("plan", f"{thr.plan_samples_per_s:,.1f}", _ms(thr.step_time_s), f"{thr.epoch_time_s:.1f} s"),
-         ("ideal", f"{thr.ideal_samples_per_s:,.1f}", "-", "-")],
+         ("plan", fmt_rate(thr.plan_samples_per_s), _ms(thr.step_time_s), f"{thr.epoch_time_s:.1f} s"),
+         ("ideal", fmt_rate(thr.ideal_samples_per_s), "-", "-")],
         [False, True, True, True],
     ))
     parts.append(f'<p class="note">Exposed communication per step: {_ms(thr.comm_s)} ms. Ideal = sum over ranks '
@@ -114,7 +117,7 @@ def render_html(rep: Report, pngs: dict[str, bytes], *, title: str = "ddp-planne
                          "planner.solve at each global batch. Shaded: within 5% of the best throughput."))
     parts.append(_table(
         ["global batch", "samples/s", "equal split /s", "step ms", "epoch s", "batch sizes"],
-        [(p.global_batch, f"{p.samples_per_s:,.1f}", f"{p.equal_split_samples_per_s:,.1f}", _ms(p.step_time_s),
+        [(p.global_batch, fmt_rate(p.samples_per_s), fmt_rate(p.equal_split_samples_per_s), _ms(p.step_time_s),
           f"{p.epoch_time_s:.1f}", " ".join(map(str, p.batch_sizes))) if p.feasible
          else (p.global_batch, "infeasible", "-", "-", "-", p.note) for p in rep.sweep],
         [True, True, True, True, True, False],
@@ -135,13 +138,13 @@ def render_html(rep: Report, pngs: dict[str, bytes], *, title: str = "ddp-planne
     parts.append('<h2 id="whatif">What-if</h2>')
     parts.append(_table(
         ["scenario", "ranks", "samples/s", "change", "batch sizes"],
-        [(w.label, w.world_size, f"{w.samples_per_s:,.1f}", f"{100 * w.delta_frac:+.1f}%",
+        [(w.label, w.world_size, fmt_rate(w.samples_per_s), f"{100 * w.delta_frac:+.1f}%",
           " ".join(map(str, w.batch_sizes))) if w.feasible else (w.label, w.world_size, "infeasible", "-", w.note)
          for w in rep.what_ifs],
         [False, True, True, True, False],
     ))
     parts.append(f'<p class="note">Each scenario is re-solved at global batch {thr.global_batch}; the change is '
-                 f"against the re-solved current cluster ({thr.resolved_samples_per_s:,.1f} samples/s). Added ranks "
+                 f"against the re-solved current cluster ({fmt_rate(thr.resolved_samples_per_s)} samples/s). Added ranks "
                  "share their host's CPU cores with the ranks already there.</p>")
     parts.append(_figure(pngs, "whatif", "Change in throughput for each what-if scenario", ""))
 
@@ -150,8 +153,8 @@ def render_html(rep: Report, pngs: dict[str, bytes], *, title: str = "ddp-planne
                          "Solved on ranks 0..k-1 at the same global batch (or the largest that fits)."))
     parts.append(_table(
         ["ranks", "global batch", "samples/s", "equal split /s", "speedup", "note"],
-        [(p.num_ranks, p.global_batch, f"{p.samples_per_s:,.1f}" if p.feasible else "infeasible",
-          f"{p.equal_split_samples_per_s:,.1f}" if p.feasible else "-", f"{p.speedup:.2f}x" if p.feasible else "-",
+        [(p.num_ranks, p.global_batch, fmt_rate(p.samples_per_s) if p.feasible else "infeasible",
+          fmt_rate(p.equal_split_samples_per_s) if p.feasible else "-", f"{p.speedup:.2f}x" if p.feasible else "-",
           p.note) for p in rep.scaling],
         [True, True, True, True, True, False],
     ))
@@ -177,7 +180,8 @@ def _log_section(rep: Report, pngs: dict[str, bytes]) -> str:
     for e in log.epochs:
         for i, busy in enumerate(e.measured_busy_s):
             pred = e.predicted_step_time_s[i] if i < len(e.predicted_step_time_s) else None
-            err = f"{100 * (busy - pred) / pred:+.1f}%" if pred else "-"
+            ok = pred is not None and math.isfinite(pred) and pred > 0 and math.isfinite(busy)
+            err = f"{100 * (busy - pred) / pred:+.1f}%" if ok and pred else "-"
             rows.append((e.epoch, i, e.batch_sizes[i] if i < len(e.batch_sizes) else "-",
                          _ms(pred) if pred is not None else "-", _ms(busy), _ms(e.measured_compute_s[i]),
                          _ms(e.measured_data_wait_s[i]), _ms(e.measured_step_time_s[i]), err))

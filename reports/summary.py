@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 from planner.table import table
 from reports.analysis import Report
+from reports.findings import fmt_rate
+
+
+def _ms(s: float) -> str:
+    """Milliseconds, or "-" for a time the run could not measure (logged as null, read back as NaN)."""
+    return f"{1000 * s:.2f}" if math.isfinite(s) else "-"
 
 
 def format_summary(rep: Report) -> str:
@@ -18,21 +26,23 @@ def format_summary(rep: Report) -> str:
     eq = thr.equal_split_samples_per_s
     out.append(table(
         ["split", "samples/s", "vs equal"],
-        [("equal split", f"{eq:.1f}" if eq > 0 else "does not fit", "1.00x" if eq > 0 else "-"),
-         ("plan", f"{thr.plan_samples_per_s:.1f}", f"{thr.plan_samples_per_s / eq:.2f}x" if eq > 0 else "-"),
-         ("ideal", f"{thr.ideal_samples_per_s:.1f}", f"{thr.ideal_samples_per_s / eq:.2f}x" if eq > 0 else "-")],
+        [("equal split", fmt_rate(eq) if eq > 0 else "does not fit", "1.00x" if eq > 0 else "-"),
+         ("plan", fmt_rate(thr.plan_samples_per_s), f"{thr.plan_samples_per_s / eq:.2f}x" if eq > 0 else "-"),
+         ("ideal", fmt_rate(thr.ideal_samples_per_s), f"{thr.ideal_samples_per_s / eq:.2f}x" if eq > 0 else "-")],
     ))
     if rep.what_ifs:
         out.append(table(
             ["what-if", "samples/s", "change"],
-            [(w.label, f"{w.samples_per_s:.1f}" if w.feasible else "infeasible",
+            [(w.label, fmt_rate(w.samples_per_s) if w.feasible else "infeasible",
               f"{100 * w.delta_frac:+.1f}%" if w.feasible else "-") for w in rep.what_ifs],
         ))
     if rep.log is not None and rep.log.epochs:
         last = rep.log.epochs[-1]
-        rows = [(i, f"{1000 * p:.2f}", f"{1000 * m:.2f}", f"{100 * (m - p) / p:+.1f}%")
-                for i, (p, m) in enumerate(zip(last.predicted_step_time_s, last.measured_busy_s, strict=False))
-                if p > 0]
+        measured = last.measured_busy_s
+        rows = [(i, _ms(p), _ms(measured[i]) if i < len(measured) else "-",
+                 f"{100 * (measured[i] - p) / p:+.1f}%" if i < len(measured) and math.isfinite(measured[i])
+                 and math.isfinite(p) and p > 0 else "-")
+                for i, p in enumerate(last.predicted_step_time_s)]
         if rows:
             out.append(f"Run log, epoch {last.epoch} (busy = compute + data wait):\n"
                        + table(["rank", "predicted ms", "measured ms", "error"], rows))

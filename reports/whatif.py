@@ -19,6 +19,14 @@ from planner.solve import SolveOptions, build_models, solve
 
 WhatIfKind = Literal["drop", "add", "upgrade"]
 
+FULL_DETAIL_RANKS = 32
+"""Up to this many ranks every rank gets its own drop/upgrade what-if and every k its scaling point; above it one
+representative rank per (device kind, bottleneck), at most MAX_ADD_KINDS of each kind of what-if, about 12
+cluster sizes and the powers of two of the global batch sweep: a
+200-rank report re-solved 200-rank programs ~600 times (87 s) for tables nobody reads row by row."""
+MAX_ADD_KINDS = 6
+"""Past FULL_DETAIL_RANKS: at most this many additions, and drop/upgrade representatives."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SweepPoint:
@@ -96,7 +104,8 @@ def device_kinds(profile: Profile) -> list[tuple[str, RankProfile]]:
 
 # -- global batch sweep --------------------------------------------------------------------------------------
 def sweep_batches(profile: Profile, opts: SolveOptions, *, include: Sequence[int] = ()) -> list[int]:
-    """Powers of two and W * powers of two from W * min_batch up to the sum of the caps.
+    """Powers of two and (up to FULL_DETAIL_RANKS ranks) W * powers of two from W * min_batch up to the sum of the
+    caps.
 
     A rank without a memory cap counts 2x its largest measured batch: beyond that the curve is extrapolation.
     """
@@ -110,7 +119,9 @@ def sweep_batches(profile: Profile, opts: SolveOptions, *, include: Sequence[int
     out = {lo, limit}
     k = 1
     while k <= limit:
-        for b in (k, W * k):
+        # Past FULL_DETAIL_RANKS the W * 2^k points are left out: they double the solves of large programs and
+        # the powers of two already trace the curve.
+        for b in (k, W * k) if W <= FULL_DETAIL_RANKS else (k,):
             if lo <= b <= limit:
                 out.add(b)
         k *= 2
@@ -173,26 +184,69 @@ def _scenario(
     )
 
 
-def what_if_drop(profile: Profile, global_batch: int, base_samples_per_s: float, opts: SolveOptions) -> list[WhatIf]:
-    """Re-solve without each rank in turn, same global batch (nothing when only one rank is left to drop)."""
+def what_if_drop(profile: Profile, global_batch: int, base_samples_per_s: float, opts: SolveOptions,
+                 subjects: Sequence[int] | None = None, like: dict[int, int] | None = None) -> list[WhatIf]:
+    """Re-solve without each rank in turn (or each of `subjects`), same global batch (nothing when only one rank is
+    left to drop).  ``like[r]``: how many ranks rank r stands for (said in the label)."""
     ranks = profile.by_rank
     if len(ranks) < 2:
         return []
     out = []
-    for r in ranks:
+    for r in ranks if subjects is None else [profile.rank(i) for i in subjects]:
         rest = [q for q in ranks if q.rank != r.rank]
         out.append(
-            _scenario("drop", f"drop rank {r.rank} ({rank_label(r)})", r.rank, with_ranks(profile, rest),
-                      global_batch, base_samples_per_s, opts)
+            _scenario("drop", f"drop rank {r.rank} ({rank_label(r)}{_like(r.rank, like)})", r.rank,
+                      with_ranks(profile, rest), global_batch, base_samples_per_s, opts)
         )
     return out
 
 
-def what_if_add(profile: Profile, global_batch: int, base_samples_per_s: float, opts: SolveOptions) -> list[WhatIf]:
-    """Add one more rank of each device kind: a copy of its first rank, on the same host (sharing its cores)."""
+def _like(rank: int, like: dict[int, int] | None) -> str:
+    n = (like or {}).get(rank, 1)
+    return f"; the slowest of {n} such" if n > 1 else ""
+
+
+def representatives(profile: Profile, bottlenecks: Sequence[str], limit: int = MAX_ADD_KINDS) -> dict[int, int]:
+    """One rank per (device kind, bottleneck at the plan): the one with the lowest peak throughput (dropping or
+    upgrading the weakest of a kind is the what-if that matters) -> how many ranks its group holds; at most
+    `limit` groups, the weakest first."""
+    groups: dict[tuple[str, str], list[RankProfile]] = {}
+    for r, b in zip(profile.by_rank, bottlenecks, strict=True):
+        groups.setdefault((rank_label(r), b), []).append(r)
+    weakest = sorted(((min(g, key=peak_samples_per_s), len(g)) for g in groups.values()),
+                     key=lambda rn: peak_samples_per_s(rn[0]))
+    return {r.rank: n for r, n in weakest[:limit]}
+
+
+def scaling_sizes(world_size: int) -> list[int]:
+    """Cluster sizes for the scaling table: every k up to FULL_DETAIL_RANKS, else about 12 sizes spread
+    geometrically from 1 to W (W always included)."""
+    if world_size <= FULL_DETAIL_RANKS:
+        return list(range(1, world_size + 1))
+    ratio = world_size ** (1 / 11)
+    sizes = {1, world_size}
+    x = 1.0
+    while x < world_size:
+        x *= ratio
+        sizes.add(min(world_size, max(1, round(x))))
+    return sorted(sizes)
+
+
+def what_if_add(profile: Profile, global_batch: int, base_samples_per_s: float, opts: SolveOptions,
+                max_kinds: int | None = None) -> list[WhatIf]:
+    """Add one more rank of each device kind: a copy of its first rank, on the same host (sharing its cores).
+
+    ``max_kinds``: past that many kinds (unnamed ranks whose curves all differ are a kind each), only that many,
+    spread evenly over peak throughput from the fastest down.
+    """
     ranks = list(profile.by_rank)
+    kinds = device_kinds(profile)
+    if max_kinds is not None and len(kinds) > max_kinds:
+        by_speed = sorted(kinds, key=lambda kr: -peak_samples_per_s(kr[1]))
+        step = (len(by_speed) - 1) / max(1, max_kinds - 1)
+        kinds = [by_speed[round(i * step)] for i in range(max_kinds)]
     out = []
-    for kind, r in device_kinds(profile):
+    for kind, r in kinds:
         grown = with_ranks(profile, [*ranks, r])
         out.append(_scenario("add", f"add a {kind} on {r.host}", r.rank, grown, global_batch, base_samples_per_s, opts))
     return out
@@ -203,33 +257,35 @@ def peak_samples_per_s(r: RankProfile) -> float:
     return max(p.batch_size / p.step_time_s for p in r.compute)
 
 
-def what_if_upgrade(profile: Profile, global_batch: int, base_samples_per_s: float, opts: SolveOptions) -> list[WhatIf]:
-    """Give each rank slower than the fastest kind that kind's device (its compute and memory), keeping its host and
-    loader (data loading runs on the host's CPUs, not on the device)."""
+def what_if_upgrade(profile: Profile, global_batch: int, base_samples_per_s: float, opts: SolveOptions,
+                    subjects: Sequence[int] | None = None, like: dict[int, int] | None = None) -> list[WhatIf]:
+    """Give each rank (or each of `subjects`) slower than the fastest kind that kind's device (its compute and
+    memory), keeping its host and loader (data loading runs on the host's CPUs, not on the device)."""
     kinds = device_kinds(profile)
     if len(kinds) < 2:
         return []
     fast_kind, fast = max(kinds, key=lambda kr: peak_samples_per_s(kr[1]))
     out = []
-    for r in profile.by_rank:
+    for r in profile.by_rank if subjects is None else [profile.rank(i) for i in subjects]:
         if peak_samples_per_s(r) >= peak_samples_per_s(fast) or r.compute == fast.compute:
             continue
         swapped = replace(r, compute=fast.compute, memory=fast.memory, device_name=fast.device_name, device=r.device)
         ranks = [swapped if q.rank == r.rank else q for q in profile.by_rank]
         out.append(
-            _scenario("upgrade", f"upgrade rank {r.rank} ({rank_label(r)}) to a {fast_kind}", r.rank,
-                      with_ranks(profile, ranks), global_batch, base_samples_per_s, opts)
+            _scenario("upgrade", f"upgrade rank {r.rank} ({rank_label(r)}{_like(r.rank, like)}) to a {fast_kind}",
+                      r.rank, with_ranks(profile, ranks), global_batch, base_samples_per_s, opts)
         )
     return out
 
 
 # -- scaling -------------------------------------------------------------------------------------------------
 def scaling(profile: Profile, global_batch: int, opts: SolveOptions) -> tuple[ScalePoint, ...]:
-    """Solve on the first k ranks for k = 1..W at the same global batch, or the largest feasible one."""
+    """Solve on the first k ranks for k in ``scaling_sizes(W)`` at the same global batch, or the largest feasible
+    one."""
     out: list[ScalePoint] = []
     one = 0.0
     ranks = profile.by_rank
-    for k in range(1, len(ranks) + 1):
+    for k in scaling_sizes(len(ranks)):
         sub = with_ranks(profile, ranks[:k])
         caps = [m.cap for m in build_models(sub, opts)]
         B, note = global_batch, ""

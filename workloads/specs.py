@@ -216,11 +216,16 @@ def _build_dataset(
     if ":" in spec:
         factory = _import_factory(spec, "--dataset")
         ds = factory()
+        if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")) or isinstance(ds, (str, bytes)):
+            raise ValidationError(f"--dataset {spec}: the factory returned {type(ds).__name__}, not a dataset (an "
+                                  "object with __len__ and __getitem__ giving (tensor, label) pairs)")
         if len(ds) == 0:
             raise ValidationError(f"--dataset {spec}: the factory returned an empty dataset")
-        x, _ = ds[0]
-        if not isinstance(x, torch.Tensor):
-            raise ValidationError(f"--dataset {spec}: samples must be (tensor, label) pairs, got {type(x).__name__}")
+        first = ds[0]
+        if not (isinstance(first, (tuple, list)) and len(first) == 2 and isinstance(first[0], torch.Tensor)):
+            raise ValidationError(f"--dataset {spec}: samples must be (tensor, label) pairs, got "
+                                  f"{type(first).__name__} {str(first)[:40]!r}")
+        x = first[0]
         classes = num_classes or int(len(getattr(ds, "classes", [])) or default_classes)
         return ds, tuple(x.shape), classes
     raise ValidationError(f"--dataset: unknown dataset {spec!r}; choose one of {', '.join(DATASET_KINDS)}")

@@ -55,6 +55,7 @@ def test_loader_starved_rank_and_the_workers_it_needs() -> None:
 
 def test_cli_writes_html_json_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, js = tmp_path / "r" / "report.html", tmp_path / "r" / "report.json"
+    out.parent.mkdir()  # outputs go into existing folders (planner/paths.py)
     rc = main(["report", "--profile", str(EXAMPLE), "--global-batch", "512", "--out", str(out), "--json", str(js)])
     assert rc == 0
     page = out.read_text()

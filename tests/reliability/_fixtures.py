@@ -90,3 +90,34 @@ def slow_model(num_classes: int = NUM_CLASSES) -> nn.Module:
 
 def not_a_model() -> str:
     return "I am not a torch.nn.Module"
+
+
+# Dataset factories that return something else than a dataset (each was a TypeError traceback).
+def none_dataset() -> None:
+    return None
+
+
+def int_dataset() -> int:
+    return 7
+
+
+def list_of_ints_dataset() -> list[int]:
+    return [1, 2, 3]
+
+
+class _Failing(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> Any:
+        self.calls += 1
+        if self.calls == DIE_AT_STEP:
+            raise RuntimeError(f"injected failure at forward call {DIE_AT_STEP}")
+        return self.inner(x)
+
+
+def failing_model(num_classes: int = NUM_CLASSES) -> nn.Module:
+    """Raises in the forward of its 3rd step: an internal error in the middle of a run."""
+    return _Failing(model(num_classes))

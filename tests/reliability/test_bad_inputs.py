@@ -50,6 +50,8 @@ PROFILES = {
     "profile_zero_cores.json": "cpu_cores: must be >= 1",
     "profile_negative_peak_bytes.json": "peak_bytes: must be >= 0",
     "profile_bool_batch.json": "batch_size: expected an integer",
+    "profile_deeply_nested.json": "its JSON is nested too deeply",  # was a RecursionError traceback
+    "profile_huge_step_time.json": "step_time_s is 1.7e+308 s, more than 1e+06 s",  # passed, then overflowed
 }
 PLANS = {
     "plan_truncated.json": "not valid JSON",
@@ -71,6 +73,7 @@ PLANS = {
     "plan_bad_bottleneck.json": "'gpu' is not one of compute, loader, memory",
     "plan_negative_workers.json": "num_workers: must be >= 0",
     "plan_for_two_ranks.json": "",  # valid on its own: see OVERRIDES
+    "plan_deeply_nested.json": "its JSON is nested too deeply",
 }
 # (file, command) -> other words, or None where the file is valid for that command (validate reads any kind)
 OVERRIDES: dict[tuple[str, str], str | None] = {
@@ -123,6 +126,7 @@ CASES += [(f, "plan", c) for f in PLANS for c in ("validate", "report", "train")
 def test_bad_file(name: str, kind: str, command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     needle = OVERRIDES.get((name, command), (PROFILES | PLANS)[name])
     out = tmp_path / "out"
+    out.mkdir()  # outputs go into existing folders; this one must stay empty
     if needle is None:  # valid for this command: it must succeed and say so
         assert main(_argv(command, kind, BAD / name, out)) == 0
         return
@@ -136,9 +140,9 @@ ARG_CASES: dict[str, tuple[list[str], str]] = {
     "report-batch-over-memory": (["report", "--profile", str(CAPPED_PROFILE), "--global-batch", "100000",
                                   "--out", "{out}/r.html"], "exceeds the sum of memory caps 200"),
     "plan-zero-global-batch": (["plan", "--profile", str(GOOD_PROFILE), "--global-batch", "0",
-                                "--out", "{out}/plan.json"], "global batch must be a positive integer"),
+                                "--out", "{out}/plan.json"], "argument --global-batch/--global_batch: must be >= 1, got 0"),
     "plan-zero-min-batch": (["plan", "--profile", str(GOOD_PROFILE), "--global-batch", "16", "--min-batch", "0",
-                             "--out", "{out}/plan.json"], "min_batch must be >= 1"),
+                             "--out", "{out}/plan.json"], "argument --min-batch/--min_batch: must be >= 1, got 0"),
     "plan-missing-profile": (["plan", "--profile", str(BAD / "no_such_file.json"), "--global-batch", "16",
                               "--out", "{out}/plan.json"], "profile file not found"),
     "report-batch-differs-from-plan": (["report", "--profile", str(GOOD_PROFILE), "--plan", str(GOOD_PLAN),
@@ -153,10 +157,10 @@ ARG_CASES: dict[str, tuple[list[str], str]] = {
     "train-missing-dataset-dir": (["--dataset", "cifar10:/no/such/dir"], "does not exist (datasets are never"),
     "train-unimportable-factory": (["--model", "no_such_module:factory"], "cannot import 'no_such_module'"),
     "train-factory-not-a-model": (["--model", f"{FIXTURES}:not_a_model"], "the factory returned str"),
-    "train-zero-samples": (["--num-samples", "0"], "--num-samples must be >= 1, got 0"),
-    "train-negative-samples": (["--num-samples", "-3"], "--num-samples must be >= 1, got -3"),
-    "train-negative-epochs": (["--epochs", "-1"], "--epochs must be >= 1, got -1"),
-    "train-negative-checkpoint-every": (["--checkpoint-every", "-2"], "--checkpoint-every must be >= 0"),
+    "train-zero-samples": (["--num-samples", "0"], "argument --num-samples: must be >= 1, got 0"),
+    "train-negative-samples": (["--num-samples", "-3"], "argument --num-samples: must be >= 1, got -3"),
+    "train-negative-epochs": (["--epochs", "-1"], "argument --epochs: must be >= 1, got -1"),
+    "train-negative-checkpoint-every": (["--checkpoint-every", "-2"], "argument --checkpoint-every: must be >= 0"),
     "train-resume-without-checkpoint-dir": (["--resume"], "--resume needs --checkpoint DIR"),
     "train-no-cuda": (["--device", "cuda:0"], "CUDA is not available"),
     "train-replan-without-profile": (["--replan"], "--replan with --plan needs --profile"),
@@ -167,6 +171,7 @@ ARG_CASES: dict[str, tuple[list[str], str]] = {
 def test_bad_argument(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv, needle = ARG_CASES[case]
     out = tmp_path / "out"
+    out.mkdir()
     if case.startswith("train-"):
         if case == "train-no-cuda":
             import torch
@@ -185,6 +190,7 @@ def test_unreadable_checkpoint_is_refused_before_anything_is_written(tmp_path: P
     ckpt.mkdir()
     (ckpt / "checkpoint.pt").write_bytes(b"not a checkpoint\x00\x01")
     out = tmp_path / "out"
+    out.mkdir()
     _check(["train", "--plan", str(GOOD_PLAN), "--device", "cpu", "--model", f"{FIXTURES}:model", "--dataset",
             f"{FIXTURES}:dataset", "--checkpoint", str(ckpt), "--resume", "--log-file", str(out / "run.jsonl")],
            "not a readable checkpoint (UnpicklingError", out, capsys)
@@ -194,6 +200,7 @@ def test_unreadable_checkpoint_is_refused_before_anything_is_written(tmp_path: P
 @pytest.mark.parametrize("command", ["train", "profile"])
 def test_empty_factory_dataset(command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
+    out.mkdir()
     argv = (["train", "--plan", str(GOOD_PLAN), "--device", "cpu", "--log-file", str(out / "run.jsonl")]
             if command == "train" else ["profile", "--device", "cpu", "--quick", "--out", str(out / "p.json")])
     _check([*argv, "--model", f"{FIXTURES}:model", "--dataset", f"{FIXTURES}:empty_dataset"], "empty", out, capsys)
@@ -229,6 +236,7 @@ def _real(argv: list[str]) -> subprocess.Popen[str]:
 def test_real_process_train_and_profile(tmp_path: Path) -> None:
     """The console entry point itself: torch imported, nothing but the one error line on stderr."""
     out = tmp_path / "out"
+    out.mkdir()
     procs = {
         "train-plan": (_real(["train", "--plan", str(BAD / "plan_nan_step_time.json"), "--device", "cpu",
                               "--log-file", str(out / "run.jsonl")]), "must be a finite number, got nan"),
@@ -247,4 +255,4 @@ def test_real_process_train_and_profile(tmp_path: Path) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    assert not out.exists()
+    assert list(out.iterdir()) == []

@@ -1,0 +1,257 @@
+"""The report's findings: a few plain-language lines, most important first, that stay short at any cluster size.
+
+Every line names numbers, and at scale it counts and summarises instead of listing: on 200 ranks the first
+finding used to list every binding rank (2,565 characters); now it says "set by 157 of 200 ranks (T4 x66, ...):
+ranks 0..39, 42, 45 and 114 more".  ``MAX_LISTED`` items at most per line; the full per-rank numbers are in the
+tables and ``--json``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from planner.plan import Plan
+from planner.profile import Profile
+from planner.solve import SolveOptions, kept_equal_split, worker_budgets
+from reports.whatif import SweepPoint, WhatIf, best_range
+
+if TYPE_CHECKING:  # analysis imports this module; the row types are only annotations here
+    from reports.analysis import RankRow, Throughput
+
+BINDING_TOL = 0.01
+"""A rank whose busy time is within 1% of the slowest one is counted as setting the step time."""
+MIN_DROP_GAIN = 0.001
+"""Dropping a rank must gain at least 0.1% samples/s to be a finding."""
+MAX_LISTED = 6
+"""Items one finding lists before it says "and N more"."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LoaderNeed:
+    rank: int
+    num_workers: int
+    workers_needed: int
+    """ceil(loader CPU seconds per step / compute seconds per step): workers that keep the loader off the path."""
+    host: str
+    host_worker_budget: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Findings:
+    lines: tuple[str, ...]
+    """The plain-language summary, most important first."""
+    binding_ranks: tuple[int, ...]
+    best_batch_range: tuple[int, int] | None
+    drop_ranks: tuple[int, ...]
+    """Ranks whose removal raises samples/s at the same global batch."""
+    upgrade_ranks: tuple[int, ...]
+    """Ranks whose upgrade to the fastest device kind gains at least 5% samples/s."""
+    loader_starved: tuple[LoaderNeed, ...]
+    over_cap_ranks: tuple[int, ...] = ()
+    """Ranks whose planned batch is over their cap (a plan forced with --from-batches --force): they will OOM."""
+
+
+# -- formatting ----------------------------------------------------------------------------------------------
+def fmt_rate(x: float) -> str:
+    """samples/s with enough digits at any scale: 12,345 / 43.2 / 0.00173 (a 10^6-skewed cluster printed "0")."""
+    if not math.isfinite(x):
+        return "-"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.3g}"
+
+
+def fmt_s(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.3g} s" if seconds < 1 else f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:,.1f} days"
+
+
+def fmt_step(seconds: float) -> str:
+    """A step time: milliseconds while they read well, then seconds, minutes... ("3000000.0 ms" did not)."""
+    return f"{1000 * seconds:.1f} ms" if seconds < 10 else fmt_s(seconds)
+
+
+def rank_list(ids: Sequence[int], limit: int = MAX_LISTED) -> str:
+    """'rank 3', 'ranks 0..39, 42, 45 and 114 more': consecutive runs as ranges, at most `limit` items."""
+    ids = sorted(ids)
+    runs: list[tuple[int, int]] = []
+    for i in ids:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    items = [str(a) if a == b else (f"{a}, {b}" if b == a + 1 else f"{a}..{b}") for a, b in runs]
+    shown = items[:limit]
+    rest = sum(b - a + 1 for a, b in runs[limit:])
+    text = ", ".join(shown) + (f" and {rest} more" if rest else "")
+    return ("rank " if len(ids) == 1 else "ranks ") + text
+
+
+def kinds_text(labels: Sequence[str], limit: int = 3) -> str:
+    """'T4 x66, A100 x53, V100 x38': the device kinds of a set of ranks, most common first."""
+    counts = Counter(labels).most_common()
+    parts = [f"{k} x{n}" for k, n in counts[:limit]]
+    if len(counts) > limit:
+        parts.append(f"{len(counts) - limit} more kind(s)")
+    return ", ".join(parts)
+
+
+def _who(rows: Sequence[RankRow], ids: Sequence[int]) -> str:
+    if len(ids) <= 3:
+        return ", ".join(f"rank {i} ({rows[i].label})" for i in ids)
+    return f"{len(ids)} of {len(rows)} ranks ({kinds_text([rows[i].label for i in ids])}): {rank_list(ids)}"
+
+
+def _listed(items: Sequence[str], limit: int = MAX_LISTED) -> str:
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+# -- the findings --------------------------------------------------------------------------------------------
+def loader_needs(profile: Profile, rows: Sequence[RankRow], opts: SolveOptions) -> list[LoaderNeed]:
+    """Ranks whose loader is slower than their compute at the planned batch, and the workers that would fix it."""
+    budgets = worker_budgets(profile, opts)
+    out = []
+    for r in rows:
+        if r.predicted_loader_s <= r.predicted_compute_s or r.predicted_compute_s <= 0:
+            continue
+        sec = profile.rank(r.rank).loader
+        cpu_s = (sec.sec_per_sample if sec else 0.0) * r.batch_size
+        out.append(LoaderNeed(rank=r.rank, num_workers=r.num_workers,
+                              workers_needed=max(1, math.ceil(cpu_s / r.predicted_compute_s - 1e-9)), host=r.host,
+                              host_worker_budget=budgets[r.host]))
+    return out
+
+
+def _over_cap_line(rows: Sequence[RankRow]) -> tuple[list[str], tuple[int, ...]]:
+    over = [r for r in rows if r.cap is not None and r.batch_size > r.cap]
+    if not over:
+        return [], ()
+    listed = _listed([f"rank {r.rank} gets {r.batch_size} (cap {r.cap})" for r in over])
+    return [f"Out of memory ahead: {listed}. The plan puts {'a rank' if len(over) == 1 else f'{len(over)} ranks'} "
+            "over the largest batch that fits (a split given with --from-batches --force); re-plan without it."], \
+        tuple(r.rank for r in over)
+
+
+def _step_line(rows: Sequence[RankRow], thr: Throughput, binding: tuple[int, ...]) -> str:
+    t_max = max(r.predicted_step_time_s for r in rows)
+    what = " / ".join(sorted({rows[i].bottleneck for i in binding}))
+    comm = f", plus {1000 * thr.comm_s:.1f} ms of exposed communication" if thr.comm_s > 0 else ""
+    if len(binding) == len(rows) and len(rows) > 1:
+        return (f"All {len(rows)} ranks finish their step together at {fmt_step(t_max)} ({what}-bound){comm}: "
+                "the split is balanced and nobody waits.")
+    return f"Step time {fmt_step(thr.step_time_s)} is set by {_who(rows, binding)} ({what}-bound){comm}."
+
+
+def _throughput_line(thr: Throughput) -> str:
+    eq = thr.equal_split_samples_per_s
+    gain = (f" = {thr.plan_samples_per_s / eq:.2f}x the equal split ({fmt_rate(eq)})" if eq > 0
+            else " (the equal split does not fit in memory)")
+    return (f"The plan gives {fmt_rate(thr.plan_samples_per_s)} samples/s at global batch {thr.global_batch}{gain}; "
+            f"ideal {fmt_rate(thr.ideal_samples_per_s)}; an epoch of {thr.dataset_size:,} samples takes "
+            f"{fmt_s(thr.epoch_time_s)}.")
+
+
+def _what_if_lines(profile: Profile, rows: Sequence[RankRow], what_ifs: Sequence[WhatIf]) -> tuple[list[str], tuple[int, ...], tuple[int, ...]]:
+    lines = []
+    # A gain under 0.1% is noise-level (and printed as "+0.0%"): not a finding.
+    drops = sorted((w for w in what_ifs if w.kind == "drop" and w.feasible and w.delta_frac >= MIN_DROP_GAIN),
+                   key=lambda w: -w.delta_samples_per_s)
+    if drops:
+        listed = _listed([f"rank {w.subject_rank} ({rows[w.subject_rank].label}) +{100 * w.delta_frac:.1f}%"
+                          for w in drops])
+        lines.append(f"Dropping one of these ranks raises throughput: {listed}. They cost more than they add "
+                     "(each what-if drops one rank at the same global batch).")
+    elif profile.world_size > 1:
+        lines.append("Every rank adds throughput: dropping any of them lowers samples/s.")
+    ups = sorted((w for w in what_ifs if w.kind == "upgrade" and w.feasible and w.delta_frac >= 0.05),
+                 key=lambda w: -w.delta_samples_per_s)
+    if ups:
+        w = ups[0]
+        lines.append(f"Best upgrade: {w.label} (+{100 * w.delta_frac:.0f}%, {fmt_rate(w.samples_per_s)} samples/s).")
+    adds = sorted((w for w in what_ifs if w.kind == "add" and w.feasible), key=lambda w: -w.delta_samples_per_s)
+    if adds and adds[0].delta_samples_per_s > 0:
+        w = adds[0]
+        lines.append(f"Best addition: {w.label} (+{100 * w.delta_frac:.0f}%, {fmt_rate(w.samples_per_s)} samples/s).")
+    return lines, tuple(w.subject_rank for w in drops), tuple(w.subject_rank for w in ups)
+
+
+def _loader_lines(profile: Profile, starved: Sequence[LoaderNeed], opts: SolveOptions) -> list[str]:
+    """One line per host with starved ranks -- or, past three hosts, one line for all of them."""
+    hosts = sorted({n.host for n in starved})
+    if len(hosts) > 3:
+        need = [n.workers_needed for n in starved]
+        have = [n.num_workers for n in starved]
+        worst = max(starved, key=lambda n: n.workers_needed - n.num_workers)
+
+        def span(xs: list[int]) -> str:
+            return f"{min(xs)}" if min(xs) == max(xs) else f"{min(xs)}-{max(xs)}"
+
+        return [f"{len(starved)} ranks on {len(hosts)} hosts are loader-starved (data takes longer than compute): "
+                f"they need {span(need)} workers each and have {span(have)}; worst: rank {worst.rank} on {worst.host} "
+                f"needs {worst.workers_needed} (has {worst.num_workers}). Give those hosts more cores (each keeps "
+                f"{opts.cpu_reserve_per_rank} per rank for training) or run fewer ranks on them."]
+    lines = []
+    for host in hosts:
+        needs = [n for n in starved if n.host == host]
+        n_ranks = sum(1 for r in profile.ranks if r.host == host)
+        h = profile.host(host)
+        if all(n.num_workers == 0 for n in needs):
+            # worker_budgets gave fewer spare cores than ranks: loading runs inside the training process.
+            lines.append(
+                f"Loader-starved on {host}: {rank_list([n.rank for n in needs])} load data in the training process "
+                f"because {h.cpu_cores} cores for {n_ranks} ranks leave {needs[0].host_worker_budget} for workers "
+                f"(fewer than one per rank); they need "
+                + _listed([f"{n.workers_needed}" for n in needs])
+                + " worker(s) respectively: give the host more cores or run fewer ranks on it.")
+            continue
+        listed = _listed([f"rank {n.rank} needs {n.workers_needed} (has {n.num_workers})" for n in needs])
+        lines.append(
+            f"Loader-starved on {host}: data takes longer than compute; {listed} worker(s); the host can give "
+            f"{needs[0].host_worker_budget} in all ({h.cpu_cores} cores minus {opts.cpu_reserve_per_rank} per rank).")
+    return lines
+
+
+def make_findings(profile: Profile, plan: Plan, rows: Sequence[RankRow], thr: Throughput,
+                  points: tuple[SweepPoint, ...], what_ifs: Sequence[WhatIf], opts: SolveOptions) -> Findings:
+    t_max = max(r.predicted_step_time_s for r in rows)
+    binding = tuple(r.rank for r in rows if r.predicted_step_time_s >= (1 - BINDING_TOL) * t_max)
+    lines, over = _over_cap_line(rows)
+    lines += [_step_line(rows, thr, binding), _throughput_line(thr)]
+    kept = kept_equal_split(plan)
+    if kept is not None:
+        optimum, opt_gain, min_gain = kept
+        shown = str(optimum) if len(optimum) <= 8 else f"[{', '.join(map(str, optimum[:6]))}, ...]"
+        lines.append(
+            f"The equal split was kept: the optimum {shown} is predicted only {opt_gain:.1%} faster, under the min "
+            f"gain of {min_gain:.0%} -- within the planner's prediction error, and on flat (launch-bound) curves such "
+            "lopsided splits measured slower; `planner plan --min-gain 0` plans it anyway.")
+    if thr.resolved_samples_per_s > thr.plan_samples_per_s * 1.001:
+        lines.append(
+            f"Re-solving this profile gives {fmt_rate(thr.resolved_samples_per_s)} samples/s "
+            f"({thr.resolved_samples_per_s / thr.plan_samples_per_s:.2f}x the given plan): run `planner plan` again.")
+    rng = best_range(points)
+    if rng is not None:
+        best = max(p.samples_per_s for p in points if p.feasible)
+        lines.append(
+            f"Best global batch range: {rng[0]}..{rng[1]} (within 5% of the sweep's best {fmt_rate(best)} samples/s)"
+            + ("" if rng[0] <= thr.global_batch <= rng[1] else f"; {thr.global_batch} is outside it")
+            + ". The global batch is your convergence choice; the planner never changes it.")
+    more, drops, ups = _what_if_lines(profile, rows, what_ifs)
+    lines += more
+    starved = loader_needs(profile, rows, opts)
+    lines += _loader_lines(profile, starved, opts) or ["No rank is loader-starved at the planned batch."]
+    return Findings(lines=tuple(lines), binding_ranks=binding, best_batch_range=rng, drop_ranks=drops,
+                    upgrade_ranks=ups, loader_starved=tuple(starved), over_cap_ranks=over)
+
+
+__all__ = ["BINDING_TOL", "Findings", "LoaderNeed", "fmt_rate", "fmt_s", "fmt_step", "kinds_text", "loader_needs",
+           "make_findings", "rank_list"]
