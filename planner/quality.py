@@ -27,6 +27,7 @@ Pure: functions of Profile and Plan, no I/O; callers print ``warning_lines``.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -139,9 +140,9 @@ def _rank_issues(r: RankProfile, lim: QualityLimits) -> list[QualityIssue]:
     out: list[QualityIssue] = []
     spreads = _spreads(r)
     if spreads:
-        b, s = max(spreads, key=lambda x: x[1])
+        at, s = max(spreads, key=lambda x: x[1])
         if s > lim.max_spread:
-            where = f" at batch {b}" if b is not None else ""
+            where = f" at batch {at}" if at is not None else ""
             out.append(QualityIssue(
                 check="repeat_spread", ranks=(r.rank,), noise_frac=s, subject=_who(r),
                 what=f"repeated steps of one batch size differ by up to {s:.0%} of their median{where} "
@@ -154,7 +155,7 @@ def _rank_issues(r: RankProfile, lim: QualityLimits) -> list[QualityIssue]:
                 check="fit_residual", ranks=(r.rank,), noise_frac=resid, subject=_who(r),
                 what=f"a measured step is {resid:.0%} away from the fitted step-time curve "
                      f"(limit {lim.max_fit_residual:.0%}), so predictions for this rank are unreliable"))
-    drops = [(a, b) for a, b in zip(pts, pts[1:], strict=False) if a.step_time_s > lim.max_drop * b.step_time_s]
+    drops = [(a, b) for a, b in itertools.pairwise(pts) if a.step_time_s > lim.max_drop * b.step_time_s]
     if drops:
         a, b = max(drops, key=lambda ab: ab[0].step_time_s / ab[1].step_time_s)
         ratio = a.step_time_s / b.step_time_s
@@ -162,7 +163,7 @@ def _rank_issues(r: RankProfile, lim: QualityLimits) -> list[QualityIssue]:
             check="non_monotone", ranks=(r.rank,), noise_frac=ratio - 1.0, subject=_who(r),
             what=f"batch {a.batch_size} took {_ms(a.step_time_s)} but the larger batch {b.batch_size} took "
                  f"{_ms(b.step_time_s)} ({ratio:.1f}x less), which a real device does not do"))
-    jumps = [(a, b) for a, b in zip(pts, pts[1:], strict=False)
+    jumps = [(a, b) for a, b in itertools.pairwise(pts)
              if b.step_time_s / a.step_time_s > lim.max_growth * b.batch_size / a.batch_size]
     if jumps:
         a, b = max(jumps, key=lambda ab: ab[1].step_time_s / ab[0].step_time_s * ab[0].batch_size / ab[1].batch_size)

@@ -15,6 +15,7 @@ from planner.curves import fit_envelope, fit_memory
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
+from planner.quality import ProfileQuality, kept_within_noise, noise_line
 from planner.runlog import RunLog
 from planner.solve import (
     SolveOptions,
@@ -25,6 +26,7 @@ from planner.solve import (
     solve,
     worker_budgets,
 )
+from reports.measured import log_findings
 from reports.whatif import (
     ScalePoint,
     SweepPoint,
@@ -90,6 +92,8 @@ class Throughput:
     """planner.solve at this global batch on this profile (equals plan_samples_per_s when the plan was solved)."""
     epoch_time_s: float
     equal_split_epoch_time_s: float | None
+    dataset_size_source: str = "given"
+    """Where dataset_size came from: "--dataset-size", the run log, or "default" (DEFAULT_DATASET_SIZE)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -129,6 +133,8 @@ class Report:
     scaling: tuple[ScalePoint, ...]
     findings: Findings
     log: RunLog | None = None
+    quality: ProfileQuality | None = None
+    """The profile-quality gate's verdict (planner.quality); its problems lead the findings."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -161,6 +167,8 @@ def analyze(
     dataset_size: int = DEFAULT_DATASET_SIZE,
     log: RunLog | None = None,
     sweep_points: list[int] | None = None,
+    quality: ProfileQuality | None = None,
+    dataset_size_source: str = "given",
 ) -> Report:
     """Every number of the report for `plan` on `profile` (what-ifs re-solved at the plan's global batch).
 
@@ -190,6 +198,7 @@ def analyze(
         resolved_samples_per_s=base.predicted.samples_per_s,
         epoch_time_s=epoch_time_s(p.step_time_s, B, dataset_size),
         equal_split_epoch_time_s=None if eq_step is None else epoch_time_s(eq_step, B, dataset_size),
+        dataset_size_source=dataset_size_source,
     )
     batches = sweep_points or sweep_batches(profile, opts, include=[B])
     points = sweep(profile, batches, opts, dataset_size=dataset_size)
@@ -198,7 +207,7 @@ def analyze(
         what_if_drop(profile, B, ref, opts) + what_if_add(profile, B, ref, opts) + what_if_upgrade(profile, B, ref, opts)
     )
     scale = scaling(profile, B, opts)
-    findings = make_findings(profile, plan, rows, thr, points, what_ifs, opts)
+    findings = make_findings(profile, plan, rows, thr, points, what_ifs, opts, quality=quality, log=log)
     return Report(
         world_size=profile.world_size,
         model_name=profile.model.name if profile.model else None,
@@ -212,6 +221,7 @@ def analyze(
         scaling=scale,
         findings=findings,
         log=log,
+        quality=quality,
     )
 
 
@@ -284,8 +294,17 @@ def make_findings(
     points: tuple[SweepPoint, ...],
     what_ifs: list[WhatIf],
     opts: SolveOptions,
+    *,
+    quality: ProfileQuality | None = None,
+    log: RunLog | None = None,
 ) -> Findings:
     lines: list[str] = []
+    # A profile that fails the quality gate undermines every number below: say so first.
+    if quality is not None:
+        lines.extend(f"Profile quality: {i.message}." for i in quality.issues)
+        noisy = noise_line(plan, quality)
+        if noisy is not None:
+            lines.append(noisy[0].upper() + noisy[1:] + ".")
     t_max = max(r.predicted_step_time_s for r in rows)
     binding = tuple(r.rank for r in rows if r.predicted_step_time_s >= (1 - BINDING_TOL) * t_max)
     what = sorted({rows[i].bottleneck for i in binding})
@@ -299,12 +318,16 @@ def make_findings(
     eq = thr.equal_split_samples_per_s
     gain = f" = {thr.plan_samples_per_s / eq:.2f}x the equal split ({eq:,.0f})" if eq > 0 else \
         " (the equal split does not fit in memory)"
+    size_note = (f" (the --dataset-size default of {DEFAULT_DATASET_SIZE:,}; pass your dataset's size)"
+                 if thr.dataset_size_source == "default" else "")
     lines.append(
         f"The plan gives {thr.plan_samples_per_s:,.0f} samples/s at global batch {thr.global_batch}{gain}; "
-        f"ideal {thr.ideal_samples_per_s:,.0f}; an epoch of {thr.dataset_size:,} samples takes "
+        f"ideal {thr.ideal_samples_per_s:,.0f}; an epoch of {thr.dataset_size:,} samples{size_note} takes "
         f"{_fmt_s(thr.epoch_time_s)}."
     )
-    kept = kept_equal_split(plan)
+    if log is not None:
+        lines.extend(log_findings(log, plan, profile, quality))
+    kept = None if kept_within_noise(plan) is not None else kept_equal_split(plan)  # noise: said above
     if kept is not None:
         optimum, opt_gain, min_gain = kept
         lines.append(
@@ -313,19 +336,16 @@ def make_findings(
             "the planner's prediction error, and on flat (launch-bound) curves such lopsided splits measured slower; "
             "`planner plan --min-gain 0` plans it anyway."
         )
-    if thr.resolved_samples_per_s > thr.plan_samples_per_s * 1.001:
+    resolve_gain = thr.resolved_samples_per_s / thr.plan_samples_per_s - 1.0
+    noise = quality.noise_frac if quality is not None else 0.0
+    if resolve_gain > 0.001 and resolve_gain > noise:  # a "gain" inside the noise is no reason to re-plan
         lines.append(
             f"Re-solving this profile gives {thr.resolved_samples_per_s:,.0f} samples/s "
             f"({thr.resolved_samples_per_s / thr.plan_samples_per_s:.2f}x the given plan): run `planner plan` again."
         )
     rng = best_range(points)
     if rng is not None:
-        best = max(p.samples_per_s for p in points if p.feasible)
-        lines.append(
-            f"Best global batch range: {rng[0]}..{rng[1]} (within 5% of the sweep's best {best:,.0f} samples/s)"
-            + ("" if rng[0] <= thr.global_batch <= rng[1] else f"; {thr.global_batch} is outside it")
-            + ". The global batch is your convergence choice; the planner never changes it."
-        )
+        lines.append(_best_range_line(points, rng, thr.global_batch))
     drops = sorted((w for w in what_ifs if w.kind == "drop" and w.feasible and w.delta_samples_per_s > 0),
                    key=lambda w: -w.delta_samples_per_s)
     if drops:
@@ -356,6 +376,23 @@ def make_findings(
         upgrade_ranks=tuple(w.subject_rank for w in ups),
         loader_starved=tuple(starved),
     )
+
+
+def _best_range_line(points: tuple[SweepPoint, ...], rng: tuple[int, int], global_batch: int) -> str:
+    """The sweep's best global batch sizes; a single one is named as such, never as a range "256..256"."""
+    feasible = [p for p in points if p.feasible]
+    best = max(p.samples_per_s for p in feasible)
+    top = max(p.global_batch for p in feasible)
+    if rng[0] == rng[1]:
+        text = (f"Best global batch in the sweep: {rng[0]} ({best:,.0f} samples/s; every other size tried is more "
+                "than 5% slower)")
+    else:
+        text = f"Best global batch range: {rng[0]}..{rng[1]} (within 5% of the sweep's best {best:,.0f} samples/s)"
+    if rng[1] == top:
+        text += f"; {top} is the sweep's upper end (the memory caps, or twice the largest measured batches)"
+    outside = not rng[0] <= global_batch <= rng[1]
+    return (text + (f"; {global_batch} is outside it" if outside else "")
+            + ". The global batch is your convergence choice; the planner never changes it.")
 
 
 def _loader_lines(profile: Profile, starved: list[LoaderNeed], opts: SolveOptions) -> list[str]:
