@@ -79,10 +79,19 @@ class Progress:
 
     def _beat(self) -> None:
         while not self._stop.wait(self.interval_s / 4):
-            with self._lock:
-                now = self._clock()
-                if self._status and now - self._last_print >= self.interval_s:
-                    self._emit(f"{self._status} (still running, {now - self._status_since:.0f} s)", now)
+            self.tick()
+
+    def tick(self) -> bool:
+        """Repeat the current status if nothing was printed for ``interval_s`` (what the heartbeat thread calls
+        four times per interval); True when it printed."""
+        if not self.enabled:
+            return False
+        with self._lock:
+            now = self._clock()
+            if self._status and now - self._last_print >= self.interval_s:
+                self._emit(f"{self._status} (still running, {now - self._status_since:.0f} s)", now)
+                return True
+        return False
 
     # -- printing ------------------------------------------------------------------------------------------
     def _set(self, text: str, *, force: bool) -> None:
