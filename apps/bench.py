@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     parse_rank_floats(args.emulate_slowdown)
     parse_rank_ints(args.emulate_loader)
     parse_rank_floats(args.late_slowdown, flag="--late-slowdown")
+    _check_devices(args)
     cuda = _uses_cuda(args)
     opts = vars(args) | {
         "model": args.model or ("resnet50" if cuda else "cifar_cnn"),
@@ -112,6 +113,17 @@ def run(args: argparse.Namespace) -> int:
         write_json_atomic(args.json, runs[0] if len(runs) == 1 else {"runs": runs})
         print(f"wrote {args.json}")
     return 0
+
+
+def _check_devices(args: argparse.Namespace) -> None:
+    """Every rank's device, resolved here before any rank starts: a missing GPU is one line naming the flag typed,
+    not a traceback from inside a spawned rank."""
+    from apps.distenv import rank_device_spec, resolve_device
+
+    flag = f"--rank-devices {args.rank_devices}" if args.rank_devices else None
+    for rank in range(args.nproc):
+        spec, _ = rank_device_spec(args.device, args.rank_devices, rank, args.nproc)
+        resolve_device(spec, rank, flag=flag)
 
 
 def _uses_cuda(args: argparse.Namespace) -> bool:
@@ -175,7 +187,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     from apps.train import TrainConfig, channels_last_for, train
     from collectives import all_gather_json, broadcast_json
     from planner.profile import Profile
-    from planner.quality import check_profile
+    from planner.quality import check_profile, keep_equal_within_noise
     from profiler.run import gather_profile, profile_this_rank
     from workloads.specs import build_workload
 
@@ -201,7 +213,8 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     profile_s = time.perf_counter() - t0
     min_batch = 2 if workload.has_batchnorm else 1
 
-    plan = planner.solve(profile, global_batch=B, min_batch=min_batch)
+    # What `planner plan` would hand the user: the equal split when the optimum's gain is inside the profile's noise.
+    plan = keep_equal_within_noise(profile, planner.solve(profile, global_batch=B, min_batch=min_batch), quality)
     equal = planner.evaluate(profile, planner.equal_split(B, W), min_batch=min_batch, method="equal")
     prop = planner.evaluate(profile, proportional_split(profile, B, min_batch), min_batch=min_batch,
                             method="proportional")

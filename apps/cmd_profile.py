@@ -179,6 +179,9 @@ def format_profile(profile: Profile) -> str:
     if profile.comm and profile.comm.allreduce_s is not None:
         lines.append(f"all-reduce ({profile.comm.backend}): {1000 * profile.comm.allreduce_s:.2f} ms per step")
         if profile.comm.exposed_s is not None:
+            rounds = profile.meta.get("ddp_overhead_rounds_s")
+            shown = (f" (median of {len(rounds)} rounds: {', '.join(f'{1000 * x:.2f}' for x in rounds)} ms)"
+                     if isinstance(rounds, list) and len(rounds) > 1 else "")
             lines.append(f"DDP overhead per step, measured (all-reduce tail + DDP's own work): "
-                         f"{1000 * profile.comm.exposed_s:.2f} ms")
+                         f"{1000 * profile.comm.exposed_s:.2f} ms{shown}")
     return "\n".join([*out, "", *lines])

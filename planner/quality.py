@@ -17,7 +17,8 @@ with its numbers and the fix, what makes the profile untrustworthy:
 The thresholds sit well above what clean profiles show: on 2x H200 (docs/results) the worst repeat spread was
 34%, the worst fit residual 27% and the worst drop to a larger batch 22%, all in a launch-bound flat region.
 
-The first four measure the noise of the compute curves, and the largest of their excesses is the profile's
+The first four measure the noise of the compute curves -- a repeat spread s over n repeats as the error of their
+median, about s / sqrt(n); the others as the relative error they show -- and the largest is the profile's
 ``noise_frac``: a plan whose predicted gain over the equal split is smaller than that is inside the profile's own
 noise, and ``keep_equal_within_noise`` keeps the equal split and records why.  Identical devices measured apart may
 be real (a co-tenant, throttling), and the DDP overhead adds to every split alike, so those two only warn.
@@ -28,6 +29,7 @@ Pure: functions of Profile and Plan, no I/O; callers print ``warning_lines``.
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -70,7 +72,7 @@ class QualityIssue:
     noise_frac: float
     """The size of the problem as a relative error (0.5 = measurements off by 50%)."""
     subject: str
-    """Who: "rank 0 (cpu)", "ranks 0 and 1", "the DDP overhead"."""
+    """Who: "rank 0 (cpu)", "ranks 0 and 1", "DDP overhead"."""
     what: str
     """What is wrong, with the numbers."""
     fix: str = FIX
@@ -126,25 +128,28 @@ def check_profile(profile: Profile, limits: QualityLimits | None = None) -> Prof
     return ProfileQuality(issues=tuple(issues))
 
 
-def _spreads(r: RankProfile) -> list[tuple[int | None, float]]:
-    """(batch, spread) per point when the profiler recorded them, else the one recorded maximum."""
-    per_point = r.meta.get("sweep_spread")
+def _spreads(r: RankProfile) -> list[tuple[int | None, float, int]]:
+    """(batch, spread, repeats) per point when the profiler recorded them, else the one recorded maximum (with the
+    fewest repeats a sweep takes, 3)."""
+    per_point, repeats = r.meta.get("sweep_spread"), r.meta.get("sweep_repeats")
     if isinstance(per_point, list) and len(per_point) == len(r.compute):
-        return [(p.batch_size, float(s)) for p, s in zip(r.compute, per_point, strict=True)
-                if isinstance(s, (int, float))]
+        ns = repeats if isinstance(repeats, list) and len(repeats) == len(per_point) else [3] * len(per_point)
+        return [(p.batch_size, float(s), int(n)) for p, s, n in zip(r.compute, per_point, ns, strict=True)
+                if isinstance(s, (int, float)) and isinstance(n, int) and n > 0]
     worst = r.meta.get("sweep_spread_max")
-    return [(None, float(worst))] if isinstance(worst, (int, float)) and not isinstance(worst, bool) else []
+    return [(None, float(worst), 3)] if isinstance(worst, (int, float)) and not isinstance(worst, bool) else []
 
 
 def _rank_issues(r: RankProfile, lim: QualityLimits) -> list[QualityIssue]:
     out: list[QualityIssue] = []
     spreads = _spreads(r)
     if spreads:
-        at, s = max(spreads, key=lambda x: x[1])
+        at, s, n = max(spreads, key=lambda x: x[1])
         if s > lim.max_spread:
             where = f" at batch {at}" if at is not None else ""
+            # The point is a median of n repeats: its own error is about spread / sqrt(n), not the spread.
             out.append(QualityIssue(
-                check="repeat_spread", ranks=(r.rank,), noise_frac=s, subject=_who(r),
+                check="repeat_spread", ranks=(r.rank,), noise_frac=s / math.sqrt(n), subject=_who(r),
                 what=f"repeated steps of one batch size differ by up to {s:.0%} of their median{where} "
                      f"(limit {lim.max_spread:.0%}): something else was running"))
     pts = sorted(r.compute, key=lambda p: p.batch_size)

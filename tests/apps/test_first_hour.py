@@ -113,10 +113,15 @@ def test_allow_workload_mismatch_goes_on(cifar_plan: Path, capsys: pytest.Captur
 
 # -- errors name the flag typed -----------------------------------------------------------------------------------
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_devices_without_a_gpu_names_the_devices_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, _, err = _run(["profile", "--devices", "cuda:0,cpu", "--model", "mlp", "--quick"], capsys)
-    assert rc == 2 and err.count("\n") == 1
-    assert err.startswith("error: --devices cuda:0,cpu: cuda:0 asked for, but CUDA is not available")
+@pytest.mark.parametrize(("argv", "said"), [
+    (["profile", "--devices", "cuda:0,cpu", "--model", "mlp", "--quick"], "--devices cuda:0,cpu: cuda:0"),
+    (["bench", "--rank-devices", "cuda:0,cpu", "--quick"], "--rank-devices cuda:0,cpu: cuda:0"),
+    (["bench", "--device", "cuda", "--quick"], "--device cuda: cuda"),
+])
+def test_a_missing_gpu_names_the_flag_typed(argv: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = _run(argv, capsys)
+    assert rc == 2 and err.count("\n") == 1  # bench: refused before any rank is spawned, no traceback
+    assert err.startswith(f"error: {said} asked for, but CUDA is not available"), err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
