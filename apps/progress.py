@@ -7,9 +7,9 @@ stderr, prefixed with the program and the seconds since it started::
     [train    21s] epoch 0: step 24/98, 2.9 steps/s, ETA 25 s
 
 Frequent updates (one per training step) only replace the current status; it is printed when the phase changes
-or ``interval_s`` after the last line.  A background thread repeats the current status every ``interval_s``
-while nothing else is printed, so a phase that takes longer than that (one slow step, a big sweep point, a
-loader measurement) still shows a line with the time it has been running.  Lines, not a redrawn bar: they
+or ``interval_s`` after the last line.  A background thread prints the current status after ``interval_s``
+without a line -- with the time it has lasted when it was already shown -- so a phase that takes longer than that
+(one slow step, a big sweep point, a loader measurement) still shows a line at least every ``interval_s``.  Lines, not a redrawn bar: they
 survive logs, CI and torchrun's interleaved output.  ``enabled=False`` (``--quiet``, ranks other than 0) makes
 every call a no-op.
 """
@@ -41,6 +41,7 @@ class Progress:
         self._last_print = self._t0
         self._status = ""
         self._status_since = self._t0
+        self._status_printed = False
         self._phase = ""
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -89,7 +90,10 @@ class Progress:
         with self._lock:
             now = self._clock()
             if self._status and now - self._last_print >= self.interval_s:
-                self._emit(f"{self._status} (still running, {now - self._status_since:.0f} s)", now)
+                # A status not shown yet (a step count moved on) is news; one already shown says how long it lasts.
+                stuck = f" (still running, {now - self._status_since:.0f} s)" if self._status_printed else ""
+                self._emit(self._status + stuck, now)
+                self._status_printed = True
                 return True
         return False
 
@@ -100,11 +104,12 @@ class Progress:
         full = f"{self._phase}: {text}" if self._phase else text
         with self._lock:
             now = self._clock()
-            if force or full.split(":", 1)[0] != self._status.split(":", 1)[0]:
-                self._status_since = now
+            if force or full != self._status:
+                self._status_since, self._status_printed = now, False
             self._status = full
             if force or now - self._last_print >= self.interval_s:
                 self._emit(full, now)
+                self._status_printed = True
 
     def _emit(self, text: str, now: float) -> None:
         stream = self._stream or sys.stderr  # looked up late: pytest's capsys swaps sys.stderr per test

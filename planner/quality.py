@@ -17,8 +17,9 @@ with its numbers and the fix, what makes the profile untrustworthy:
 The thresholds sit well above what clean profiles show: on 2x H200 (docs/results) the worst repeat spread was
 34%, the worst fit residual 27% and the worst drop to a larger batch 22%, all in a launch-bound flat region.
 
-The first four measure the noise of the compute curves -- a repeat spread s over n repeats as the error of their
-median, about s / sqrt(n); the others as the relative error they show -- and the largest is the profile's
+The first four measure the noise of the compute curves -- repeat spreads as the typical error of a point (the
+median over points of spread / sqrt(repeats): a point is a median, and one disturbed point does not move a curve
+fitted through all of them); the others as the relative error they show -- and the largest is the profile's
 ``noise_frac``: a plan whose predicted gain over the equal split is smaller than that is inside the profile's own
 noise, and ``keep_equal_within_noise`` keeps the equal split and records why.  Identical devices measured apart may
 be real (a co-tenant, throttling), and the DDP overhead adds to every split alike, so those two only warn.
@@ -144,12 +145,14 @@ def _rank_issues(r: RankProfile, lim: QualityLimits) -> list[QualityIssue]:
     out: list[QualityIssue] = []
     spreads = _spreads(r)
     if spreads:
-        at, s, n = max(spreads, key=lambda x: x[1])
+        at, s, _ = max(spreads, key=lambda x: x[1])
         if s > lim.max_spread:
             where = f" at batch {at}" if at is not None else ""
-            # The point is a median of n repeats: its own error is about spread / sqrt(n), not the spread.
+            # Each point is a median of n repeats, whose own error is about spread / sqrt(n); and one disturbed
+            # point does not move a curve fitted through all of them: the typical point's error is the noise.
+            typical = statistics.median(x / math.sqrt(n) for _, x, n in spreads)
             out.append(QualityIssue(
-                check="repeat_spread", ranks=(r.rank,), noise_frac=s / math.sqrt(n), subject=_who(r),
+                check="repeat_spread", ranks=(r.rank,), noise_frac=typical, subject=_who(r),
                 what=f"repeated steps of one batch size differ by up to {s:.0%} of their median{where} "
                      f"(limit {lim.max_spread:.0%}): something else was running"))
     pts = sorted(r.compute, key=lambda p: p.batch_size)

@@ -60,11 +60,16 @@ def test_reporter_events_updates_and_heartbeat() -> None:
     clock.t += 4.9
     assert not p.tick()  # the heartbeat stays quiet until the interval has passed...
     clock.t += 0.2
-    assert p.tick()  # ...then repeats the status with how long the phase has run
-    assert buf.getvalue().splitlines()[-1] == "[demo   10s] phase one: step 2/9 (still running, 10 s)"
+    assert p.tick()  # ...then repeats the status with how long it has lasted
+    assert buf.getvalue().splitlines()[-1] == "[demo   10s] phase one: step 2/9 (still running, 5 s)"
+    clock.t += 1
+    p.update("phase one: step 3/9")  # not shown yet...
+    clock.t += 5
+    assert p.tick()  # ...so the heartbeat shows it as it is
+    assert buf.getvalue().splitlines()[-1] == "[demo   16s] phase one: step 3/9"
     p.phase("strategy plan")
     p.update("epoch 0: step 1/3")
-    assert buf.getvalue().splitlines()[-1] == "[demo   10s] strategy plan: starting"
+    assert buf.getvalue().splitlines()[-1] == "[demo   16s] strategy plan: starting"
 
 
 def test_reporter_disabled_prints_nothing() -> None:
