@@ -15,7 +15,7 @@ from planner.curves import fit_envelope, fit_memory
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
-from planner.quality import ProfileQuality, kept_within_noise, noise_line
+from planner.quality import ProfileQuality, check_profile, kept_within_noise, noise_line
 from planner.runlog import RunLog
 from planner.solve import (
     SolveOptions,
@@ -182,6 +182,8 @@ def analyze(
         )
     if dataset_size < 1:
         raise ValidationError(f"--dataset-size must be >= 1, got {dataset_size}")
+    if quality is None:  # the profile-quality gate (planner.quality) leads the findings whoever calls
+        quality = check_profile(profile)
     B = plan.global_batch
     rows = _rank_rows(profile, plan, opts)
     base = solve(profile, global_batch=B, options=opts)
