@@ -37,6 +37,8 @@ examples:
   planner bench --rank-devices cuda:0,cpu --model resnet18 --image-size 64 --global-batch 128   # CUDA + CPU
 """
 STRATEGIES = ("equal", "proportional", "plan", "plan+replan")
+PREDICTION_TOL = 0.15
+"""A measured plan step this far from its prediction is flagged (the same bar as the report's finding)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,6 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=real(0.0, lo_open=True), default=1800.0, metavar="S", help="kill every rank after S seconds")
     p.add_argument("--json", default=None, metavar="PATH", help="write all numbers here")
     p.add_argument("--profile-out", default=None, metavar="PATH", help="also write the profile used")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (the results still print)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
                            ("--emulate-loader", parse_rank_ints(args.emulate_loader)),
                            ("--late-slowdown", parse_rank_floats(args.late_slowdown, flag="--late-slowdown"))):
         check_ranks(rank_map, args.nproc, flag)
+    _check_devices(args)
     cuda = _uses_cuda(args)
 
     def given(value: Any, default: Any) -> Any:  # `value or default` read an explicit 0 as "the default"
@@ -120,6 +124,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_devices(args: argparse.Namespace) -> None:
+    """Every rank's device, resolved here before any rank starts: a missing GPU is one line naming the flag typed,
+    not a traceback from inside a spawned rank."""
+    from apps.distenv import rank_device_spec, resolve_device
+
+    flag = f"--rank-devices {args.rank_devices}" if args.rank_devices else None
+    for rank in range(args.nproc):
+        spec, _ = rank_device_spec(args.device, args.rank_devices, rank, args.nproc)
+        resolve_device(spec, rank, flag=flag)
+
+
 def _uses_cuda(args: argparse.Namespace) -> bool:
     import torch
 
@@ -146,6 +161,7 @@ def _worker(rank: int, nproc: int, store_path: str, opts: dict[str, Any], out_pa
     import torch.distributed as dist
 
     from apps.distenv import init_from_env, shutdown
+    from apps.progress import Progress
     from workloads.emulate import parse_rank_floats, parse_rank_ints
 
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank)})
@@ -158,7 +174,9 @@ def _worker(rank: int, nproc: int, store_path: str, opts: dict[str, Any], out_pa
         slow = parse_rank_floats(opts["emulate_slowdown"]).get(rank, 1.0)
         late = parse_rank_floats(opts["late_slowdown"], flag="--late-slowdown").get(rank)
         cap = parse_rank_ints(opts["emulate_loader"]).get(rank)
-        result = _bench_rank(env, opts, slow, late, cap)
+        # Rank 0 reports each phase (profile points, every strategy's epochs and steps) on the shared stderr.
+        with Progress("bench", enabled=rank == 0 and not opts.get("quiet")) as progress:
+            result = _bench_rank(env, opts, slow, late, cap, progress)
         if rank == 0:
             from planner.jsonio import write_json_atomic
 
@@ -172,11 +190,13 @@ def _worker(rank: int, nproc: int, store_path: str, opts: dict[str, Any], out_pa
     os._exit(0)
 
 
-def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None, cap: int | None) -> dict[str, Any]:
+def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None, cap: int | None,
+                progress: Any) -> dict[str, Any]:
     import planner
     from apps.train import TrainConfig, channels_last_for, train
     from collectives import all_gather_json, broadcast_json
     from planner.profile import Profile
+    from planner.quality import check_profile, keep_equal_within_noise
     from profiler.run import gather_profile, profile_this_rank
     from workloads.specs import build_workload
 
@@ -187,16 +207,23 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     t0 = time.perf_counter()
     mixed = bool(opts["rank_devices"]) and "cpu" in opts["rank_devices"] and "cuda" in opts["rank_devices"]
     cl = channels_last_for(workload, env.device, mixed)  # as the trainer does
+    progress.phase("profile")
     rp = profile_this_rank(workload, env.device, quick=opts["quick"], slowdown=slow, loader_workers_cap=cap,
-                           amp=opts["amp"], rank=env.rank, measure_loader=not on_device, channels_last=cl)
-    prof = gather_profile(rp, workload=workload)
+                           amp=opts["amp"], rank=env.rank, measure_loader=not on_device, channels_last=cl,
+                           progress=progress)
+    prof = gather_profile(rp, workload=workload, progress=progress)
     profile = Profile.from_dict(broadcast_json(prof.to_dict() if prof else None))
+    quality = check_profile(profile)
+    if env.is_main:  # the plan below is only as good as this profile: say so before the numbers
+        for line in quality.warning_lines():
+            print(line, file=sys.stderr, flush=True)
     if env.is_main and opts.get("profile_out"):
         profile.save(opts["profile_out"])
     profile_s = time.perf_counter() - t0
     min_batch = 2 if workload.has_batchnorm else 1
 
-    plan = planner.solve(profile, global_batch=B, min_batch=min_batch)
+    # What `planner plan` would hand the user: the equal split when the optimum's gain is inside the profile's noise.
+    plan = keep_equal_within_noise(profile, planner.solve(profile, global_batch=B, min_batch=min_batch), quality)
     equal = planner.evaluate(profile, planner.equal_split(B, W), min_batch=min_batch, method="equal")
     prop = planner.evaluate(profile, proportional_split(profile, B, min_batch), min_batch=min_batch,
                             method="proportional")
@@ -206,22 +233,25 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
                        quiet=True, lr=1e-4, mixed_devices=mixed)
     out: dict[str, Any] = {}
     runs = {"equal": (equal, replace(base, strategy="equal")), "proportional": (prop, base), "plan": (plan, base)}
-    for name in opts["strategies"]:
+    for k, name in enumerate(opts["strategies"], 1):
         if name == "plan+replan":
             continue
         p, cfg = runs[name]
-        epochs = train(cfg, env, p, profile, workload)
+        progress.phase(f"strategy {name} ({k}/{len(opts['strategies'])}, batches {list(p.batch_sizes)})")
+        epochs = train(cfg, env, p, profile, workload, progress=progress)
         # The first epoch warms up (allocator, cudnn autotune, workers); plain DDP has no hook to time compute.
         out[name] = _summary(epochs[-1], p, timed=name != "equal")
     if "plan+replan" in opts["strategies"]:
         cfg = replace(base, epochs=int(opts["replan_epochs"]), replan=True, slowdown_late=late or slow,
                       slowdown_from_epoch=1)
-        epochs = train(cfg, env, plan, profile, workload)
+        progress.phase(f"strategy plan+replan ({len(opts['strategies'])}/{len(opts['strategies'])})")
+        epochs = train(cfg, env, plan, profile, workload, progress=progress)
         s = _summary(epochs[-1], plan)
         s["epochs"] = [{"epoch": e.epoch, "samples_per_s": e.samples_per_s, "step_time_s": e.step_time_s,
                         "batch_sizes": list(e.batch_sizes), "replan": e.replan} for e in epochs]
         out["plan+replan"] = s
     # ideal: each rank alone at its planned batch, no communication, measured now on the same ranks
+    progress.phase("ideal (each rank alone at its planned batch)")
     if on_device:
         mine = _standalone_step_s(workload, env.device, plan.batch_sizes[env.rank], slow, opts, cl)
     else:
@@ -234,6 +264,13 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     if opts["late_slowdown"]:  # the same condition on every rank: the gather below is a collective
         out["ideal"]["after_late_slowdown_samples_per_s"] = _after_slowdown_ideal(
             profile, B, min_batch, all_gather_json([slow, late or slow]))
+    miss = out.get("plan", {}).get("predicted_error")
+    if env.is_main and miss is not None and abs(miss) > PREDICTION_TOL:
+        # The ratios below are measured and stand; the plan they measure was solved from a prediction this wrong.
+        cause = "; the profile has quality warnings (above)" if quality.issues else ""
+        print(f"warning: the plan's step measured {1000 * out['plan']['step_time_s']:.1f} ms against "
+              f"{1000 * out['plan']['predicted_step_time_s']:.1f} ms predicted ({miss:+.0%}){cause}: its split may "
+              f"not be the best; re-profile with a longer --budget-s on an idle machine", file=sys.stderr, flush=True)
     eq_sps = out.get("equal", {}).get("samples_per_s")
     for s in out.values():
         if eq_sps and "samples_per_s" in s:

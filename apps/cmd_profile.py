@@ -65,6 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="profile.json", metavar="PATH", help="profile JSON to write (default profile.json)")
     p.add_argument("--pg-timeout-s", type=real(0.0, lo_open=True), default=900.0, metavar="SEC",
                    help="torch.distributed timeout under torchrun (default 900: ranks wait for the slowest profile)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress lines on stderr (quality warnings and the result still print)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from apps.distenv import resolve_device
+    from apps.progress import Progress
+    from planner.quality import check_profile
     from profiler import run as prun
     from profiler.sweep import SweepOptions
     from workloads.specs import build_workload
@@ -109,23 +113,31 @@ def run(args: argparse.Namespace) -> int:
     common: dict[str, Any] = dict(quick=args.quick, batch_sizes=batch_sizes, amp=args.amp,
                                   channels_last=channels_last, measure_loader=not args.no_loader, sweep=sweep)
 
-    if args.devices:
-        devices = [d.strip() for d in args.devices.split(",") if d.strip()]
-        for d in devices:
-            resolve_device(d, 0)  # a clear error for a device this machine lacks, before anything is measured
-        profile: Profile | None = prun.profile_devices(workload, devices, slowdowns=slowdowns, loader_caps=loader_caps,
-                                                       meta=meta, on_point=_progress(0), **common)
-    elif distributed:
-        profile = _run_distributed(args, workload, slowdowns, loader_caps, meta, common, torch, prun)
-    else:
-        device = str(resolve_device(args.device, 0))
-        rp = prun.profile_this_rank(workload, device, slowdown=slowdowns.get(0, 1.0),
-                                    loader_workers_cap=loader_caps.get(0), on_point=_progress(0), **common)
-        profile = prun.gather_profile(rp, workload=workload, meta=meta)
+    # Rank 0 only (under torchrun): one line per phase and point, a heartbeat while a phase runs long.
+    rank = int(os.environ.get("RANK", "0"))
+    with Progress("profile", enabled=not args.quiet and rank == 0) as progress:
+        common["progress"] = progress
+        if args.devices:
+            devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+            for d in devices:
+                # A clear error for a device this machine lacks, naming the flag typed, before anything is measured.
+                resolve_device(d, 0, flag=f"--devices {args.devices}")
+            profile: Profile | None = prun.profile_devices(workload, devices, slowdowns=slowdowns,
+                                                           loader_caps=loader_caps, meta=meta, **common)
+        elif distributed:
+            profile = _run_distributed(args, workload, slowdowns, loader_caps, meta, common, torch, prun)
+        else:
+            device = str(resolve_device(args.device, 0))
+            rp = prun.profile_this_rank(workload, device, slowdown=slowdowns.get(0, 1.0),
+                                        loader_workers_cap=loader_caps.get(0), **common)
+            profile = prun.gather_profile(rp, workload=workload, meta=meta)
     if profile is not None:
         profile.save(args.out)
         print(format_profile(profile))
         print(f"\nwrote {args.out}")
+        # A profile taken on a busy machine is valid but not trustworthy: say so now, with the numbers.
+        for line in check_profile(profile).warning_lines():
+            print(line, file=sys.stderr)
     return 0
 
 
@@ -144,26 +156,11 @@ def _run_distributed(args: argparse.Namespace, workload: Any, slowdowns: dict[in
 
             torch.set_num_threads(max(1, usable_cores() // on_host))
         rp = prun.profile_this_rank(workload, str(env.device), slowdown=slowdowns.get(env.rank, 1.0),
-                                    loader_workers_cap=loader_caps.get(env.rank), on_point=_progress(env.rank),
-                                    **common)
-        return prun.gather_profile(rp, workload=workload, meta={**meta, "world_size": world})  # type: ignore[no-any-return]
+                                    loader_workers_cap=loader_caps.get(env.rank), **common)
+        return prun.gather_profile(rp, workload=workload, meta={**meta, "world_size": world},  # type: ignore[no-any-return]
+                                   progress=common["progress"])
     finally:
         shutdown(env)
-
-
-def _progress(rank: int) -> Any:
-    """A tqdm bar on stderr for rank 0's sweep (off when stderr is not a terminal); returns the on_point hook."""
-    if rank != 0 or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    bar = tqdm(desc="compute sweep", unit="batch", file=sys.stderr, leave=False)
-
-    def on_point(p: Any) -> None:
-        bar.update(1)
-        bar.set_postfix_str(f"b={p.batch_size} {1000 * p.median_s:.1f} ms")
-
-    return on_point
 
 
 def format_profile(profile: Profile) -> str:
@@ -190,6 +187,9 @@ def format_profile(profile: Profile) -> str:
     if profile.comm and profile.comm.allreduce_s is not None:
         lines.append(f"all-reduce ({profile.comm.backend}): {1000 * profile.comm.allreduce_s:.2f} ms per step")
         if profile.comm.exposed_s is not None:
+            rounds = profile.meta.get("ddp_overhead_rounds_s")
+            shown = (f" (median of {len(rounds)} rounds: {', '.join(f'{1000 * x:.2f}' for x in rounds)} ms)"
+                     if isinstance(rounds, list) and len(rounds) > 1 else "")
             lines.append(f"DDP overhead per step, measured (all-reduce tail + DDP's own work): "
-                         f"{1000 * profile.comm.exposed_s:.2f} ms")
+                         f"{1000 * profile.comm.exposed_s:.2f} ms{shown}")
     return "\n".join([*out, "", *lines])

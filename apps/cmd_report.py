@@ -35,8 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log", default=None, metavar="PATH", help="run log from `planner train --log` (JSON lines)")
     p.add_argument("--global-batch", "--global_batch", type=count(), default=None, metavar="B",
                    help="samples per optimizer step over all ranks; required without --plan or --log")
-    p.add_argument("--dataset-size", type=count(), default=50_000, metavar="N",
-                   help="samples per epoch, for epoch times (default 50000)")
+    p.add_argument("--dataset-size", type=count(), default=None, metavar="N",
+                   help="samples per epoch, for epoch times (default: the --log run's, else 50000)")
     p.add_argument("--out", default="report.html", metavar="PATH",
                    help="HTML report path, written atomically (default report.html)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write every number of the report as JSON")
@@ -52,11 +52,13 @@ def run(args: argparse.Namespace) -> int:
     from planner.paths import Output, check_outputs
     from planner.plan import Plan
     from planner.profile import Profile
+    from planner.quality import check_profile, keep_equal_within_noise
     from planner.runlog import read_run_log
     from planner.solve import solve
-    from reports.analysis import analyze
+    from reports.analysis import DEFAULT_DATASET_SIZE, analyze
     from reports.figures import render_all
     from reports.html import render_html
+    from reports.measured import epoch_size
     from reports.summary import format_summary
 
     # Outputs first (planner/paths.py): never the profile, plan or log given, never a device or a folder.
@@ -65,13 +67,16 @@ def run(args: argparse.Namespace) -> int:
     profile = Profile.load(args.profile)
     log = read_run_log(args.log) if args.log else None
     # Printed after the report is written: a warning followed by an error would be two lines on stderr.
-    warnings: list[str] = []
+    quality = check_profile(profile)
+    warnings: list[str] = list(quality.warning_lines())
     if args.plan:
         plan = Plan.load(args.plan)
     elif log is not None and log.start_plan is not None and args.global_batch is None:
         plan = log.start_plan
     elif args.global_batch is not None:
         plan = solve(profile, global_batch=args.global_batch, options=solve_options_from_args(args))
+        if plan.options.min_gain > 0:  # as `planner plan`: no lopsided split from a profile too noisy to tell
+            plan = keep_equal_within_noise(profile, plan, quality)
     else:
         raise ValidationError("planner report needs --plan PATH or --global-batch B (or a --log whose start event "
                               "holds the plan)")
@@ -86,7 +91,15 @@ def run(args: argparse.Namespace) -> int:
         warnings += check_log(log, profile, plan if args.plan else None, args.log)
     # The report's re-solves (what-ifs, scaling, sweep) use the plan's own options unless a flag says otherwise.
     opts = solve_options_from_args(args, plan.options)
-    rep = analyze(profile, plan, opts, dataset_size=args.dataset_size, log=log)
+    # Epoch size: what the user says, else what the logged run had, else a labelled default.
+    from_log = epoch_size(log) if log is not None else None
+    if args.dataset_size is not None:
+        size, source = args.dataset_size, "--dataset-size"
+    elif from_log is not None:
+        size, source = from_log
+    else:
+        size, source = DEFAULT_DATASET_SIZE, "default"
+    rep = analyze(profile, plan, opts, dataset_size=size, log=log, quality=quality, dataset_size_source=source)
     page = render_html(rep, render_all(rep), title=args.title)
     write_text_atomic(args.out, page)
     if args.json:

@@ -8,6 +8,7 @@ from typing import Any
 from planner.argcheck import ALLOW_RESUME_FLAG, count, real
 
 HELP = "train with a plan under torchrun (reference trainer)"
+AUTO_PLAN_OUT = "plan.json"
 DESCRIPTION = (
     "Train a torchvision model (FakeData by default) with per-rank batch sizes from a plan, exact weighted "
     "gradients and optional re-planning between epochs. Run it under torchrun; NCCL when every rank is on CUDA, "
@@ -32,7 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="samples per step over all ranks (required with --auto; must match --plan)")
     g.add_argument("--min-batch", type=count(), default=1, metavar="M", help="--auto: smallest local batch (default 1)")
     g.add_argument("--quick", action="store_true", help="--auto: a short profile (CI-sized)")
-    g.add_argument("--plan-out", default="plan.json", metavar="PATH", help="--auto: where rank 0 writes the plan")
+    g.add_argument("--plan-out", default=None, metavar="PATH",
+                   help=f"--auto: where rank 0 writes the plan (default {AUTO_PLAN_OUT}, which is only replaced if an "
+                        "earlier --auto wrote it; name it here to overwrite any file)")
     g.add_argument("--profile-out", default=None, metavar="PATH", help="--auto: also write the profile here")
     g.add_argument("--profile", default=None, metavar="PATH",
                    help="profile the plan came from (needed by --replan with --plan)")
@@ -40,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="re-plan between epochs from measured step times (default off)")
     g.add_argument("--replan-threshold", type=real(0.0, 1.0, hi_open=True), default=0.05, metavar="FRAC",
                    help="adopt a new plan only if it is predicted this much faster (default 0.05)")
+    g.add_argument("--allow-workload-mismatch", action="store_true",
+                   help="train even when the plan or profile was made for another model or input size")
     w = p.add_argument_group("workload")
     # Defaults of None: "not given", so --resume can tell a value typed from the checkpoint's (apps/preflight.py).
     w.add_argument("--model", default=None, metavar="M",
@@ -80,6 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument(ALLOW_RESUME_FLAG, action="store_true",
                    help="--resume with another --lr, --plan (same global batch), --seed or dataset than the "
                         "checkpoint's run (each change is printed)")
+    t.add_argument("--quiet", action="store_true", help="no progress lines (epoch summaries still print)")
     # Hidden: every (epoch, step, rank, indices) as JSON lines, for the resume tests; {rank} becomes the rank.
     t.add_argument("--trace-file", default=None, help=argparse.SUPPRESS)
     e = p.add_argument_group("emulated heterogeneity (DESIGN.md section 7)")
@@ -93,6 +99,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from apps.distenv import init_from_env, shutdown
     from apps.preflight import preflight
+    from apps.progress import Progress
     from apps.train import auto_plan, train
     from planner.argcheck import check_global_batch
     from planner.errors import ValidationError
@@ -103,6 +110,14 @@ def run(args: argparse.Namespace) -> int:
     # Every path, number, rank map and the resume's consistency, on every rank, before the process group starts
     # (numbers were already range-checked while parsing).
     pre = preflight(args)
+    plan_out = None
+    if args.auto:
+        # --plan-out given: preflight checked it; the default plan.json is refused when a hand-made plan holds it.
+        plan_out = auto_plan_out(args.plan_out)
+        if args.plan_out is None:
+            from planner.paths import Output, check_outputs
+
+            check_outputs([Output(flag="--plan-out", path=plan_out)], {"--profile": args.profile})
     slowdowns = parse_rank_floats(args.emulate_slowdown)
     loader_caps = parse_rank_ints(args.emulate_loader)
     profile = Profile.load(args.profile) if args.profile else None
@@ -116,20 +131,28 @@ def run(args: argparse.Namespace) -> int:
         if env.is_main:
             for note in pre.notes:
                 print(note, flush=True)
-        if args.auto:
-            if workload.has_batchnorm:  # the plan will ask min batch 2: known now, before anything is profiled
-                check_global_batch(args.global_batch, env.world_size, max(args.min_batch, 2),
-                                   why=" (a BatchNorm model needs 2 per rank)")
-            plan, profile = auto_plan(cfg, env, global_batch=args.global_batch, quick=args.quick, workload=workload,
-                                      plan_out=args.plan_out, profile_out=args.profile_out, min_batch=args.min_batch)
-            if env.is_main:
-                from planner.cmd_plan import format_plan
+        with Progress("train", enabled=env.is_main and not args.quiet) as progress:
+            if args.auto:
+                if workload.has_batchnorm:  # the plan will ask min batch 2: known now, before anything is profiled
+                    check_global_batch(args.global_batch, env.world_size, max(args.min_batch, 2),
+                                       why=" (a BatchNorm model needs 2 per rank)")
+                plan, profile = auto_plan(cfg, env, global_batch=args.global_batch, quick=args.quick,
+                                          workload=workload, plan_out=plan_out, profile_out=args.profile_out,
+                                          min_batch=args.min_batch, progress=progress)
+                if env.is_main:
+                    from planner.cmd_plan import format_plan
+                    from planner.quality import check_profile
 
-                print(format_plan(plan, profile), flush=True)
-        else:
-            assert pre.plan is not None
-            plan = pre.plan
-        train(cfg, env, plan, profile, workload)
+                    assert profile is not None
+                    print(format_plan(plan, profile, check_profile(profile)), flush=True)
+                    print(f"wrote the plan to {plan_out}" + ("" if args.plan_out else " (--plan-out PATH to choose)"),
+                          flush=True)
+            else:
+                assert pre.plan is not None
+                plan = pre.plan
+                if not args.allow_workload_mismatch:
+                    check_workload(plan, profile, model=cfg.model, sample_shape=workload.sample_shape)
+            train(cfg, env, plan, profile, workload, progress=progress)
         finished = True
     finally:
         # After an error the peers may already be gone: tearing gloo down then can abort this process
@@ -137,6 +160,57 @@ def run(args: argparse.Namespace) -> int:
         if finished:
             shutdown(env)
     return 0
+
+
+def auto_plan_out(plan_out: str | None) -> str:
+    """Where `--auto` writes its plan: --plan-out when given; else plan.json, unless that file holds a plan
+    `--auto` did not write (one made by hand with `planner plan`), which is refused rather than overwritten."""
+    import json
+    import os
+
+    from apps.train import AUTO_WRITER
+    from planner.errors import ValidationError
+
+    if plan_out is not None:
+        return plan_out
+    if os.path.exists(AUTO_PLAN_OUT):
+        try:
+            with open(AUTO_PLAN_OUT, encoding="utf-8") as f:
+                writer = (json.load(f).get("meta") or {}).get("written_by")
+        except (OSError, ValueError, AttributeError):
+            writer = None
+        if writer != AUTO_WRITER:
+            raise ValidationError(
+                f"--auto would overwrite {AUTO_PLAN_OUT}, which `planner train --auto` did not write; pass "
+                f"--plan-out PATH for the new plan (--plan-out {AUTO_PLAN_OUT} to replace it)"
+            )
+    return AUTO_PLAN_OUT
+
+
+def check_workload(plan: Any, profile: Any, *, model: str, sample_shape: tuple[int, ...]) -> None:
+    """Refuse a plan or profile measured for another model or input size, or a plan solved from another
+    profile: its batch sizes would balance the wrong step times (``--allow-workload-mismatch`` skips this)."""
+    from planner.errors import ValidationError
+
+    fix = "re-profile and re-plan for this workload, or pass --allow-workload-mismatch"
+    shape = "x".join(map(str, sample_shape))
+    sources = [("the plan", dict(plan.meta.get("workload") or {}))]
+    if profile is not None:
+        sources.append(("the profile", {"model": profile.model.name if profile.model else None,
+                                        "sample_shape": profile.meta.get("sample_shape")}))
+        made_from = plan.solver.get("profile_fingerprint")
+        if made_from and made_from != profile.fingerprint():
+            raise ValidationError(f"the plan was solved from another profile (fingerprint {made_from}, --profile "
+                                  f"has {profile.fingerprint()}); re-plan from this profile, or pass "
+                                  "--allow-workload-mismatch")
+    for what, w in sources:
+        if w.get("model") is not None and w["model"] != model:
+            raise ValidationError(f"{what} was measured for --model {w['model']} but this run trains --model "
+                                  f"{model}; {fix}")
+        got = w.get("sample_shape")
+        if isinstance(got, list) and tuple(got) != tuple(sample_shape):
+            raise ValidationError(f"{what} was measured for inputs {'x'.join(map(str, got))} but this run feeds "
+                                  f"{shape} (--image-size); {fix}")
 
 
 def config_from_args(args: argparse.Namespace, env: Any, slowdowns: dict[int, float],

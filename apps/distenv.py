@@ -34,23 +34,28 @@ class DistEnv:
         return self.backend is not None
 
 
-def resolve_device(spec: str, local_rank: int) -> torch.device:
-    """`auto` -> cuda:LOCAL_RANK when CUDA is present, else cpu; `cuda` -> cuda:LOCAL_RANK; `cuda:N`; `cpu`."""
+def resolve_device(spec: str, local_rank: int, *, flag: str | None = None) -> torch.device:
+    """`auto` -> cuda:LOCAL_RANK when CUDA is present, else cpu; `cuda` -> cuda:LOCAL_RANK; `cuda:N`; `cpu`.
+
+    ``flag`` is what the user typed, for the error message (default ``--device SPEC``): an error that names
+    ``--device`` when the user typed ``--devices cuda:0,cpu`` sends them to the wrong flag.
+    """
+    said = flag or f"--device {spec}"
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     if spec == "cpu":
         return torch.device("cpu")
     if spec.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ValidationError(f"--device {spec}: CUDA is not available on this machine; use --device cpu")
+            raise ValidationError(f"{said}: {spec} asked for, but CUDA is not available on this machine; use cpu")
         index = local_rank if spec == "cuda" else int(spec.split(":", 1)[1])
         if index >= torch.cuda.device_count():
             raise ValidationError(
-                f"--device {spec}: local rank {local_rank} needs cuda:{index} but this host has "
+                f"{said}: local rank {local_rank} needs cuda:{index} but this host has "
                 f"{torch.cuda.device_count()} GPU(s); launch fewer processes per node"
             )
         return torch.device("cuda", index)
-    raise ValidationError(f"--device: expected auto, cpu, cuda or cuda:N, got {spec!r}")
+    raise ValidationError(f"{said}: expected auto, cpu, cuda or cuda:N, got {spec!r}")
 
 
 def rank_device_spec(device: str, rank_devices: str | None, rank: int, world_size: int) -> tuple[str, bool]:
@@ -78,7 +83,7 @@ def init_from_env(device: str = "auto", rank_devices: str | None = None, *, back
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     spec, all_cuda = rank_device_spec(device, rank_devices, rank, world_size)
-    dev = resolve_device(spec, local_rank)
+    dev = resolve_device(spec, local_rank, flag=f"--rank-devices {rank_devices}" if rank_devices else None)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world_size == 1 and "MASTER_ADDR" not in os.environ and store is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import math
 import time
@@ -37,6 +38,7 @@ from apps.checkpoint import load_checkpoint, save_checkpoint
 from apps.distenv import DistEnv, sync_device
 from apps.divergence import DivergenceWatch, divergence_error
 from apps.preflight import check_weights_fit, run_meta
+from apps.progress import Progress, no_progress
 from collectives import all_gather_json, decide_on_rank0
 from planner.errors import ValidationError
 from planner.plan import Plan
@@ -166,6 +168,8 @@ class Run:
     """The plan this invocation was started with (recorded in checkpoints; a resume compares it)."""
     last_saved: tuple[int, int] | None = None
     """(epoch, step) of the newest checkpoint of this run: the last finite state when the loss diverges."""
+    progress: Progress = field(default_factory=no_progress)
+    """Step lines during an epoch (rank 0, not quiet): steps/s and ETA at least every few seconds."""
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -385,6 +389,11 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
     n_sum = 0
     step = first_step
     batch_sizes = run.batch_sizes
+    total = len(run.loader) - first_step
+    if cfg.max_steps_per_epoch is not None:
+        total = min(total, cfg.max_steps_per_epoch)
+    run.progress(f"epoch {epoch}: {total} steps of {sum(batch_sizes)} samples")
+    t_start = time.perf_counter()
     for x, y in run.timer.iter_data(run.loader):
         if cfg.max_steps_per_epoch is not None and step - first_step >= cfg.max_steps_per_epoch:
             break
@@ -414,6 +423,10 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
         n_sum += int(x.shape[0])
         run.timer.step_end()
         step += 1
+        done = step - first_step
+        rate = done / max(time.perf_counter() - t_start, 1e-9)
+        run.progress.update(f"epoch {epoch}: step {done}/{total}, {rate:.2f} steps/s, "
+                            f"ETA {_eta((total - done) / rate)}")
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             # Never save a diverged state over the last finite one. Only rank 0 saves, so only its view counts:
             # a peer's NaN reaches rank 0's weights through the gradient all-reduce.
@@ -481,21 +494,33 @@ def stop_diverged(run: Run, res: EpochResult, epoch_plan: Plan, epochs_done: int
     _log_epoch(run, res, epoch_plan)
     run.log.write(EndRecord(time=time.time(), epochs=epochs_done, reason=reason))
     return divergence_error(reason, lr=run.cfg.lr, checkpoint_dir=run.cfg.checkpoint_dir, last_saved=run.last_saved)
+def _eta(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 # -- the loop -----------------------------------------------------------------------------------------------
 def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
-          workload: Workload | None = None, on_epoch: Callable[[EpochResult], None] | None = None) -> list[EpochResult]:
-    """Train `cfg.epochs` epochs on this rank with `plan`; collective (every rank calls it)."""
+          workload: Workload | None = None, on_epoch: Callable[[EpochResult], None] | None = None,
+          progress: Progress | None = None) -> list[EpochResult]:
+    """Train `cfg.epochs` epochs on this rank with `plan`; collective (every rank calls it).
+
+    ``progress``: where step lines go (default: stderr on rank 0 unless ``cfg.quiet``); `planner bench` passes
+    its own, which prefixes the strategy.
+    """
     workload = workload or build_workload(cfg.model, cfg.dataset, image_size=cfg.image_size,
                                           num_samples=cfg.num_samples)
+    if progress is None:
+        with Progress("train", enabled=env.is_main and not cfg.quiet) as own:
+            return train(cfg, env, plan, profile, workload, on_epoch, own)
     run = setup(cfg, env, plan, profile, workload)
+    run.progress = progress
     resize = resume(run)
     # Opened only once the checkpoint has loaded: a refused resume leaves no new log file behind.
     run.log = RunLogWriter(cfg.log_path, enabled=env.is_main)
     if run.start_epoch == 0 and run.start_step == 0:
         run.log.write(StartRecord(time=time.time(), world_size=env.world_size, global_batch=run.plan.global_batch,
-                                  strategy=cfg.strategy, plan=run.plan))
+                                  strategy=cfg.strategy, plan=run.plan,
+                                  dataset_size=len(workload.dataset)))  # type: ignore[arg-type]
     if resize is not None:
         run.log.write(resize)
         run.say(f"world size {resize.old_world_size} -> {resize.new_world_size}: continuing epoch {run.start_epoch} "
@@ -550,19 +575,35 @@ def _end_on_error(run: Run, epochs_done: int, error: BaseException) -> None:
 
 
 def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool, workload: Workload,
-              plan_out: str | None, profile_out: str | None, min_batch: int = 1) -> tuple[Plan, Profile | None]:
-    """Profile every rank in-process, solve on rank 0, share the plan (collective; a PlanError reaches every rank)."""
+              plan_out: str | None, profile_out: str | None, min_batch: int = 1,
+              progress: Progress | None = None) -> tuple[Plan, Profile | None]:
+    """Profile every rank in-process, solve on rank 0, share the plan (collective; a PlanError reaches every rank).
+
+    Rank 0 prints the profile's quality warnings, keeps the equal split when the optimum's gain is inside the
+    profile's noise (planner.quality), and writes the plan marked ``meta.written_by`` = ``planner train --auto``
+    (what lets a later ``--auto`` replace it, and nothing else).
+    """
+    import sys
+
+    from planner.cmd_plan import record_workload
+    from planner.quality import check_profile, keep_equal_within_noise
     from profiler.run import gather_profile, profile_this_rank
 
     rank_profile = profile_this_rank(workload, env.device, quick=quick, slowdown=cfg.slowdown,
                                      loader_workers_cap=cfg.loader_workers_cap, amp=cfg.amp, rank=env.rank,
-                                     channels_last=channels_last_for(workload, env.device, cfg.mixed_devices))
-    profile = gather_profile(rank_profile, workload=workload)
+                                     channels_last=channels_last_for(workload, env.device, cfg.mixed_devices),
+                                     progress=progress)
+    profile = gather_profile(rank_profile, workload=workload, progress=progress)
 
     def decide() -> dict[str, Any]:
         assert profile is not None
+        quality = check_profile(profile)
+        for line in quality.warning_lines():
+            print(line, file=sys.stderr, flush=True)
         plan = planner.solve(profile, global_batch=global_batch,
                              min_batch=max(min_batch, 2) if workload.has_batchnorm else min_batch)
+        plan = record_workload(keep_equal_within_noise(profile, plan, quality), profile)
+        plan = dataclasses.replace(plan, meta={**plan.meta, "written_by": AUTO_WRITER})
         if plan_out:
             plan.save(plan_out)
         if profile_out:
@@ -571,3 +612,7 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool,
 
     shared = decide_on_rank0(decide)
     return Plan.from_dict(shared["plan"]), Profile.from_dict(shared["profile"])
+
+
+AUTO_WRITER = "planner train --auto"
+"""``plan.meta["written_by"]`` of plans `train --auto` writes: the only plan files it will overwrite unasked."""

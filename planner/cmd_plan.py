@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from planner.argcheck import MAX_COUNT, count
 from planner.errors import ValidationError
@@ -12,6 +13,7 @@ from planner.options import DEFAULT_MIN_GAIN, SolveOptions
 from planner.paths import Output, check_outputs
 from planner.plan import Plan
 from planner.profile import Profile
+from planner.quality import ProfileQuality, check_profile, keep_equal_within_noise, noise_line
 from planner.solve import build_models, evaluate, kept_equal_split, solve
 from planner.table import table
 
@@ -135,11 +137,16 @@ def run(args: argparse.Namespace) -> int:
         raise ValidationError("--force only applies to --from-batches (the solver never exceeds a cap)")
     profile = Profile.load(args.profile)
     options = solve_options_from_args(args)
-    warnings: list[str] = []
+    quality = check_profile(profile)
+    warnings: list[str] = list(quality.warning_lines())  # printed after the work: never before an error line
     if args.from_batches:
-        plan, warnings = _evaluate_given(profile, args, options)
+        plan, given = _evaluate_given(profile, args, options)
+        warnings += given
     else:
         plan = solve(profile, global_batch=args.global_batch, options=options)
+        if options.min_gain > 0:  # --min-gain 0 asks for the optimum whatever the noise
+            plan = keep_equal_within_noise(profile, plan, quality)
+    plan = record_workload(plan, profile)
     if args.out:
         plan.save(args.out)
     for w in warnings:  # after the work: a warning never precedes an error line
@@ -148,13 +155,22 @@ def run(args: argparse.Namespace) -> int:
         json.dump(plan.to_dict(), sys.stdout, indent=1)
         print()
     else:
-        print(format_plan(plan, profile))
+        print(format_plan(plan, profile, quality))
         if args.out:
             print(f"\nwrote {args.out}")
     return 0
 
 
-def format_plan(plan: Plan, profile: Profile | None = None) -> str:
+def record_workload(plan: Plan, profile: Profile) -> Plan:
+    """The plan with ``meta.workload``: the model and input shape its profile measured, so `planner train` can
+    refuse to run it for another model (the meta is not part of the fingerprint)."""
+    workload = {"model": profile.model.name if profile.model else None,
+                "sample_shape": profile.meta.get("sample_shape")}
+    workload = {k: v for k, v in workload.items() if v is not None}
+    return replace(plan, meta={**plan.meta, "workload": workload}) if workload else plan
+
+
+def format_plan(plan: Plan, profile: Profile | None = None, quality: ProfileQuality | None = None) -> str:
     """The plan as an aligned table plus the predicted throughput against equal split and ideal."""
     names = {r.rank: (r.device_name or r.device) for r in profile.by_rank} if profile else {}
     rows = [
@@ -173,8 +189,11 @@ def format_plan(plan: Plan, profile: Profile | None = None) -> str:
         "  equal split  " + (f"{eq:12.1f} samples/s" if eq > 0 else "  does not fit (a rank's memory cap is below B/W)"),
         f"  ideal        {p.ideal_samples_per_s:12.1f} samples/s   plan = {p.samples_per_s / p.ideal_samples_per_s:.3f} of ideal",
     ]
+    noisy = noise_line(plan, quality) if quality is not None else None
     kept = kept_equal_split(plan)
-    if kept is not None:
+    if noisy is not None:
+        lines.append(f"  {noisy}")
+    elif kept is not None:
         optimum, gain, min_gain = kept
         lines.append(f"  kept the equal split: the optimum {optimum} is predicted only {gain:.1%} faster "
                      f"(< min gain {min_gain:.0%}); --min-gain 0 plans it anyway")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from planner.errors import ValidationError
 from planner.jsonio import read_json
 from planner.plan import Plan
 from planner.profile import Profile
+from planner.quality import check_profile
 from planner.runlog import read_run_log
 
 HELP = "check profile, plan and run-log files against their contracts"
@@ -51,7 +53,12 @@ def validate_file(path: str) -> str:
     kind = data.get("kind") if isinstance(data, dict) else None
     if kind == "profile":
         prof = Profile.from_dict(data, path=path)
-        return f"{path}: valid profile, {prof.world_size} rank(s) on {len(prof.hosts)} host(s)"
+        # Valid is not trustworthy: the quality gate's warnings go to stderr, one line each, with the numbers.
+        quality = check_profile(prof)
+        for issue in quality.issues:
+            print(f"warning: {path}: {issue.message}", file=sys.stderr)
+        noisy = f"; {len(quality.issues)} quality warning(s), see stderr" if quality.issues else ""
+        return f"{path}: valid profile, {prof.world_size} rank(s) on {len(prof.hosts)} host(s){noisy}"
     if kind == "plan":
         plan = Plan.from_dict(data, path=path)
         # A split forced over a cap (plan --from-batches --force) is a valid file and an OOM waiting: say so.

@@ -3,7 +3,8 @@
 ``planner train --log-file run.jsonl`` (and the framework adapters) write one JSON object per line; ``planner
 report --log`` and ``planner validate`` read it; ``planner/schemas/runlog.schema.json`` describes one line::
 
-    {"event": "start",  "time": t, "world_size": W, "global_batch": B, "strategy": "plan", "plan": {...}}
+    {"event": "start",  "time": t, "world_size": W, "global_batch": B, "strategy": "plan", "plan": {...},
+                        "dataset_size": N}
     {"event": "epoch",  "epoch": e, "plan_fingerprint": "..", "samples_per_s": x, "step_time_s": y, "loss": l,
                         "batch_sizes": [...], "ranks": [<StepStats per rank>], "predicted_step_time_s": [...]}
     {"event": "replan", "epoch": e, "adopted": bool, "reason": "..", "predicted_gain": g,
@@ -57,12 +58,15 @@ class StartRecord:
     strategy: str = "plan"
     """'plan' (HeteroBatchSampler + exact weighting) or 'equal' (DistributedSampler)."""
     plan: Plan | None = None
+    dataset_size: int | None = None
+    """Samples in the training dataset (what an epoch covers): the report's epoch times use it."""
     event: Literal["start"] = "start"
 
     def to_dict(self) -> JSONDict:
-        return {"event": self.event, "version": RUNLOG_VERSION, "time": self.time, "world_size": self.world_size,
-                "global_batch": self.global_batch, "strategy": self.strategy,
-                "plan": self.plan.to_dict() if self.plan is not None else None}
+        d = {"event": self.event, "version": RUNLOG_VERSION, "time": self.time, "world_size": self.world_size,
+             "global_batch": self.global_batch, "strategy": self.strategy,
+             "plan": self.plan.to_dict() if self.plan is not None else None}
+        return d if self.dataset_size is None else {**d, "dataset_size": self.dataset_size}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -225,6 +229,8 @@ class RunLog:
     runs: int = 1
     """Start records in the file: more than one when a fresh run appended to an old log (the trainer now
     refuses that); only the last run's records are read."""
+    dataset_size: int | None = None
+    """Samples per epoch, from the start record (None for logs written before it was recorded)."""
 
 
 def _num(d: Mapping[str, Any], key: str, where: str) -> float | None:
@@ -297,7 +303,8 @@ def parse_record(d: Mapping[str, Any], where: str = "record", *, strict_plans: b
     if kind == "start":
         return StartRecord(time=_num(d, "time", where) or 0.0, world_size=_opt_int(d, "world_size", where),
                            global_batch=_opt_int(d, "global_batch", where), strategy=str(d.get("strategy", "plan")),
-                           plan=_plan(d.get("plan"), where, strict=strict_plans))
+                           plan=_plan(d.get("plan"), where, strict=strict_plans),
+                           dataset_size=_opt_int(d, "dataset_size", where))
     if kind == "epoch":
         ranks = d.get("ranks") or []
         if not isinstance(ranks, list) or not all(isinstance(r, dict) for r in ranks):
@@ -387,6 +394,7 @@ def read_run_log(path: str | os.PathLike[str], *, strict_plans: bool = False) ->
         num_skipped_lines=skipped,
         runs=max(1, len(starts)),
         end_reason=records[-1].reason if records and isinstance(records[-1], EndRecord) else None,
+        dataset_size=start.dataset_size if start else None,
     )
 
 

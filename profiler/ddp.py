@@ -12,6 +12,10 @@ We run a few real DDP steps at one batch size common to every rank and take
 
 with t_DDP the slowest rank's mean step (every rank waits for it) and t_i(b) each rank's fitted standalone curve.
 The same step code as the profiler's compute sweep (and the trainer) is used: emulated slowdowns included.
+
+On a busy host one burst of DDP steps can catch a neighbour's job: one box read 172 ms, 29 ms and 0 ms in three
+profiles.  So the steps run in rounds; the profile keeps the median round and records every round
+(``meta.ddp_overhead_rounds_s``), which the quality gate (planner.quality) reads to warn when they disagree.
 """
 
 from __future__ import annotations
@@ -40,6 +44,14 @@ def common_batch(ranks: Sequence[RankProfile]) -> int:
 def measure_exposed_s(workload: Workload, mine: RankProfile, ranks: Sequence[RankProfile], *,
                       group: Any = None, warmup: int = 3, repeats: int = 8) -> float:
     """Collective over `group`: the synchronization cost of one DDP step (>= 0), the same on every rank."""
+    return statistics.median(measure_exposed_rounds_s(workload, mine, ranks, group=group, warmup=warmup,
+                                                      rounds=1, repeats=repeats))
+
+
+def measure_exposed_rounds_s(workload: Workload, mine: RankProfile, ranks: Sequence[RankProfile], *,
+                             group: Any = None, warmup: int = 3, rounds: int = 3, repeats: int = 4) -> list[float]:
+    """Collective over `group`: the synchronization cost of one DDP step (>= 0) in each of `rounds` rounds of
+    `repeats` steps, the same list on every rank (the slowest rank's mean per round)."""
     b = common_batch(ranks)
     device = torch.device(mine.device)
     meta = mine.meta
@@ -66,20 +78,22 @@ def measure_exposed_s(workload: Workload, mine: RankProfile, ranks: Sequence[Ran
 
         for _ in range(warmup):
             step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        dist.barrier(group=group)
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        mean = (time.perf_counter() - t0) / repeats
+        means = []
+        for _ in range(rounds):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            dist.barrier(group=group)  # every round starts together, so no rank's wait is counted as its work
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            means.append((time.perf_counter() - t0) / repeats)
     finally:
         runner.close()
     # The backend's own device: NCCL reduces CUDA tensors, gloo CPU ones.
     red_dev = device if str(dist.get_backend(group)) == "nccl" else torch.device("cpu")
-    worst = torch.tensor([mean], dtype=torch.float64, device=red_dev)
+    worst = torch.tensor(means, dtype=torch.float64, device=red_dev)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
     alone = max(fit_envelope(r.compute)(b) for r in ranks)
-    return max(0.0, float(worst.item()) - alone)
+    return [max(0.0, float(x) - alone) for x in worst.tolist()]

@@ -11,6 +11,9 @@ Ranks that share a host must not disturb each other's numbers:
   * loader measurements, which are CPU-bound and would otherwise compete for the host's cores, run one local
     rank at a time behind barriers (every rank takes part in every barrier, so the count always matches);
   * the all-reduce is timed last, with all ranks idle otherwise.
+
+``progress`` (optional, a callable taking one line of text) hears each phase and each measured point, so a
+program can show that a profile taking a minute is moving (apps.progress prints them).
 """
 
 from __future__ import annotations
@@ -36,6 +39,13 @@ from profiler.sweep import SweepOptions, SweepPoint, run_sweep
 from workloads.specs import Workload
 
 T = TypeVar("T")
+Progress = Callable[[str], None]
+"""Receives one line per phase or measured point ("rank 0 (cpu): compute sweep, batch 16: 12.3 ms")."""
+
+
+def _say(progress: Progress | None, text: str) -> None:
+    if progress is not None:
+        progress(text)
 
 
 def _dist_on() -> bool:
@@ -83,6 +93,7 @@ def profile_this_rank(
     sweep: SweepOptions | None = None,
     loader: LoaderOptions | None = None,
     on_point: Callable[[SweepPoint], None] | None = None,
+    progress: Progress | None = None,
 ) -> RankProfile:
     """Measure this rank: compute curve, memory, loader cost, device facts.
 
@@ -101,13 +112,23 @@ def profile_this_rank(
     if workload.has_batchnorm and sopts.min_batch < 2:
         sopts = _with_batches(sopts, sopts.batch_sizes, min_batch=2)
     layout = host_layout()
+    who = f"rank {rank} ({dev})"
+
+    def point_done(p: SweepPoint) -> None:
+        _say(progress, f"{who}: compute sweep, batch {p.batch_size}: {1000 * p.median_s:.1f} ms "
+                       f"({len(p.times_s)} steps)")
+        if on_point is not None:
+            on_point(p)
 
     t0 = time.perf_counter()
+    _say(progress, f"{who}: compute sweep (budget {sopts.total_budget_s:g} s)")
     runner = StepRunner(workload, dev, amp=amp, channels_last=channels_last, slowdown=slowdown)
     try:
-        result = run_sweep(runner.measure, sopts, clock=time.perf_counter, on_point=on_point)
+        result = run_sweep(runner.measure, sopts, clock=time.perf_counter, on_point=point_done)
         if not result.points:
             raise RuntimeError(f"rank {rank}: no batch size ran on {dev} (smallest tried: {result.oom_batch})")
+        if dev.type == "cuda":
+            _say(progress, f"{who}: searching the largest batch that fits")
         max_batch = find_max_batch(result, runner.fits) if dev.type == "cuda" else None
         num_params, grad_bytes = runner.num_params, runner.grad_bytes
         channels = runner.channels_last
@@ -122,6 +143,8 @@ def profile_this_rank(
         if loader_workers_cap is not None:
             lopts = LoaderOptions(num_samples=lopts.num_samples, chunk=lopts.chunk, budget_s=lopts.budget_s,
                                   scaling_s=lopts.scaling_s, max_workers=max(1, loader_workers_cap))
+        _say(progress, f"{who}: dataloader cost per sample" + (f" (up to {lopts.max_workers} workers)"
+                                                                if lopts.max_workers else ""))
         loader_profile, loader_meta = in_turn(lambda: profile_loader(workload.dataset, lopts), layout)
         if loader_workers_cap is not None:
             loader_profile = dataclasses.replace(loader_profile, max_workers=max(1, loader_workers_cap))
@@ -139,6 +162,9 @@ def profile_this_rank(
         "sweep_stop": result.stop_reason,
         "sweep_oom_batch": result.oom_batch,
         "sweep_spread_max": round(max(p.spread for p in result.points), 4),
+        # Per point, in compute order: the quality gate (planner.quality) names the batch whose repeats disagree.
+        "sweep_spread": [round(p.spread, 4) for p in result.points],
+        "sweep_repeats": [len(p.times_s) for p in result.points],
         "fit_max_rel_residual": round(result.fit_residual() or 0.0, 4),
         "compute_profile_s": round(compute_s, 3),
         "ranks_on_host": layout[1],
@@ -156,7 +182,7 @@ def profile_this_rank(
 
 
 def gather_profile(rank_profile: RankProfile, *, workload: Workload, comm_repeats: int = 10,
-                   meta: Mapping[str, Any] | None = None) -> Profile | None:
+                   meta: Mapping[str, Any] | None = None, progress: Progress | None = None) -> Profile | None:
     """Collective: gather every rank's profile, time the all-reduce; rank 0 gets the Profile, others None.
 
     Without an initialized process group (or with one rank) it returns the single-rank Profile, no comm.
@@ -169,17 +195,20 @@ def gather_profile(rank_profile: RankProfile, *, workload: Workload, comm_repeat
     grad_bytes = int(rank_profile.meta.get("grad_bytes") or inventory.model_info("m", workload.model_fn()).grad_bytes or 0)
     ranks = [RankProfile.from_dict(g["rank"], path=f"rank {i}'s profile") for i, g in enumerate(gathered)]
     hosts = [HostProfile.from_dict(g["host"], path=f"rank {i}'s host") for i, g in enumerate(gathered)]
-    comm = _measure_comm(grad_bytes, ranks, rank_profile, workload, comm_repeats)
+    comm, comm_meta = _measure_comm(grad_bytes, ranks, rank_profile, workload, comm_repeats, progress)
     if dist.get_rank() != 0:
         return None
-    return _assemble(ranks, hosts, workload, comm, meta)
+    return _assemble(ranks, hosts, workload, comm, {**(meta or {}), **comm_meta})
 
 
 def _measure_comm(grad_bytes: int, ranks: list[RankProfile], mine: RankProfile, workload: Workload,
-                  repeats: int) -> CommProfile:
-    """All-reduce time and the measured DDP overhead (profiler.ddp), on the backend training will use."""
+                  repeats: int, progress: Progress | None = None) -> tuple[CommProfile, dict[str, Any]]:
+    """All-reduce time and the measured DDP overhead (profiler.ddp), on the backend training will use; the
+    overhead's rounds go to the profile's meta."""
+    import statistics
+
     from profiler.comm import measure_allreduce
-    from profiler.ddp import measure_exposed_s
+    from profiler.ddp import common_batch, measure_exposed_rounds_s
 
     # All-CUDA jobs train over NCCL: time NCCL even when the default group is gloo (mixed jobs stay on gloo).
     group: dist.ProcessGroup | None = None
@@ -188,9 +217,14 @@ def _measure_comm(grad_bytes: int, ranks: list[RankProfile], mine: RankProfile, 
         assert isinstance(new, dist.ProcessGroup)  # every rank is a member, so never the non-member sentinel
         group = new
     try:
+        _say(progress, f"all-reduce of {grad_bytes / 2**20:.1f} MiB of gradient ({repeats} repeats)")
         comm = measure_allreduce(grad_bytes, repeats=repeats, group=group)
+        b = common_batch(ranks)
+        _say(progress, f"DDP overhead: 3 rounds of DDP steps at batch {b} on every rank")
+        rounds: list[float] = []
         try:
-            exposed: float | None = measure_exposed_s(workload, mine, ranks, group=group)
+            rounds = measure_exposed_rounds_s(workload, mine, ranks, group=group)
+            exposed: float | None = float(statistics.median(rounds))
         except Exception as e:
             warnings.warn(f"could not time DDP steps ({type(e).__name__}: {e}); the plan will estimate the "
                           "exposed communication from the all-reduce time instead", stacklevel=2)
@@ -200,7 +234,10 @@ def _measure_comm(grad_bytes: int, ranks: list[RankProfile], mine: RankProfile, 
                           device=torch.device("cuda", torch.cuda.current_device())
                           if str(dist.get_backend(group)) == "nccl" else torch.device("cpu"))
         dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
-        return dataclasses.replace(comm, exposed_s=exposed if ok.item() > 0 else None)
+        if ok.item() <= 0:
+            return dataclasses.replace(comm, exposed_s=None), {}
+        return (dataclasses.replace(comm, exposed_s=exposed),
+                {"ddp_overhead_rounds_s": [round(x, 6) for x in rounds], "ddp_overhead_batch": b})
     finally:
         if group is not None:
             dist.destroy_process_group(group)
@@ -209,6 +246,7 @@ def _measure_comm(grad_bytes: int, ranks: list[RankProfile], mine: RankProfile, 
 def profile_devices(workload: Workload, devices: Sequence[str], *, quick: bool,
                     slowdowns: Mapping[int, float] | None = None, loader_caps: Mapping[int, int] | None = None,
                     meta: Mapping[str, Any] | None = None, **kw: Any) -> Profile:
+    # kw: profile_this_rank's keywords (batch_sizes, amp, sweep, loader, on_point, progress...)
     """Profile several local devices in turn in this process (one RankProfile each, same host, no comm)."""
     slowdowns, loader_caps = slowdowns or {}, loader_caps or {}
     ranks = [

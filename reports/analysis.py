@@ -14,6 +14,7 @@ from planner.curves import fit_envelope, fit_memory
 from planner.errors import PlanError, ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
+from planner.quality import ProfileQuality, check_profile
 from planner.runlog import RunLog
 from planner.solve import SolveOptions, build_models, equal_split, equal_split_workers, solve
 from reports.findings import BINDING_TOL, Findings, LoaderNeed, make_findings
@@ -83,6 +84,8 @@ class Throughput:
     the profile cannot hold the global batch -- a plan forced over its caps)."""
     epoch_time_s: float
     equal_split_epoch_time_s: float | None
+    dataset_size_source: str = "given"
+    """Where dataset_size came from: "--dataset-size", the run log, or "default" (DEFAULT_DATASET_SIZE)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,6 +102,8 @@ class Report:
     scaling: tuple[ScalePoint, ...]
     findings: Findings
     log: RunLog | None = None
+    quality: ProfileQuality | None = None
+    """The profile-quality gate's verdict (planner.quality); its problems lead the findings."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -131,6 +136,8 @@ def analyze(
     dataset_size: int = DEFAULT_DATASET_SIZE,
     log: RunLog | None = None,
     sweep_points: list[int] | None = None,
+    quality: ProfileQuality | None = None,
+    dataset_size_source: str = "given",
 ) -> Report:
     """Every number of the report for `plan` on `profile` (what-ifs re-solved at the plan's global batch).
 
@@ -144,6 +151,8 @@ def analyze(
         )
     if dataset_size < 1:
         raise ValidationError(f"--dataset-size must be >= 1, got {dataset_size}")
+    if quality is None:  # the profile-quality gate (planner.quality) leads the findings whoever calls
+        quality = check_profile(profile)
     B = plan.global_batch
     rows = _rank_rows(profile, plan, opts)
     try:
@@ -163,6 +172,7 @@ def analyze(
         resolved_samples_per_s=resolved,
         epoch_time_s=epoch_time_s(p.step_time_s, B, dataset_size),
         equal_split_epoch_time_s=None if eq_step is None else epoch_time_s(eq_step, B, dataset_size),
+        dataset_size_source=dataset_size_source,
     )
     batches = sweep_points or sweep_batches(profile, opts, include=[B])
     points = sweep(profile, batches, opts, dataset_size=dataset_size)
@@ -177,7 +187,7 @@ def analyze(
         + what_if_upgrade(profile, B, ref, opts, subjects, like)
     )
     scale = scaling(profile, B, opts)
-    findings = make_findings(profile, plan, rows, thr, points, what_ifs, opts)
+    findings = make_findings(profile, plan, rows, thr, points, what_ifs, opts, quality=quality, log=log)
     return Report(
         world_size=profile.world_size,
         model_name=profile.model.name if profile.model else None,
@@ -191,6 +201,7 @@ def analyze(
         scaling=scale,
         findings=findings,
         log=log,
+        quality=quality,
     )
 
 

@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING
 
 from planner.plan import Plan
 from planner.profile import Profile
+from planner.quality import ProfileQuality, kept_within_noise, noise_line
+from planner.runlog import RunLog
 from planner.solve import SolveOptions, kept_equal_split, worker_budgets
+from reports.measured import log_findings
 from reports.whatif import SweepPoint, WhatIf, best_range
 
 if TYPE_CHECKING:  # analysis imports this module; the row types are only annotations here
@@ -152,12 +155,33 @@ def _step_line(rows: Sequence[RankRow], thr: Throughput, binding: tuple[int, ...
 
 
 def _throughput_line(thr: Throughput) -> str:
+    from reports.analysis import DEFAULT_DATASET_SIZE
+
     eq = thr.equal_split_samples_per_s
     gain = (f" = {thr.plan_samples_per_s / eq:.2f}x the equal split ({fmt_rate(eq)})" if eq > 0
             else " (the equal split does not fit in memory)")
+    size_note = (f" (the --dataset-size default of {DEFAULT_DATASET_SIZE:,}; pass your dataset's size)"
+                 if thr.dataset_size_source == "default" else "")
     return (f"The plan gives {fmt_rate(thr.plan_samples_per_s)} samples/s at global batch {thr.global_batch}{gain}; "
-            f"ideal {fmt_rate(thr.ideal_samples_per_s)}; an epoch of {thr.dataset_size:,} samples takes "
+            f"ideal {fmt_rate(thr.ideal_samples_per_s)}; an epoch of {thr.dataset_size:,} samples{size_note} takes "
             f"{fmt_s(thr.epoch_time_s)}.")
+
+
+def _best_range_line(points: tuple[SweepPoint, ...], rng: tuple[int, int], global_batch: int) -> str:
+    """The sweep's best global batch sizes; a single one is named as such, never as a range "256..256"."""
+    feasible = [p for p in points if p.feasible]
+    best = max(p.samples_per_s for p in feasible)
+    top = max(p.global_batch for p in feasible)
+    if rng[0] == rng[1]:
+        text = (f"Best global batch in the sweep: {rng[0]} ({fmt_rate(best)} samples/s; every other size tried is "
+                "more than 5% slower)")
+    else:
+        text = f"Best global batch range: {rng[0]}..{rng[1]} (within 5% of the sweep's best {fmt_rate(best)} samples/s)"
+    if rng[1] == top:
+        text += f"; {top} is the sweep's upper end (the memory caps, or twice the largest measured batches)"
+    outside = not rng[0] <= global_batch <= rng[1]
+    return (text + (f"; {global_batch} is outside it" if outside else "")
+            + ". The global batch is your convergence choice; the planner never changes it.")
 
 
 def _what_if_lines(profile: Profile, rows: Sequence[RankRow], what_ifs: Sequence[WhatIf]) -> tuple[list[str], tuple[int, ...], tuple[int, ...]]:
@@ -221,12 +245,23 @@ def _loader_lines(profile: Profile, starved: Sequence[LoaderNeed], opts: SolveOp
 
 
 def make_findings(profile: Profile, plan: Plan, rows: Sequence[RankRow], thr: Throughput,
-                  points: tuple[SweepPoint, ...], what_ifs: Sequence[WhatIf], opts: SolveOptions) -> Findings:
+                  points: tuple[SweepPoint, ...], what_ifs: Sequence[WhatIf], opts: SolveOptions, *,
+                  quality: ProfileQuality | None = None, log: RunLog | None = None) -> Findings:
     t_max = max(r.predicted_step_time_s for r in rows)
     binding = tuple(r.rank for r in rows if r.predicted_step_time_s >= (1 - BINDING_TOL) * t_max)
-    lines, over = _over_cap_line(rows)
+    lines: list[str] = []
+    # A profile that fails the quality gate undermines every number below: say so first.
+    if quality is not None:
+        lines.extend(f"Profile quality: {i.message}." for i in quality.issues)
+        noisy = noise_line(plan, quality)
+        if noisy is not None:
+            lines.append(noisy[0].upper() + noisy[1:] + ".")
+    over_lines, over = _over_cap_line(rows)
+    lines += over_lines
     lines += [_step_line(rows, thr, binding), _throughput_line(thr)]
-    kept = kept_equal_split(plan)
+    if log is not None:
+        lines.extend(log_findings(log, plan, profile, quality))
+    kept = None if kept_within_noise(plan) is not None else kept_equal_split(plan)  # noise: said above
     if kept is not None:
         optimum, opt_gain, min_gain = kept
         shown = str(optimum) if len(optimum) <= 8 else f"[{', '.join(map(str, optimum[:6]))}, ...]"
@@ -234,17 +269,15 @@ def make_findings(profile: Profile, plan: Plan, rows: Sequence[RankRow], thr: Th
             f"The equal split was kept: the optimum {shown} is predicted only {opt_gain:.1%} faster, under the min "
             f"gain of {min_gain:.0%} -- within the planner's prediction error, and on flat (launch-bound) curves such "
             "lopsided splits measured slower; `planner plan --min-gain 0` plans it anyway.")
-    if thr.resolved_samples_per_s > thr.plan_samples_per_s * 1.001:
+    resolve_gain = thr.resolved_samples_per_s / thr.plan_samples_per_s - 1.0
+    noise = quality.noise_frac if quality is not None else 0.0
+    if resolve_gain > 0.001 and resolve_gain > noise:  # a "gain" inside the noise is no reason to re-plan
         lines.append(
             f"Re-solving this profile gives {fmt_rate(thr.resolved_samples_per_s)} samples/s "
             f"({thr.resolved_samples_per_s / thr.plan_samples_per_s:.2f}x the given plan): run `planner plan` again.")
     rng = best_range(points)
     if rng is not None:
-        best = max(p.samples_per_s for p in points if p.feasible)
-        lines.append(
-            f"Best global batch range: {rng[0]}..{rng[1]} (within 5% of the sweep's best {fmt_rate(best)} samples/s)"
-            + ("" if rng[0] <= thr.global_batch <= rng[1] else f"; {thr.global_batch} is outside it")
-            + ". The global batch is your convergence choice; the planner never changes it.")
+        lines.append(_best_range_line(points, rng, thr.global_batch))
     more, drops, ups = _what_if_lines(profile, rows, what_ifs)
     lines += more
     starved = loader_needs(profile, rows, opts)

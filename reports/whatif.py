@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from planner.errors import PlanError
-from planner.profile import Profile, RankProfile
+from planner.profile import HostProfile, Profile, RankProfile
 from planner.solve import SolveOptions, build_models, solve
 
 WhatIfKind = Literal["drop", "add", "upgrade"]
@@ -238,6 +238,10 @@ def what_if_add(profile: Profile, global_batch: int, base_samples_per_s: float, 
 
     ``max_kinds``: past that many kinds (unnamed ranks whose curves all differ are a kind each), only that many,
     spread evenly over peak throughput from the fastest down.
+
+    A CPU rank computes on its host's cores: where they are already all in use by the host's CPU ranks (a
+    2-core host running two), a third one on the same host would only split the same cores three ways, so the
+    copy goes on a new host like it instead, and the label says so.
     """
     ranks = list(profile.by_rank)
     kinds = device_kinds(profile)
@@ -247,8 +251,21 @@ def what_if_add(profile: Profile, global_batch: int, base_samples_per_s: float, 
         kinds = [by_speed[round(i * step)] for i in range(max_kinds)]
     out = []
     for kind, r in kinds:
-        grown = with_ranks(profile, [*ranks, r])
-        out.append(_scenario("add", f"add a {kind} on {r.host}", r.rank, grown, global_batch, base_samples_per_s, opts))
+        hosts = profile.hosts
+        label = f"add a {kind} on {r.host}"
+        if r.device.split(":")[0] == "cpu":
+            host = profile.host(r.host)
+            on_host = sum(1 for q in ranks if q.host == r.host and q.device.split(":")[0] == "cpu")
+            threads = r.meta.get("torch_threads")
+            need = int(threads) if isinstance(threads, int) and threads > 0 else max(1, host.cpu_cores // on_host)
+            if host.cpu_cores < (on_host + 1) * need:
+                new = HostProfile(name=f"another {r.host}", cpu_cores=host.cpu_cores, memory_bytes=host.memory_bytes)
+                hosts = (*hosts, new)
+                label = (f"add a {kind} on another host like {r.host} ({r.host}'s {host.cpu_cores} cores already run "
+                         f"{on_host} CPU rank(s))")
+                r = replace(r, host=new.name)
+        grown = with_ranks(replace(profile, hosts=hosts), [*ranks, r])
+        out.append(_scenario("add", label, r.rank, grown, global_batch, base_samples_per_s, opts))
     return out
 
 

@@ -189,7 +189,8 @@ def register_weighted_hook(ddp_model: torch.nn.parallel.DistributedDataParallel,
     all-reduce and use :func:`loss_scale` instead (exact); this function warns when it finds SyncBatchNorm.
 
     Args:
-        ddp_model: the DistributedDataParallel model (a comm hook can be registered once, before training).
+        ddp_model: the DistributedDataParallel-wrapped model -- register after ``DDP(...)``, once, before the first
+            step (a bare module has no comm hook: TypeError saying so).
         sampler: the HeteroBatchSampler (or HeteroDistributedSampler) feeding this rank.
         on_last_bucket: called when the step's last bucket reaches the hook, before its all-reduce is launched.
         accumulation_steps: micro-batches per optimizer step with ``no_sync`` (1 = no accumulation).
@@ -198,6 +199,12 @@ def register_weighted_hook(ddp_model: torch.nn.parallel.DistributedDataParallel,
     Returns:
         The hook's state (current step, last factor), e.g. for logging.
     """
+    if not callable(getattr(ddp_model, "register_comm_hook", None)):
+        # The usual first try passes the bare model (or calls this before DDP(...) exists): say what to pass.
+        raise TypeError(
+            f"register_weighted_hook needs the DDP-wrapped model, got a {type(ddp_model).__name__} without "
+            "register_comm_hook: call it after `model = DistributedDataParallel(model, ...)`, with that model"
+        )
     if accumulation_steps < 1:
         raise ValidationError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
     micro = getattr(sampler, "accumulation_steps", None)

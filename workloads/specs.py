@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -235,6 +236,7 @@ def _import_factory(spec: str, flag: str) -> Callable[..., Any]:
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise ValidationError(f"{flag} {spec}: expected package.module:factory")
+    _current_folder_first(mod_name)
     try:
         module = importlib.import_module(mod_name)
     except ImportError as e:
@@ -243,6 +245,17 @@ def _import_factory(spec: str, flag: str) -> Callable[..., Any]:
     if not callable(fn):
         raise ValidationError(f"{flag} {spec}: {mod_name!r} has no callable {attr!r}")
     return fn  # type: ignore[no-any-return]
+
+
+def _current_folder_first(mod_name: str) -> None:
+    """Put the current folder first on sys.path when it holds the named module (``./mymodel.py`` or
+    ``./mymodel/``), as ``python -m`` does: the ``planner`` console script's sys.path starts at its own bin/ folder,
+    so ``--model mymodel:build`` would otherwise need PYTHONPATH=. (only the module the user named is affected)."""
+    top = mod_name.split(".")[0]
+    cwd = os.getcwd()
+    if os.path.isfile(os.path.join(cwd, f"{top}.py")) or os.path.isdir(os.path.join(cwd, top)):
+        if cwd not in sys.path and "" not in sys.path:
+            sys.path.insert(0, cwd)
 
 
 def _accepts(fn: Callable[..., Any], name: str) -> bool:

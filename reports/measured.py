@@ -1,0 +1,141 @@
+"""What a run log measured against what the plan predicted: the report's reality check.
+
+Three things a report must not get wrong when the user hands it a run log:
+
+  * the epoch size -- the log's start record holds the dataset size (older logs: steps per epoch x global batch),
+    so epoch times are not computed for a 50,000-sample default the run never had;
+  * a miss -- a plan whose measured step is more than 15% off its prediction is a finding, with the likely
+    cause read from the same log: a noisy profile, one rank slower or faster than its curve (its compute, or its
+    wait for data), or every rank on time and the difference in synchronization;
+  * measured equal split vs plan -- when the log holds epochs of both (a run that started equal and re-planned,
+    or two runs appended to one log), their measured ratio, beside the predicted one.
+
+Steady state: the first epoch of a split warms up (allocator, workers, autotuning), so a split measured over
+several epochs is judged on the others (median).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner.plan import Plan
+from planner.profile import Profile
+from planner.quality import ProfileQuality
+from planner.runlog import EpochRecord, RunLog
+
+PREDICTION_TOL = 0.15
+"""A measured step this far (relative) from the prediction is a finding."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MeasuredSplit:
+    batch_sizes: tuple[int, ...]
+    epochs: tuple[int, ...]
+    """The epochs it is measured over (warm-up epoch left out when there are others)."""
+    step_time_s: float
+    """Median measured synchronous step."""
+    predicted_step_time_s: float
+    """Median predicted step (slowest rank's busy time + the plan's exposed communication)."""
+    samples_per_s: float
+
+    @property
+    def error(self) -> float:
+        return self.step_time_s / self.predicted_step_time_s - 1.0
+
+
+def epoch_size(log: RunLog) -> tuple[int, str] | None:
+    """(samples per epoch, where it came from) from the log, or None when it cannot tell."""
+    if log.dataset_size:
+        return log.dataset_size, "the run log's dataset size"
+    for e in log.epochs:
+        steps = max((s.num_steps for s in e.ranks), default=0)
+        if steps > 0 and e.batch_sizes:
+            return steps * sum(e.batch_sizes), "the run log's steps per epoch x global batch"
+    return None
+
+
+def _is_equal(batches: Sequence[int]) -> bool:
+    return bool(batches) and max(batches) - min(batches) <= 1
+
+
+def measured_splits(log: RunLog, comm_s: float) -> list[MeasuredSplit]:
+    """Every split the log ran, in first-seen order, measured over its steady-state epochs."""
+    groups: dict[tuple[int, ...], list[EpochRecord]] = {}
+    for e in log.epochs:
+        if e.step_time_s and e.step_time_s > 0 and e.predicted_step_time_s:
+            groups.setdefault(tuple(e.batch_sizes), []).append(e)
+    out = []
+    for batches, epochs in groups.items():
+        steady = epochs[1:] if len(epochs) > 1 else epochs
+        step = float(statistics.median(e.step_time_s or 0.0 for e in steady))
+        pred = float(statistics.median(max(e.predicted_step_time_s) for e in steady)) + comm_s
+        out.append(MeasuredSplit(batch_sizes=batches, epochs=tuple(e.epoch for e in steady), step_time_s=step,
+                                 predicted_step_time_s=pred, samples_per_s=sum(batches) / step))
+    return out
+
+
+def _rank_ratios(log: RunLog, split: MeasuredSplit) -> list[tuple[int, float, float, float]]:
+    """(rank, measured busy, predicted busy, measured data wait) per rank, medians over the split's epochs."""
+    epochs = [e for e in log.epochs if e.epoch in split.epochs and tuple(e.batch_sizes) == split.batch_sizes]
+    if not epochs or not all(len(e.ranks) == len(e.predicted_step_time_s) for e in epochs):
+        return []
+    out = []
+    for i in range(len(epochs[0].ranks)):
+        busy = statistics.median(e.measured_busy_s[i] for e in epochs)
+        wait = statistics.median(e.measured_data_wait_s[i] for e in epochs)
+        pred = statistics.median(e.predicted_step_time_s[i] for e in epochs)
+        out.append((i, float(busy), float(pred), float(wait)))
+    return out
+
+
+def likely_cause(log: RunLog, split: MeasuredSplit, profile: Profile, quality: ProfileQuality | None) -> str:
+    """The most likely reason a split missed its prediction, in plain words with the numbers."""
+    worst = quality.worst if quality is not None else None
+    if worst is not None:
+        return (f"the profile is noisy ({worst.subject}: {worst.what}); re-profile with a longer --budget-s on an "
+                "idle machine")
+    ranks = [r for r in _rank_ratios(log, split) if r[2] > 0]
+    off = [r for r in ranks if abs(r[1] / r[2] - 1.0) > PREDICTION_TOL]
+    if off:
+        i, busy, pred, wait = max(off, key=lambda r: abs(r[1] / r[2] - 1.0))
+        if wait > 0.5 * busy:
+            return (f"rank {i} waits {1000 * wait:.1f} ms per step for data ({1000 * busy:.1f} ms busy against "
+                    f"{1000 * pred:.1f} ms predicted): its loader is slower than profiled; give it more workers "
+                    "(--max-workers-per-rank) or a faster data path")
+        return (f"rank {i}'s own step measured {1000 * busy:.1f} ms against {1000 * pred:.1f} ms predicted: its "
+                "curve in the profile does not match this run (measured under other load, or for another model or "
+                "input size); re-profile it, or train with --replan, which corrects curves from measurements")
+    comm = profile.comm
+    unmeasured = comm is None or comm.exposed_s is None
+    gap = split.step_time_s - split.predicted_step_time_s
+    tail = ("; this profile has no measured DDP overhead -- profile under torchrun so it is measured"
+            if unmeasured and profile.world_size > 1 else "")
+    return (f"every rank's own work is within {PREDICTION_TOL:.0%} of its prediction, so the {1000 * abs(gap):.1f} ms "
+            f"{'extra' if gap > 0 else 'saved'} per step is synchronization (the gradient all-reduce and DDP's own "
+            f"work){tail}")
+
+
+def log_findings(log: RunLog, plan: Plan, profile: Profile, quality: ProfileQuality | None) -> list[str]:
+    """Findings from a run log: prediction misses with their likely cause, and measured equal split vs plan."""
+    splits = measured_splits(log, plan.predicted.comm_s)
+    lines = []
+    for s in splits:
+        if abs(s.error) > PREDICTION_TOL:
+            epochs = ", ".join(map(str, s.epochs))
+            lines.append(
+                f"Prediction miss: the split {list(s.batch_sizes)} measured {1000 * s.step_time_s:.1f} ms per step "
+                f"against {1000 * s.predicted_step_time_s:.1f} ms predicted ({s.error:+.0%}, epoch(s) {epochs}); "
+                f"likely cause: {likely_cause(log, s, profile, quality)}.")
+    equal = [s for s in splits if _is_equal(s.batch_sizes)]
+    planned = [s for s in splits if not _is_equal(s.batch_sizes)]
+    if equal and planned:
+        e = equal[0]
+        p = next((s for s in planned if s.batch_sizes == plan.batch_sizes), planned[-1])
+        predicted = (sum(p.batch_sizes) / p.predicted_step_time_s) / (sum(e.batch_sizes) / e.predicted_step_time_s)
+        lines.append(
+            f"Measured in the run log: the split {list(p.batch_sizes)} ran {p.samples_per_s:,.0f} samples/s and the "
+            f"equal split {list(e.batch_sizes)} {e.samples_per_s:,.0f}: {p.samples_per_s / e.samples_per_s:.2f}x "
+            f"(predicted {predicted:.2f}x).")
+    return lines

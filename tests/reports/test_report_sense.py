@@ -1,0 +1,160 @@
+"""Report sense: epoch size from the run log, prediction misses with their likely cause, measured equal vs plan,
+no degenerate batch ranges, and what-ifs that respect a host's cores."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner import Plan, Profile, solve
+from planner.cli import main
+from planner.profile import ComputePoint, HostProfile, RankProfile
+from planner.quality import check_profile
+from planner.runlog import EpochRecord, RunLogWriter, StartRecord, read_run_log
+from planner.solve import SolveOptions, evaluate
+from planner.stats import StepStats
+from reports.analysis import analyze
+from reports.measured import epoch_size, log_findings
+from reports.whatif import SweepPoint, what_if_add
+from tests.reports._fixtures import three_rank_profile
+
+B = 700
+
+
+def _epoch(plan: Plan, epoch: int, *, slow: float = 1.0, busy: tuple[float, ...] | None = None,
+           wait: tuple[float, ...] | None = None, steps: int = 10) -> EpochRecord:
+    """An epoch of `plan` whose synchronous step measured `slow` x the prediction; per-rank busy/wait as given."""
+    pred = [r.predicted_step_time_s for r in plan.ranks]
+    busy = busy or tuple(pred)
+    wait = wait or tuple(0.0 for _ in pred)
+    step = (max(pred) + plan.predicted.comm_s) * slow
+    ranks = tuple(StepStats(rank=i, epoch=epoch, num_steps=steps, batch_size=r.batch_size, num_workers=r.num_workers,
+                            data_wait_s=w, compute_s=b - w, step_time_s=step)
+                  for i, (r, b, w) in enumerate(zip(plan.ranks, busy, wait, strict=True)))
+    return EpochRecord(epoch=epoch, plan_fingerprint=plan.fingerprint, samples_per_s=plan.global_batch / step,
+                       step_time_s=step, loss=1.0, batch_sizes=plan.batch_sizes, predicted_step_time_s=tuple(pred),
+                       ranks=ranks)
+
+
+def _log(path: Path, plan: Plan, epochs: list[EpochRecord], dataset_size: int | None = None) -> Path:
+    with RunLogWriter(path) as w:
+        w.write(StartRecord(time=0.0, world_size=plan.world_size, global_batch=plan.global_batch, plan=plan,
+                            dataset_size=dataset_size))
+        for e in epochs:
+            w.write(e)
+    return path
+
+
+def test_epoch_size_comes_from_the_run_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prof = three_rank_profile()
+    plan = solve(prof, global_batch=B)
+    logged = read_run_log(_log(tmp_path / "a.jsonl", plan, [_epoch(plan, 0)], dataset_size=7000))
+    assert epoch_size(logged) == (7000, "the run log's dataset size")
+    older = read_run_log(_log(tmp_path / "b.jsonl", plan, [_epoch(plan, 0, steps=12)]))
+    assert epoch_size(older) == (12 * B, "the run log's steps per epoch x global batch")
+    prof_path = tmp_path / "p.json"
+    prof.save(prof_path)
+    js = tmp_path / "r.json"
+    assert main(["report", "--profile", str(prof_path), "--log", str(tmp_path / "a.jsonl"), "--out",
+                 str(tmp_path / "r.html"), "--json", str(js), "--quiet"]) == 0
+    thr = json.loads(js.read_text())["throughput"]
+    assert (thr["dataset_size"], thr["dataset_size_source"]) == (7000, "the run log's dataset size")
+    assert thr["epoch_time_s"] == pytest.approx(10 * 0.4)
+    # Without a log the default is used -- and said to be one.
+    assert main(["report", "--profile", str(prof_path), "--global-batch", str(B), "--out", str(tmp_path / "r.html"),
+                 "--json", str(js), "--quiet"]) == 0
+    report = json.loads(js.read_text())
+    assert report["throughput"]["dataset_size_source"] == "default"
+    assert any("the --dataset-size default of 50,000; pass your dataset's size" in x
+               for x in report["findings"]["lines"])
+
+
+def test_a_log_on_its_prediction_gives_no_miss(tmp_path: Path) -> None:
+    prof = three_rank_profile()
+    plan = solve(prof, global_batch=B)
+    log = read_run_log(_log(tmp_path / "r.jsonl", plan, [_epoch(plan, 0, slow=1.5), _epoch(plan, 1, slow=1.05),
+                                                         _epoch(plan, 2, slow=1.08)]))
+    # Epoch 0 warms up (50% slow) and is left out: the steady epochs are within 15%.
+    assert log_findings(log, plan, prof, check_profile(prof)) == []
+
+
+@pytest.mark.parametrize(("case", "cause"), [
+    ("one rank slow", "rank 2's own step measured 520.0 ms against 400.0 ms predicted"),
+    ("data wait", "rank 1 waits 300.0 ms per step for data"),
+    ("synchronization", "every rank's own work is within 15% of its prediction, so the 120.0 ms extra per step is "
+                        "synchronization"),
+])
+def test_a_miss_over_15_percent_is_a_finding_with_its_likely_cause(case: str, cause: str, tmp_path: Path) -> None:
+    prof = three_rank_profile()
+    plan = solve(prof, global_batch=B)
+    busy: tuple[float, ...] = (0.4, 0.4, 0.4)
+    wait: tuple[float, ...] = (0.0, 0.0, 0.0)
+    if case == "one rank slow":
+        busy = (0.4, 0.4, 0.52)
+    elif case == "data wait":
+        busy, wait = (0.4, 0.52, 0.4), (0.0, 0.3, 0.0)
+    epochs = [_epoch(plan, e, slow=1.3, busy=busy, wait=wait) for e in range(3)]
+    log = read_run_log(_log(tmp_path / "r.jsonl", plan, epochs))
+    (line,) = log_findings(log, plan, prof, check_profile(prof))
+    assert line.startswith(f"Prediction miss: the split {list(plan.batch_sizes)} measured 520.0 ms per step "
+                           "against 400.0 ms predicted (+30%, epoch(s) 1, 2); likely cause: ")
+    assert cause in line
+
+
+def test_a_miss_on_a_noisy_profile_names_the_noise(tmp_path: Path) -> None:
+    noisy = Profile.load(Path(__file__).resolve().parents[2] / "tests" / "data" / "noisy_cpu_profile.json")
+    plan = solve(noisy, global_batch=64)  # the lopsided 11 / 53 the bench measured 46% slow
+    log = read_run_log(_log(tmp_path / "r.jsonl", plan, [_epoch(plan, e, slow=1.46) for e in range(2)]))
+    (line,) = log_findings(log, plan, noisy, check_profile(noisy))
+    assert "(+46%" in line and "likely cause: the profile is noisy (rank 0 (cpu): batch 4 took 808 ms" in line
+
+
+def test_measured_equal_split_against_the_plan(tmp_path: Path) -> None:
+    prof = three_rank_profile()
+    plan = solve(prof, global_batch=B)
+    equal = evaluate(prof, [234, 233, 233], method="equal")
+    epochs = [_epoch(equal, 0), _epoch(equal, 1), _epoch(plan, 2), _epoch(plan, 3)]
+    log = read_run_log(_log(tmp_path / "r.jsonl", plan, epochs))
+    (line,) = log_findings(log, plan, prof, check_profile(prof))
+    # Equal: the 4 ms rank takes 0.932 s; plan 0.4 s: measured as predicted, 2.33x.
+    assert line == ("Measured in the run log: the split [400, 200, 100] ran 1,750 samples/s and the equal split "
+                    "[234, 233, 233] 751: 2.33x (predicted 2.33x).")
+
+
+def test_a_single_best_batch_is_not_a_range() -> None:
+    from reports.analysis import _best_range_line
+
+    pts = (SweepPoint(global_batch=128, feasible=True, samples_per_s=900.0),
+           SweepPoint(global_batch=256, feasible=True, samples_per_s=1000.0),
+           SweepPoint(global_batch=512, feasible=True, samples_per_s=800.0))
+    line = _best_range_line(pts, (256, 256), 256)
+    assert line.startswith("Best global batch in the sweep: 256 (1,000 samples/s; every other size tried is more "
+                           "than 5% slower)") and "256..256" not in line
+    assert "Best global batch range: 128..256" in _best_range_line(pts, (128, 256), 256)
+    assert "512 is the sweep's upper end" in _best_range_line(pts, (256, 512), 256)
+
+
+def _cpu_profile(cores: int, threads: int) -> Profile:
+    def rank(i: int) -> RankProfile:
+        return RankProfile(rank=i, host="box", device="cpu", device_name="CPU x86_64", meta={"torch_threads": threads},
+                           compute=(ComputePoint(batch_size=8, step_time_s=0.08),
+                                    ComputePoint(batch_size=32, step_time_s=0.32)))
+    return Profile(hosts=(HostProfile(name="box", cpu_cores=cores),), ranks=(rank(0), rank(1)))
+
+
+def test_adding_a_cpu_rank_respects_the_hosts_cores() -> None:
+    # A 2-core host already running two CPU ranks: a third one there would split the same cores.
+    (add,) = what_if_add(_cpu_profile(2, 1), 64, 200.0, SolveOptions())
+    assert add.label == "add a CPU x86_64 on another host like box (box's 2 cores already run 2 CPU rank(s))"
+    # A 16-core host whose two CPU ranks use 4 threads each has room for a third on the same host.
+    (add,) = what_if_add(_cpu_profile(16, 4), 64, 200.0, SolveOptions())
+    assert add.label == "add a CPU x86_64 on box"
+    rep = analyze(_cpu_profile(2, 1), solve(_cpu_profile(2, 1), global_batch=64), SolveOptions())
+    assert not any("Best addition: add a CPU x86_64 on box " in line for line in rep.findings.lines)
+
+
+def test_gpu_what_ifs_are_unchanged() -> None:
+    labels = [w.label for w in what_if_add(three_rank_profile(), B, 1750.0, SolveOptions())]
+    assert labels[0] == "add a cuda like rank 0 on node0"
