@@ -16,10 +16,9 @@ The same step code as the profiler's compute sweep (and the trainer) is used: em
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -28,8 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from planner.curves import fit_envelope
 from planner.profile import RankProfile
-from profiler.compute import StepRunner
-from workloads.specs import Workload
+from profiler.compute import TimedSteps
 
 
 def common_batch(ranks: Sequence[RankProfile]) -> int:
@@ -37,41 +35,27 @@ def common_batch(ranks: Sequence[RankProfile]) -> int:
     return min(int(statistics.median_low([p.batch_size for p in r.compute])) for r in ranks)
 
 
-def measure_exposed_s(workload: Workload, mine: RankProfile, ranks: Sequence[RankProfile], *,
+def measure_exposed_s(make_runner: Callable[[], TimedSteps], ranks: Sequence[RankProfile], *,
                       group: Any = None, warmup: int = 3, repeats: int = 8) -> float:
-    """Collective over `group`: the synchronization cost of one DDP step (>= 0), the same on every rank."""
+    """Collective over `group`: the synchronization cost of one DDP step (>= 0), the same on every rank.
+
+    ``make_runner`` builds this rank's step as profiled (profiler.compute.TimedSteps: the workload's, or a
+    user's own through profiler.api); its loss runs through the DDP wrapper here.
+    """
     b = common_batch(ranks)
-    device = torch.device(mine.device)
-    meta = mine.meta
-    runner = StepRunner(workload, device, amp=meta.get("amp") == "bf16", channels_last=meta.get("channels_last"),
-                        slowdown=float(meta.get("emulate_slowdown") or 1.0))
+    runner = make_runner()
+    device = runner.device
     try:
         ddp = DDP(runner.model, device_ids=[device.index] if device.type == "cuda" else None, process_group=group)
-        dtype = next((q.dtype for q in runner.model.parameters() if q.is_floating_point()), None)
-        from workloads.specs import synthetic_batch
-
-        x, y = synthetic_batch(workload, b, device, dtype=dtype)
-        if runner.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if runner.amp
-                    else contextlib.nullcontext())
-
-        def step() -> None:
-            with autocast:
-                loss = workload.loss_fn(ddp(x), y)
-                runner.slowdown.apply(ddp, workload.loss_fn, x, y)  # where the trainer does it
-            loss.backward()
-            runner.optimizer.step()
-            runner.optimizer.zero_grad(set_to_none=True)
-
+        batch = runner.batch_for(b)
         for _ in range(warmup):
-            step()
+            runner.train_step(batch, ddp)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dist.barrier(group=group)
         t0 = time.perf_counter()
         for _ in range(repeats):
-            step()
+            runner.train_step(batch, ddp)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         mean = (time.perf_counter() - t0) / repeats
