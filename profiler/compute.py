@@ -45,7 +45,7 @@ class TimedSteps:
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device | str, *,
-                 optimizer_fn: Callable[[Any], torch.optim.Optimizer], amp: bool = False,
+                 optimizer_fn: Callable[[torch.nn.Module], torch.optim.Optimizer], amp: bool = False,
                  timer: Callable[[], float] = time.perf_counter) -> None:
         self.timer = timer
         """Host clock for a step (tests on a shared CPU pass time.thread_time: CPU time survives preemption)."""
@@ -53,7 +53,7 @@ class TimedSteps:
         self.amp = amp
         model.train()
         self.model = model
-        self.optimizer = optimizer_fn(model.parameters())
+        self.optimizer = optimizer_fn(model)
         self._batch: tuple[int, Any] | None = None
 
     # -- what a subclass defines ---------------------------------------------------------------------------
@@ -169,7 +169,7 @@ class StepRunner(TimedSteps):
             model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         # A small lr keeps weights finite over hundreds of random-data steps (NaNs/denormals change CPU timing).
         super().__init__(model, dev, amp=amp, timer=timer,
-                         optimizer_fn=lambda params: torch.optim.SGD(params, lr=lr, momentum=0.9))
+                         optimizer_fn=lambda m: torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9))
 
     def make_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         # Inputs in the model's own float dtype (a float64 model gets float64 data).

@@ -208,7 +208,7 @@ def gather_ranks(rank_profile: RankProfile, *, model_name: str, make_runner: Cal
     all-reduce and -- when ``make_runner`` rebuilds this rank's step -- the measured DDP overhead."""
     host = inventory.host_profile()
     if not _dist_on():
-        return _assemble([rank_profile], [host], model_name, None, meta)
+        return assemble_profile([rank_profile], [host], model_name, None, meta)
     # JSON, not pickle: a peer's profile is data (docs/SECURITY.md).
     gathered = all_gather_json({"rank": rank_profile.to_dict(), "host": host.to_dict()})
     grad_bytes = int(rank_profile.meta.get("grad_bytes") or 0)
@@ -217,7 +217,7 @@ def gather_ranks(rank_profile: RankProfile, *, model_name: str, make_runner: Cal
     comm = _measure_comm(grad_bytes, ranks, make_runner, comm_repeats)
     if dist.get_rank() != 0:
         return None
-    return _assemble(ranks, hosts, model_name, comm, meta)
+    return assemble_profile(ranks, hosts, model_name, comm, meta)
 
 
 def _measure_comm(grad_bytes: int, ranks: list[RankProfile], make_runner: Callable[[], TimedSteps] | None,
@@ -262,7 +262,7 @@ def profile_devices(workload: Workload, devices: Sequence[str], *, quick: bool,
                           loader_workers_cap=loader_caps.get(i), **kw)
         for i, d in enumerate(devices)
     ]
-    return _assemble(ranks, [inventory.host_profile()], workload.name.split("@")[0], None,
+    return assemble_profile(ranks, [inventory.host_profile()], workload.name.split("@")[0], None,
                      {**_workload_info(workload), **(meta or {})})
 
 
@@ -271,8 +271,9 @@ def _workload_info(workload: Workload) -> dict[str, Any]:
             "num_classes": workload.num_classes, "has_batchnorm": workload.has_batchnorm}
 
 
-def _assemble(ranks: Sequence[RankProfile], hosts: Sequence[HostProfile], model_name: str,
-              comm: CommProfile | None, meta: Mapping[str, Any] | None) -> Profile:
+def assemble_profile(ranks: Sequence[RankProfile], hosts: Sequence[HostProfile], model_name: str,
+                     comm: CommProfile | None, meta: Mapping[str, Any] | None) -> Profile:
+    """One Profile from ranks and the hosts they reported (a host's widest core count wins)."""
     by_name: dict[str, HostProfile] = {}
     for h in hosts:
         # Ranks of one host may see different affinities; the host has at least the widest one.
