@@ -83,6 +83,7 @@ class PlannedRun:
         """Every re-plan decision so far (the same on every rank)."""
         self._watched: set[int] = set()
         self._finished = False
+        self._warned = False
 
     # -- set-up (once the framework knows the rank and the dataset) ---------------------------------------------
     def sampler_for(self, dataset_len: int, device: torch.device | str) -> HeteroBatchSampler:
@@ -168,7 +169,8 @@ class PlannedRun:
             if decision.adopted and decision.new_plan is not None:
                 self.plan = decision.new_plan
                 self.sampler.set_batch_sizes(self.plan.batch_sizes)
-                if self.plan.ranks[self.rank].num_workers != plan.ranks[self.rank].num_workers:
+                if self.plan.ranks[self.rank].num_workers != plan.ranks[self.rank].num_workers and not self._warned:
+                    self._warned = True  # once per run: the same holds for every later re-plan
                     warnings.warn("the re-plan changed this rank's loader workers; the framework owns the DataLoader, "
                                   "so the new batch sizes apply and the worker count stays", stacklevel=2)
         # The synchronous step is as slow as its slowest rank's step-to-step interval.
