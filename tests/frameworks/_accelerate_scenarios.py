@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc-per-node 2 tests/frameworks/_accelerate_scenarios.py OUT PLAN73 PLAN88
 
+profile     profiler.api.profile_job of the dict-batch step on both ranks: the same Profile everywhere -> profile.pt
 exact       planned_dataloader, plan [7, 3], 30 float64 samples, accelerator.prepare + backward: 3 steps -> exact.pt
 accumulate  the same with gradient_accumulation_steps=2 inside accelerator.accumulate: 2 steps -> accumulate.pt
 plain       the same [7, 3] batches from the user's own sampler, accelerate's plain averaging    -> plain.pt
@@ -22,6 +23,8 @@ import torch.nn.functional as F  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
+from collectives import all_gather_json  # noqa: E402
+from profiler.api import batches_from, profile_job  # noqa: E402
 from runtime.adapters.accelerate import planned_dataloader  # noqa: E402
 from runtime.sampler import HeteroBatchSampler  # noqa: E402
 from tests.frameworks._common import DictData, dict_loss, make_net, make_optimizer, save_rank0  # noqa: E402
@@ -51,6 +54,15 @@ def train(accelerator: Accelerator, loader: Any, model: torch.nn.Module, epochs:
 def main(out: Path, plan73: Path, plan88: Path) -> None:
     accelerator = Accelerator(cpu=True)
     data = DictData(30)
+
+    # every rank profiles the user's own step (dict batches) and receives the gathered Profile
+    profile = profile_job(make_net, batches_from(data), dict_loss, "cpu", quick=True, batch_sizes=[4, 8],
+                          model_name="net")
+    comm = profile.comm
+    save_rank0(out, "profile", {"fingerprints": all_gather_json(profile.fingerprint()),
+                                "ranks": [r.rank for r in profile.ranks], "hosts": [h.name for h in profile.hosts],
+                                "allreduce_s": comm.allreduce_s if comm else None,
+                                "exposed_s": comm.exposed_s if comm else None})
 
     model = make_net()
     loader = planned_dataloader(accelerator, plan73, data, model=model, seed=0, epochs=1)

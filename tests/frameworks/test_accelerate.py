@@ -4,7 +4,9 @@
   and with gradient_accumulation_steps=2 (windows of 20 and 10 samples, 2 optimizer steps);
 * ``accelerator.prepare`` returns the planned loader unchanged (it would otherwise re-shard its batches);
 * accelerate's plain averaging over the same [7, 3] batches is not exact;
-* re-planning: rank 1 emulated 3x slower moves the split between epochs, visible in the run log.
+* re-planning: rank 1 emulated 3x slower moves the split between epochs, visible in the run log;
+* before training, profiler.api.profile_job gave both ranks the same gathered Profile of the user's dict-batch
+  step, with the all-reduce and the measured DDP overhead.
 """
 
 from __future__ import annotations
@@ -60,6 +62,13 @@ def test_a_slow_rank_is_replanned_between_epochs(runs: Path) -> None:
     assert log.epochs[0].batch_sizes == (8, 8) and log.epochs[-1].batch_sizes[0] > 8
     seen = _load(runs, "replan")["seen"]
     assert seen[:12] == [8] * 12 and seen[-1] == log.epochs[-1].batch_sizes[0]
+
+
+@pytest.mark.distributed
+def test_every_rank_got_the_same_gathered_profile(runs: Path) -> None:
+    res = _load(runs, "profile")
+    assert res["fingerprints"][0] == res["fingerprints"][1] and res["ranks"] == [0, 1]
+    assert res["allreduce_s"] is not None and res["exposed_s"] is not None
 
 
 def test_batching_arguments_are_refused_and_a_missing_accelerate_is_one_line(tmp_path: Path,
