@@ -35,7 +35,7 @@ from planner.profile import Profile
 from planner.runlog import EndRecord, EpochRecord, RunLogWriter, StartRecord
 from planner.stats import StepStats
 from runtime.replan import ReplanDecision, Replanner
-from runtime.safety import check_agreement
+from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler
 from runtime.timing import StepTimer, close_compute_on_last_gradient
 from runtime.weighting import loss_scale
@@ -123,11 +123,23 @@ class PlannedRun:
         return self.plan.ranks[self.rank].num_workers if self.sampler is not None else default
 
     def watch(self, model: torch.nn.Module) -> None:
-        """Close each step's compute span when backward reaches ``model``'s first parameter (once per model)."""
-        if self.timer is None or id(model) in self._watched:
+        """Check the plan against ``model`` and close each step's compute span when backward reaches its first
+        parameter (once per model).
+
+        A BatchNorm model needs every rank at >= 2 samples (runtime.safety.check_batchnorm): a plan giving a rank 1
+        is refused here, with the fix, instead of failing inside the forward.
+        """
+        if id(model) in self._watched:
             return
         self._watched.add(id(model))
-        close_compute_on_last_gradient(model, self.timer)
+        min_batch = check_batchnorm(model, self.plan.min_batch)
+        low = min(self.plan.batch_sizes)
+        if low < min_batch:
+            raise ValidationError(
+                f"the model has BatchNorm but the plan gives rank {self.plan.batch_sizes.index(low)} a batch of {low}; "
+                "re-plan with min_batch=2 (planner plan --min-batch 2) or convert to SyncBatchNorm")
+        if self.timer is not None:
+            close_compute_on_last_gradient(model, self.timer)
 
     # -- per step -------------------------------------------------------------------------------------------------
     def loss_scale(self, step: int, accumulation_steps: int = 1) -> float:

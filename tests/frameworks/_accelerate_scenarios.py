@@ -16,19 +16,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from typing import Any  # noqa: E402
+from typing import Any
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from accelerate import Accelerator  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
 
-from collectives import all_gather_json  # noqa: E402
-from profiler.api import batches_from, profile_job  # noqa: E402
-from runtime.adapters.accelerate import planned_dataloader  # noqa: E402
-from runtime.sampler import HeteroBatchSampler  # noqa: E402
-from tests.frameworks._common import DictData, dict_loss, make_net, make_optimizer, save_rank0  # noqa: E402
-from workloads.emulate import Slowdown  # noqa: E402
+from collectives import all_gather_json
+from profiler.api import batches_from, profile_job
+from runtime.adapters.accelerate import planned_dataloader
+from runtime.sampler import HeteroBatchSampler
+from tests.frameworks._common import DictData, dict_loss, make_net, make_optimizer, save_rank0
+from workloads.emulate import Slowdown
 
 
 def train(accelerator: Accelerator, loader: Any, model: torch.nn.Module, epochs: int = 1, *, scale: bool = True,

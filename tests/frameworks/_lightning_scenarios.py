@@ -15,17 +15,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from typing import Any  # noqa: E402
+from typing import Any
 
-import lightning as L  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
 
-from runtime.adapters.lightning import LightningPlan  # noqa: E402
-from runtime.sampler import HeteroBatchSampler  # noqa: E402
-from tests.frameworks._common import DictData, dict_loss, make_net, make_optimizer, save_rank0  # noqa: E402
-from workloads.emulate import Slowdown  # noqa: E402
+from runtime.adapters.lightning import LightningPlan
+from runtime.sampler import HeteroBatchSampler
+from tests.frameworks._common import DictData, dict_loss, make_net, make_optimizer, save_rank0
+from workloads.emulate import Slowdown
 
 
 class Module(L.LightningModule):
