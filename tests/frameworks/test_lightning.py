@@ -65,3 +65,27 @@ def test_a_slow_rank_is_replanned_between_epochs(runs: Path) -> None:
     seen0, seen1 = _load(runs, "replan")["seen"], torch.load(runs / "replan_rank1.pt", weights_only=True)["seen"]
     assert all(a + b == 16 for a, b in zip(seen0, seen1, strict=True))
     assert seen0[:12] == [8] * 12 and seen0[-1] == epochs[-1].batch_sizes[0]
+
+
+def test_either_lightning_import_path_and_a_missing_one_is_one_line(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from planner.errors import ValidationError
+    from runtime.adapters.lightning import LightningPlan, lightning_package
+
+    plan = write_plan(tmp_path / "plan.json", [4, 4])
+    pl = pytest.importorskip("pytorch_lightning")  # the standalone distribution: the Trainer checks its own classes
+    planned = LightningPlan(plan, package="pytorch_lightning")
+    assert isinstance(planned.strategy, pl.strategies.DDPStrategy) and isinstance(planned.callback, pl.Callback)
+    import lightning
+
+    planned = LightningPlan(plan)  # both imported: lightning.pytorch, the unified package, comes first
+    assert isinstance(planned.strategy, lightning.pytorch.strategies.DDPStrategy)
+    with pytest.raises(ValidationError, match="package must be one of"):
+        lightning_package("lightning.fabric")
+    for name in ("lightning.pytorch", "pytorch_lightning"):
+        monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
+    with pytest.raises(ValidationError, match=r"pip install ddp-planner\[lightning\]") as e:
+        LightningPlan(plan)
+    assert "\n" not in str(e.value)
