@@ -86,9 +86,11 @@ def main(out: Path, plan73: Path, plan88: Path) -> None:
 
     # replan: rank 1 does 3x the work
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
-                              torch.nn.Linear(512, 1)).double()
-    loader = planned_dataloader(accelerator, plan88, DictData(16 * 12, features=256), model=net, seed=0, epochs=3,
+    # ~10 ms of float64 compute per step on rank 0 (30 on rank 1): well above the scheduling noise of a busy
+    # 2-core machine, where a preempted rank's wall-clock compute grows by whole time slices
+    net = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                              torch.nn.ReLU(), torch.nn.Linear(1024, 1)).double()
+    loader = planned_dataloader(accelerator, plan88, DictData(16 * 12, features=512), model=net, seed=0, epochs=3,
                                 profile=plan88.with_suffix(".profile.json"), replan=True, log_file=out / "run.jsonl")
     res = train(accelerator, loader, net, 3, slowdown=3.0 if accelerator.process_index == 1 else 1.0)
     save_rank0(out, "replan", {"seen": res["seen"]})

@@ -86,11 +86,13 @@ def main(out: Path, plan73: Path, plan88: Path) -> None:
     # replan: rank 1 does 3x the work; the planned callback re-plans between epochs and logs it
     rank = torch.distributed.get_rank()
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
-                              torch.nn.Linear(512, 1)).double()
+    # ~10 ms of float64 compute per step on rank 0 (30 on rank 1): well above the scheduling noise of a busy
+    # 2-core machine, where a preempted rank's wall-clock compute grows by whole time slices
+    net = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                              torch.nn.ReLU(), torch.nn.Linear(1024, 1)).double()
     planned = LightningPlan(plan88, profile=plan88.with_suffix(".profile.json"), replan=True,
                             log_file=out / "run.jsonl", seed=0)
-    module = Module(DictData(16 * 12, features=256), "default", net, slowdown=3.0 if rank == 1 else 1.0)
+    module = Module(DictData(16 * 12, features=512), "default", net, slowdown=3.0 if rank == 1 else 1.0)
     fit(module, 3, strategy=planned.strategy, callbacks=[planned.callback])
     save_rank0(out, "replan", {"seen": module.seen})
     if rank == 1:
