@@ -48,7 +48,7 @@ from profiler.compute import use_channels_last
 from runtime.replan import Replanner
 from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler
-from runtime.timing import StepTimer
+from runtime.timing import StepTimer, close_compute_on_last_gradient
 from runtime.weighting import loss_scale, register_weighted_hook
 from workloads.emulate import Slowdown
 from workloads.specs import Workload, build_workload, synthetic_batch
@@ -228,19 +228,6 @@ def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_wo
         persistent_workers=num_workers > 0,
         prefetch_factor=4 if num_workers > 0 else None,
     )
-
-
-def close_compute_on_last_gradient(model: torch.nn.Module, timer: StepTimer) -> None:
-    """Close the timer's compute span when backward accumulates the model's first parameter's gradient.
-
-    The first parameter (the input layer's weight) gets its gradient last in backward, so this marks "local
-    compute done" -- before DDP's final all-reduce wait, like the comm hook's ``on_last_bucket`` -- with one
-    Python call per step and no comm hook. A step where it does not fire (an unused first parameter) falls back to
-    the after-``backward()`` call, which includes the wait for peers.
-    """
-    first = next((p for p in model.parameters() if p.requires_grad), None)
-    if first is not None:
-        first.register_post_accumulate_grad_hook(lambda _p: timer.compute_end())
 
 
 # -- set-up -------------------------------------------------------------------------------------------------

@@ -4,13 +4,17 @@ Kept light on purpose: importing ``profiler`` does not import torch.  What it me
 (model/dataset specs, emulated slowdowns); `planner profile` is ``apps.cmd_profile``.  The pieces:
 
     profiler.sweep     which batches, how many repeats, when to stop (pure; testable with fake timings)
-    profiler.compute   StepRunner: timed full training steps on one device
+    profiler.compute   TimedSteps (timed full training steps of any step on one device); StepRunner, a workload's
     profiler.memory    peak bytes, capacity, largest batch that fits
     profiler.loader    seconds per sample of one loader worker, scaling over workers
     profiler.comm      gradient all-reduce time, bucketed like DDP
     profiler.ddp       DDP's measured per-step overhead (real DDP steps minus the slowest standalone step)
     profiler.inventory device / host / software facts (NVML guarded)
-    profiler.run       profile_this_rank, gather_profile, profile_devices
+    profiler.run       measure_rank / gather_ranks (the one measuring path), profile_this_rank, gather_profile,
+                       profile_devices
+    profiler.api       profile any training step: your model, batches (any structure) and loss -> RankProfile,
+                       and the gathered Profile on every rank
+    profiler.lightning auto mode: profile a LightningModule's training_step, solve, hand the adapter the plan
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""Timing full training steps (forward, backward, SGD step) of one rank alone, no communication.
+"""Timing full training steps (forward, backward, optimizer step) of one rank alone, no communication.
 
-``StepRunner`` owns a fresh model and optimizer on the device and implements the sweep's ``measure`` callable
-(profiler.sweep decides which batches and how many repeats).  Inputs come from ``synthetic_batch`` and are created
-on the device once per batch size, so the loader never enters compute timing.
+``TimedSteps`` implements the sweep's ``measure`` callable for any training step: a model and optimizer on the
+device, a batch of size b (made once per size, so the loader never enters compute timing) and one step on it.
+``StepRunner`` is the step `planner profile` times: a workload's model, SGD, synthetic inputs from
+``synthetic_batch`` and the emulated slowdown; profiler.api times a user's own model, batch and loss with the same
+code (profiler.sweep decides which batches and how many repeats).
 
 Synchronization: on CUDA each timed step is bracketed by ``torch.cuda.synchronize()`` and timed with the host's
 ``perf_counter`` -- the launch queue is empty when the timer starts and the last kernel done when it stops;
@@ -35,28 +37,35 @@ def use_channels_last(workload: Workload, device: torch.device, channels_last: b
     return channels_last and len(workload.sample_shape) == 3
 
 
-class StepRunner:
-    """A model + SGD optimizer on one device; ``measure(b, warmup, repeats)`` times full training steps."""
+class TimedSteps:
+    """A model + optimizer on one device; ``measure(b, warmup, repeats)`` times full training steps.
 
-    def __init__(self, workload: Workload, device: torch.device | str, *, amp: bool = False,
-                 channels_last: bool | None = None, slowdown: float = 1.0, lr: float = 1e-4,
+    Subclasses say what a batch is (``make_batch``) and what one step's loss is (``loss``); this class owns the
+    timing, the synchronization, out-of-memory recovery and the optimizer step.
+    """
+
+    def __init__(self, model: torch.nn.Module, device: torch.device | str, *,
+                 optimizer_fn: Callable[[torch.nn.Module], torch.optim.Optimizer], amp: bool = False,
                  timer: Callable[[], float] = time.perf_counter) -> None:
         self.timer = timer
         """Host clock for a step (tests on a shared CPU pass time.thread_time: CPU time survives preemption)."""
-        self.workload = workload
         self.device = torch.device(device)
         self.amp = amp
-        self.channels_last = use_channels_last(workload, self.device, channels_last)
-        self.slowdown = Slowdown(slowdown)
-        model = workload.model_fn().to(self.device)
-        if self.channels_last:
-            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         model.train()
         self.model = model
-        # A small lr keeps weights finite over hundreds of random-data steps (NaNs/denormals change CPU timing).
-        self.optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-        self._batch: tuple[int, Any, Any] | None = None
+        self.optimizer = optimizer_fn(model)
+        self._batch: tuple[int, Any] | None = None
 
+    # -- what a subclass defines ---------------------------------------------------------------------------
+    def make_batch(self, batch_size: int) -> Any:
+        """A batch of ``batch_size`` samples on the device."""
+        raise NotImplementedError
+
+    def loss(self, module: torch.nn.Module, batch: Any) -> torch.Tensor:
+        """Forward and loss of one step through ``module`` (the model, or its DDP wrapper in profiler.ddp)."""
+        raise NotImplementedError
+
+    # -- one step ------------------------------------------------------------------------------------------
     @property
     def num_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
@@ -65,28 +74,23 @@ class StepRunner:
     def grad_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
 
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if not self.amp:
             return contextlib.nullcontext()
         # bf16 needs no loss scaler; on CPU autocast bf16 is supported too (slow, but it keeps the code path one).
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
-    def _inputs(self, b: int) -> tuple[Any, Any]:
-        if self._batch is None or self._batch[0] != b:
+    def batch_for(self, batch_size: int) -> Any:
+        """The cached batch of this size (the previous size's batch is dropped first)."""
+        if self._batch is None or self._batch[0] != batch_size:
             self._batch = None  # drop the old batch before allocating the new one
-            # Inputs in the model's own float dtype (a float64 model gets float64 data).
-            dtype = next((q.dtype for q in self.model.parameters() if q.is_floating_point()), None)
-            x, y = synthetic_batch(self.workload, b, self.device, dtype=dtype)
-            if self.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            self._batch = (b, x, y)
-        return self._batch[1], self._batch[2]
+            self._batch = (batch_size, self.make_batch(batch_size))
+        return self._batch[1]
 
-    def step(self, x: Any, y: Any) -> None:
-        """One full training step: (emulated extra work), forward, backward, optimizer."""
-        with self._autocast():
-            self.slowdown.apply(self.model, self.workload.loss_fn, x, y)
-            loss = self.workload.loss_fn(self.model(x), y)
+    def train_step(self, batch: Any, module: torch.nn.Module | None = None) -> None:
+        """One full training step: forward and loss (inside autocast), backward, optimizer."""
+        with self.autocast():
+            loss = self.loss(self.model if module is None else module, batch)
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -100,16 +104,16 @@ class StepRunner:
         cuda = self.device.type == "cuda"
         oom = False
         try:
-            x, y = self._inputs(batch_size)
+            batch = self.batch_for(batch_size)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(self.device)
             for _ in range(warmup):
-                self.step(x, y)
+                self.train_step(batch)
             times = []
             for _ in range(repeats):
                 self._sync()
                 t0 = self.timer()
-                self.step(x, y)
+                self.train_step(batch)
                 self._sync()
                 times.append(self.timer() - t0)
             peak = int(torch.cuda.max_memory_allocated(self.device)) if cuda else None
@@ -117,7 +121,7 @@ class StepRunner:
             oom = True
         if oom:
             # Freed outside the except block: the live traceback would keep the failed step's tensors alive.
-            x = y = None
+            batch = None
             self.free()
             raise DoesNotFit(batch_size)
         return Measurement(times_s=tuple(times), peak_bytes=peak)
@@ -144,3 +148,47 @@ class StepRunner:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+    def meta(self) -> dict[str, Any]:
+        """Facts for the rank profile's meta (what a DDP measurement must rebuild the same way)."""
+        return {"amp": "bf16" if self.amp else None}
+
+
+class StepRunner(TimedSteps):
+    """A workload's model + SGD on one device, fed synthetic inputs: the step `planner profile` times."""
+
+    def __init__(self, workload: Workload, device: torch.device | str, *, amp: bool = False,
+                 channels_last: bool | None = None, slowdown: float = 1.0, lr: float = 1e-4,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
+        self.workload = workload
+        dev = torch.device(device)
+        self.channels_last = use_channels_last(workload, dev, channels_last)
+        self.slowdown = Slowdown(slowdown)
+        model = workload.model_fn().to(dev)
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        # A small lr keeps weights finite over hundreds of random-data steps (NaNs/denormals change CPU timing).
+        super().__init__(model, dev, amp=amp, timer=timer,
+                         optimizer_fn=lambda m: torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9))
+
+    def make_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # Inputs in the model's own float dtype (a float64 model gets float64 data).
+        dtype = next((q.dtype for q in self.model.parameters() if q.is_floating_point()), None)
+        x, y = synthetic_batch(self.workload, batch_size, self.device, dtype=dtype)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y
+
+    def loss(self, module: torch.nn.Module, batch: Any) -> torch.Tensor:
+        x, y = batch
+        # Emulated extra work where the trainer does it (workloads.emulate); Slowdown unwraps a DDP module.
+        self.slowdown.apply(module, self.workload.loss_fn, x, y)
+        return self.workload.loss_fn(module(x), y)
+
+    def step(self, x: Any, y: Any) -> None:
+        """One full training step on (x, y): (emulated extra work), forward, backward, optimizer."""
+        self.train_step((x, y))
+
+    def meta(self) -> dict[str, Any]:
+        return {**super().meta(), "channels_last": self.channels_last,
+                "emulate_slowdown": self.slowdown.factor if self.slowdown.enabled else None}

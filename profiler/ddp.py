@@ -12,18 +12,13 @@ We run a few real DDP steps at one batch size common to every rank and take
 
 with t_DDP the slowest rank's mean step (every rank waits for it) and t_i(b) each rank's fitted standalone curve.
 The same step code as the profiler's compute sweep (and the trainer) is used: emulated slowdowns included.
-
-On a busy host one burst of DDP steps can catch a neighbour's job: one box read 172 ms, 29 ms and 0 ms in three
-profiles.  So the steps run in rounds; the profile keeps the median round and records every round
-(``meta.ddp_overhead_rounds_s``), which the quality gate (planner.quality) reads to warn when they disagree.
 """
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -32,8 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from planner.curves import fit_envelope
 from planner.profile import RankProfile
-from profiler.compute import StepRunner
-from workloads.specs import Workload
+from profiler.compute import TimedSteps
 
 
 def common_batch(ranks: Sequence[RankProfile]) -> int:
@@ -41,43 +35,29 @@ def common_batch(ranks: Sequence[RankProfile]) -> int:
     return min(int(statistics.median_low([p.batch_size for p in r.compute])) for r in ranks)
 
 
-def measure_exposed_s(workload: Workload, mine: RankProfile, ranks: Sequence[RankProfile], *,
+def measure_exposed_s(make_runner: Callable[[], TimedSteps], ranks: Sequence[RankProfile], *,
                       group: Any = None, warmup: int = 3, repeats: int = 8) -> float:
     """Collective over `group`: the synchronization cost of one DDP step (>= 0), the same on every rank."""
-    return statistics.median(measure_exposed_rounds_s(workload, mine, ranks, group=group, warmup=warmup,
-                                                      rounds=1, repeats=repeats))
+    return statistics.median(measure_exposed_rounds_s(make_runner, ranks, group=group, warmup=warmup, rounds=1,
+                                                      repeats=repeats))
 
 
-def measure_exposed_rounds_s(workload: Workload, mine: RankProfile, ranks: Sequence[RankProfile], *,
+def measure_exposed_rounds_s(make_runner: Callable[[], TimedSteps], ranks: Sequence[RankProfile], *,
                              group: Any = None, warmup: int = 3, rounds: int = 3, repeats: int = 4) -> list[float]:
     """Collective over `group`: the synchronization cost of one DDP step (>= 0) in each of `rounds` rounds of
-    `repeats` steps, the same list on every rank (the slowest rank's mean per round)."""
+    `repeats` steps, the same list on every rank (the slowest rank's mean per round).
+
+    ``make_runner`` builds this rank's step as profiled (profiler.compute.TimedSteps: the workload's, or a
+    user's own through profiler.api); its loss runs through the DDP wrapper here.
+    """
     b = common_batch(ranks)
-    device = torch.device(mine.device)
-    meta = mine.meta
-    runner = StepRunner(workload, device, amp=meta.get("amp") == "bf16", channels_last=meta.get("channels_last"),
-                        slowdown=float(meta.get("emulate_slowdown") or 1.0))
+    runner = make_runner()
+    device = runner.device
     try:
         ddp = DDP(runner.model, device_ids=[device.index] if device.type == "cuda" else None, process_group=group)
-        dtype = next((q.dtype for q in runner.model.parameters() if q.is_floating_point()), None)
-        from workloads.specs import synthetic_batch
-
-        x, y = synthetic_batch(workload, b, device, dtype=dtype)
-        if runner.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if runner.amp
-                    else contextlib.nullcontext())
-
-        def step() -> None:
-            with autocast:
-                loss = workload.loss_fn(ddp(x), y)
-                runner.slowdown.apply(ddp, workload.loss_fn, x, y)  # where the trainer does it
-            loss.backward()
-            runner.optimizer.step()
-            runner.optimizer.zero_grad(set_to_none=True)
-
+        batch = runner.batch_for(b)
         for _ in range(warmup):
-            step()
+            runner.train_step(batch, ddp)
         means = []
         for _ in range(rounds):
             if device.type == "cuda":
@@ -85,7 +65,7 @@ def measure_exposed_rounds_s(workload: Workload, mine: RankProfile, ranks: Seque
             dist.barrier(group=group)  # every round starts together, so no rank's wait is counted as its work
             t0 = time.perf_counter()
             for _ in range(repeats):
-                step()
+                runner.train_step(batch, ddp)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             means.append((time.perf_counter() - t0) / repeats)

@@ -7,6 +7,7 @@ profiles (the facts are simply absent).
 
 from __future__ import annotations
 
+import os
 import platform
 import socket
 from typing import Any
@@ -17,9 +18,33 @@ from planner.profile import HostProfile, ModelInfo
 from profiler.loader import usable_cores
 from profiler.memory import host_memory_bytes
 
+HOST_ID_ENV = "PLANNER_HOST_ID"
+
+
+def machine_name() -> str:
+    """The operating system's host name (recorded in each rank's meta as ``hostname``)."""
+    return socket.gethostname() or "localhost"
+
 
 def host_name() -> str:
-    return socket.gethostname() or "localhost"
+    """The name of this rank's host in a profile: ranks with the same name share one host's cores.
+
+    ``PLANNER_HOST_ID`` when set (the documented override: give ranks that truly share a machine the same id).
+    Otherwise the machine's host name, and in a multi-node torchrun job (``GROUP_WORLD_SIZE`` > 1) the node's
+    ``GROUP_RANK`` after it: containers on different nodes often report the same host name, and counting them as
+    one host would split one node's loader budget over both.  Two torchrun agents on one machine (a test, or
+    ``--nnodes`` misused) are then two hosts: set ``PLANNER_HOST_ID`` to share the budget.
+    """
+    override = os.environ.get(HOST_ID_ENV, "").strip()
+    if override:
+        return override
+    name = machine_name()
+    try:
+        nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    except ValueError:
+        nodes = 1
+    group_rank = os.environ.get("GROUP_RANK")
+    return f"{name}/node{group_rank}" if nodes > 1 and group_rank is not None else name
 
 
 def host_profile() -> HostProfile:

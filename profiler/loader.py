@@ -72,7 +72,8 @@ class LoaderCost:
     samples_timed: int
 
 
-def measure_sample_cost(dataset: Any, opts: LoaderOptions, *, clock: Callable[[], float] = time.perf_counter) -> LoaderCost:
+def measure_sample_cost(dataset: Any, opts: LoaderOptions, *, clock: Callable[[], float] = time.perf_counter,
+                        collate_fn: Callable[[list[Any]], Any] = default_collate) -> LoaderCost:
     """Seconds per sample of one worker: fetch+transform per item plus the collate share (median over chunks)."""
     n = min(opts.num_samples, len(dataset))
     chunk = max(1, min(opts.chunk, n))
@@ -86,7 +87,7 @@ def measure_sample_cost(dataset: Any, opts: LoaderOptions, *, clock: Callable[[]
         while start + chunk <= n or not walls:
             idx = [(start + j) % len(dataset) for j in range(chunk)]
             w0, c0 = clock(), time.thread_time()
-            default_collate([dataset[i] for i in idx])
+            collate_fn([dataset[i] for i in idx])
             walls.append((clock() - w0) / chunk)
             cpus.append((time.thread_time() - c0) / chunk)
             start += chunk
@@ -98,18 +99,19 @@ def measure_sample_cost(dataset: Any, opts: LoaderOptions, *, clock: Callable[[]
                       samples_timed=len(walls) * chunk)
 
 
-def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, seconds: float) -> list[LoaderPoint]:
+def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, seconds: float,
+                    collate_fn: Callable[[list[Any]], Any] | None = None) -> list[LoaderPoint]:
     """samples/s of a DataLoader with each worker count, timed for `seconds` after its first batch."""
     out = []
     for w in workers:
-        loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=w,
+        loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=w, collate_fn=collate_fn,
                             persistent_workers=False, drop_last=True)
         it = iter(loader)
         try:
             next(it)  # worker start-up is not throughput
             count, t0 = 0, time.perf_counter()
-            for batch in itertools.islice(it, 10_000):
-                count += len(batch[0])
+            for _batch in itertools.islice(it, 10_000):
+                count += batch_size  # drop_last: every batch is full, whatever its structure (tuple, dict, ..)
                 if time.perf_counter() - t0 >= seconds:
                     break
             elapsed = time.perf_counter() - t0
@@ -126,12 +128,17 @@ def worker_counts(max_workers: int) -> list[int]:
     return [*out, max_workers] if max_workers >= 1 else []
 
 
-def profile_loader(dataset: Any, opts: LoaderOptions) -> tuple[LoaderProfile, dict[str, Any]]:
-    """The rank's LoaderProfile plus facts for its meta (cpu seconds per sample, samples timed)."""
-    cost = measure_sample_cost(dataset, opts)
+def profile_loader(dataset: Any, opts: LoaderOptions,
+                   collate_fn: Callable[[list[Any]], Any] | None = None) -> tuple[LoaderProfile, dict[str, Any]]:
+    """The rank's LoaderProfile plus facts for its meta (cpu seconds per sample, samples timed).
+
+    ``collate_fn``: the user's DataLoader's (default: torch's ``default_collate``), so any batch structure works.
+    """
+    cost = measure_sample_cost(dataset, opts, collate_fn=collate_fn or default_collate)
     scaling: list[LoaderPoint] = []
     k = usable_cores() if opts.max_workers is None else min(opts.max_workers, usable_cores())
     if opts.scaling_s > 0 and k >= 1:
-        scaling = measure_scaling(dataset, worker_counts(k), batch_size=opts.chunk, seconds=opts.scaling_s)
+        scaling = measure_scaling(dataset, worker_counts(k), batch_size=opts.chunk, seconds=opts.scaling_s,
+                                  collate_fn=collate_fn)
     meta = {"loader_cpu_sec_per_sample": cost.cpu_sec_per_sample, "loader_samples_timed": cost.samples_timed}
     return LoaderProfile(sec_per_sample=cost.sec_per_sample, scaling=tuple(scaling)), meta

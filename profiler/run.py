@@ -30,9 +30,9 @@ import torch.distributed as dist
 
 from collectives import all_gather_json
 from planner import __version__
-from planner.profile import CommProfile, HostProfile, ModelInfo, Profile, RankProfile
+from planner.profile import CommProfile, HostProfile, LoaderProfile, ModelInfo, Profile, RankProfile
 from profiler import inventory
-from profiler.compute import StepRunner
+from profiler.compute import StepRunner, TimedSteps
 from profiler.loader import LoaderOptions, profile_loader
 from profiler.memory import find_max_batch, memory_profile
 from profiler.sweep import SweepOptions, SweepPoint, run_sweep
@@ -101,17 +101,59 @@ def profile_this_rank(
     every rank must call it.  ``slowdown`` emulates a slower device (workloads.emulate.Slowdown) exactly as the
     trainer applies it; ``loader_workers_cap`` is recorded and bounds the loader scaling run.
     """
+    sopts = sweep_options(quick, batch_sizes, sweep, min_batch=2 if workload.has_batchnorm else 1)
+    lopts = loader or (LoaderOptions.quick() if quick else LoaderOptions())
+    if loader_workers_cap is not None:
+        lopts = dataclasses.replace(lopts, max_workers=max(1, loader_workers_cap))
+
+    def measure_loader_fn() -> tuple[LoaderProfile, dict[str, Any]]:
+        _say(progress, f"rank {rank}: dataloader cost per sample" + (f" (up to {lopts.max_workers} workers)"
+                                                                      if lopts.max_workers else ""))
+        lp, meta = profile_loader(workload.dataset, lopts)
+        if loader_workers_cap is not None:
+            lp = dataclasses.replace(lp, max_workers=max(1, loader_workers_cap))
+        return lp, meta
+
+    return measure_rank(
+        lambda dev: StepRunner(workload, dev, amp=amp, channels_last=channels_last, slowdown=slowdown), device,
+        sweep=sopts, rank=rank, measure_loader=measure_loader_fn if measure_loader else None, on_point=on_point,
+        meta={"emulate_loader_workers": loader_workers_cap}, progress=progress)
+
+
+def sweep_options(quick: bool, batch_sizes: Sequence[int] | None, sweep: SweepOptions | None, *,
+                  min_batch: int = 1) -> SweepOptions:
+    """The sweep `planner profile` runs: quick or full, explicit batches, min batch 2 for BatchNorm models."""
+    sopts = sweep or (SweepOptions.quick() if quick else SweepOptions())
+    if batch_sizes is not None:
+        sopts = _with_batches(sopts, batch_sizes)
+    if sopts.min_batch < min_batch:
+        sopts = _with_batches(sopts, sopts.batch_sizes, min_batch=min_batch)
+    return sopts
+
+
+def measure_rank(
+    make_runner: Callable[[torch.device], TimedSteps],
+    device: torch.device | str,
+    *,
+    sweep: SweepOptions,
+    rank: int | None = None,
+    measure_loader: Callable[[], tuple[LoaderProfile, dict[str, Any]]] | None = None,
+    on_point: Callable[[SweepPoint], None] | None = None,
+    meta: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> RankProfile:
+    """Sweep ``make_runner(device)``'s training step, find its memory cap, measure the loader: one RankProfile.
+
+    The one measuring path of `planner profile` (a workload's step) and profiler.api (a user's own step).
+    Collective under torch.distributed: the loader is measured one local rank at a time.
+    """
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     if rank is None:
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    sopts = sweep or (SweepOptions.quick() if quick else SweepOptions())
-    if batch_sizes is not None:
-        sopts = _with_batches(sopts, batch_sizes)
-    if workload.has_batchnorm and sopts.min_batch < 2:
-        sopts = _with_batches(sopts, sopts.batch_sizes, min_batch=2)
     layout = host_layout()
+
     who = f"rank {rank} ({dev})"
 
     def point_done(p: SweepPoint) -> None:
@@ -121,44 +163,33 @@ def profile_this_rank(
             on_point(p)
 
     t0 = time.perf_counter()
-    _say(progress, f"{who}: compute sweep (budget {sopts.total_budget_s:g} s)")
-    runner = StepRunner(workload, dev, amp=amp, channels_last=channels_last, slowdown=slowdown)
+    _say(progress, f"{who}: compute sweep (budget {sweep.total_budget_s:g} s)")
+    runner = make_runner(dev)
     try:
-        result = run_sweep(runner.measure, sopts, clock=time.perf_counter, on_point=point_done)
+        result = run_sweep(runner.measure, sweep, clock=time.perf_counter, on_point=point_done)
         if not result.points:
             raise RuntimeError(f"rank {rank}: no batch size ran on {dev} (smallest tried: {result.oom_batch})")
         if dev.type == "cuda":
             _say(progress, f"{who}: searching the largest batch that fits")
         max_batch = find_max_batch(result, runner.fits) if dev.type == "cuda" else None
-        num_params, grad_bytes = runner.num_params, runner.grad_bytes
-        channels = runner.channels_last
+        num_params, grad_bytes, step_meta = runner.num_params, runner.grad_bytes, runner.meta()
     finally:
         runner.close()
     compute_s = time.perf_counter() - t0
 
     loader_meta: dict[str, Any] = {}
     loader_profile = None
-    if measure_loader:
-        lopts = loader or (LoaderOptions.quick() if quick else LoaderOptions())
-        if loader_workers_cap is not None:
-            lopts = LoaderOptions(num_samples=lopts.num_samples, chunk=lopts.chunk, budget_s=lopts.budget_s,
-                                  scaling_s=lopts.scaling_s, max_workers=max(1, loader_workers_cap))
-        _say(progress, f"{who}: dataloader cost per sample" + (f" (up to {lopts.max_workers} workers)"
-                                                                if lopts.max_workers else ""))
-        loader_profile, loader_meta = in_turn(lambda: profile_loader(workload.dataset, lopts), layout)
-        if loader_workers_cap is not None:
-            loader_profile = dataclasses.replace(loader_profile, max_workers=max(1, loader_workers_cap))
+    if measure_loader is not None:
+        loader_profile, loader_meta = in_turn(measure_loader, layout)
 
     name, facts = inventory.device_facts(dev)
-    meta: dict[str, Any] = {
+    info: dict[str, Any] = {
         **facts,
         **loader_meta,
         "num_params": num_params,
         "grad_bytes": grad_bytes,
-        "amp": "bf16" if amp else None,
-        "channels_last": channels,
-        "emulate_slowdown": slowdown if slowdown != 1.0 else None,
-        "emulate_loader_workers": loader_workers_cap,
+        **step_meta,
+        **(meta or {}),
         "sweep_stop": result.stop_reason,
         "sweep_oom_batch": result.oom_batch,
         "sweep_spread_max": round(max(p.spread for p in result.points), 4),
@@ -168,6 +199,7 @@ def profile_this_rank(
         "fit_max_rel_residual": round(result.fit_residual() or 0.0, 4),
         "compute_profile_s": round(compute_s, 3),
         "ranks_on_host": layout[1],
+        "hostname": inventory.machine_name(),
     }
     return RankProfile(
         rank=rank,
@@ -177,7 +209,7 @@ def profile_this_rank(
         compute=result.compute_points(),
         memory=memory_profile(dev, result, max_batch),
         loader=loader_profile,
-        meta={k: v for k, v in meta.items() if v is not None},
+        meta={k: v for k, v in info.items() if v is not None},
     )
 
 
@@ -187,21 +219,38 @@ def gather_profile(rank_profile: RankProfile, *, workload: Workload, comm_repeat
 
     Without an initialized process group (or with one rank) it returns the single-rank Profile, no comm.
     """
+    m = rank_profile.meta
+
+    def make_runner() -> TimedSteps:
+        # The step as this rank profiled it (profiler.ddp runs it under DDP).
+        return StepRunner(workload, rank_profile.device, amp=m.get("amp") == "bf16",
+                          channels_last=m.get("channels_last"), slowdown=float(m.get("emulate_slowdown") or 1.0))
+
+    return gather_ranks(rank_profile, model_name=workload.name.split("@")[0], make_runner=make_runner,
+                        comm_repeats=comm_repeats, meta={**_workload_info(workload), **(meta or {})},
+                        progress=progress)
+
+
+def gather_ranks(rank_profile: RankProfile, *, model_name: str, make_runner: Callable[[], TimedSteps] | None,
+                 comm_repeats: int = 10, meta: Mapping[str, Any] | None = None,
+                 progress: Progress | None = None) -> Profile | None:
+    """Collective: every rank's RankProfile and host into one Profile on rank 0 (None elsewhere), with the
+    all-reduce and -- when ``make_runner`` rebuilds this rank's step -- the measured DDP overhead."""
     host = inventory.host_profile()
     if not _dist_on():
-        return _assemble([rank_profile], [host], workload, None, meta)
+        return assemble_profile([rank_profile], [host], model_name, None, meta)
     # JSON, not pickle: a peer's profile is data (docs/SECURITY.md).
     gathered = all_gather_json({"rank": rank_profile.to_dict(), "host": host.to_dict()})
-    grad_bytes = int(rank_profile.meta.get("grad_bytes") or inventory.model_info("m", workload.model_fn()).grad_bytes or 0)
+    grad_bytes = int(rank_profile.meta.get("grad_bytes") or 0)
     ranks = [RankProfile.from_dict(g["rank"], path=f"rank {i}'s profile") for i, g in enumerate(gathered)]
     hosts = [HostProfile.from_dict(g["host"], path=f"rank {i}'s host") for i, g in enumerate(gathered)]
-    comm, comm_meta = _measure_comm(grad_bytes, ranks, rank_profile, workload, comm_repeats, progress)
+    comm, comm_meta = _measure_comm(grad_bytes, ranks, make_runner, comm_repeats, progress)
     if dist.get_rank() != 0:
         return None
-    return _assemble(ranks, hosts, workload, comm, {**(meta or {}), **comm_meta})
+    return assemble_profile(ranks, hosts, model_name, comm, {**(meta or {}), **comm_meta})
 
 
-def _measure_comm(grad_bytes: int, ranks: list[RankProfile], mine: RankProfile, workload: Workload,
+def _measure_comm(grad_bytes: int, ranks: list[RankProfile], make_runner: Callable[[], TimedSteps] | None,
                   repeats: int, progress: Progress | None = None) -> tuple[CommProfile, dict[str, Any]]:
     """All-reduce time and the measured DDP overhead (profiler.ddp), on the backend training will use; the
     overhead's rounds go to the profile's meta."""
@@ -219,16 +268,17 @@ def _measure_comm(grad_bytes: int, ranks: list[RankProfile], mine: RankProfile, 
     try:
         _say(progress, f"all-reduce of {grad_bytes / 2**20:.1f} MiB of gradient ({repeats} repeats)")
         comm = measure_allreduce(grad_bytes, repeats=repeats, group=group)
-        b = common_batch(ranks)
-        _say(progress, f"DDP overhead: 3 rounds of DDP steps at batch {b} on every rank")
+        exposed: float | None = None
         rounds: list[float] = []
-        try:
-            rounds = measure_exposed_rounds_s(workload, mine, ranks, group=group)
-            exposed: float | None = float(statistics.median(rounds))
-        except Exception as e:
-            warnings.warn(f"could not time DDP steps ({type(e).__name__}: {e}); the plan will estimate the "
-                          "exposed communication from the all-reduce time instead", stacklevel=2)
-            exposed = None
+        b = common_batch(ranks)
+        if make_runner is not None:
+            _say(progress, f"DDP overhead: 3 rounds of DDP steps at batch {b} on every rank")
+            try:
+                rounds = measure_exposed_rounds_s(make_runner, ranks, group=group)
+                exposed = float(statistics.median(rounds))
+            except Exception as e:
+                warnings.warn(f"could not time DDP steps ({type(e).__name__}: {e}); the plan will estimate the "
+                              "exposed communication from the all-reduce time instead", stacklevel=2)
         # Every rank keeps the measurement only if every rank got one (a failure is usually the same everywhere).
         ok = torch.tensor([0.0 if exposed is None else 1.0],
                           device=torch.device("cuda", torch.cuda.current_device())
@@ -246,34 +296,38 @@ def _measure_comm(grad_bytes: int, ranks: list[RankProfile], mine: RankProfile, 
 def profile_devices(workload: Workload, devices: Sequence[str], *, quick: bool,
                     slowdowns: Mapping[int, float] | None = None, loader_caps: Mapping[int, int] | None = None,
                     meta: Mapping[str, Any] | None = None, **kw: Any) -> Profile:
-    # kw: profile_this_rank's keywords (batch_sizes, amp, sweep, loader, on_point, progress...)
-    """Profile several local devices in turn in this process (one RankProfile each, same host, no comm)."""
+    """Profile several local devices in turn in this process (one RankProfile each, same host, no comm).
+
+    ``kw``: profile_this_rank's keywords (batch_sizes, amp, sweep, loader, on_point, progress...).
+    """
     slowdowns, loader_caps = slowdowns or {}, loader_caps or {}
     ranks = [
         profile_this_rank(workload, d, quick=quick, rank=i, slowdown=slowdowns.get(i, 1.0),
                           loader_workers_cap=loader_caps.get(i), **kw)
         for i, d in enumerate(devices)
     ]
-    return _assemble(ranks, [inventory.host_profile()], workload, None, meta)
+    return assemble_profile(ranks, [inventory.host_profile()], workload.name.split("@")[0], None,
+                     {**_workload_info(workload), **(meta or {})})
 
 
-def _assemble(ranks: Sequence[RankProfile], hosts: Sequence[HostProfile], workload: Workload,
-              comm: CommProfile | None, meta: Mapping[str, Any] | None) -> Profile:
+def _workload_info(workload: Workload) -> dict[str, Any]:
+    return {"workload": workload.name, "sample_shape": list(workload.sample_shape),
+            "num_classes": workload.num_classes, "has_batchnorm": workload.has_batchnorm}
+
+
+def assemble_profile(ranks: Sequence[RankProfile], hosts: Sequence[HostProfile], model_name: str,
+                     comm: CommProfile | None, meta: Mapping[str, Any] | None) -> Profile:
+    """One Profile from ranks and the hosts they reported (a host's widest core count wins)."""
     by_name: dict[str, HostProfile] = {}
     for h in hosts:
         # Ranks of one host may see different affinities; the host has at least the widest one.
         if h.name not in by_name or h.cpu_cores > by_name[h.name].cpu_cores:
             by_name[h.name] = h
     first = ranks[0].meta
-    model = ModelInfo(name=workload.name.split("@")[0], num_params=first.get("num_params"),
-                                grad_bytes=first.get("grad_bytes"))
+    model = ModelInfo(name=model_name, num_params=first.get("num_params"), grad_bytes=first.get("grad_bytes"))
     info = {
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "profiler": f"ddp-planner {__version__}",
-        "workload": workload.name,
-        "sample_shape": list(workload.sample_shape),
-        "num_classes": workload.num_classes,
-        "has_batchnorm": workload.has_batchnorm,
         **inventory.software_facts(),
         **(meta or {}),
     }

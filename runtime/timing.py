@@ -319,3 +319,16 @@ class StepTimer:
             compute_s_mad=mad,
             num_outliers=n - k,
         )
+
+
+def close_compute_on_last_gradient(model: torch.nn.Module, timer: StepTimer) -> None:
+    """Close the timer's compute span when backward accumulates the model's first parameter's gradient.
+
+    The first parameter (the input layer's weight) gets its gradient last in backward, so this marks "local
+    compute done" -- before DDP's final all-reduce wait, like the comm hook's ``on_last_bucket`` -- with one
+    Python call per step and no comm hook. A step where it does not fire (an unused first parameter) falls back to
+    the after-``backward()`` call, which includes the wait for peers.
+    """
+    first = next((p for p in model.parameters() if p.requires_grad), None)
+    if first is not None:
+        first.register_post_accumulate_grad_hook(lambda _p: timer.compute_end())

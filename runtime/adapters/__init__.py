@@ -1,0 +1,19 @@
+"""Framework adapters: a plan applied to Lightning's Trainer or an Accelerate loop in a few lines.
+
+    runtime.adapters.lightning    LightningPlan: a DDPStrategy subclass (planned training DataLoader through
+                                  ``process_dataloader``, exact loss scale in ``backward``) and a Callback
+                                  (epoch shuffle, timing, re-planning and the run log at epoch ends)
+    runtime.adapters.accelerate   planned_dataloader: accelerate's own DataLoaderShard over the planned sampler,
+                                  left alone by ``accelerator.prepare``; ``loader.loss_scale()`` for
+                                  ``accelerator.backward``; timing, re-planning and the run log at each epoch end
+    runtime.adapters.run          PlannedRun: the framework-free part both share
+
+The frameworks are optional and imported only when an adapter is used; a missing one is one ValidationError line
+naming ``pip install ddp-planner[lightning]`` / ``[accelerate]``.  docs/FRAMEWORKS.md shows the 5-line changes.
+"""
+
+from __future__ import annotations
+
+from runtime.adapters.run import PlannedRun
+
+__all__ = ["PlannedRun"]

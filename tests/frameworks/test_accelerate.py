@@ -1,0 +1,88 @@
+"""Accelerate's own loop (prepare, accumulate, backward) with planned_dataloader on 2 gloo ranks, one launch.
+
+* exactness: a [7, 3] plan, float64, 3 optimizer steps == one process on the same 10 samples per step (1e-9),
+  and with gradient_accumulation_steps=2 (windows of 20 and 10 samples, 2 optimizer steps);
+* ``accelerator.prepare`` returns the planned loader unchanged (it would otherwise re-shard its batches);
+* accelerate's plain averaging over the same [7, 3] batches is not exact;
+* re-planning: rank 1 emulated 3x slower moves the split between epochs, visible in the run log;
+* before training, profiler.api.profile_job gave both ranks the same gathered Profile of the user's dict-batch
+  step, with the all-reduce and the measured DDP overhead.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from planner.errors import ValidationError
+from planner.runlog import read_run_log
+from tests.frameworks._common import DictData, max_diff, reference_params, torchrun, write_plan
+
+pytest.importorskip("accelerate")
+SCENARIOS = Path(__file__).with_name("_accelerate_scenarios.py")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("accelerate")
+    plan73 = write_plan(out / "plan73.json", [7, 3])
+    plan88 = write_plan(out / "plan88.json", [8, 8])
+    rc, _, err = torchrun(SCENARIOS, [str(out), str(plan73), str(plan88)], timeout_s=240)
+    assert rc == 0, err[-4000:]
+    return out
+
+
+def _load(out: Path, name: str) -> dict:
+    return torch.load(out / f"{name}.pt", weights_only=True)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("name", "windows"), [("exact", [10, 10, 10]), ("accumulate", [20, 10])])
+def test_planned_uneven_batches_equal_one_process(runs: Path, name: str, windows: list[int]) -> None:
+    res = _load(runs, name)
+    assert res["seen"] == [7, 7, 7] and res["steps"] == len(windows)
+    assert res["prepare_kept_loader"]  # accelerator.prepare left the planned loader as it is
+    assert max_diff(res["params"], reference_params(30, windows)) < 1e-9
+
+
+@pytest.mark.distributed
+def test_plain_averaging_of_uneven_batches_is_not_exact(runs: Path) -> None:
+    assert max_diff(_load(runs, "plain")["params"], reference_params(30, [10, 10, 10])) > 1e-3
+
+
+@pytest.mark.distributed
+def test_a_slow_rank_is_replanned_between_epochs(runs: Path) -> None:
+    log = read_run_log(runs / "run.jsonl")
+    assert log.ended and [r.epoch for r in log.replans] == [0, 1]
+    adopted = [r for r in log.replans if r.adopted]
+    assert adopted and adopted[0].new_batch_sizes[0] > adopted[0].new_batch_sizes[1], log.replans[0].reason
+    assert log.epochs[0].batch_sizes == (8, 8) and log.epochs[-1].batch_sizes[0] > 8
+    seen = _load(runs, "replan")["seen"]
+    assert seen[:12] == [8] * 12 and seen[-1] == log.epochs[-1].batch_sizes[0]
+
+
+@pytest.mark.distributed
+def test_every_rank_got_the_same_gathered_profile(runs: Path) -> None:
+    res = _load(runs, "profile")
+    assert res["fingerprints"][0] == res["fingerprints"][1] and res["ranks"] == [0, 1]
+    assert res["allreduce_s"] is not None and res["exposed_s"] is not None
+
+
+def test_batching_arguments_are_refused_and_a_missing_accelerate_is_one_line(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.adapters import accelerate as adapter
+
+    plan = write_plan(tmp_path / "plan.json", [4])
+    with pytest.raises(ValidationError, match="batch_size come from the plan"):
+        adapter.planned_dataloader(object(), plan, DictData(8), batch_size=4)
+    adapter._loader_class.cache_clear()
+    monkeypatch.setitem(sys.modules, "accelerate.data_loader", None)  # import fails as if not installed
+    try:
+        with pytest.raises(ValidationError, match=r"pip install ddp-planner\[accelerate\]") as e:
+            adapter.planned_dataloader(object(), plan, DictData(8))
+        assert "\n" not in str(e.value)
+    finally:
+        adapter._loader_class.cache_clear()

@@ -1,0 +1,91 @@
+"""Lightning's own Trainer.fit with LightningPlan on 2 gloo ranks (one torchrun launch, four fits).
+
+* exactness: a [7, 3] plan, float64, 3 optimizer steps == one process on the same 10 samples per step (1e-9);
+* the framework's own averaging is exact only for equal batches: Lightning's default ([5, 5] through its
+  DistributedSampler, which covers the same 10 samples per step) matches too, while the same [7, 3] batches
+  with Lightning's plain averaging do not;
+* re-planning: rank 1 emulated 3x slower (workloads.emulate.Slowdown) moves the split between epochs, visible in
+  the run log, and the next epochs train with the new batches.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from planner.runlog import read_run_log
+from tests.frameworks._common import max_diff, reference_params, torchrun, write_plan
+
+pytest.importorskip("lightning")
+SCENARIOS = Path(__file__).with_name("_lightning_scenarios.py")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("lightning")
+    plan73 = write_plan(out / "plan73.json", [7, 3])
+    plan88 = write_plan(out / "plan88.json", [8, 8])
+    rc, _, err = torchrun(SCENARIOS, [str(out), str(plan73), str(plan88)], timeout_s=240)
+    assert rc == 0, err[-4000:]
+    return out
+
+
+def _load(out: Path, name: str) -> dict:
+    return torch.load(out / f"{name}.pt", weights_only=True)
+
+
+@pytest.mark.distributed
+def test_planned_uneven_batches_equal_one_process(runs: Path) -> None:
+    exact = _load(runs, "exact")
+    assert exact["seen"] == [7, 7, 7]  # rank 0's planned batch, 3 optimizer steps of the framework's loop
+    assert max_diff(exact["params"], reference_params(30, [10, 10, 10])) < 1e-9
+
+
+@pytest.mark.distributed
+def test_framework_averaging_is_exact_only_for_equal_batches(runs: Path) -> None:
+    reference = reference_params(30, [10, 10, 10])
+    stock, plain = _load(runs, "stock"), _load(runs, "plain")
+    assert stock["seen"] == [5, 5, 5] and max_diff(stock["params"], reference) < 1e-9
+    assert plain["seen"] == [7, 7, 7] and max_diff(plain["params"], reference) > 1e-3
+
+
+@pytest.mark.distributed
+def test_a_slow_rank_is_replanned_between_epochs(runs: Path) -> None:
+    log = read_run_log(runs / "run.jsonl")
+    replans = log.replans
+    assert [r.epoch for r in replans] == [0, 1]  # no decision after the last epoch
+    first = next(r for r in replans if r.adopted)
+    assert first.old_batch_sizes == (8, 8) and first.new_batch_sizes[0] > first.new_batch_sizes[1], first.reason
+    epochs = log.epochs
+    assert log.ended
+    assert len(epochs) == 3 and epochs[0].batch_sizes == (8, 8) and epochs[-1].batch_sizes[0] > 8
+    # the ranks really trained with the adopted batches (sum 16 every step, rank 0 larger after the re-plan)
+    seen0, seen1 = _load(runs, "replan")["seen"], torch.load(runs / "replan_rank1.pt", weights_only=True)["seen"]
+    assert all(a + b == 16 for a, b in zip(seen0, seen1, strict=True))
+    assert seen0[:12] == [8] * 12 and seen0[-1] == epochs[-1].batch_sizes[0]
+
+
+def test_either_lightning_import_path_and_a_missing_one_is_one_line(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from planner.errors import ValidationError
+    from runtime.adapters.lightning import LightningPlan, lightning_package
+
+    plan = write_plan(tmp_path / "plan.json", [4, 4])
+    pl = pytest.importorskip("pytorch_lightning")  # the standalone distribution: the Trainer checks its own classes
+    planned = LightningPlan(plan, package="pytorch_lightning")
+    assert isinstance(planned.strategy, pl.strategies.DDPStrategy) and isinstance(planned.callback, pl.Callback)
+    import lightning
+
+    planned = LightningPlan(plan)  # both imported: lightning.pytorch, the unified package, comes first
+    assert isinstance(planned.strategy, lightning.pytorch.strategies.DDPStrategy)
+    with pytest.raises(ValidationError, match="package must be one of"):
+        lightning_package("lightning.fabric")
+    for name in ("lightning.pytorch", "pytorch_lightning"):
+        monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
+    with pytest.raises(ValidationError, match=r"pip install ddp-planner\[lightning\]") as e:
+        LightningPlan(plan)
+    assert "\n" not in str(e.value)
