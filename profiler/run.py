@@ -107,8 +107,6 @@ def profile_this_rank(
         lopts = dataclasses.replace(lopts, max_workers=max(1, loader_workers_cap))
 
     def measure_loader_fn() -> tuple[LoaderProfile, dict[str, Any]]:
-        _say(progress, f"rank {rank}: dataloader cost per sample" + (f" (up to {lopts.max_workers} workers)"
-                                                                      if lopts.max_workers else ""))
         lp, meta = profile_loader(workload.dataset, lopts)
         if loader_workers_cap is not None:
             lp = dataclasses.replace(lp, max_workers=max(1, loader_workers_cap))
@@ -180,6 +178,7 @@ def measure_rank(
     loader_meta: dict[str, Any] = {}
     loader_profile = None
     if measure_loader is not None:
+        _say(progress, f"{who}: dataloader cost per sample")
         loader_profile, loader_meta = in_turn(measure_loader, layout)
 
     name, facts = inventory.device_facts(dev)
