@@ -30,6 +30,7 @@ from planner import __version__
 from planner.profile import CommProfile, HostProfile, ModelInfo, Profile, RankProfile
 from profiler import inventory
 from profiler.compute import StepRunner
+from profiler.devstate import DeviceStateSampler
 from profiler.loader import LoaderOptions, profile_loader
 from profiler.memory import find_max_batch, memory_profile
 from profiler.sweep import SweepOptions, SweepPoint, run_sweep
@@ -104,14 +105,18 @@ def profile_this_rank(
 
     t0 = time.perf_counter()
     runner = StepRunner(workload, dev, amp=amp, channels_last=channels_last, slowdown=slowdown)
+    # The device's state while it is measured (#17): a GPU sample after each point, host deltas over the sweep.
+    states = DeviceStateSampler(dev)
     try:
-        result = run_sweep(runner.measure, sopts, clock=time.perf_counter, on_point=on_point)
+        result = run_sweep(runner.measure, sopts, clock=time.perf_counter, on_point=states.chain(on_point))
+        device_state = states.collect()
         if not result.points:
             raise RuntimeError(f"rank {rank}: no batch size ran on {dev} (smallest tried: {result.oom_batch})")
         max_batch = find_max_batch(result, runner.fits) if dev.type == "cuda" else None
         num_params, grad_bytes = runner.num_params, runner.grad_bytes
         channels = runner.channels_last
     finally:
+        states.close()
         runner.close()
     compute_s = time.perf_counter() - t0
 
@@ -152,6 +157,7 @@ def profile_this_rank(
         memory=memory_profile(dev, result, max_batch),
         loader=loader_profile,
         meta={k: v for k, v in meta.items() if v is not None},
+        device_state=None if device_state.is_empty else device_state,
     )
 
 

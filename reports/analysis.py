@@ -8,7 +8,7 @@ equal split vs plan vs ideal, the sweeps and what-ifs (reports.whatif), the run 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from planner.curves import fit_envelope, fit_memory
@@ -25,6 +25,7 @@ from planner.solve import (
     solve,
     worker_budgets,
 )
+from reports.causes import Causes, find_causes
 from reports.whatif import (
     ScalePoint,
     SweepPoint,
@@ -129,6 +130,8 @@ class Report:
     scaling: tuple[ScalePoint, ...]
     findings: Findings
     log: RunLog | None = None
+    causes: Causes | None = None
+    """Why slow ranks are slow (reports.causes); its lines also lead the findings."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -199,6 +202,9 @@ def analyze(
     )
     scale = scaling(profile, B, opts)
     findings = make_findings(profile, plan, rows, thr, points, what_ifs, opts)
+    causes = find_causes(profile, global_batch=B, base_samples_per_s=ref, opts=opts, log=log)
+    # Right after "step time is set by ...": who is slow, then why.
+    findings = replace(findings, lines=findings.lines[:1] + causes.lines + findings.lines[1:])
     return Report(
         world_size=profile.world_size,
         model_name=profile.model.name if profile.model else None,
@@ -212,6 +218,7 @@ def analyze(
         scaling=scale,
         findings=findings,
         log=log,
+        causes=causes,
     )
 
 

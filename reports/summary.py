@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from planner.table import table
 from reports.analysis import Report
+from reports.causes import state_table
 
 
 def format_summary(rep: Report) -> str:
@@ -22,6 +23,9 @@ def format_summary(rep: Report) -> str:
          ("plan", f"{thr.plan_samples_per_s:.1f}", f"{thr.plan_samples_per_s / eq:.2f}x" if eq > 0 else "-"),
          ("ideal", f"{thr.ideal_samples_per_s:.1f}", f"{thr.ideal_samples_per_s / eq:.2f}x" if eq > 0 else "-")],
     ))
+    headers, states = state_table(rep.causes.states) if rep.causes is not None else ([], [])
+    if states:
+        out.append("Device and host state while profiled (evidence for the findings above):\n" + table(headers, states))
     if rep.what_ifs:
         out.append(table(
             ["what-if", "samples/s", "change"],
