@@ -137,12 +137,12 @@ class DeviceStateSampler:
         self._start_window()
 
     def _start_window(self, cores: list[tuple[float, float]] | None = None,
-                      procs: dict[int, hoststate.ProcSample] | None = None) -> None:
-        """A new window; ``cores``/``procs``: the snapshots the last window ended with (saves a pass over /proc)."""
+                      procs: dict[int, hoststate.ProcSample] | None = None, job: set[int] | None = None) -> None:
+        """A new window; ``cores``/``procs``/``job``: what the last window ended with (saves passes over /proc)."""
         self._samples = []
         self._t0, self._wall0 = self._clock(), time.time()
         self._cores0 = cores if cores is not None else hoststate.per_core_times()
-        self._job = hoststate.job_pids() if self._track else set()
+        self._job = job if job is not None else hoststate.job_pids() if self._track else set()
         self._procs0 = procs if procs is not None or not self._track else hoststate.process_table(self._job)
 
     def sample(self) -> None:
@@ -164,10 +164,13 @@ class DeviceStateSampler:
             self.sample()  # at least one reading, even when nothing called sample()
         window_s = max(0.0, self._clock() - self._t0)
         cores = hoststate.per_core_times()
-        procs = hoststate.process_table(self._job | hoststate.job_pids()) if self._track else None
+        # This job's processes as of now too: loader workers and peers started during the window are not "other"
+        # (the next window starts from today's set, so a dead worker's pid reused by a stranger is not hidden).
+        job = hoststate.job_pids() if self._track else set()
+        procs = hoststate.process_table(self._job | job) if self._track else None
         state = DeviceState(window_s=round(window_s, 3), **self._gpu_fields(),
                             **self._host_fields(window_s, cores, procs))
-        self._start_window(cores, procs)
+        self._start_window(cores, procs, job)
         return state
 
     def close(self) -> None:

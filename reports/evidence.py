@@ -20,7 +20,9 @@ HOT_C = 85.0
 """Hopper and Ampere data-centre cards start thermal slowdown in the high 80s."""
 HOTTER_C = 15.0
 CPU_OTHER_MIN_CORES = 0.2
-"""Other processes using at least a fifth of a core on a rank's cores count as load."""
+CPU_OTHER_MIN_FRAC = 0.15
+"""Other processes count as load on a rank's cores from 0.2 cores or 15% of its cores, whichever is more: a
+one-core hog beside a rank on 64 unpinned cores is no cause, the same hog on its one core halves it."""
 LOW_MEMORY_FRAC = 0.05
 
 
@@ -132,9 +134,10 @@ def compare(s: DeviceState, ref: DeviceState | None, *, ref_name: str, is_cpu: b
         ref_far = r.gpu_numa_node is not None and bool(r.numa_nodes) and r.gpu_numa_node not in (r.numa_nodes or ())
         add("numa", f"its GPU is on NUMA node {s.gpu_numa_node}, the process on node(s) "
                     f"{cores_text(s.numa_nodes)}", not ref_far)
-    if s.cpu_other_cores is not None and s.cpu_other_cores >= CPU_OTHER_MIN_CORES:
+    load_min = max(CPU_OTHER_MIN_CORES, CPU_OTHER_MIN_FRAC * len(s.cpu_affinity or ()))
+    if s.cpu_other_cores is not None and s.cpu_other_cores >= load_min:
         add("cpu-load", _cpu_procs(s),
-            r.cpu_other_cores is None or s.cpu_other_cores >= (r.cpu_other_cores or 0) + CPU_OTHER_MIN_CORES)
+            r.cpu_other_cores is None or s.cpu_other_cores >= (r.cpu_other_cores or 0) + load_min)
     if is_cpu and shared_cores:
         listed = ", ".join(f"rank {q} (cores {cores_text(c)})" for q, c in shared_cores)
         add("cpu-overlap", f"its cores overlap those of {listed}", len(shared_cores) > ref_shared)
