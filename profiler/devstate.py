@@ -11,7 +11,9 @@ after each sweep point, or once at an epoch end -- never per training step.  ``c
 
 Which GPU processes are "other": NVML lists every compute process on the card, this rank included.  Its own pid
 is dropped; inside a container NVML's pids are the host's, so when ours is not among them and this rank holds a
-CUDA context, the entry whose memory best matches ours is dropped instead (``own_pid_by_memory``).
+CUDA context, each sample votes for the entry whose memory is closest to what this rank's allocator holds at that
+moment, and the most-voted pid is dropped instead (``own_pid_by_memory``).  Voting per sample matters: after an
+out-of-memory probe the allocator is emptied, and one late comparison would pick a co-tenant.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class GpuSample:
     """One instantaneous reading (None: NVML did not answer that question)."""
 
     processes: tuple[tuple[int, int | None], ...] | None = None
+    own_bytes: int | None = None
+    """What this rank's allocator held on the card at this moment (None: no CUDA context)."""
     sm_clock_mhz: int | None = None
     mem_clock_mhz: int | None = None
     throttle_mask: int | None = None
@@ -50,28 +54,39 @@ def _ask(fn: Callable[[], T]) -> T | None:
         return None
 
 
-def read_sample(dev: NvmlDevice) -> GpuSample:
+def read_sample(dev: NvmlDevice, own_bytes: Callable[[], int | None] = lambda: None) -> GpuSample:
     procs = _ask(dev.compute_processes)
-    return GpuSample(processes=None if procs is None else tuple(procs), sm_clock_mhz=_ask(lambda: dev.clock_mhz("sm")),
+    return GpuSample(processes=None if procs is None else tuple(procs), own_bytes=_ask(own_bytes),
+                     sm_clock_mhz=_ask(lambda: dev.clock_mhz("sm")),
                      mem_clock_mhz=_ask(lambda: dev.clock_mhz("mem")), throttle_mask=_ask(dev.throttle_mask),
                      power_w=_ask(dev.power_w), temperature_c=_ask(dev.temperature_c))
 
 
-def other_gpu_processes(seen: dict[int, int | None], *, own_pid: int, own_bytes: int | None,
+def own_pid_by_memory(samples: Sequence[GpuSample]) -> int | None:
+    """The listed pid that is this rank, by vote: in each sample with a CUDA context, the entry whose memory is
+    closest to what the allocator held then (NVML adds the context's few hundred MiB to every process alike)."""
+    votes: dict[int, int] = {}
+    for s in samples:
+        if s.processes and s.own_bytes is not None:
+            own = s.own_bytes
+            pid = min(s.processes, key=lambda p: abs((p[1] or 0) - own))[0]
+            votes[pid] = votes.get(pid, 0) + 1
+    return max(votes, key=lambda pid: votes[pid]) if votes else None
+
+
+def other_gpu_processes(seen: dict[int, int | None], *, own_pid: int, own_guess: int | None,
                         job: set[int], names: Callable[[int], str | None]) -> tuple[tuple[GpuProcess, ...], bool]:
     """(the processes that are not this rank, whether ours was told apart by memory) -- see the module docstring.
 
-    ``seen`` maps pid -> most bytes seen; ``own_bytes`` is what this rank holds on the card (None: no CUDA context,
-    so every listed process is another); ``job`` are this job's pids, named as peers when one shows up here.
+    ``seen`` maps pid -> most bytes seen; ``own_guess`` is own_pid_by_memory's vote (None: no CUDA context, so
+    every listed process is another); ``job`` are this job's pids, named as peers when one shows up here.
     """
     procs = dict(seen)
     by_memory = False
     if own_pid in procs:
         del procs[own_pid]
-    elif procs and own_bytes is not None:
-        # Another PID namespace: drop the entry closest to our own footprint (context + allocator reserve).
-        ours = min(procs, key=lambda pid: abs((procs[pid] or 0) - own_bytes))
-        del procs[ours]
+    elif own_guess is not None and own_guess in procs:
+        del procs[own_guess]  # another PID namespace (a container): NVML's pids are the host's
         by_memory = True
     out = []
     for pid in sorted(procs):
@@ -148,7 +163,7 @@ class DeviceStateSampler:
     def sample(self) -> None:
         """One GPU reading into this window (nothing without NVML)."""
         if self._nvml is not None:
-            self._samples.append(read_sample(self._nvml))
+            self._samples.append(read_sample(self._nvml, self._own_bytes))
 
     def chain(self, then: Callable[[T], None] | None = None) -> Callable[[T], None]:
         """An on_point hook that samples, then calls ``then`` (the sweep's own progress hook)."""
@@ -191,9 +206,8 @@ class DeviceStateSampler:
                 for pid, used in procs:
                     prev = seen.get(pid)
                     seen[pid] = used if prev is None else max(prev, used or 0)
-            own_bytes = _ask(self._own_bytes)
             out["other_processes"], by_memory = other_gpu_processes(
-                seen, own_pid=os.getpid(), own_bytes=own_bytes, job=self._job, names=_process_name)
+                seen, own_pid=os.getpid(), own_guess=own_pid_by_memory(samples), job=self._job, names=_process_name)
             out["own_pid_by_memory"] = by_memory or None
         out["sm_clock_mhz"] = _median_int([s.sm_clock_mhz for s in samples])
         out["mem_clock_mhz"] = _median_int([s.mem_clock_mhz for s in samples])

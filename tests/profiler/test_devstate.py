@@ -17,7 +17,7 @@ from planner.profile import Profile
 from planner.runlog import EpochRecord, RunLogWriter, read_run_log
 from planner.stats import StepStats
 from profiler import nvml
-from profiler.devstate import DeviceStateSampler, other_gpu_processes
+from profiler.devstate import DeviceStateSampler, GpuSample, other_gpu_processes, own_pid_by_memory
 from tests.planner._profiles import linear_profile
 from tests.profiler.fakes import FakeNvml, unsupported_everywhere
 
@@ -62,8 +62,18 @@ def test_in_a_container_our_entry_is_told_apart_by_its_memory() -> None:
     assert len(_sampler(FakeNvml(processes=[[(91001, GIB)]]), own_bytes=None).collect().other_processes or ()) == 1
 
 
+def test_the_own_process_vote_survives_an_emptied_allocator() -> None:
+    # Three samples while this rank held ~30 GiB, then one after an out-of-memory probe emptied its cache: that
+    # last comparison alone would pick the 4.5 GiB co-tenant as ours.
+    ours, tenant = 91001, 91002
+    samples = [GpuSample(processes=((ours, 31 * GIB), (tenant, int(4.5 * GIB))), own_bytes=30 * GIB)] * 3 + \
+        [GpuSample(processes=((ours, 31 * GIB), (tenant, int(4.5 * GIB))), own_bytes=0)]
+    assert own_pid_by_memory(samples) == ours
+    assert own_pid_by_memory([GpuSample(processes=((ours, GIB),), own_bytes=None)]) is None  # no context: no vote
+
+
 def test_peer_ranks_on_the_gpu_are_named_as_such() -> None:
-    procs, by_memory = other_gpu_processes({ME: GIB, 77: GIB, 78: None}, own_pid=ME, own_bytes=GIB, job={ME, 77},
+    procs, by_memory = other_gpu_processes({ME: GIB, 77: GIB, 78: None}, own_pid=ME, own_guess=None, job={ME, 77},
                                            names=lambda pid: "python")
     assert not by_memory
     assert procs == (GpuProcess(pid=77, used_bytes=GIB, name="python (a peer rank of this job)"),
