@@ -65,6 +65,10 @@ def test_a_cpu_hog_on_one_ranks_core_is_the_reports_cause(tmp_path: Path, capsys
     assert main(["report", "--profile", str(out), "--global-batch", "64", "--out", str(html)]) == 0
     findings = capsys.readouterr().out.split("\n\n")[0]
     line = next((x for x in findings.splitlines() if x.startswith("  - Rank 1 ")), "")
+    if not line and (after := free_share(cores[0])) < 0.6:
+        # Work that arrived during the run took rank 0's core as well (see the premise above).
+        pytest.skip(f"host saturated by other work during the run: a busy loop now gets {after:.0%} of core "
+                    f"{cores[0]}")
     assert "below its twin rank 0" in line, findings
     assert "other processes used" in line and any(f"pid {h} " in line for h in hogs), findings
     assert "rank 1 without the other CPU load" in line
