@@ -15,7 +15,7 @@ def test_every_epoch_record_carries_the_ranks_state(tmp_path: Path, capsys: pyte
     log, prof = tmp_path / "run.jsonl", tmp_path / "p.json"
     assert main(["train", "--auto", "--quick", "--device", "cpu", "--model", "mlp", "--global-batch", "32",
                  "--num-samples", "256", "--epochs", "2", "--data-on-device", "--log-file", str(log),
-                 "--profile-out", str(prof)]) == 0
+                 "--profile-out", str(prof), "--plan-out", str(tmp_path / "plan.json")]) == 0
     run = read_run_log(log)
     assert [e.epoch for e in run.epochs] == [0, 1]
     for e in run.epochs:
