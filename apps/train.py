@@ -40,11 +40,13 @@ from apps.divergence import DivergenceWatch, divergence_error
 from apps.preflight import check_weights_fit, run_meta
 from apps.progress import Progress, no_progress
 from collectives import all_gather_json, decide_on_rank0
+from planner.devstate import DeviceState
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.runlog import EndRecord, EpochRecord, ResizeRecord, RunLogWriter, StartRecord
 from profiler.compute import use_channels_last
+from profiler.devstate import DeviceStateSampler
 from runtime.replan import Replanner
 from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler
@@ -132,6 +134,8 @@ class EpochResult:
     loss: float
     batch_sizes: tuple[int, ...]
     stats: list[dict[str, Any]] = field(default_factory=list)
+    device_states: list[dict[str, Any] | None] = field(default_factory=list)
+    """Every rank's DeviceState at this epoch's end (JSON form), for the run log."""
     predicted_step_time_s: float = 0.0
     replan: dict[str, Any] | None = None
     diverged_step: int | None = None
@@ -162,6 +166,8 @@ class Run:
     log: RunLogWriter
     loader: Any = None
     trace: IO[str] | None = None
+    device_state: DeviceStateSampler | None = None
+    """Samples this rank's device and host once per epoch end (#17), never per step."""
     start_epoch: int = 0
     start_step: int = 0
     start_plan: Plan | None = None
@@ -424,8 +430,9 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
                                     num_workers=run.plan.ranks[env.rank].num_workers)
     first_bad = watch.at_epoch_end(run.model, first_step, step)
     loss_value = float(loss_sum.item())
+    state = run.device_state.collect().to_dict() if run.device_state is not None else None
     gathered = all_gather_json([stats.to_dict(), loss_value if math.isfinite(loss_value) else None, n_sum,
-                                first_bad, run.last_saved])
+                                first_bad, run.last_saved, state])
     all_stats = [g[0] for g in gathered]
     saved = gathered[0][4]  # rank 0 saves: its record is the one every rank names if the loss diverged
     run.last_saved = None if saved is None else (int(saved[0]), int(saved[1]))
@@ -438,7 +445,8 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
     sps = B / step_s if step_s and math.isfinite(step_s) and step_s > 0 else 0.0
     return EpochResult(epoch=epoch, samples_per_s=sps, step_time_s=step_s if math.isfinite(step_s) else 0.0,
                        loss=loss_total / max(n_total, 1), batch_sizes=tuple(batch_sizes), stats=all_stats,
-                       predicted_step_time_s=run.plan.predicted.step_time_s, diverged_step=min(bad) if bad else None)
+                       device_states=[g[5] for g in gathered], predicted_step_time_s=run.plan.predicted.step_time_s,
+                       diverged_step=min(bad) if bad else None)
 
 
 def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
@@ -471,7 +479,9 @@ def _log_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
                               samples_per_s=res.samples_per_s, step_time_s=res.step_time_s, loss=res.loss,
                               batch_sizes=res.batch_sizes,
                               ranks=tuple(planner.StepStats.from_dict(s) for s in res.stats),
-                              predicted_step_time_s=tuple(r.predicted_step_time_s for r in epoch_plan.ranks)))
+                              predicted_step_time_s=tuple(r.predicted_step_time_s for r in epoch_plan.ranks),
+                              device_state=tuple(None if d is None else DeviceState.from_dict(d, strict=False)
+                                                 for d in res.device_states)))
 
 
 def stop_diverged(run: Run, res: EpochResult, epoch_plan: Plan, epochs_done: int) -> ValidationError:
@@ -515,6 +525,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     run.trace = open(cfg.trace_path, "a", encoding="utf-8") if cfg.trace_path else None
     early, late = Slowdown(cfg.slowdown), Slowdown(cfg.slowdown_late or cfg.slowdown)
     run.loader = make_loader(cfg, workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers, env.device)
+    run.device_state = DeviceStateSampler(env.device)
     results: list[EpochResult] = []
     done = run.start_epoch  # epochs completed, for an end record written on the way out
     try:
@@ -547,6 +558,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
         raise
     finally:
         run.log.close()
+        run.device_state.close()
         if run.trace is not None:
             run.trace.close()
     return results

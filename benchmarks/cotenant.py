@@ -29,6 +29,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--period-s", type=float, default=0.05, help="length of one busy+idle period in seconds")
     p.add_argument("--size", type=int, default=None, help="matmul side (default 8192 on CUDA, 256 on CPU)")
     p.add_argument("--seconds", type=float, default=None, help="stop after this many seconds (default: until killed)")
+    p.add_argument("--hold-gib", type=float, default=0.0,
+                   help="also hold this many GiB of device memory, as a real co-tenant job does (default 0)")
     return p
 
 
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
+    held = torch.empty(int(args.hold_gib * 2**30), dtype=torch.uint8, device=device) if args.hold_gib > 0 else None
 
     stop = False
 
@@ -56,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    print(f"cotenant pid {__import__('os').getpid()} on {device}: duty {args.duty:g}, period {args.period_s:g} s",
-          file=sys.stderr, flush=True)
+    # Printed once the memory is held: a caller may wait for this line before it measures.
+    print(f"cotenant pid {__import__('os').getpid()} on {device}: duty {args.duty:g}, period {args.period_s:g} s, "
+          f"holding {args.hold_gib:g} GiB", file=sys.stderr, flush=True)
 
     busy_total, t_start = 0.0, time.perf_counter()
     end = None if args.seconds is None else t_start + args.seconds
@@ -73,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         if idle > 0 and args.duty < 1.0:
             time.sleep(idle)
     wall = time.perf_counter() - t_start
+    del held
     print(f"cotenant done: busy {busy_total:.1f} s of {wall:.1f} s (duty {busy_total / max(wall, 1e-9):.2f})",
           file=sys.stderr)
     return 0

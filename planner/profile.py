@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from planner.devstate import DeviceState
 from planner.errors import ValidationError
 from planner.jsonio import (
     JSONDict,
@@ -154,6 +155,9 @@ class RankProfile:
     device_name: str | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
     """Free-form facts (NVML, emulation settings...)."""
+    device_state: DeviceState | None = None
+    """The device's and host's state while the compute sweep ran (#17): other processes, clocks, throttling,
+    affinity, load. Evidence for why a rank measured slow; the solver never reads it."""
 
     def to_dict(self) -> JSONDict:
         """The rank's entry of the profile JSON (what ranks exchange when a profile is gathered)."""
@@ -299,6 +303,7 @@ def _rank_to_dict(r: RankProfile) -> JSONDict:
             "memory": mem,
             "loader": loader,
             "meta": dict(r.meta) or None,
+            "device_state": r.device_state.to_dict() if r.device_state is not None else None,
         }
     )
 
@@ -315,7 +320,7 @@ def _host_from(v: Any, path: str) -> HostProfile:
 
 def _rank_from(v: Any, path: str) -> RankProfile:
     d = as_obj(
-        v, path, required=("rank", "host", "device", "compute"), allowed=("memory", "loader", "device_name", "meta")
+        v, path, required=("rank", "host", "device", "compute"), allowed=("memory", "loader", "device_name", "meta", "device_state")
     )
     compute = []
     for j, p in enumerate(as_list(d["compute"], f"{path}.compute", non_empty=True)):
@@ -331,6 +336,7 @@ def _rank_from(v: Any, path: str) -> RankProfile:
     loader = _loader_from(d["loader"], f"{path}.loader") if opt(d, "loader") is not None else None
     meta = as_obj(d["meta"], f"{path}.meta", allowed=tuple(d["meta"])) if opt(d, "meta") is not None else {}
     name = opt(d, "device_name")
+    state = opt(d, "device_state")
     return RankProfile(
         rank=as_int(d["rank"], f"{path}.rank", min_value=0),
         host=as_str(d["host"], f"{path}.host"),
@@ -340,6 +346,7 @@ def _rank_from(v: Any, path: str) -> RankProfile:
         memory=memory,
         loader=loader,
         meta=meta,
+        device_state=None if state is None else DeviceState.from_dict(state, f"{path}.device_state"),
     )
 
 

@@ -6,7 +6,8 @@ report --log`` and ``planner validate`` read it; ``planner/schemas/runlog.schema
     {"event": "start",  "time": t, "world_size": W, "global_batch": B, "strategy": "plan", "plan": {...},
                         "dataset_size": N}
     {"event": "epoch",  "epoch": e, "plan_fingerprint": "..", "samples_per_s": x, "step_time_s": y, "loss": l,
-                        "batch_sizes": [...], "ranks": [<StepStats per rank>], "predicted_step_time_s": [...]}
+                        "batch_sizes": [...], "ranks": [<StepStats per rank>], "predicted_step_time_s": [...],
+                        "device_state": [<DeviceState per rank, or null>]  (optional, #17)}
     {"event": "replan", "epoch": e, "adopted": bool, "reason": "..", "predicted_gain": g,
                         "old_batch_sizes": [...], "new_batch_sizes": [...], "measured_compute_s": [...],
                         "predicted_compute_s": [...], "plan": {...} | null}
@@ -32,6 +33,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from planner.devstate import DeviceState
 from planner.errors import ValidationError
 from planner.jsonio import JSONDict
 from planner.plan import Plan
@@ -82,6 +84,8 @@ class EpochRecord:
     """Per-rank predicted busy time of the plan in force this epoch (max of compute and loader)."""
     ranks: tuple[StepStats, ...] = ()
     """What every rank measured this epoch, in rank order."""
+    device_state: tuple[DeviceState | None, ...] = ()
+    """Every rank's device and host state sampled at this epoch's end, in rank order (None: not sampled)."""
     event: Literal["epoch"] = "epoch"
 
     @property
@@ -107,7 +111,9 @@ class EpochRecord:
                 "loss": _finite(self.loss), "batch_sizes": list(self.batch_sizes),
                 "ranks": [{k: (_finite(v) if isinstance(v, float) else v) for k, v in s.to_dict().items()}
                           for s in self.ranks],
-                "predicted_step_time_s": _finites(self.predicted_step_time_s)}
+                "predicted_step_time_s": _finites(self.predicted_step_time_s),
+                **({"device_state": [None if s is None else s.to_dict() for s in self.device_state]}
+                   if any(s is not None for s in self.device_state) else {})}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -285,6 +291,16 @@ def _stats(r: Mapping[str, Any], where: str) -> StepStats:
     return replace(stats, **{k: math.nan for k in missing}) if missing else stats  # type: ignore[arg-type]
 
 
+def _device_states(v: Any, where: str) -> tuple[DeviceState | None, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, list):
+        raise ValidationError(f"{where}: 'device_state' must be a list (one object or null per rank)")
+    # Unknown keys inside are ignored like everywhere in the log: a newer profiler may sample more.
+    return tuple(None if s is None else DeviceState.from_dict(s, f"{where}.device_state[{i}]", strict=False)
+                 for i, s in enumerate(v))
+
+
 def _plan(v: Any, where: str, *, strict: bool) -> Plan | None:
     if v is None:
         return None
@@ -317,7 +333,7 @@ def parse_record(d: Mapping[str, Any], where: str = "record", *, strict_plans: b
         return EpochRecord(epoch=_int(d, "epoch", where, 0), plan_fingerprint=str(d.get("plan_fingerprint", "")),
                            samples_per_s=_num(d, "samples_per_s", where), step_time_s=_num(d, "step_time_s", where),
                            loss=_num(d, "loss", where), batch_sizes=batches, predicted_step_time_s=predicted,
-                           ranks=stats)
+                           ranks=stats, device_state=_device_states(d.get("device_state"), where))
     if kind in ("replan", "revert"):
         return ReplanRecord(epoch=_int(d, "epoch", where, 0), adopted=bool(d.get("adopted", False)),
                             reason=str(d.get("reason", "")), predicted_gain=_num(d, "predicted_gain", where),

@@ -1,8 +1,9 @@
 """What hardware and software a rank runs on: device, host, versions, model size.
 
-NVML (nvidia-ml-py, ``import pynvml``) adds the SM clock, memory clock, PCIe link and NVLink count where the
+NVML (nvidia-ml-py, through profiler.nvml) adds the SM clock, memory clock, PCIe link and NVLink count where the
 driver gives them; every NVML call is guarded, so a machine without a GPU, a driver or the package still
-profiles (the facts are simply absent).
+profiles (the facts are simply absent).  What changes while a rank runs -- other processes, clocks, throttling,
+load -- is sampled by profiler.devstate.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from planner.profile import HostProfile, ModelInfo
+from profiler import nvml
 from profiler.loader import usable_cores
 from profiler.memory import host_memory_bytes
 
@@ -86,56 +88,32 @@ def device_facts(device: torch.device) -> tuple[str, dict[str, Any]]:
 
 
 def _nvml_facts(index: int) -> dict[str, Any]:
-    try:
-        import pynvml
-    except ImportError:
+    dev = nvml.open_torch_device(torch.device("cuda", index))
+    if dev is None:
         return {}
+    pynvml, handle = dev.raw()
     out: dict[str, Any] = {}
     try:
-        pynvml.nvmlInit()
-    except Exception:  # no driver / no GPU: NVML facts are optional
-        return {}
-    try:
-        # CUDA's index follows CUDA_VISIBLE_DEVICES and NVML's does not: match by UUID where torch gives it.
-        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-        handle = None
-        if uuid is not None:
-            try:
-                text = str(uuid)
-                handle = pynvml.nvmlDeviceGetHandleByUUID(text if text.startswith("GPU-") else f"GPU-{text}")
-            except Exception:
-                handle = None
-        if handle is None:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         queries = {
-            "sm_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
-            "mem_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM),
-            "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
-            "power_limit_w": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0,
-            "pcie_gen": lambda: pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle),
-            "pcie_width": lambda: pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle),
+            "sm_clock_max_mhz": lambda: dev.max_clock_mhz("sm"),
+            "mem_clock_max_mhz": lambda: dev.max_clock_mhz("mem"),
+            "sm_clock_mhz": lambda: dev.clock_mhz("sm"),
+            "power_limit_w": dev.power_limit_w,
+            "pcie_gen": lambda: dev.pcie_link()[0],
+            "pcie_width": lambda: dev.pcie_link()[1],
             "gpu_utilization_pct": lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
             "nvlink_active_links": lambda: _nvlinks(pynvml, handle),
             "driver": lambda: _text(pynvml.nvmlSystemGetDriverVersion()),
+            # A co-tenant changes the measured speed; who it is lives in RankProfile.device_state.
+            "gpu_processes": lambda: len(dev.compute_processes()),
         }
         for key, query in queries.items():
             try:
                 out[key] = query()
             except Exception:  # a field the driver or card does not support
                 continue
-        # Other processes on the card: a co-tenant changes the measured speed; say so in the profile.
-        try:
-            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            out["gpu_processes"] = len(procs)
-        except Exception:
-            pass
-    except Exception:
-        pass
     finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+        dev.close()
     return out
 
 

@@ -33,6 +33,7 @@ from planner import __version__
 from planner.profile import CommProfile, HostProfile, LoaderProfile, ModelInfo, Profile, RankProfile
 from profiler import inventory
 from profiler.compute import StepRunner, TimedSteps
+from profiler.devstate import DeviceStateSampler
 from profiler.loader import LoaderOptions, profile_loader
 from profiler.memory import find_max_batch, memory_profile
 from profiler.sweep import SweepOptions, SweepPoint, run_sweep
@@ -163,8 +164,11 @@ def measure_rank(
     t0 = time.perf_counter()
     _say(progress, f"{who}: compute sweep (budget {sweep.total_budget_s:g} s)")
     runner = make_runner(dev)
+    # The device's state while it is measured (#17): a GPU sample after each point, host deltas over the sweep.
+    states = DeviceStateSampler(dev)
     try:
-        result = run_sweep(runner.measure, sweep, clock=time.perf_counter, on_point=point_done)
+        result = run_sweep(runner.measure, sweep, clock=time.perf_counter, on_point=states.chain(point_done))
+        device_state = states.collect()
         if not result.points:
             raise RuntimeError(f"rank {rank}: no batch size ran on {dev} (smallest tried: {result.oom_batch})")
         if dev.type == "cuda":
@@ -172,6 +176,7 @@ def measure_rank(
         max_batch = find_max_batch(result, runner.fits) if dev.type == "cuda" else None
         num_params, grad_bytes, step_meta = runner.num_params, runner.grad_bytes, runner.meta()
     finally:
+        states.close()
         runner.close()
     compute_s = time.perf_counter() - t0
 
@@ -209,6 +214,7 @@ def measure_rank(
         memory=memory_profile(dev, result, max_batch),
         loader=loader_profile,
         meta={k: v for k, v in info.items() if v is not None},
+        device_state=None if device_state.is_empty else device_state,
     )
 
 

@@ -7,7 +7,7 @@ equal split vs plan vs ideal, the sweeps and what-ifs (reports.whatif), the run 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from planner.curves import fit_envelope, fit_memory
@@ -17,6 +17,7 @@ from planner.profile import Profile
 from planner.quality import ProfileQuality, check_profile
 from planner.runlog import RunLog
 from planner.solve import SolveOptions, build_models, equal_split, equal_split_workers, solve
+from reports.causes import Causes, find_causes
 from reports.findings import BINDING_TOL, Findings, LoaderNeed, make_findings
 from reports.whatif import (
     FULL_DETAIL_RANKS,
@@ -104,6 +105,8 @@ class Report:
     log: RunLog | None = None
     quality: ProfileQuality | None = None
     """The profile-quality gate's verdict (planner.quality); its problems lead the findings."""
+    causes: Causes | None = None
+    """Why slow ranks are slow (reports.causes); its lines also lead the findings."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -188,6 +191,10 @@ def analyze(
     )
     scale = scaling(profile, B, opts)
     findings = make_findings(profile, plan, rows, thr, points, what_ifs, opts, quality=quality, log=log)
+    causes = find_causes(profile, global_batch=B, base_samples_per_s=ref, opts=opts, log=log)
+    # Right after the quality problems and "step time is set by ...": who is slow, then why.
+    at = next((i + 1 for i, line in enumerate(findings.lines) if line.startswith(("Step time", "All "))), 0)
+    findings = replace(findings, lines=findings.lines[:at] + causes.lines + findings.lines[at:])
     return Report(
         world_size=profile.world_size,
         model_name=profile.model.name if profile.model else None,
@@ -202,6 +209,7 @@ def analyze(
         findings=findings,
         log=log,
         quality=quality,
+        causes=causes,
     )
 
 

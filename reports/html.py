@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 
 from reports.analysis import Report
+from reports.causes import state_table
 from reports.findings import fmt_rate
 
 CSS = """
@@ -83,6 +84,7 @@ def render_html(rep: Report, pngs: dict[str, bytes], *, title: str = "ddp-planne
     parts.append('<h2 id="findings">Findings</h2><ul class="findings">'
                  + "".join(f"<li>{_e(line)}</li>" for line in rep.findings.lines) + "</ul>")
 
+    parts.append(_causes_section(rep))
     parts.append('<h2 id="plan">Plan</h2>')
     parts.append(_table(
         ["rank", "device", "host", "batch", "share", "workers", "step ms", "compute ms", "loader ms", "bottleneck",
@@ -168,6 +170,38 @@ def render_html(rep: Report, pngs: dict[str, bytes], *, title: str = "ddp-planne
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
         f"<title>{_e(title)}</title><style>{CSS}</style></head>\n<body><main>\n{body}\n</main></body></html>\n"
     )
+
+
+def _causes_section(rep: Report) -> str:
+    """Why slow ranks are slow: each finding's evidence, then every rank's measured device and host state."""
+    causes = rep.causes
+    headers, rows = state_table(causes.states) if causes is not None else ([], [])
+    if causes is None or (not causes.slow_ranks and not rows):
+        return ""
+    parts = ['<h2 id="causes">Why ranks are slow</h2>']
+    if causes.slow_ranks:
+        items = []
+        for s in causes.slow_ranks:
+            facts = "".join(f"<li>{_e(e.text)}</li>" for e in s.evidence if e.explains) or \
+                "<li>cause not visible to NVML/psutil</li>"
+            facts += "".join(f'<li class="note">{_e(e.text)}</li>' for e in s.evidence if not e.explains)
+            facts += "".join(f'<li class="note">{_e(c)}</li>' for c in s.checked)
+            if s.what_if is not None:
+                facts += (f"<li>what-if {_e(s.what_if.label)}: {s.what_if.samples_per_s:,.0f} samples/s "
+                          f"({100 * s.what_if.delta_frac:+.0f}%)</li>")
+            head = (f"rank {s.rank} ({_e(s.label)}), {100 * s.slower_frac:.0f}% slower than {_e(s.reference)}"
+                    + (f" from epoch {s.epoch} (run log)" if s.epoch is not None else ""))
+            items.append(f"<li><b>{head}</b><ul>{facts}</ul></li>")
+        parts.append("<ul>" + "".join(items) + "</ul>")
+    else:
+        parts.append('<p class="note">No rank is more than 15% slower than another of the same device name.</p>')
+    if rows:
+        parts.append(_table(headers, rows, [h not in ("throttle", "PCIe", "cores") for h in headers]))
+        parts.append('<p class="note">Sampled over each rank\'s compute sweep: other compute processes on its GPU '
+                     "(NVML), SM clock / max, slowing throttle reasons, power / limit, temperature, PCIe link / max, "
+                     "NUMA node of the GPU / of the process, CPU cores it may run on, CPU other processes used on "
+                     "those cores (in cores), and the host's load average / CPUs. A dash: not measurable there.</p>")
+    return "\n".join(parts)
 
 
 def _log_section(rep: Report, pngs: dict[str, bytes]) -> str:

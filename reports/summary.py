@@ -6,6 +6,7 @@ import math
 
 from planner.table import table
 from reports.analysis import Report
+from reports.causes import state_table
 from reports.findings import fmt_rate
 
 
@@ -30,6 +31,9 @@ def format_summary(rep: Report) -> str:
          ("plan", fmt_rate(thr.plan_samples_per_s), f"{thr.plan_samples_per_s / eq:.2f}x" if eq > 0 else "-"),
          ("ideal", fmt_rate(thr.ideal_samples_per_s), f"{thr.ideal_samples_per_s / eq:.2f}x" if eq > 0 else "-")],
     ))
+    headers, states = state_table(rep.causes.states) if rep.causes is not None else ([], [])
+    if states:
+        out.append("Device and host state while profiled (evidence for the findings above):\n" + table(headers, states))
     if rep.what_ifs:
         out.append(table(
             ["what-if", "samples/s", "change"],
