@@ -61,6 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="a short profile")
     p.add_argument("--emulate-slowdown", default=None, metavar="R=F,..", help="rank R does F x its compute")
     p.add_argument("--emulate-loader", default=None, metavar="R=W,..", help="cap rank R's loader workers at W")
+    p.add_argument("--emulate-memory", default=None, metavar="R=GIB,..",
+                   help="emulate a smaller GPU: rank R may allocate only GIB GiB (real out-of-memory errors)")
     p.add_argument("--sweep-slowdown", default=None, metavar="SPEC;SPEC..",
                    help="run the whole comparison once per --emulate-slowdown spec, e.g. '1=1;1=2;1=3' "
                         "(JSON: {'runs': [...]})")
@@ -79,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.argcheck import check_ranks
     from planner.errors import ValidationError
     from planner.paths import Output, check_outputs
-    from workloads.emulate import parse_rank_floats, parse_rank_ints
+    from workloads.emulate import parse_rank_floats, parse_rank_gib, parse_rank_ints
 
     # Checked before a single rank starts: a bad --json path found after the benchmark lost all of it.
     check_outputs([Output(flag="--json", path=args.json), Output(flag="--profile-out", path=args.profile_out)])
@@ -89,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValidationError(f"--strategies: unknown {bad[0]!r}; choose from {', '.join(STRATEGIES)}")
     for flag, rank_map in (("--emulate-slowdown", parse_rank_floats(args.emulate_slowdown)),
                            ("--emulate-loader", parse_rank_ints(args.emulate_loader)),
+                           ("--emulate-memory", parse_rank_gib(args.emulate_memory)),
                            ("--late-slowdown", parse_rank_floats(args.late_slowdown, flag="--late-slowdown"))):
         check_ranks(rank_map, args.nproc, flag)
     _check_devices(args)
@@ -162,7 +165,7 @@ def _worker(rank: int, nproc: int, store_path: str, opts: dict[str, Any], out_pa
 
     from apps.distenv import init_from_env, shutdown
     from apps.progress import Progress
-    from workloads.emulate import parse_rank_floats, parse_rank_ints
+    from workloads.emulate import cap_device_memory, parse_rank_floats, parse_rank_gib, parse_rank_ints
 
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank)})
     env = init_from_env(opts["device"], opts["rank_devices"], timeout_s=300.0,
@@ -171,6 +174,7 @@ def _worker(rank: int, nproc: int, store_path: str, opts: dict[str, Any], out_pa
         # CPU ranks share the host: split its cores so they don't oversubscribe each other.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
     try:
+        cap_device_memory(env.device, parse_rank_gib(opts["emulate_memory"]).get(rank))
         slow = parse_rank_floats(opts["emulate_slowdown"]).get(rank, 1.0)
         late = parse_rank_floats(opts["late_slowdown"], flag="--late-slowdown").get(rank)
         cap = parse_rank_ints(opts["emulate_loader"]).get(rank)
@@ -281,6 +285,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
         "data": "synthetic on device (loader excluded)" if on_device else f"DataLoader over {opts['dataset']}",
         "devices": all_gather_json(_device_name(env.device)),
         "emulate_slowdown": opts["emulate_slowdown"], "emulate_loader": opts["emulate_loader"],
+        "emulate_memory": opts.get("emulate_memory"),
         "late_slowdown": opts["late_slowdown"], "heterogeneity": opts.get("label") or _label(opts),
         "steps_per_strategy": opts["steps"], "profile_s": round(profile_s, 2), "torch": _torch_version(),
         "plan": plan.to_dict(),
@@ -376,6 +381,8 @@ def _label(opts: dict[str, Any]) -> str:
         parts.append(f"emulated compute skew {opts['emulate_slowdown']}")
     if opts["emulate_loader"]:
         parts.append(f"real loader skew (workers capped {opts['emulate_loader']})")
+    if opts.get("emulate_memory"):
+        parts.append(f"emulated small memory {opts['emulate_memory']} GiB (real out-of-memory errors)")
     if opts["rank_devices"] and "cpu" in opts["rank_devices"] and "cuda" in opts["rank_devices"]:
         parts.append(f"real device mix {opts['rank_devices']}")
     if opts["late_slowdown"]:

@@ -17,7 +17,7 @@ from planner.paths import Output, check_outputs
 from planner.profile import Profile
 from planner.table import table
 from profiler.sweep import parse_batch_sizes
-from workloads.emulate import parse_rank_floats, parse_rank_ints
+from workloads.emulate import cap_device_memory, parse_rank_floats, parse_rank_gib, parse_rank_ints
 
 HELP = "measure step time, memory, loader cost and all-reduce on each rank"
 EPILOG = """\
@@ -60,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-loader", action="store_true", help="skip the dataloader measurement")
     p.add_argument("--emulate-slowdown", default=None, metavar="R=F,..",
                    help="emulate slower ranks: rank R runs F x its real compute (e.g. 1=3,2=1.5)")
+    p.add_argument("--emulate-memory", default=None, metavar="R=GIB,..",
+                   help="emulate a smaller GPU: rank R may allocate only GIB GiB (real out-of-memory errors), e.g. 0=20")
     p.add_argument("--emulate-loader", default=None, metavar="R=W,..",
                    help="cap rank R's loader at W workers (recorded; the trainer applies it)")
     p.add_argument("--out", default="profile.json", metavar="PATH", help="profile JSON to write (default profile.json)")
@@ -72,6 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     slowdowns = parse_rank_floats(args.emulate_slowdown, flag="--emulate-slowdown")
     loader_caps = parse_rank_ints(args.emulate_loader, flag="--emulate-loader")
+    memory_caps = parse_rank_gib(args.emulate_memory)
     batch_sizes = parse_batch_sizes(args.batch_sizes)
     distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if args.devices and distributed:
@@ -85,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         world = int(os.environ["WORLD_SIZE"]) if distributed else 1
     check_ranks(slowdowns, world, "--emulate-slowdown")
     check_ranks(loader_caps, world, "--emulate-loader")
+    check_ranks(memory_caps, world, "--emulate-memory")
 
     import torch
 
@@ -108,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     meta = {"command": command,
             "quick": bool(args.quick),
             "emulate_slowdown": {str(k): v for k, v in slowdowns.items()} or None,
-            "emulate_loader": {str(k): v for k, v in loader_caps.items()} or None}
+            "emulate_loader": {str(k): v for k, v in loader_caps.items()} or None,
+            "emulate_memory_gib": {str(k): v for k, v in memory_caps.items()} or None}
     meta = {k: v for k, v in meta.items() if v is not None}
     common: dict[str, Any] = dict(quick=args.quick, batch_sizes=batch_sizes, amp=args.amp,
                                   channels_last=channels_last, measure_loader=not args.no_loader, sweep=sweep)
@@ -122,12 +127,15 @@ def run(args: argparse.Namespace) -> int:
             for d in devices:
                 # A clear error for a device this machine lacks, naming the flag typed, before anything is measured.
                 resolve_device(d, 0, flag=f"--devices {args.devices}")
+            for i, d in enumerate(devices):
+                cap_device_memory(torch.device(d), memory_caps.get(i))
             profile: Profile | None = prun.profile_devices(workload, devices, slowdowns=slowdowns,
                                                            loader_caps=loader_caps, meta=meta, **common)
         elif distributed:
             profile = _run_distributed(args, workload, slowdowns, loader_caps, meta, common, torch, prun)
         else:
             device = str(resolve_device(args.device, 0))
+            cap_device_memory(torch.device(device), memory_caps.get(0))
             rp = prun.profile_this_rank(workload, device, slowdown=slowdowns.get(0, 1.0),
                                         loader_workers_cap=loader_caps.get(0), **common)
             profile = prun.gather_profile(rp, workload=workload, meta=meta)
@@ -148,6 +156,7 @@ def _run_distributed(args: argparse.Namespace, workload: Any, slowdowns: dict[in
     from apps.distenv import init_from_env, shutdown
 
     env = init_from_env(args.device, backend="gloo", timeout_s=args.pg_timeout_s)
+    cap_device_memory(env.device, parse_rank_gib(args.emulate_memory).get(env.rank))
     try:
         _, on_host, _ = prun.host_layout()
         if env.device.type == "cpu":

@@ -94,6 +94,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--emulate-slowdown-from-epoch", type=count(0), default=0, metavar="E",
                    help="start the emulated slowdown at epoch E (a mid-run slowdown)")
     e.add_argument("--emulate-loader", default=None, metavar="R=W,..", help="cap rank R's loader workers at W")
+    e.add_argument("--emulate-memory", default=None, metavar="R=GIB,..",
+                   help="emulate a smaller GPU: rank R may allocate only GIB GiB (real out-of-memory errors)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.argcheck import check_global_batch
     from planner.errors import ValidationError
     from planner.profile import Profile
-    from workloads.emulate import parse_rank_floats, parse_rank_ints
+    from workloads.emulate import cap_device_memory, parse_rank_floats, parse_rank_gib, parse_rank_ints
     from workloads.specs import build_workload
 
     # Every path, number, rank map and the resume's consistency, on every rank, before the process group starts
@@ -120,10 +122,12 @@ def run(args: argparse.Namespace) -> int:
             check_outputs([Output(flag="--plan-out", path=plan_out)], {"--profile": args.profile})
     slowdowns = parse_rank_floats(args.emulate_slowdown)
     loader_caps = parse_rank_ints(args.emulate_loader)
+    memory_caps = parse_rank_gib(args.emulate_memory)
     profile = Profile.load(args.profile) if args.profile else None
     if pre.plan is not None and args.replan and profile is None:
         raise ValidationError("--replan with --plan needs --profile PATH (the profile the plan came from)")
     env = init_from_env(args.device, args.rank_devices)
+    cap_device_memory(env.device, memory_caps.get(env.rank))
     finished = False
     try:
         cfg = config_from_args(args, env, slowdowns, loader_caps, resume_changes=pre.changes)

@@ -79,10 +79,11 @@ def check_outputs_and_ranks(args: argparse.Namespace, world_size: int, rank: int
          Output(flag="--profile-out", path=args.profile_out if args.auto else None),
          Output(flag="--trace-file", path=trace)],
         {"--plan": args.plan, "--profile": args.profile})
-    from workloads.emulate import parse_rank_floats, parse_rank_ints
+    from workloads.emulate import parse_rank_floats, parse_rank_gib, parse_rank_ints
 
     check_ranks(parse_rank_floats(args.emulate_slowdown), world_size, "--emulate-slowdown")
     check_ranks(parse_rank_ints(args.emulate_loader), world_size, "--emulate-loader")
+    check_ranks(parse_rank_gib(getattr(args, "emulate_memory", None)), world_size, "--emulate-memory")
 
 
 def _saved_meta(state: dict[str, Any]) -> dict[str, Any]:

@@ -21,10 +21,14 @@ from profiler.sweep import SweepResult, search_max_batch
 
 
 def device_capacity_bytes(device: torch.device) -> int | None:
-    """Total memory of a CUDA device; None on CPU."""
+    """Memory this process may use on a CUDA device (its total, times the per-process fraction when one is set,
+    e.g. by ``--emulate-memory``); None on CPU."""
     if device.type != "cuda":
         return None
-    return int(torch.cuda.get_device_properties(device).total_memory)
+    total = int(torch.cuda.get_device_properties(device).total_memory)
+    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.7
+    fraction = float(get_fraction(device)) if get_fraction is not None else 1.0
+    return int(total * min(1.0, fraction))
 
 
 def host_memory_bytes() -> int | None:

@@ -77,6 +77,45 @@ def parse_rank_floats(text: str | None, *, flag: str = "--emulate-slowdown") -> 
     return out
 
 
+def parse_rank_gib(text: str | None, *, flag: str = "--emulate-memory") -> dict[int, float]:
+    """Parse ``"0=20,1=40"`` into ``{0: 20.0, 1: 40.0}`` GiB of device memory per rank (each > 0).
+
+    Raises:
+        ValidationError: malformed text or a size that is not a positive number.
+    """
+    if not text:
+        return {}
+    out: dict[int, float] = {}
+    for rank, val in _parse_rank_pairs(text, flag, "GIB").items():
+        try:
+            gib = float(val)
+        except ValueError:
+            raise ValidationError(f"{flag}: {val!r} for rank {rank} is not a number of GiB; e.g. {flag} 0=20") from None
+        if not math.isfinite(gib) or gib <= 0:
+            raise ValidationError(f"{flag}: memory for rank {rank} must be > 0 GiB, got {val}")
+        out[rank] = gib
+    return out
+
+
+def cap_device_memory(device: torch.device, gib: float | None, *, flag: str = "--emulate-memory") -> float | None:
+    """Emulate a smaller GPU: let this process allocate at most ``gib`` GiB on ``device``
+    (``torch.cuda.set_per_process_memory_fraction``), so a batch that does not fit raises a real out-of-memory
+    error in the profiler's sweep and in training alike.  Returns the fraction set (None when ``gib`` is None).
+    """
+    import torch
+
+    if gib is None:
+        return None
+    if device.type != "cuda":
+        raise ValidationError(f"{flag}: emulated memory needs a CUDA device, this rank runs on {device}")
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = gib * 2**30 / total
+    if not 0 < fraction < 1:
+        raise ValidationError(f"{flag}: {gib:g} GiB is not below this GPU's {total / 2**30:.1f} GiB")
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return fraction
+
+
 def parse_rank_ints(text: str | None, *, flag: str = "--emulate-loader") -> dict[int, int]:
     """Parse ``"1=2,3=0"`` into ``{1: 2, 3: 0}`` (worker counts, each >= 0).
 
