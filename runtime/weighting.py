@@ -199,12 +199,6 @@ def register_weighted_hook(ddp_model: torch.nn.parallel.DistributedDataParallel,
     Returns:
         The hook's state (current step, last factor), e.g. for logging.
     """
-    if not callable(getattr(ddp_model, "register_comm_hook", None)):
-        # The usual first try passes the bare model (or calls this before DDP(...) exists): say what to pass.
-        raise TypeError(
-            f"register_weighted_hook needs the DDP-wrapped model, got a {type(ddp_model).__name__} without "
-            "register_comm_hook: call it after `model = DistributedDataParallel(model, ...)`, with that model"
-        )
     if accumulation_steps < 1:
         raise ValidationError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
     micro = getattr(sampler, "accumulation_steps", None)
@@ -214,6 +208,12 @@ def register_weighted_hook(ddp_model: torch.nn.parallel.DistributedDataParallel,
         raise ValidationError(
             f"the sampler already splits every step into micro-batches (accumulation_steps {list(micro)}); do not "
             f"also pass accumulation_steps={accumulation_steps} to register_weighted_hook"
+        )
+    if not callable(getattr(ddp_model, "register_comm_hook", None)):
+        # The usual first try passes the bare model (or calls this before DDP(...) exists): say what to pass.
+        raise TypeError(
+            f"register_weighted_hook needs the DDP-wrapped model, got a {type(ddp_model).__name__} without "
+            "register_comm_hook: call it after `model = DistributedDataParallel(model, ...)`, with that model"
         )
     world = dist.get_world_size(process_group)
     if sampler.world_size != world:

@@ -63,6 +63,7 @@ def test_diverged_loss_stops_with_one_line_and_keeps_the_last_finite_checkpoint(
     rc = main(["train", "--plan", str(plan), *COMMON, "--lr", "1e30", "--log-file", str(log), "--checkpoint",
                str(ckpt)])
     err = capsys.readouterr().err
+    err = _without_progress(err)
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("error: loss diverged at epoch 0 step 1 (--lr 1e+30); the run stopped and ")
     assert f"{ckpt} keeps the last finite state (epoch 0 step 1)" in err
@@ -87,7 +88,7 @@ def test_two_gloo_ranks_stop_together_with_the_same_line(tmp_path: Path, capsys:
     # The checkpoint's lr is 1e30: another one is a change the user must ask for (checked before any rank starts).
     rc = main(["train", "--plan", str(plan), *COMMON, "--log-file", str(log), "--checkpoint", str(ckpt), "--resume",
                "--lr", "0.01"])
-    err = capsys.readouterr().err
+    err = _without_progress(capsys.readouterr().err)
     assert rc == 2 and err.count("\n") == 1
     assert "--resume: --lr 0.01 differs from the checkpoint's 1e+30" in err and "--allow-resume-changes" in err
     assert (ckpt / "checkpoint.pt").read_bytes() == before
@@ -106,7 +107,7 @@ def test_a_good_checkpoint_survives_a_diverged_resume_and_resumes_again(tmp_path
     good = (ckpt / "checkpoint.pt").read_bytes()
     capsys.readouterr()
     rc = main([*base, "--epochs", "3", "--resume", "--lr", "1e30", "--allow-resume-changes"])
-    err = capsys.readouterr().err
+    err = _without_progress(capsys.readouterr().err)
     assert rc == 2 and err.count("\n") == 1
     assert "loss diverged at epoch 1 step 1 (--lr 1e+30)" in err and "(epoch 1 step 0)" in err
     assert (ckpt / "checkpoint.pt").read_bytes() == good  # the diverged epoch saved nothing over it
@@ -129,3 +130,8 @@ def test_any_other_failure_still_ends_the_log_with_why(tmp_path: Path) -> None:
               "--dataset", "tests.reliability._fixtures:dataset", "--epochs", "2", "--log-file", str(log)])
     run = read_run_log(log)
     assert run.ended and run.end_reason == "stopped: RuntimeError: injected failure at forward call 3"
+
+
+def _without_progress(err: str) -> str:
+    """stderr less the progress lines ("[train   3s] epoch 0: ..."; apps/progress.py): the error is one line."""
+    return "".join(line for line in err.splitlines(keepends=True) if not line.startswith("["))

@@ -124,7 +124,7 @@ def test_measured_equal_split_against_the_plan(tmp_path: Path) -> None:
 
 
 def test_a_single_best_batch_is_not_a_range() -> None:
-    from reports.analysis import _best_range_line
+    from reports.findings import _best_range_line
 
     pts = (SweepPoint(global_batch=128, feasible=True, samples_per_s=900.0),
            SweepPoint(global_batch=256, feasible=True, samples_per_s=1000.0),

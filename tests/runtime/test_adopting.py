@@ -31,11 +31,14 @@ MAX_CHANGED_LINES = 8
 
 
 def documented_diffs() -> dict[str, list[str]]:
-    """Each ```diff block of the doc, keyed by the stock script its `--- a/PATH` header names."""
+    """Each ```diff block of the doc that names its stock script (`--- a/PATH`), keyed by that path. Header-less
+    blocks are the accumulation and FSDP2 sections' (tests/runtime/test_accumulation_adopting.py)."""
     out = {}
     for block in re.findall(r"```diff\n(.*?)```", DOC.read_text(), re.S):
         lines = block.splitlines()
-        assert lines[0].startswith("--- a/") and lines[1].startswith("+++ b/"), lines[:2]
+        if not lines[0].startswith("--- a/"):
+            continue
+        assert lines[1].startswith("+++ b/"), lines[:2]
         out[lines[0][len("--- a/"):]] = lines[2:]
     return out
 
