@@ -8,6 +8,10 @@ step time T* between an infeasible `lo` and a feasible `hi` (relative width 1e-1
 The MILP (scipy.optimize.milp / HiGHS, b integer, T continuous) then runs with  lo <= T <= hi*(1+1e-9)  as
 valid bounds -- they cut nothing off that could be optimal, and they let HiGHS finish at any scale instead of
 branching over thousands of near-equivalent integer vectors (4096 ranks: ~0.3 s instead of > 20 s).
+
+With gradient accumulation (an ``Accumulation``, planner._accumulation) each rank also has an integer micro-step
+count k_i (one K shared by all ranks under fsdp), n_i(T) is the best over k of n_i(T, k), and the MILP gains the
+rows  s_p b_i + (c_p - o_i) k_i + o_i <= T,  b_i <= u_i k_i  and  min_batch k_i <= b_i.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
+from planner._accumulation import Accumulation
 from planner.curves import Envelope
 from planner.errors import PlanError
 
@@ -54,17 +59,25 @@ class Pieces:
         return np.floor(np.minimum(bound, 1e15) * (1 + 1e-12) + 1e-9)
 
 
+def feed(T: float, loader: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray | None:
+    """floor(w_i * T / p_i): the most samples rank i's workers load within T (None: no loader rows)."""
+    if loader is None:
+        return None
+    p, w = loader
+    with np.errstate(divide="ignore", over="ignore"):
+        return np.where(p > 0, np.floor(w * T / np.where(p > 0, p, 1.0) * (1 + 1e-12) + 1e-9), np.inf)
+
+
 def capacity(
-    pieces: Pieces, caps: np.ndarray, T: float, loader: tuple[np.ndarray, np.ndarray] | None
+    pieces: Pieces, caps: np.ndarray, T: float, loader: tuple[np.ndarray, np.ndarray] | None,
+    acc: Accumulation | None = None,
 ) -> np.ndarray:
     """n_i(T): most samples each rank finishes within T (see module docstring)."""
+    fed = feed(T, loader)
+    if acc is not None:
+        return acc.capacity(pieces, caps, T, fed)[0]
     n = np.minimum(caps, pieces.max_batch(T))
-    if loader is not None:
-        p, w = loader
-        with np.errstate(divide="ignore", over="ignore"):
-            feed = np.where(p > 0, np.floor(w * T / np.where(p > 0, p, 1.0) * (1 + 1e-12) + 1e-9), np.inf)
-        n = np.minimum(n, feed)
-    return n
+    return n if fed is None else np.minimum(n, fed)
 
 
 def bracket(
@@ -73,6 +86,7 @@ def bracket(
     B: int,
     min_batch: int,
     loader: tuple[np.ndarray, np.ndarray] | None = None,
+    acc: Accumulation | None = None,
 ) -> tuple[float, float]:
     """(lo, hi): F(lo) < B <= F(hi) (or lo == hi when the smallest admissible T already fits B)."""
     floor_t = float(np.max(pieces.times(np.full(len(caps), min_batch))))
@@ -81,7 +95,7 @@ def bracket(
         floor_t = max(floor_t, float(np.max(np.where(w > 0, p * min_batch / np.maximum(w, 1), 0.0))))
 
     def fits(T: float) -> bool:
-        return float(np.sum(np.maximum(capacity(pieces, caps, T, loader), 0))) >= B
+        return float(np.sum(np.maximum(capacity(pieces, caps, T, loader, acc), 0))) >= B
 
     if fits(floor_t):
         return floor_t, floor_t
@@ -112,56 +126,97 @@ def solve_milp(
     *,
     loader: tuple[np.ndarray, np.ndarray] | None,
     time_limit_s: float,
-) -> tuple[np.ndarray, str]:
-    """Integer b minimizing T = max_i step_i(b_i) with sum b = B (workers fixed).  Returns (b, status)."""
+    acc: Accumulation | None = None,
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """Integer b (and micro-steps k) minimizing T = max_i step_i(b_i, k_i) with sum b = B (workers fixed).
+
+    Returns (b, k, status); k is all ones without ``acc``.
+    """
     n = len(caps)
-    lo, hi = bracket(pieces, caps, B, min_batch, loader)
+    lo, hi = bracket(pieces, caps, B, min_batch, loader, acc)
     scale = hi if hi > 0 else 1.0  # T about 1: HiGHS tolerances are absolute
+    # Columns: b_0..b_{n-1}, then the micro-step counts (n, or one shared K under fsdp; none without acc), then T.
+    nk = 0 if acc is None else (1 if acc.shared else n)
+    t_col = n + nk
     rows: list[int] = []
     cols: list[int] = []
     vals: list[float] = []
     rhs: list[float] = []
     r = 0
-    W, K = pieces.slopes.shape
+
+    def row(entries: list[tuple[int, float]], bound: float) -> None:
+        nonlocal r
+        for col, v in entries:
+            rows.append(r)
+            cols.append(col)
+            vals.append(v)
+        rhs.append(bound)
+        r += 1
+
+    W, P = pieces.slopes.shape
     for i in range(W):
-        for k in range(K):
-            c = pieces.intercepts[i, k]
-            if not math.isfinite(c):
-                continue
-            # s*b_i - T <= -c
-            rows += [r, r]
-            cols += [i, n]
-            vals += [pieces.slopes[i, k] / scale, -1.0]
-            rhs.append(-c / scale)
-            r += 1
+        for q in range(P):
+            c = pieces.intercepts[i, q]
+            if math.isfinite(c):
+                row([(i, pieces.slopes[i, q] / scale), (t_col, -1.0)], -c / scale)  # s*b_i - T <= -c
+    k_hi = np.ones(nk)
+    if acc is not None:
+        k_max = acc.steps_needed(pieces, caps, hi)  # more steps never help at T <= hi (planner._accumulation)
+        k_hi = np.array([float(k_max.max())]) if acc.shared else k_max.astype(float)
+        live = acc.live(pieces)
+        for i in range(n):
+            kc = n + (0 if acc.shared else i)
+            if acc.shared or k_max[i] > 1:
+                o = float(acc.optimizer_s[i])
+                for q in np.flatnonzero(live[i]).tolist():
+                    # s*b_i + (c - o)*k_i - T <= -o
+                    row([(i, pieces.slopes[i, q] / scale), (kc, (pieces.intercepts[i, q] - o) / scale),
+                         (t_col, -1.0)], -o / scale)
+                row([(kc, float(min_batch)), (i, -1.0)], 0.0)  # min_batch*k_i <= b_i: no micro-batch too small
+            u = float(acc.micro_caps[i])
+            if math.isfinite(u):
+                row([(i, 1.0), (kc, -u)], 0.0)  # b_i <= u_i * k_i
     if loader is not None:
         p, w = loader
         for j in np.flatnonzero(p > 0).tolist():
             # p*b_j - w*T <= 0   (w fixed: the bilinear row becomes linear)
-            rows += [r, r]
-            cols += [j, n]
-            vals += [p[j] / scale, -float(w[j])]
-            rhs.append(0.0)
-            r += 1
-    A = coo_matrix((vals, (rows, cols)), shape=(r, n + 1)).tocsr()
-    A_sum = coo_matrix((np.ones(n), (np.zeros(n, dtype=int), np.arange(n))), shape=(1, n + 1)).tocsr()
-    cost = np.zeros(n + 1)
-    cost[n] = 1.0
-    upper_T = hi / scale * (1 + 1e-9)
-    res = milp(
-        cost,
-        constraints=[LinearConstraint(A, -np.inf, np.array(rhs)), LinearConstraint(A_sum, B, B)],
-        bounds=Bounds(np.r_[np.full(n, float(min_batch)), lo / scale], np.r_[caps.astype(float), upper_T]),
-        integrality=np.r_[np.ones(n), 0.0],
-        options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9},
-    )
-    if res.x is not None and res.status in (0, 1):
-        b = np.rint(res.x[:n]).astype(np.int64)
-        if int(b.sum()) == B and np.all(b >= min_batch) and np.all(b <= caps):
-            return b, "optimal" if res.status == 0 else "time_limit"
+            row([(j, p[j] / scale), (t_col, -float(w[j]))], 0.0)
+    A = coo_matrix((vals, (rows, cols)), shape=(r, t_col + 1)).tocsr()
+    A_sum = coo_matrix((np.ones(n), (np.zeros(n, dtype=int), np.arange(n))), shape=(1, t_col + 1)).tocsr()
+    cost = np.zeros(t_col + 1)
+    cost[t_col] = 1.0
+    status = ""
+    for upper_T in (hi / scale * (1 + 1e-9), np.inf):
+        res = milp(
+            cost,
+            constraints=[LinearConstraint(A, -np.inf, np.array(rhs)), LinearConstraint(A_sum, B, B)],
+            bounds=Bounds(np.r_[np.full(n, float(min_batch)), np.ones(nk), lo / scale],
+                          np.r_[caps.astype(float), k_hi, upper_T]),
+            integrality=np.r_[np.ones(n + nk), 0.0],
+            options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9},
+        )
+        if res.x is not None and res.status in (0, 1):
+            b = np.rint(res.x[:n]).astype(np.int64)
+            k = np.ones(n, dtype=np.int64) if acc is None else np.rint(res.x[n:t_col]).astype(np.int64)
+            k = np.broadcast_to(k, (n,)).copy()
+            if int(b.sum()) == B and np.all(b >= min_batch) and np.all(b <= caps):
+                return b, k, "optimal" if res.status == 0 else "time_limit"
+        status = f"HiGHS status {res.status}"
+        if acc is None or res.status != 2:
+            break
+        # Infeasible below `hi` happens only at the min_batch edge of accumulation (planner._accumulation):
+        # search again without the upper bound.
+    if acc is not None:
+        n_hi, k = acc.capacity(pieces, caps, hi, feed(hi, loader))
+        if float(np.maximum(n_hi, 0).sum()) < B:
+            raise PlanError(f"no split of global batch {B} into micro-batches of at least min batch {min_batch} "
+                            f"within the memory caps was found ({status})")
+        b = _from_capacity(n_hi, B, min_batch)
+        return b, acc.fewest(b), f"bracket ({status})"
     # The bounds are valid, so this only happens on HiGHS numerical trouble; the bracket's capacities at `hi`
     # are themselves a feasible integer point with T <= hi.
-    return _from_capacity(capacity(pieces, caps, hi, loader), B, min_batch), f"bracket (HiGHS status {res.status})"
+    return _from_capacity(capacity(pieces, caps, hi, loader), B, min_batch), np.ones(n, dtype=np.int64), \
+        f"bracket ({status})"
 
 
 def _from_capacity(cap: np.ndarray, B: int, min_batch: int) -> np.ndarray:
@@ -186,11 +241,12 @@ def greedy_workers(
     budgets: np.ndarray,
     T: float,
     max_workers: np.ndarray,
+    acc: Accumulation | None = None,
 ) -> np.ndarray:
     """Workers per rank at step time T: one each, then spare cores to the loaders that turn one more worker
     into the most extra samples (cheapest per-sample cost first), until a rank's compute cap or its own
     worker cap is reached."""
-    compute_cap = np.minimum(caps, pieces.max_batch(T))
+    compute_cap = capacity(pieces, caps, T, None, acc)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         per_worker = np.where(p > 0, T / np.where(p > 0, p, 1.0), np.inf)  # samples one worker feeds in T
         need = np.where(p > 0, np.ceil(np.maximum(compute_cap, 1) / per_worker - 1e-9), 1.0)
@@ -218,12 +274,13 @@ def bisect_workers(
     budgets: np.ndarray,
     t_lo: float,
     max_workers: np.ndarray,
+    acc: Accumulation | None = None,
 ) -> np.ndarray:
     """Fix the workers: the greedy allocation at the smallest T (bisection) where it feeds the global batch."""
 
     def fits(T: float) -> tuple[bool, np.ndarray]:
-        w = greedy_workers(pieces, caps, p, hosts, budgets, T, max_workers)
-        return float(np.sum(np.maximum(capacity(pieces, caps, T, (p, w)), 0))) >= B, w
+        w = greedy_workers(pieces, caps, p, hosts, budgets, T, max_workers, acc)
+        return float(np.sum(np.maximum(capacity(pieces, caps, T, (p, w), acc), 0))) >= B, w
 
     ok, w = fits(t_lo)
     if ok:

@@ -1,0 +1,162 @@
+"""Gradient accumulation in the program: micro-steps under a memory cap, what they cost, what they hold.
+
+Used by planner._program and planner.solve; no public API here.
+
+The model.  Rank i's optimizer step is k_i micro-steps (forward+backward) whose micro-batches sum to its batch
+b_i, each at most its memory cap u_i, then one optimizer step.  The profile's curve t_i(b) = max_p s_p b + c_p
+times a full step, optimizer included; with o_i the optimizer step's time (``RankProfile.optimizer_step_s``, 0
+when unmeasured -- which charges it on every micro-step, the conservative side) a micro-batch m costs t_i(m) - o_i,
+so k micro-batches of b/k cost
+
+    k * (t_i(b/k) - o_i) + o_i  =  max_p (s_p * b + (c_p - o_i) * k) + o_i
+
+the perspective of a convex piecewise-linear function: LINEAR in (b, k), one row per piece, so the program stays a
+MILP with integer k_i >= 1 and  b_i <= u_i * k_i.  Real micro-batches are b/k rounded (sizes ceil(b/k) then
+floor(b/k)); by convexity uneven micro-batches cost at least the even split the formula prices, and with one piece
+the formula is exact.  Every micro-batch holds at least min_batch samples (BatchNorm runs on each forward):
+b_i >= min_batch * k_i.
+
+One more row per piece, the curve itself  T >= s_p * b + c_p,  says that k micro-steps never finish sooner than
+the same samples in one step.  Without it a fitted piece with a negative intercept (every flat-then-linear GPU
+curve past its knot has one) would make splitting a batch look cheaper than running it whole -- an artifact of
+the fit, not what a GPU does -- and ranks with memory to spare would accumulate "for speed".  With it, the pieces
+with c_p <= o_i are dominated and never bind on k, and the modelled step time
+
+    tau_i(b, k) = max(t_i(b),  max_{p: c_p > o_i} s_p b + (c_p - o_i) k + o_i)
+
+is non-decreasing in b and in k.  Hence the most samples rank i finishes within T in k micro-steps,
+
+    n_i(T, k) = min(cap_i, k u_i, floor max{b: tau_i(b, k) <= T})     (-1 when below min_batch * k),
+
+bounds every feasible (b_i, k_i) -- any b in [min_batch * k, n_i(T, k)] runs in k micro-steps or fewer within T
+(up to the min_batch edge where u_i < 2 min_batch - 1) -- and more micro-steps than
+k0_i = ceil(min(cap_i, max{b: t_i(b) <= T}) / u_i)  never add capacity.  Under mode "fsdp" every rank runs the
+same K (one integer shared by all ranks).
+
+Fewest micro-steps among equal optima.  After the MILP has found the optimal step time T*, a second stage picks
+the micro-step counts with the smallest sum that still hold B at T*.  It is not a second MILP: rank i's best
+capacity with at most k micro-steps, R_i(k) = max_{j <= k} n_i(T*, j), grows by u_i per step and then by less,
+never more (concave), so taking the largest next gain first is exact for "fewest steps whose capacities reach B"
+(separable concave allocation) and costs a heap pass instead of a MILP.  An epsilon term on sum k in the
+objective was the alternative; it would trade step time against micro-steps at a scale HiGHS's tolerances blur.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from planner._program import Pieces
+
+
+def _floor(x: np.ndarray) -> np.ndarray:
+    """floor, forgiving the last bits of rounding (as Pieces.max_batch does)."""
+    return np.floor(np.minimum(x, 1e15) * (1 + 1e-12) + 1e-9)
+
+
+@dataclass(frozen=True, slots=True)
+class Accumulation:
+    """Per-rank micro-step data: optimizer time o_i, micro-batch cap u_i (inf = none), most micro-steps."""
+
+    optimizer_s: np.ndarray
+    micro_caps: np.ndarray
+    max_steps: np.ndarray
+    min_batch: int
+    shared: bool
+    """mode "fsdp": one K for every rank."""
+
+    def live(self, pieces: Pieces) -> np.ndarray:
+        """(W, P) mask of the pieces whose micro-step row can bind: c_p > o_i (the rest are dominated)."""
+        return pieces.intercepts > self.optimizer_s[:, None]
+
+    def times(self, pieces: Pieces, b: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """tau_i(b_i, k_i): rank i's compute time for an optimizer step of b_i samples in k_i micro-steps."""
+        b = np.asarray(b, dtype=float)
+        k = np.asarray(k, dtype=float)
+        o = self.optimizer_s
+        with np.errstate(invalid="ignore"):
+            micro = pieces.slopes * b[:, None] + (pieces.intercepts - o[:, None]) * k[:, None] + o[:, None]
+        micro = np.where(self.live(pieces), micro, -np.inf)
+        return np.maximum(pieces.times(b), np.max(micro, axis=1))
+
+    def fewest(self, b: np.ndarray) -> np.ndarray:
+        """The fewest micro-steps that fit each b_i in its memory cap (the same K for all under fsdp)."""
+        b = np.asarray(b, dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            k = np.where(np.isfinite(self.micro_caps), np.ceil(b / np.maximum(self.micro_caps, 1e-300) - 1e-9), 1.0)
+        k = np.maximum(k, 1).astype(np.int64)
+        return np.full_like(k, int(k.max())) if self.shared else k
+
+    def steps_needed(self, pieces: Pieces, caps: np.ndarray, T: float) -> np.ndarray:
+        """k0_i(T): more micro-steps than this never add capacity at step times up to T (module docstring)."""
+        reach = np.minimum(caps, pieces.max_batch(T)).astype(float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            k0 = np.where(np.isfinite(self.micro_caps), np.ceil(np.maximum(reach, 1) / self.micro_caps - 1e-9), 1.0)
+        return np.clip(k0, 1, self.max_steps).astype(np.int64)
+
+    def by_steps(self, pieces: Pieces, caps: np.ndarray, T: float, feed: np.ndarray | None = None) -> np.ndarray:
+        """(W, S) matrix of n_i(T, k) for k = 1..S (S = the most steps that can matter), -1 where infeasible."""
+        S = int(self.steps_needed(pieces, caps, T).max())
+        k = np.arange(1, S + 1, dtype=float)[None, :, None]
+        s, c = pieces.slopes[:, None, :], pieces.intercepts[:, None, :]
+        o = self.optimizer_s[:, None, None]
+        live = self.live(pieces)[:, None, :]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            cc = (c - o) * k + o  # the piece's intercept at k micro-steps
+            per = np.where(live & (s > 0), (T - cc) / np.where(s > 0, s, 1.0), np.inf)
+        flat_over = np.any(live & (s <= 0) & (cc > T), axis=2)
+        micro_bound = np.where(flat_over, -1.0, _floor(np.min(per, axis=2)))
+        whole = np.minimum(caps, pieces.max_batch(T)).astype(float)
+        if feed is not None:
+            whole = np.minimum(whole, feed)
+        ks = k[:, :, 0]
+        n = np.minimum(np.minimum(whole[:, None], ks * self.micro_caps[:, None]), micro_bound)
+        bad = (ks > self.max_steps[:, None]) | (n < self.min_batch * ks) | (whole[:, None] < self.min_batch)
+        return np.where(bad, -1.0, n)
+
+    def capacity(self, pieces: Pieces, caps: np.ndarray, T: float,
+                 feed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(n_i(T), k_i): the most each rank finishes within T, and in how few micro-steps (fsdp: one K for all)."""
+        N = self.by_steps(pieces, caps, T, feed)
+        if not self.shared:
+            k = np.argmax(N, axis=1)  # the first maximum: the fewest steps among ties
+            return N[np.arange(len(N)), k], k + 1
+        ok = np.all(N >= 0, axis=0)
+        total = np.where(ok, N.sum(axis=0), -1.0)
+        K = int(np.argmax(total))
+        return N[:, K], np.full(len(N), K + 1, dtype=np.int64)
+
+    def fewest_steps(self, pieces: Pieces, caps: np.ndarray, T: float, B: int,
+                     feed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """Second stage: (k, capacities) with the smallest sum of k that still hold B within T; None if none do."""
+        N = self.by_steps(pieces, caps, T, feed)
+        W, S = N.shape
+        if np.any(N[:, 0] < 0):
+            return None
+        if self.shared:
+            for K in range(S):
+                if np.all(N[:, K] >= 0) and N[:, K].sum() >= B:
+                    return np.full(W, K + 1, dtype=np.int64), N[:, K]
+            return None
+        R = np.maximum.accumulate(N, axis=1)  # best with at most k steps
+        steps = np.ones(W, dtype=np.int64)
+        total = float(R[:, 0].sum())
+        heap = [(-(R[i, 1] - R[i, 0]), i) for i in range(W) if S > 1 and R[i, 1] > R[i, 0]]
+        heapq.heapify(heap)
+        while total < B:
+            if not heap:
+                return None
+            gain, i = heapq.heappop(heap)
+            steps[i] += 1
+            total -= gain
+            j = steps[i]
+            if j < S and R[i, j] > R[i, j - 1]:
+                heapq.heappush(heap, (-(R[i, j] - R[i, j - 1]), i))
+        held = R[np.arange(W), steps - 1]
+        # The fewest steps giving that capacity (a plateau of R may have been walked over).
+        k = np.argmax(N >= held[:, None], axis=1) + 1
+        return k.astype(np.int64), held
