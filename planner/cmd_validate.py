@@ -54,7 +54,9 @@ def validate_file(path: str) -> str:
         return f"{path}: valid profile, {prof.world_size} rank(s) on {len(prof.hosts)} host(s)"
     if kind == "plan":
         plan = Plan.from_dict(data, path=path)
-        return (f"{path}: valid plan, {plan.world_size} rank(s), global batch {plan.global_batch}, "
+        steps = f", up to {max(plan.accumulation_steps)} micro-steps per rank" if plan.accumulates else ""
+        mode = f", mode {plan.mode}" if plan.mode != "ddp" else ""
+        return (f"{path}: valid plan, {plan.world_size} rank(s), global batch {plan.global_batch}{mode}{steps}, "
                 f"fingerprint {plan.fingerprint}")
     raise ValidationError(f"{path}: 'kind' must be \"profile\" or \"plan\" (or a run log of JSON lines), got {kind!r}")
 

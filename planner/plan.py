@@ -93,7 +93,9 @@ class RankPlan:
         if self.micro_batch_size == 0:
             object.__setattr__(self, "micro_batch_size", -(-b // k))
         m = self.micro_batch_size
-        if m * k < b or m * (k - 1) >= b:
+        # The largest of the even split: m * k >= b (the micro-batches hold the batch) and (m - 1) * k < b (none
+        # larger than needed).  "m * (k - 1) >= b" is not the test: 4 in 3 micro-steps is 2, 1, 1.
+        if m * k < b or (m - 1) * k >= b:
             raise ValidationError(
                 f"rank {self.rank}: micro_batch_size {m} x accumulation_steps {k} does not split batch_size {b} "
                 f"(its micro-batches are {_shown(micro_batch_sizes(b, k))}: micro_batch_size {-(-b // k)})"
@@ -232,10 +234,12 @@ class Plan:
         accumulates = self.accumulates
 
         def rank(r: RankPlan) -> JSONDict:
-            d = {name: getattr(r, name) for name in r.__slots__}
-            if not accumulates:  # one micro-step everywhere: the file an older reader knows
-                for name in _ACCUMULATION_FIELDS:
-                    del d[name]
+            # The accumulation fields beside batch_size; left out when no rank accumulates (the file an older
+            # reader knows: one micro-step everywhere).
+            names = [n for n in r.__slots__ if n not in _ACCUMULATION_FIELDS]
+            if accumulates:
+                names[names.index("batch_size") + 1:1] = ["micro_batch_size", "accumulation_steps"]
+            d = {name: getattr(r, name) for name in names}
             return {k: v for k, v in d.items() if v is not None}
 
         p = self.predicted

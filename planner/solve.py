@@ -247,8 +247,7 @@ def _reach(models: list[RankModel], B: int, steps: int) -> int:
     total = 0
     for m in models:
         room = B if m.batch_cap is None else min(m.batch_cap, B)
-        k = min(steps, m.max_steps)
-        total += room if m.micro_cap is None else min(room, m.micro_cap * k)
+        total += room if m.micro_cap is None else min(room, m.micro_cap * steps)
     return total
 
 
