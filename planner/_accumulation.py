@@ -44,13 +44,11 @@ objective was the alternative; it would trade step time against micro-steps at a
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from planner._program import Pieces
+from planner._program import Pieces
 
 
 def _floor(x: np.ndarray) -> np.ndarray:
@@ -60,28 +58,31 @@ def _floor(x: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class Accumulation:
-    """Per-rank micro-step data: optimizer time o_i, micro-batch cap u_i (inf = none), most micro-steps."""
+    """Per-rank micro-step data over the ranks' curves: optimizer time o_i, micro-batch cap u_i (inf = none),
+    most micro-steps."""
 
+    pieces: Pieces
     optimizer_s: np.ndarray
     micro_caps: np.ndarray
     max_steps: np.ndarray
     min_batch: int
     shared: bool
     """mode "fsdp": one K for every rank."""
+    live: np.ndarray = field(init=False, repr=False)
+    """(W, P) mask of the pieces whose micro-step row can bind: c_p > o_i (the rest are dominated)."""
 
-    def live(self, pieces: Pieces) -> np.ndarray:
-        """(W, P) mask of the pieces whose micro-step row can bind: c_p > o_i (the rest are dominated)."""
-        return pieces.intercepts > self.optimizer_s[:, None]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "live", self.pieces.intercepts > self.optimizer_s[:, None])
 
-    def times(self, pieces: Pieces, b: np.ndarray, k: np.ndarray) -> np.ndarray:
+    def times(self, b: np.ndarray, k: np.ndarray) -> np.ndarray:
         """tau_i(b_i, k_i): rank i's compute time for an optimizer step of b_i samples in k_i micro-steps."""
         b = np.asarray(b, dtype=float)
         k = np.asarray(k, dtype=float)
         o = self.optimizer_s
         with np.errstate(invalid="ignore"):
-            micro = pieces.slopes * b[:, None] + (pieces.intercepts - o[:, None]) * k[:, None] + o[:, None]
-        micro = np.where(self.live(pieces), micro, -np.inf)
-        return np.maximum(pieces.times(b), np.max(micro, axis=1))
+            micro = self.pieces.slopes * b[:, None] + (self.pieces.intercepts - o[:, None]) * k[:, None] + o[:, None]
+        micro = np.where(self.live, micro, -np.inf)
+        return np.maximum(self.pieces.times(b), np.max(micro, axis=1))
 
     def fewest(self, b: np.ndarray) -> np.ndarray:
         """The fewest micro-steps that fit each b_i in its memory cap (the same K for all under fsdp)."""
@@ -91,37 +92,58 @@ class Accumulation:
         k = np.maximum(k, 1).astype(np.int64)
         return np.full_like(k, int(k.max())) if self.shared else k
 
-    def steps_needed(self, pieces: Pieces, caps: np.ndarray, T: float) -> np.ndarray:
+    def steps_needed(self, caps: np.ndarray, T: float) -> np.ndarray:
         """k0_i(T): more micro-steps than this never add capacity at step times up to T (module docstring)."""
-        reach = np.minimum(caps, pieces.max_batch(T)).astype(float)
+        return self._steps_for(np.minimum(caps, self.pieces.max_batch(T)).astype(float))
+
+    def _steps_for(self, reach: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
-            k0 = np.where(np.isfinite(self.micro_caps), np.ceil(np.maximum(reach, 1) / self.micro_caps - 1e-9), 1.0)
+            k0 = np.ceil(np.maximum(reach, 1) / self.micro_caps - 1e-9)  # 0 where uncapped (u = inf)
         return np.clip(k0, 1, self.max_steps).astype(np.int64)
 
-    def by_steps(self, pieces: Pieces, caps: np.ndarray, T: float, feed: np.ndarray | None = None) -> np.ndarray:
-        """(W, S) matrix of n_i(T, k) for k = 1..S (S = the most steps that can matter), -1 where infeasible."""
-        S = int(self.steps_needed(pieces, caps, T).max())
+    def by_steps(self, caps: np.ndarray, T: float, feed: np.ndarray | None = None) -> np.ndarray:
+        """(W, S) matrix of n_i(T, k) for k = 1..S (S = the most steps that can matter), -1 where infeasible.
+
+        Under ddp only the ranks that could use a second micro-step within T get the k > 1 columns (-1 for the
+        rest: those columns could never beat k = 1), which keeps a 4096-rank search cheap."""
+        reach = np.minimum(caps, self.pieces.max_batch(T)).astype(float)
+        whole = reach if feed is None else np.minimum(reach, feed)
+        k0 = self._steps_for(reach)
+        S = int(k0.max())
+        one = np.minimum(whole, self.micro_caps)  # k = 1: the micro-step rows coincide with the curve's
+        N = np.full((len(caps), S), -1.0)
+        N[:, 0] = np.where(one < self.min_batch, -1.0, one)
+        idx = np.arange(len(caps)) if self.shared else np.flatnonzero(k0 > 1)
+        if S == 1 or idx.size == 0:
+            return N
         k = np.arange(1, S + 1, dtype=float)[None, :, None]
-        s, c = pieces.slopes[:, None, :], pieces.intercepts[:, None, :]
-        o = self.optimizer_s[:, None, None]
-        live = self.live(pieces)[:, None, :]
+        s, c = self.pieces.slopes[idx, None, :], self.pieces.intercepts[idx, None, :]
+        o = self.optimizer_s[idx, None, None]
+        live = self.live[idx, None, :]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             cc = (c - o) * k + o  # the piece's intercept at k micro-steps
             per = np.where(live & (s > 0), (T - cc) / np.where(s > 0, s, 1.0), np.inf)
         flat_over = np.any(live & (s <= 0) & (cc > T), axis=2)
         micro_bound = np.where(flat_over, -1.0, _floor(np.min(per, axis=2)))
-        whole = np.minimum(caps, pieces.max_batch(T)).astype(float)
-        if feed is not None:
-            whole = np.minimum(whole, feed)
         ks = k[:, :, 0]
-        n = np.minimum(np.minimum(whole[:, None], ks * self.micro_caps[:, None]), micro_bound)
-        bad = (ks > self.max_steps[:, None]) | (n < self.min_batch * ks) | (whole[:, None] < self.min_batch)
-        return np.where(bad, -1.0, n)
+        n = np.minimum(np.minimum(whole[idx, None], ks * self.micro_caps[idx, None]), micro_bound)
+        bad = (ks > self.max_steps[idx, None]) | (n < self.min_batch * ks) | (whole[idx, None] < self.min_batch)
+        N[idx] = np.where(bad, -1.0, n)
+        return N
 
-    def capacity(self, pieces: Pieces, caps: np.ndarray, T: float,
-                 feed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def at_steps(self, steps: np.ndarray) -> Pieces:
+        """The curves of tau_i(., k_i) for fixed micro-step counts: each rank's own pieces plus, where k_i > 1, its
+        live pieces with intercept (c_p - o_i) k_i + o_i.  With k fixed the program is the one without
+        accumulation over these pieces, caps k_i u_i and lower bounds min_batch k_i."""
+        k = np.asarray(steps, dtype=float)[:, None]
+        extra = np.where(self.live & (k > 1), (self.pieces.intercepts - self.optimizer_s[:, None]) * k
+                         + self.optimizer_s[:, None], -np.inf)
+        keep = np.flatnonzero(np.any(np.isfinite(extra), axis=0))
+        return Pieces(np.hstack([self.pieces.slopes, self.pieces.slopes[:, keep]]), np.hstack([self.pieces.intercepts, extra[:, keep]]))
+
+    def capacity(self, caps: np.ndarray, T: float, feed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(n_i(T), k_i): the most each rank finishes within T, and in how few micro-steps (fsdp: one K for all)."""
-        N = self.by_steps(pieces, caps, T, feed)
+        N = self.by_steps(caps, T, feed)
         if not self.shared:
             k = np.argmax(N, axis=1)  # the first maximum: the fewest steps among ties
             return N[np.arange(len(N)), k], k + 1
@@ -130,10 +152,9 @@ class Accumulation:
         K = int(np.argmax(total))
         return N[:, K], np.full(len(N), K + 1, dtype=np.int64)
 
-    def fewest_steps(self, pieces: Pieces, caps: np.ndarray, T: float, B: int,
-                     feed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    def fewest_steps(self, caps: np.ndarray, T: float, B: int, feed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
         """Second stage: (k, capacities) with the smallest sum of k that still hold B within T; None if none do."""
-        N = self.by_steps(pieces, caps, T, feed)
+        N = self.by_steps(caps, T, feed)
         W, S = N.shape
         if np.any(N[:, 0] < 0):
             return None

@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from planner._accumulation import Accumulation
 from planner.curves import Envelope
 from planner.errors import PlanError
+
+if TYPE_CHECKING:
+    from planner._accumulation import Accumulation
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,15 @@ class Pieces:
 
     slopes: np.ndarray
     intercepts: np.ndarray
+    _rising: np.ndarray = field(init=False, repr=False)
+    _divisor: np.ndarray = field(init=False, repr=False)
+    _flat: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # max_batch runs ~100 times per solve: its masks and a zero-free divisor are built once (no errstate).
+        object.__setattr__(self, "_rising", self.slopes > 0)
+        object.__setattr__(self, "_divisor", np.where(self.slopes > 0, self.slopes, 1.0))
+        object.__setattr__(self, "_flat", self.slopes <= 0)
 
     @classmethod
     def of(cls, envs: Sequence[Envelope]) -> Pieces:
@@ -51,10 +63,10 @@ class Pieces:
 
     def max_batch(self, T: float) -> np.ndarray:
         """floor of the largest b with t_i(b) <= T (a large number where every piece is flat and below T)."""
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            per_piece = np.where(self.slopes > 0, (T - self.intercepts) / self.slopes, np.inf)
+        with np.errstate(over="ignore", invalid="ignore"):  # tiny slopes: a bound past 1e308 is inf, as meant
+            per_piece = np.where(self._rising, (T - self.intercepts) / self._divisor, np.inf)
         bound = np.min(per_piece, axis=1)
-        flat_over = np.any((self.slopes <= 0) & (self.intercepts > T), axis=1)
+        flat_over = np.any(self._flat & (self.intercepts > T), axis=1)
         bound = np.where(flat_over, -1.0, bound)
         return np.floor(np.minimum(bound, 1e15) * (1 + 1e-12) + 1e-9)
 
@@ -75,7 +87,7 @@ def capacity(
     """n_i(T): most samples each rank finishes within T (see module docstring)."""
     fed = feed(T, loader)
     if acc is not None:
-        return acc.capacity(pieces, caps, T, fed)[0]
+        return acc.capacity(caps, T, fed)[0]
     n = np.minimum(caps, pieces.max_batch(T))
     return n if fed is None else np.minimum(n, fed)
 
@@ -84,12 +96,16 @@ def bracket(
     pieces: Pieces,
     caps: np.ndarray,
     B: int,
-    min_batch: int,
+    min_batch: int | np.ndarray,
     loader: tuple[np.ndarray, np.ndarray] | None = None,
     acc: Accumulation | None = None,
+    start_hi: float | None = None,
 ) -> tuple[float, float]:
-    """(lo, hi): F(lo) < B <= F(hi) (or lo == hi when the smallest admissible T already fits B)."""
-    floor_t = float(np.max(pieces.times(np.full(len(caps), min_batch))))
+    """(lo, hi): F(lo) < B <= F(hi) (or lo == hi when the smallest admissible T already fits B).
+
+    ``min_batch`` may differ per rank (min_batch * k_i with k_i micro-steps fixed); ``start_hi`` is a step time
+    known to fit (the search doubles from there instead of from the largest batches' times)."""
+    floor_t = float(np.max(pieces.times(np.broadcast_to(np.asarray(min_batch, dtype=float), (len(caps),)))))
     if loader is not None:
         p, w = loader
         floor_t = max(floor_t, float(np.max(np.where(w > 0, p * min_batch / np.maximum(w, 1), 0.0))))
@@ -99,7 +115,12 @@ def bracket(
 
     if fits(floor_t):
         return floor_t, floor_t
-    hi = max(floor_t * 2, float(np.max(pieces.times(caps.astype(float)))))
+    if start_hi is not None:
+        hi = max(start_hi, floor_t * 2)
+    elif acc is not None:  # caps are whole-step caps here (up to B): their times say little, double from the floor
+        hi = floor_t * 2
+    else:
+        hi = max(floor_t * 2, float(np.max(pieces.times(caps.astype(float)))))
     for _ in range(200):
         if fits(hi):
             break
@@ -122,18 +143,24 @@ def solve_milp(
     pieces: Pieces,
     caps: np.ndarray,
     B: int,
-    min_batch: int,
+    min_batch: int | np.ndarray,
     *,
     loader: tuple[np.ndarray, np.ndarray] | None,
     time_limit_s: float,
     acc: Accumulation | None = None,
+    known: tuple[float, float] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, str]:
     """Integer b (and micro-steps k) minimizing T = max_i step_i(b_i, k_i) with sum b = B (workers fixed).
 
-    Returns (b, k, status); k is all ones without ``acc``.
+    Returns (b, k, status); k is all ones without ``acc``.  ``min_batch`` may be per rank (see ``bracket``).
+    ``known`` is a bracket (lo, hi) found by the caller: T* >= lo holds, and hi is checked to fit.
     """
     n = len(caps)
-    lo, hi = bracket(pieces, caps, B, min_batch, loader, acc)
+    lower = np.broadcast_to(np.asarray(min_batch, dtype=np.int64), (n,))
+    if known is not None and float(np.sum(np.maximum(capacity(pieces, caps, known[1], loader, acc), 0))) >= B:
+        lo, hi = known
+    else:
+        lo, hi = bracket(pieces, caps, B, lower, loader, acc, None if known is None else known[1])
     scale = hi if hi > 0 else 1.0  # T about 1: HiGHS tolerances are absolute
     # Columns: b_0..b_{n-1}, then the micro-step counts (n, or one shared K under fsdp; none without acc), then T.
     nk = 0 if acc is None else (1 if acc.shared else n)
@@ -161,9 +188,9 @@ def solve_milp(
                 row([(i, pieces.slopes[i, q] / scale), (t_col, -1.0)], -c / scale)  # s*b_i - T <= -c
     k_hi = np.ones(nk)
     if acc is not None:
-        k_max = acc.steps_needed(pieces, caps, hi)  # more steps never help at T <= hi (planner._accumulation)
+        k_max = acc.steps_needed(caps, hi)  # more steps never help at T <= hi (planner._accumulation)
         k_hi = np.array([float(k_max.max())]) if acc.shared else k_max.astype(float)
-        live = acc.live(pieces)
+        live = acc.live
         for i in range(n):
             kc = n + (0 if acc.shared else i)
             if acc.shared or k_max[i] > 1:
@@ -172,7 +199,7 @@ def solve_milp(
                     # s*b_i + (c - o)*k_i - T <= -o
                     row([(i, pieces.slopes[i, q] / scale), (kc, (pieces.intercepts[i, q] - o) / scale),
                          (t_col, -1.0)], -o / scale)
-                row([(kc, float(min_batch)), (i, -1.0)], 0.0)  # min_batch*k_i <= b_i: no micro-batch too small
+                row([(kc, float(lower[i])), (i, -1.0)], 0.0)  # min_batch*k_i <= b_i: no micro-batch too small
             u = float(acc.micro_caps[i])
             if math.isfinite(u):
                 row([(i, 1.0), (kc, -u)], 0.0)  # b_i <= u_i * k_i
@@ -190,7 +217,7 @@ def solve_milp(
         res = milp(
             cost,
             constraints=[LinearConstraint(A, -np.inf, np.array(rhs)), LinearConstraint(A_sum, B, B)],
-            bounds=Bounds(np.r_[np.full(n, float(min_batch)), np.ones(nk), lo / scale],
+            bounds=Bounds(np.r_[lower.astype(float), np.ones(nk), lo / scale],
                           np.r_[caps.astype(float), k_hi, upper_T]),
             integrality=np.r_[np.ones(n + nk), 0.0],
             options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9},
@@ -199,7 +226,7 @@ def solve_milp(
             b = np.rint(res.x[:n]).astype(np.int64)
             k = np.ones(n, dtype=np.int64) if acc is None else np.rint(res.x[n:t_col]).astype(np.int64)
             k = np.broadcast_to(k, (n,)).copy()
-            if int(b.sum()) == B and np.all(b >= min_batch) and np.all(b <= caps):
+            if int(b.sum()) == B and np.all(b >= lower) and np.all(b <= caps):
                 return b, k, "optimal" if res.status == 0 else "time_limit"
         status = f"HiGHS status {res.status}"
         if acc is None or res.status != 2:
@@ -207,27 +234,27 @@ def solve_milp(
         # Infeasible below `hi` happens only at the min_batch edge of accumulation (planner._accumulation):
         # search again without the upper bound.
     if acc is not None:
-        n_hi, k = acc.capacity(pieces, caps, hi, feed(hi, loader))
+        n_hi, k = acc.capacity(caps, hi, feed(hi, loader))
         if float(np.maximum(n_hi, 0).sum()) < B:
-            raise PlanError(f"no split of global batch {B} into micro-batches of at least min batch {min_batch} "
+            raise PlanError(f"no split of global batch {B} into micro-batches of at least min batch {int(lower[0])} "
                             f"within the memory caps was found ({status})")
-        b = _from_capacity(n_hi, B, min_batch)
+        b = _from_capacity(n_hi, B, lower)
         return b, acc.fewest(b), f"bracket ({status})"
     # The bounds are valid, so this only happens on HiGHS numerical trouble; the bracket's capacities at `hi`
     # are themselves a feasible integer point with T <= hi.
-    return _from_capacity(capacity(pieces, caps, hi, loader), B, min_batch), np.ones(n, dtype=np.int64), \
+    return _from_capacity(capacity(pieces, caps, hi, loader), B, lower), np.ones(n, dtype=np.int64), \
         f"bracket ({status})"
 
 
-def _from_capacity(cap: np.ndarray, B: int, min_batch: int) -> np.ndarray:
+def _from_capacity(cap: np.ndarray, B: int, lower: np.ndarray) -> np.ndarray:
     """Integer b <= cap with sum B, trimming the ranks with the most spare first."""
-    b = np.maximum(cap, min_batch).astype(np.int64)
+    b = np.maximum(cap, lower).astype(np.int64)
     excess: int = int(b.sum()) - B
-    order = np.argsort(-(b - min_batch), kind="stable")
+    order = np.argsort(-(b - lower), kind="stable")
     for i in order:
         if excess <= 0:
             break
-        take = int(min(excess, int(b[i]) - min_batch))
+        take = int(min(excess, int(b[i]) - int(lower[i])))
         b[i] -= take
         excess -= take
     return b

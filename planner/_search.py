@@ -13,19 +13,20 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from planner._accumulation import Accumulation
 from planner._model import RankModel
-from planner._program import Pieces, bisect_workers, capacity, feed, solve_milp
+from planner._program import Pieces, bisect_workers, bracket, capacity, feed, solve_milp
 from planner.curves import Envelope
 from planner.errors import PlanError
 from planner.options import SolveOptions
 from planner.rounding import largest_remainder
 
 Busy = Callable[[np.ndarray], np.ndarray]
+Arrays = tuple[Pieces, np.ndarray, np.ndarray, np.ndarray]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -43,21 +44,35 @@ class Found:
 
 def search(models: list[RankModel], caps: list[int], budgets: dict[str, int], B: int, opts: SolveOptions) -> Found:
     """The plan's (b, k, w): without accumulation when that is feasible and nothing faster needs it."""
+    arrays = _arrays(models, budgets)
+    pieces = arrays[0]
+    cap_arr = np.asarray(caps, dtype=np.int64)
     plain: Found | None = None
-    t_plain = np.inf
-    if sum(caps) >= B:
-        plain = _optimize(models, caps, budgets, B, opts)
-        t_plain = max(m.busy_time(int(b), int(w))[0]
-                      for m, b, w in zip(models, plain.batch_sizes, plain.workers, strict=True))
+    t_plain: float | None = None
+    if int(cap_arr.sum()) >= B:
+        # The best step time without accumulation, compute only (cheap bisection): if no capped rank could use
+        # more than its cap within it, plan exactly as without accumulation.
+        t_plain = bracket(pieces, cap_arr, B, opts.min_batch)[1]
         if not _accumulation_may_help(models, B, t_plain):
+            plain = _optimize(models, cap_arr, arrays, budgets, B, opts)
+            t_plain = _step(models, plain)
+            if not _accumulation_may_help(models, B, t_plain):  # the loaders' T can be larger
+                return plain
+    found = _optimize_accumulated(models, arrays, budgets, B, opts, start_hi=t_plain)
+    if int(cap_arr.sum()) >= B:
+        # Without accumulation at the same workers (the note's comparison), unless the full search ran above.
+        p, w = arrays[1], found.workers
+        t_same = t_plain if plain is not None else bracket(pieces, cap_arr, B, opts.min_batch, (p, w))[1]
+        if plain is not None and not _step(models, found) < _step(models, plain) * (1 - 1e-9):
             return plain
-    found = _optimize_accumulated(models, budgets, B, opts)
-    t_acc = max(m.busy_time(int(b), int(w), int(k))[0]
-                for m, b, w, k in zip(models, found.batch_sizes, found.workers, found.steps, strict=True))
-    if plain is not None and (not t_acc < t_plain * (1 - 1e-9) or int(found.steps.max()) == 1):
-        return plain
-    return Found(batch_sizes=found.batch_sizes, steps=found.steps, workers=found.workers, method=found.method,
-                 status=found.status, plain_step_s=None if plain is None else float(t_plain))
+        if int(found.steps.max()) > 1:
+            return replace(found, plain_step_s=t_same)
+    return found
+
+
+def _step(models: list[RankModel], found: Found) -> float:
+    return max(m.busy_time(int(b), int(w), int(k))[0]
+               for m, b, w, k in zip(models, found.batch_sizes, found.workers, found.steps, strict=True))
 
 
 def _accumulation_may_help(models: list[RankModel], B: int, T: float) -> bool:
@@ -78,7 +93,7 @@ def _envelope_for(m: RankModel) -> Envelope:
     return m.compute.plus_per_sample(m.sec_per_sample) if m.serial_loader else m.compute
 
 
-def _arrays(models: list[RankModel], budgets: dict[str, int]) -> tuple[Pieces, np.ndarray, np.ndarray, np.ndarray]:
+def _arrays(models: list[RankModel], budgets: dict[str, int]) -> Arrays:
     """(pieces, loader cost of ranks with workers, host index per rank, worker budget per host index)."""
     pieces = Pieces.of([_envelope_for(m) for m in models])
     p = np.array([0.0 if m.serial_loader else m.sec_per_sample for m in models])
@@ -111,10 +126,10 @@ def _over_budget(models: list[RankModel], w: np.ndarray, hosts: np.ndarray, host
 
 
 # -- without accumulation ----------------------------------------------------------------------------------------
-def _optimize(models: list[RankModel], caps: list[int], budgets: dict[str, int], B: int, opts: SolveOptions) -> Found:
+def _optimize(models: list[RankModel], cap_arr: np.ndarray, arrays: Arrays, budgets: dict[str, int], B: int,
+              opts: SolveOptions) -> Found:
     """See planner.solve's docstring for the two steps."""
-    pieces, p, hosts, host_budget = _arrays(models, budgets)
-    cap_arr = np.asarray(caps, dtype=np.int64)
+    pieces, p, hosts, host_budget = arrays
     serial = np.array([m.serial_loader for m in models])
     # Step 1: compute only (serial loaders are already folded into their ranks' pieces).
     b, _, status = solve_milp(pieces, cap_arr, B, opts.min_batch, loader=None, time_limit_s=opts.time_limit_s)
@@ -131,20 +146,26 @@ def _optimize(models: list[RankModel], caps: list[int], budgets: dict[str, int],
                                   time_limit_s=opts.time_limit_s)
         method = "milp+workers"
     w = _spread_spare_workers(models, b, w, budgets)
+    lo = np.full(len(b), opts.min_batch, dtype=np.int64)
+    b = _settle(pieces, p, w, b, lo, cap_arr)
+    return Found(batch_sizes=b, steps=np.ones(len(b), dtype=np.int64), workers=w, method=method, status=status)
+
+
+def _settle(pieces: Pieces, p: np.ndarray, w: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Balance among the ties at the step time, then polish by single samples (workers fixed)."""
 
     def busy(x: np.ndarray) -> np.ndarray:
         return _busy(pieces, p, x, w)
 
     T = float(np.max(busy(b)))
-    lo = np.full(len(b), opts.min_batch, dtype=np.int64)
-    b = _balance(busy, b, np.maximum(capacity(pieces, cap_arr, T, (p, w)), b), lo, T)
-    b = _polish(busy, b, lo, cap_arr)
-    return Found(batch_sizes=b, steps=np.ones(len(b), dtype=np.int64), workers=w, method=method, status=status)
+    b = _balance(busy, b, np.maximum(capacity(pieces, hi, T, (p, w)), b), lo, T)
+    return _polish(busy, b, lo, hi)
 
 
 # -- with accumulation -------------------------------------------------------------------------------------------
-def _accumulation(models: list[RankModel], opts: SolveOptions) -> Accumulation:
+def _accumulation(models: list[RankModel], pieces: Pieces, opts: SolveOptions) -> Accumulation:
     return Accumulation(
+        pieces=pieces,
         optimizer_s=np.array([m.optimizer_s for m in models], dtype=float),
         micro_caps=np.array([np.inf if m.micro_cap is None else float(m.micro_cap) for m in models]),
         max_steps=np.array([m.max_steps for m in models], dtype=np.int64),
@@ -153,39 +174,47 @@ def _accumulation(models: list[RankModel], opts: SolveOptions) -> Accumulation:
     )
 
 
-def _optimize_accumulated(models: list[RankModel], budgets: dict[str, int], B: int, opts: SolveOptions) -> Found:
-    """The same steps over (b, k), then the fewest micro-steps at the optimal step time."""
-    pieces, p, hosts, host_budget = _arrays(models, budgets)
-    acc = _accumulation(models, opts)
+def _optimize_accumulated(models: list[RankModel], arrays: Arrays, budgets: dict[str, int], B: int,
+                          opts: SolveOptions, *, start_hi: float | None) -> Found:
+    """The same two steps over (b, k).  The micro-steps come first: bisection on the step time with the
+    capacities n_i(T) = max_k n_i(T, k) brackets the optimum T*, the second stage picks the fewest micro-steps
+    that hold B at its upper end, and the MILP then places the samples with those k fixed -- the program without
+    accumulation over the curves tau_i(., k_i).  Where that is infeasible (the min_batch edge of
+    planner._accumulation) the MILP over (b, k) together decides."""
+    pieces, p, hosts, host_budget = arrays
+    acc = _accumulation(models, pieces, opts)
     caps = np.array([B if m.batch_cap is None else min(m.batch_cap, B) for m in models], dtype=np.int64)
     serial = np.array([m.serial_loader for m in models])
-    b, k, status = solve_milp(pieces, caps, B, opts.min_batch, loader=None, time_limit_s=opts.time_limit_s, acc=acc)
+    b, k, status = _place(acc, pieces, caps, B, opts, loader=None, start_hi=start_hi)
     method = "milp+accumulation"
-    w = _workers_at(models, p, b, float(np.max(acc.times(pieces, b, k))))
+    T = float(np.max(acc.times(b, k)))
+    w = _workers_at(models, p, b, T)
     if _over_budget(models, w, hosts, host_budget):
         max_w = np.array([m.max_workers for m in models])
-        T = float(np.max(acc.times(pieces, b, k)))
         w = np.where(serial, 0, bisect_workers(pieces, caps, B, opts.min_batch, p, hosts, host_budget, T, max_w, acc))
-        b, k, status = solve_milp(pieces, caps, B, opts.min_batch, loader=(p, w), time_limit_s=opts.time_limit_s,
-                                  acc=acc)
+        b, k, status = _place(acc, pieces, caps, B, opts, loader=(p, w), start_hi=None)
         method = "milp+accumulation+workers"
     w = _spread_spare_workers(models, b, w, budgets)
-
-    def busy_with(steps: np.ndarray) -> Busy:
-        return lambda x: np.maximum(acc.times(pieces, x, steps), _loader_time(p, x, w))
-
-    T = float(np.max(busy_with(k)(b)))
-    # Second stage: the fewest micro-steps that hold B at T (planner._accumulation), loaded alike.
-    T_ok = T * (1 + 1e-9)
-    fewest = acc.fewest_steps(pieces, caps, T_ok, B, feed(T_ok, (p, w)))
-    if fewest is not None:
-        k2, held = fewest
-        b2 = _balance(busy_with(k2), b, held.astype(np.int64), opts.min_batch * k2, T_ok)
-        if np.all(b2 <= np.minimum(held, k2 * acc.micro_caps)) and np.max(busy_with(k2)(b2)) <= T_ok:
-            b, k = b2, k2
-    k = np.minimum(k, acc.fewest(b))
-    b = _polish(busy_with(k), b, opts.min_batch * k, np.minimum(caps, k * acc.micro_caps))
+    b = _settle(acc.at_steps(k), p, w, b, opts.min_batch * k, np.minimum(caps, k * acc.micro_caps))
     return Found(batch_sizes=b, steps=np.minimum(k, acc.fewest(b)), workers=w, method=method, status=status)
+
+
+def _place(acc: Accumulation, pieces: Pieces, caps: np.ndarray, B: int, opts: SolveOptions, *,
+           loader: tuple[np.ndarray, np.ndarray] | None, start_hi: float | None) -> tuple[np.ndarray, np.ndarray, str]:
+    """(b, k, status): the fewest micro-steps at the bracketed optimum, then the MILP with k fixed."""
+    lo, hi = bracket(pieces, caps, B, opts.min_batch, loader, acc, start_hi)
+    fewest = acc.fewest_steps(caps, hi * (1 + 1e-12), B, feed(hi * (1 + 1e-12), loader))
+    if fewest is not None:
+        k = fewest[0]
+        try:
+            # lo bounds every k (it is below the optimum over all of them); hi fits with these k.
+            b, _, status = solve_milp(acc.at_steps(k), np.minimum(caps, k * acc.micro_caps).astype(np.int64),
+                                      B, opts.min_batch * k, loader=loader, time_limit_s=opts.time_limit_s,
+                                      known=(lo, hi * (1 + 1e-12)))
+            return b, k, status
+        except PlanError:
+            pass
+    return solve_milp(pieces, caps, B, opts.min_batch, loader=loader, time_limit_s=opts.time_limit_s, acc=acc)
 
 
 # -- balance, polish, spare workers --------------------------------------------------------------------------------
@@ -245,8 +274,12 @@ def _spread_spare_workers(models: list[RankModel], b: np.ndarray, w: np.ndarray,
                           budgets: dict[str, int]) -> np.ndarray:
     """Hand a host's unused cores to its busiest loaders first, up to max_workers_per_rank each."""
     w = w.copy()
+    on_host: dict[str, list[int]] = {h: [] for h in budgets}
+    for i, m in enumerate(models):
+        if not m.serial_loader:
+            on_host[m.host].append(i)
     for h, budget in budgets.items():
-        idx = [i for i, m in enumerate(models) if m.host == h and not m.serial_loader]
+        idx = on_host[h]
         spare = budget - int(sum(w[i] for i in idx))
         heap = [(-models[i].sec_per_sample * b[i] / w[i], i) for i in idx if w[i] < models[i].max_workers]
         heapq.heapify(heap)
