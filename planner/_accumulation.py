@@ -71,8 +71,15 @@ class Accumulation:
     live: np.ndarray = field(init=False, repr=False)
     """(W, P) mask of the pieces whose micro-step row can bind: c_p > o_i (the rest are dominated)."""
 
+    _per_step: np.ndarray = field(init=False, repr=False)
+    """(W, P): min_batch * s_p + c_p - o_i on live pieces (> 0), inf elsewhere: each micro-step's least cost."""
+
     def __post_init__(self) -> None:
-        object.__setattr__(self, "live", self.pieces.intercepts > self.optimizer_s[:, None])
+        live = self.pieces.intercepts > self.optimizer_s[:, None]
+        object.__setattr__(self, "live", live)
+        with np.errstate(invalid="ignore"):
+            per_step = self.min_batch * self.pieces.slopes + self.pieces.intercepts - self.optimizer_s[:, None]
+        object.__setattr__(self, "_per_step", np.where(live, per_step, np.inf))
 
     def times(self, b: np.ndarray, k: np.ndarray) -> np.ndarray:
         """tau_i(b_i, k_i): rank i's compute time for an optimizer step of b_i samples in k_i micro-steps."""
@@ -93,30 +100,46 @@ class Accumulation:
         return np.full_like(k, int(k.max())) if self.shared else k
 
     def steps_needed(self, caps: np.ndarray, T: float) -> np.ndarray:
-        """k0_i(T): more micro-steps than this never add capacity at step times up to T (module docstring)."""
-        return self._steps_for(np.minimum(caps, self.pieces.max_batch(T)).astype(float))
+        """Per rank, the most micro-steps worth trying at step times up to T: more than k0_i(T) never add capacity
+        (module docstring), and more than fit min_batch samples each within T never run.  Under fsdp one bound
+        for all: the shared K must run on every rank."""
+        return self._steps_for(np.minimum(caps, self.pieces.max_batch(T)).astype(float), T)
 
-    def _steps_for(self, reach: np.ndarray) -> np.ndarray:
+    def _steps_for(self, reach: np.ndarray, T: float) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
             k0 = np.ceil(np.maximum(reach, 1) / self.micro_caps - 1e-9)  # 0 where uncapped (u = inf)
-        return np.clip(k0, 1, self.max_steps).astype(np.int64)
+            # k micro-steps of min_batch need  (min_batch s_p + c_p - o) k + o <= T  on every live piece.
+            runs = np.floor(np.min(np.where(self.live, (T - self.optimizer_s[:, None]) / self._per_step, np.inf),
+                                   axis=1) * (1 + 1e-9) + 1e-9)
+        runs = np.nan_to_num(runs, nan=1.0, posinf=float(self.max_steps.max()))
+        if self.shared:
+            K = np.clip(min(float(k0.max()), float(runs.min())), 1, self.max_steps.max())
+            return np.full(len(k0), int(K), dtype=np.int64)
+        return np.clip(np.minimum(k0, runs), 1, self.max_steps).astype(np.int64)
 
     def by_steps(self, caps: np.ndarray, T: float, feed: np.ndarray | None = None) -> np.ndarray:
         """(W, S) matrix of n_i(T, k) for k = 1..S (S = the most steps that can matter), -1 where infeasible.
 
         Under ddp only the ranks that could use a second micro-step within T get the k > 1 columns (-1 for the
-        rest: those columns could never beat k = 1), which keeps a 4096-rank search cheap."""
-        reach = np.minimum(caps, self.pieces.max_batch(T)).astype(float)
-        whole = reach if feed is None else np.minimum(reach, feed)
-        k0 = self._steps_for(reach)
+        rest: those columns could never beat k = 1)."""
+        whole, k0 = self._whole(caps, T, feed)
         S = int(k0.max())
         one = np.minimum(whole, self.micro_caps)  # k = 1: the micro-step rows coincide with the curve's
         N = np.full((len(caps), S), -1.0)
         N[:, 0] = np.where(one < self.min_batch, -1.0, one)
         idx = np.arange(len(caps)) if self.shared else np.flatnonzero(k0 > 1)
-        if S == 1 or idx.size == 0:
-            return N
-        k = np.arange(1, S + 1, dtype=float)[None, :, None]
+        if S > 1 and idx.size:
+            N[idx] = self._held(idx, np.broadcast_to(np.arange(1, S + 1, dtype=float), (idx.size, S)), T, whole)
+        return N
+
+    def _whole(self, caps: np.ndarray, T: float, feed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """(the most each rank holds within T in one step or any, memory aside; the most steps worth trying)."""
+        reach = np.minimum(caps, self.pieces.max_batch(T)).astype(float)
+        return (reach if feed is None else np.minimum(reach, feed)), self._steps_for(reach, T)
+
+    def _held(self, idx: np.ndarray, ks: np.ndarray, T: float, whole: np.ndarray) -> np.ndarray:
+        """n_i(T, k) for the ranks `idx` at the (len(idx), C) micro-step counts `ks`; -1 where they cannot run."""
+        k = ks[:, :, None]
         s, c = self.pieces.slopes[idx, None, :], self.pieces.intercepts[idx, None, :]
         o = self.optimizer_s[idx, None, None]
         live = self.live[idx, None, :]
@@ -125,11 +148,29 @@ class Accumulation:
             per = np.where(live & (s > 0), (T - cc) / np.where(s > 0, s, 1.0), np.inf)
         flat_over = np.any(live & (s <= 0) & (cc > T), axis=2)
         micro_bound = np.where(flat_over, -1.0, _floor(np.min(per, axis=2)))
-        ks = k[:, :, 0]
         n = np.minimum(np.minimum(whole[idx, None], ks * self.micro_caps[idx, None]), micro_bound)
         bad = (ks > self.max_steps[idx, None]) | (n < self.min_batch * ks) | (whole[idx, None] < self.min_batch)
-        N[idx] = np.where(bad, -1.0, n)
-        return N
+        return np.where(bad, -1.0, n)
+
+    def _best(self, caps: np.ndarray, T: float, feed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """ddp's (n_i(T), k_i) without the whole matrix.  n_i(T, k) = floor f(k) with f(k) = min(whole, k u,
+        G(k)) concave in k (G, the micro-step rows' bound, falls with k), so the best integer k -- the fewest among
+        ties -- is 1, the start of the plateau ceil(whole / u), a neighbour of the crossing k u = G(k), or the most
+        that can run at all; five candidates per rank instead of every k."""
+        whole, k_top = self._whole(caps, T, feed)
+        u = self.micro_caps
+        s, o = self.pieces.slopes, self.optimizer_s[:, None]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            cross = np.min(np.where(self.live, (T - o) / (u[:, None] * s + self.pieces.intercepts - o), np.inf), axis=1)
+            plateau = np.ceil(whole / u - 1e-9)
+            runnable = np.floor(whole / self.min_batch)
+        cands = np.stack([np.ones_like(whole), plateau, np.floor(cross), np.ceil(cross), runnable], axis=1)
+        cands = np.clip(np.nan_to_num(cands, nan=1.0, posinf=1.0, neginf=1.0), 1, k_top[:, None])
+        cands.sort(axis=1)
+        n = self._held(np.arange(len(caps)), cands, T, whole)
+        j = np.argmax(n, axis=1)  # first maximum: the fewest steps among ties
+        rows = np.arange(len(caps))
+        return n[rows, j], cands[rows, j].astype(np.int64)
 
     def at_steps(self, steps: np.ndarray) -> Pieces:
         """The curves of tau_i(., k_i) for fixed micro-step counts: each rank's own pieces plus, where k_i > 1, its
@@ -143,10 +184,9 @@ class Accumulation:
 
     def capacity(self, caps: np.ndarray, T: float, feed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(n_i(T), k_i): the most each rank finishes within T, and in how few micro-steps (fsdp: one K for all)."""
-        N = self.by_steps(caps, T, feed)
         if not self.shared:
-            k = np.argmax(N, axis=1)  # the first maximum: the fewest steps among ties
-            return N[np.arange(len(N)), k], k + 1
+            return self._best(caps, T, feed)
+        N = self.by_steps(caps, T, feed)
         ok = np.all(N >= 0, axis=0)
         total = np.where(ok, N.sum(axis=0), -1.0)
         K = int(np.argmax(total))
