@@ -63,14 +63,16 @@ def random_profile(n: int, *, loader: bool, seed: int = 0, capacity_gb: tuple[fl
     return Profile(hosts=hosts, ranks=tuple(ranks))
 
 
-def _time(prof: Profile, B: int, repeats: int, **options: Any) -> tuple[list[float], planner.Plan]:
-    times, plan = [], None
+def _time(prof: Profile, B: int, repeats: int, **options: Any) -> tuple[list[float], list[float], planner.Plan]:
+    """(wall times, CPU times, plan): on a shared machine the wall time counts other jobs' turns too."""
+    wall, cpu, plan = [], [], None
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         plan = planner.solve(prof, global_batch=B, **options)
-        times.append(time.perf_counter() - t0)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     assert plan is not None
-    return times, plan
+    return wall, cpu, plan
 
 
 def _steps(plan: planner.Plan) -> str:
@@ -78,8 +80,9 @@ def _steps(plan: planner.Plan) -> str:
     return f"{sum(x > 1 for x in k)} / {max(k)}"
 
 
-def _ms(times: list[float]) -> str:
-    return f"{1000 * statistics.median(times):.1f} ms | {1000 * min(times):.1f} ms | {1000 * max(times):.1f} ms"
+def _ms(times: list[float], cpu: list[float]) -> str:
+    return (f"{1000 * statistics.median(times):.1f} ms | {1000 * min(times):.1f} ms | {1000 * max(times):.1f} ms | "
+            f"{1000 * statistics.median(cpu):.1f} ms")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,35 +95,37 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(x) for x in args.ranks.split(",")]
     rows: list[dict[str, Any]] = []
 
-    print("| ranks | loaders | median solve | min | max | method | micro-steps | plan / ideal |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| ranks | loaders | median solve | min | max | median CPU | method | micro-steps | plan / ideal |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in sizes:
         for loader in (False, True):
             prof = random_profile(n, loader=loader)
-            times, plan = _time(prof, args.batch_per_rank * n, args.repeats)
+            times, cpu, plan = _time(prof, args.batch_per_rank * n, args.repeats)
             ratio = plan.predicted.samples_per_s / plan.predicted.ideal_samples_per_s
-            print(f"| {n} | {'yes' if loader else 'no'} | {_ms(times)} | {plan.solver['method']} | {_steps(plan)} | "
+            print(f"| {n} | {'yes' if loader else 'no'} | {_ms(times, cpu)} | {plan.solver['method']} | {_steps(plan)} | "
                   f"{ratio:.3f} |", flush=True)
-            rows.append({"table": "random", "ranks": n, "loaders": loader, "solve_s": times,
+            rows.append({"table": "random", "ranks": n, "loaders": loader, "solve_s": times, "cpu_s": cpu,
                          "method": plan.solver["method"], "accumulation_steps_max": max(plan.accumulation_steps),
                          "accumulating_ranks": sum(k > 1 for k in plan.accumulation_steps),
                          "plan_over_ideal": ratio})
 
     print("\nmemory-heterogeneous, global batch 1.5x the sum of the memory caps")
-    print("| ranks | mode | median solve | min | max | micro-steps | plan / equal split | plan / same micro-batch |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| ranks | mode | median solve | min | max | median CPU | micro-steps | plan / equal split | "
+          "plan / same micro-batch |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in sizes:
         prof = random_profile(n, loader=False, seed=1)
         caps = sum(m.cap or 0 for m in build_models(prof, planner.SolveOptions()))
         B = int(1.5 * caps)
         for mode in ("ddp", "fsdp"):
-            times, plan = _time(prof, B, args.repeats, mode=mode)
+            times, cpu, plan = _time(prof, B, args.repeats, mode=mode)
             eq = plan.predicted.equal_split_samples_per_s
             hand = equal_accumulation_split(prof, B, mode=mode).predicted.samples_per_s
             x = plan.predicted.samples_per_s
-            print(f"| {n} | {mode} | {_ms(times)} | {_steps(plan)} | {x / eq:.2f}x | {x / hand:.2f}x |", flush=True)
+            print(f"| {n} | {mode} | {_ms(times, cpu)} | {_steps(plan)} | {x / eq:.2f}x | {x / hand:.2f}x |",
+                  flush=True)
             rows.append({"table": "memory", "ranks": n, "mode": mode, "global_batch": B, "sum_of_caps": caps,
-                         "solve_s": times, "method": plan.solver["method"],
+                         "solve_s": times, "cpu_s": cpu, "method": plan.solver["method"],
                          "accumulation_steps_max": max(plan.accumulation_steps),
                          "accumulating_ranks": sum(k > 1 for k in plan.accumulation_steps),
                          "plan_samples_per_s": x, "equal_split_samples_per_s": eq,

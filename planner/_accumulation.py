@@ -156,21 +156,29 @@ class Accumulation:
         """ddp's (n_i(T), k_i) without the whole matrix.  n_i(T, k) = floor f(k) with f(k) = min(whole, k u,
         G(k)) concave in k (G, the micro-step rows' bound, falls with k), so the best integer k -- the fewest among
         ties -- is 1, the start of the plateau ceil(whole / u), a neighbour of the crossing k u = G(k), or the most
-        that can run at all; five candidates per rank instead of every k."""
+        that can run at all: five candidates per rank that could use a second step, instead of every k."""
         whole, k_top = self._whole(caps, T, feed)
-        u = self.micro_caps
-        s, o = self.pieces.slopes, self.optimizer_s[:, None]
+        one = np.minimum(whole, self.micro_caps)
+        n = np.where(one < self.min_batch, -1.0, one)
+        k = np.ones(len(caps), dtype=np.int64)
+        idx = np.flatnonzero(k_top > 1)
+        if idx.size == 0:
+            return n, k
+        u = self.micro_caps[idx]
+        s, c, o = self.pieces.slopes[idx], self.pieces.intercepts[idx], self.optimizer_s[idx, None]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            cross = np.min(np.where(self.live, (T - o) / (u[:, None] * s + self.pieces.intercepts - o), np.inf), axis=1)
-            plateau = np.ceil(whole / u - 1e-9)
-            runnable = np.floor(whole / self.min_batch)
-        cands = np.stack([np.ones_like(whole), plateau, np.floor(cross), np.ceil(cross), runnable], axis=1)
-        cands = np.clip(np.nan_to_num(cands, nan=1.0, posinf=1.0, neginf=1.0), 1, k_top[:, None])
+            cross = np.min(np.where(self.live[idx], (T - o) / (u[:, None] * s + c - o), np.inf), axis=1)
+            plateau = np.ceil(whole[idx] / u - 1e-9)
+            runnable = np.floor(whole[idx] / self.min_batch)
+        cands = np.stack([np.ones(idx.size), plateau, np.floor(cross), np.ceil(cross), runnable], axis=1)
+        cands = np.clip(np.nan_to_num(cands, nan=1.0, posinf=1.0, neginf=1.0), 1, k_top[idx, None])
         cands.sort(axis=1)
-        n = self._held(np.arange(len(caps)), cands, T, whole)
-        j = np.argmax(n, axis=1)  # first maximum: the fewest steps among ties
-        rows = np.arange(len(caps))
-        return n[rows, j], cands[rows, j].astype(np.int64)
+        held = self._held(idx, cands, T, whole)
+        j = np.argmax(held, axis=1)  # first maximum: the fewest steps among ties
+        rows = np.arange(idx.size)
+        n[idx] = held[rows, j]
+        k[idx] = cands[rows, j].astype(np.int64)
+        return n, k
 
     def at_steps(self, steps: np.ndarray) -> Pieces:
         """The curves of tau_i(., k_i) for fixed micro-step counts: each rank's own pieces plus, where k_i > 1, its

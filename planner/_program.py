@@ -261,33 +261,31 @@ def _from_capacity(cap: np.ndarray, B: int, lower: np.ndarray) -> np.ndarray:
 
 
 def greedy_workers(
-    pieces: Pieces,
-    caps: np.ndarray,
+    compute_cap: np.ndarray,
     p: np.ndarray,
     hosts: np.ndarray,
     budgets: np.ndarray,
     T: float,
     max_workers: np.ndarray,
-    acc: Accumulation | None = None,
 ) -> np.ndarray:
     """Workers per rank at step time T: one each, then spare cores to the loaders that turn one more worker
-    into the most extra samples (cheapest per-sample cost first), until a rank's compute cap or its own
-    worker cap is reached."""
-    compute_cap = capacity(pieces, caps, T, None, acc)
+    into the most extra samples (cheapest per-sample cost first), until a rank's compute cap (what it can finish
+    within T, ``compute_cap``) or its own worker cap is reached."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         per_worker = np.where(p > 0, T / np.where(p > 0, p, 1.0), np.inf)  # samples one worker feeds in T
         need = np.where(p > 0, np.ceil(np.maximum(compute_cap, 1) / per_worker - 1e-9), 1.0)
     need = np.minimum(np.maximum(need, 1), np.maximum(max_workers, 1)).astype(np.int64)
-    w = np.ones(len(caps), dtype=np.int64)
-    for h in np.unique(hosts):
-        idx = np.flatnonzero(hosts == h)
-        spare = int(budgets[h]) - len(idx)
-        if spare <= 0:
-            continue
-        order = idx[np.argsort(-per_worker[idx], kind="stable")]
-        extra = need[order] - 1
-        before = np.cumsum(extra) - extra
-        w[order] += np.clip(spare - before, 0, extra)
+    # Host by host (all hosts at once): ranks in order of cheapest loading (ties by rank), each taking what it
+    # needs of the host's spare cores while they last.
+    order = np.lexsort((-per_worker, hosts))
+    extra = need[order] - 1
+    done = np.cumsum(extra) - extra  # extra workers handed out before each rank, counted over all hosts
+    h = hosts[order]
+    first = np.r_[0, np.flatnonzero(h[1:] != h[:-1]) + 1]
+    before = done - np.repeat(done[first], np.diff(np.r_[first, len(h)]))
+    spare = budgets[h] - np.bincount(hosts, minlength=len(budgets))[h]
+    w = np.ones(len(p), dtype=np.int64)
+    w[order] += np.clip(spare - before, 0, extra)
     return w
 
 
@@ -302,16 +300,24 @@ def bisect_workers(
     t_lo: float,
     max_workers: np.ndarray,
     acc: Accumulation | None = None,
-) -> np.ndarray:
-    """Fix the workers: the greedy allocation at the smallest T (bisection) where it feeds the global batch."""
+) -> tuple[np.ndarray, float]:
+    """Fix the workers: the greedy allocation at the smallest T (bisection) where it feeds the global batch.
+    Returns (workers, that T)."""
 
     def fits(T: float) -> tuple[bool, np.ndarray]:
-        w = greedy_workers(pieces, caps, p, hosts, budgets, T, max_workers, acc)
-        return float(np.sum(np.maximum(capacity(pieces, caps, T, (p, w), acc), 0))) >= B, w
+        compute_cap = capacity(pieces, caps, T, None, acc)
+        w = greedy_workers(compute_cap, p, hosts, budgets, T, max_workers)
+        fed = feed(T, (p, w))
+        assert fed is not None
+        # = capacity(pieces, caps, T, (p, w), acc): the feed caps every micro-step count alike
+        n = np.minimum(compute_cap, fed)
+        if acc is not None:
+            n = np.where(fed < min_batch, -1.0, n)
+        return float(np.sum(np.maximum(n, 0))) >= B, w
 
     ok, w = fits(t_lo)
     if ok:
-        return w
+        return w, t_lo
     hi = t_lo * 2
     for _ in range(200):
         ok, w = fits(hi)
@@ -328,4 +334,4 @@ def bisect_workers(
             hi, w = mid, wm
         else:
             lo = mid
-    return w
+    return w, hi

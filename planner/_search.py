@@ -59,14 +59,13 @@ def search(models: list[RankModel], caps: list[int], budgets: dict[str, int], B:
             if not _accumulation_may_help(models, B, t_plain):  # the loaders' T can be larger
                 return plain
     found = _optimize_accumulated(models, arrays, budgets, B, opts, start_hi=t_plain)
-    if int(cap_arr.sum()) >= B:
-        # Without accumulation at the same workers (the note's comparison), unless the full search ran above.
-        p, w = arrays[1], found.workers
-        t_same = t_plain if plain is not None else bracket(pieces, cap_arr, B, opts.min_batch, (p, w))[1]
-        if plain is not None and not _step(models, found) < _step(models, plain) * (1 - 1e-9):
-            return plain
-        if int(found.steps.max()) > 1:
-            return replace(found, plain_step_s=t_same)
+    if plain is not None and not _step(models, found) < _step(models, plain) * (1 - 1e-9):
+        return plain
+    if int(cap_arr.sum()) >= B and int(found.steps.max()) > 1:
+        # What the step would be without accumulation (the plan's note): the full search's if it ran, else the
+        # optimum at the same workers.
+        t_same = t_plain if plain is not None else bracket(pieces, cap_arr, B, opts.min_batch, (arrays[1], found.workers))[1]
+        return replace(found, plain_step_s=t_same)
     return found
 
 
@@ -140,8 +139,7 @@ def _optimize(models: list[RankModel], cap_arr: np.ndarray, arrays: Arrays, budg
         # Step 2: the loaders cannot keep up at T.  Fix the workers (greedy at the bisected T), then the MILP
         # with p*b <= w*T linear again.
         max_w = np.array([m.max_workers for m in models])
-        w = bisect_workers(pieces, cap_arr, B, opts.min_batch, p, hosts, host_budget, T, max_w)
-        w = np.where(serial, 0, w)
+        w = np.where(serial, 0, bisect_workers(pieces, cap_arr, B, opts.min_batch, p, hosts, host_budget, T, max_w)[0])
         b, _, status = solve_milp(pieces, cap_arr, B, opts.min_batch, loader=(p, w),
                                   time_limit_s=opts.time_limit_s)
         method = "milp+workers"
@@ -191,8 +189,9 @@ def _optimize_accumulated(models: list[RankModel], arrays: Arrays, budgets: dict
     w = _workers_at(models, p, b, T)
     if _over_budget(models, w, hosts, host_budget):
         max_w = np.array([m.max_workers for m in models])
-        w = np.where(serial, 0, bisect_workers(pieces, caps, B, opts.min_batch, p, hosts, host_budget, T, max_w, acc))
-        b, k, status = _place(acc, pieces, caps, B, opts, loader=(p, w), start_hi=None)
+        w, t_fed = bisect_workers(pieces, caps, B, opts.min_batch, p, hosts, host_budget, T, max_w, acc)
+        w = np.where(serial, 0, w)
+        b, k, status = _place(acc, pieces, caps, B, opts, loader=(p, w), start_hi=t_fed)
         method = "milp+accumulation+workers"
     w = _spread_spare_workers(models, b, w, budgets)
     b = _settle(acc.at_steps(k), p, w, b, opts.min_batch * k, np.minimum(caps, k * acc.micro_caps))
