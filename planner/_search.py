@@ -66,6 +66,8 @@ def search(models: list[RankModel], caps: list[int], budgets: dict[str, int], B:
         # optimum at the same workers.
         t_same = t_plain if plain is not None else bracket(pieces, cap_arr, B, opts.min_batch, (arrays[1], found.workers))[1]
         return replace(found, plain_step_s=t_same)
+    if int(found.steps.max()) == 1:  # searched with micro-steps, none paid off
+        return replace(found, method=found.method.replace("+accumulation", ""))
     return found
 
 

@@ -261,3 +261,49 @@ def test_min_gain_compares_with_the_equal_split_at_its_fewest_micro_steps() -> N
     kept = planner.solve(prof, global_batch=1024)
     assert kept.batch_sizes == (512, 512) and kept.accumulation_steps == (2, 2)
     assert kept.solver["method"].startswith("equal (")
+
+
+def test_with_loaders_and_host_budgets_accumulating_plans_keep_every_constraint() -> None:
+    # Random memory-capped ranks with loader costs and few cores, B above and below the sum of the caps: every plan
+    # holds B, keeps each micro-batch within its cap and at min_batch, feeds b_i per optimizer step within the
+    # step (p b <= w T), respects the hosts' worker budgets, predicts what the model says, and is never slower
+    # than the best plan without accumulation.
+    from planner.profile import LoaderProfile
+    from planner.solve import build_models
+
+    rng = np.random.default_rng(5)
+    for case in range(30):
+        n = int(rng.integers(2, 12))
+        hosts = tuple(HostProfile(name=f"h{j}", cpu_cores=int(rng.integers(1, 12))) for j in range(int(rng.integers(1, 3))))
+        ranks = []
+        for i in range(n):
+            f, base = float(rng.uniform(1, 4)), float(rng.uniform(0.003, 0.01))
+            pts = tuple(ComputePoint(batch_size=b, step_time_s=f * (base + 1e-4 * max(b, 32))) for b in (8, 32, 128, 512))
+            ranks.append(RankProfile(rank=i, host=hosts[i % len(hosts)].name, device=f"cuda:{i}", compute=pts,
+                                     memory=MemoryProfile(max_batch_size=int(rng.integers(16, 300))),
+                                     loader=LoaderProfile(sec_per_sample=float(rng.uniform(1e-4, 3e-3))),
+                                     optimizer_step_s=float(rng.uniform(0, 0.004))))
+        prof = Profile(hosts=hosts, ranks=tuple(ranks))
+        caps = [r.memory.max_batch_size for r in ranks if r.memory is not None]
+        B = int(sum(caps) * float(rng.choice([0.6, 1.0, 1.7, 3.0])))
+        mb = int(rng.choice([1, 2]))
+        mode = str(rng.choice(["ddp", "fsdp"]))
+        plan = planner.solve(prof, global_batch=B, min_batch=mb, mode=mode, min_gain=0.0)
+        label = f"case {case}: {plan.batch_sizes} x {plan.accumulation_steps} ({plan.solver['method']})"
+        assert sum(plan.batch_sizes) == B, label
+        models = build_models(prof, plan.options)
+        for r, m in zip(plan.ranks, models, strict=True):
+            assert r.micro_batch_size <= (m.micro_cap or B) and r.batch_size // r.accumulation_steps >= mb, label
+            t, _, tl = m.busy_time(r.batch_size, r.num_workers, r.accumulation_steps)
+            assert r.predicted_step_time_s == pytest.approx(t, rel=1e-12) and tl <= plan.predicted.step_time_s, label
+        for h in prof.hosts:
+            on_h = [r for r in plan.ranks if r.host == h.name]
+            assert sum(r.num_workers for r in on_h) <= max(0, h.cpu_cores - len(on_h)) or all(
+                r.num_workers == 0 for r in on_h), label
+        if mode == "fsdp":
+            assert len(set(plan.accumulation_steps)) == 1, label
+        try:
+            plain = planner.solve(prof, global_batch=B, min_batch=mb, mode=mode, min_gain=0.0, max_accumulation_steps=1)
+        except PlanError:
+            continue
+        assert _step_s(plan) <= _step_s(plain) * (1 + 1e-9), label

@@ -184,3 +184,19 @@ def test_plan_table_is_unchanged_without_accumulation(capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["rank", "device", "batch", "share", "workers", "step", "ms", "bottleneck"]
     assert "accumulate" not in out
+
+
+def test_profile_optimizer_step_s_is_optional_validated_and_in_the_schema() -> None:
+    schema = json.loads((ROOT / "planner" / "schemas" / "profile.schema.json").read_text())
+    prof = linear_profile([0.001, 0.002])
+    data = prof.to_dict()
+    assert "optimizer_step_s" not in data["ranks"][0]  # absent stays absent
+    data["ranks"][0]["optimizer_step_s"] = 0.004
+    jsonschema.validate(data, schema)
+    assert Profile.from_dict(data).rank(0).optimizer_step_s == 0.004
+    assert Profile.from_dict(data).to_dict() == data
+    data["ranks"][0]["optimizer_step_s"] = -1
+    with pytest.raises(ValidationError, match=r"ranks\[0\]\.optimizer_step_s: must be >= 0"):
+        Profile.from_dict(data)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, schema)
