@@ -4,9 +4,11 @@ Without accumulation (every rank one micro-step) it is the program of planner.so
 MILP, the workers fixed by bisection when the loaders cannot keep up, a proportional balance among ties and a
 one-sample polish.  Accumulation enters only where it can matter: when the global batch exceeds what the caps
 hold in one micro-step, or when a memory-capped rank could finish more than its cap within the best step time
-without accumulation.  Then the same steps run over (b, k) (planner._accumulation), a second stage takes the
-fewest micro-steps among splits with that step time, and the result replaces the one without accumulation only
-when it is strictly faster -- so a cluster whose caps do not bind plans exactly as before.
+without accumulation (a cheap bisection tells).  Then the same steps run over (b, k) (planner._accumulation):
+the micro-step counts are the fewest that hold B at the bracketed optimal step time, and the MILP places the
+samples with them fixed.  Splits without accumulation are among the candidates, and the fewest micro-steps win
+among equally fast ones, so accumulation is planned only where it is strictly faster -- and a cluster whose caps
+do not bind plans exactly as before.
 """
 
 from __future__ import annotations
@@ -99,7 +101,8 @@ def _arrays(models: list[RankModel], budgets: dict[str, int]) -> Arrays:
     pieces = Pieces.of([_envelope_for(m) for m in models])
     p = np.array([0.0 if m.serial_loader else m.sec_per_sample for m in models])
     names = sorted(budgets)
-    hosts = np.array([names.index(m.host) for m in models])
+    index = {h: i for i, h in enumerate(names)}
+    hosts = np.array([index[m.host] for m in models])
     return pieces, p, hosts, np.array([budgets[h] for h in names])
 
 
