@@ -8,13 +8,18 @@ step time T* between an infeasible `lo` and a feasible `hi` (relative width 1e-1
 The MILP (scipy.optimize.milp / HiGHS, b integer, T continuous) then runs with  lo <= T <= hi*(1+1e-9)  as
 valid bounds -- they cut nothing off that could be optimal, and they let HiGHS finish at any scale instead of
 branching over thousands of near-equivalent integer vectors (4096 ranks: ~0.3 s instead of > 20 s).
+
+With gradient accumulation (an ``Accumulation``, planner._accumulation) each rank also has an integer micro-step
+count k_i (one K shared by all ranks under fsdp), n_i(T) is the best over k of n_i(T, k), and the MILP gains the
+rows  s_p b_i + (c_p - o_i) k_i + o_i <= T,  b_i <= u_i k_i  and  min_batch k_i <= b_i.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -23,6 +28,9 @@ from scipy.sparse import coo_matrix
 from planner.curves import Envelope
 from planner.errors import PlanError
 
+if TYPE_CHECKING:
+    from planner._accumulation import Accumulation
+
 
 @dataclass(frozen=True, slots=True)
 class Pieces:
@@ -30,6 +38,15 @@ class Pieces:
 
     slopes: np.ndarray
     intercepts: np.ndarray
+    _rising: np.ndarray = field(init=False, repr=False)
+    _divisor: np.ndarray = field(init=False, repr=False)
+    _flat: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # max_batch runs ~100 times per solve: its masks and a zero-free divisor are built once (no errstate).
+        object.__setattr__(self, "_rising", self.slopes > 0)
+        object.__setattr__(self, "_divisor", np.where(self.slopes > 0, self.slopes, 1.0))
+        object.__setattr__(self, "_flat", self.slopes <= 0)
 
     @classmethod
     def of(cls, envs: Sequence[Envelope]) -> Pieces:
@@ -46,46 +63,64 @@ class Pieces:
 
     def max_batch(self, T: float) -> np.ndarray:
         """floor of the largest b with t_i(b) <= T (a large number where every piece is flat and below T)."""
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            per_piece = np.where(self.slopes > 0, (T - self.intercepts) / self.slopes, np.inf)
+        with np.errstate(over="ignore", invalid="ignore"):  # tiny slopes: a bound past 1e308 is inf, as meant
+            per_piece = np.where(self._rising, (T - self.intercepts) / self._divisor, np.inf)
         bound = np.min(per_piece, axis=1)
-        flat_over = np.any((self.slopes <= 0) & (self.intercepts > T), axis=1)
+        flat_over = np.any(self._flat & (self.intercepts > T), axis=1)
         bound = np.where(flat_over, -1.0, bound)
         return np.floor(np.minimum(bound, 1e15) * (1 + 1e-12) + 1e-9)
 
 
+def feed(T: float, loader: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray | None:
+    """floor(w_i * T / p_i): the most samples rank i's workers load within T (None: no loader rows)."""
+    if loader is None:
+        return None
+    p, w = loader
+    with np.errstate(divide="ignore", over="ignore"):
+        return np.where(p > 0, np.floor(w * T / np.where(p > 0, p, 1.0) * (1 + 1e-12) + 1e-9), np.inf)
+
+
 def capacity(
-    pieces: Pieces, caps: np.ndarray, T: float, loader: tuple[np.ndarray, np.ndarray] | None
+    pieces: Pieces, caps: np.ndarray, T: float, loader: tuple[np.ndarray, np.ndarray] | None,
+    acc: Accumulation | None = None,
 ) -> np.ndarray:
     """n_i(T): most samples each rank finishes within T (see module docstring)."""
+    fed = feed(T, loader)
+    if acc is not None:
+        return acc.capacity(caps, T, fed)[0]
     n = np.minimum(caps, pieces.max_batch(T))
-    if loader is not None:
-        p, w = loader
-        with np.errstate(divide="ignore", over="ignore"):
-            feed = np.where(p > 0, np.floor(w * T / np.where(p > 0, p, 1.0) * (1 + 1e-12) + 1e-9), np.inf)
-        n = np.minimum(n, feed)
-    return n
+    return n if fed is None else np.minimum(n, fed)
 
 
 def bracket(
     pieces: Pieces,
     caps: np.ndarray,
     B: int,
-    min_batch: int,
+    min_batch: int | np.ndarray,
     loader: tuple[np.ndarray, np.ndarray] | None = None,
+    acc: Accumulation | None = None,
+    start_hi: float | None = None,
 ) -> tuple[float, float]:
-    """(lo, hi): F(lo) < B <= F(hi) (or lo == hi when the smallest admissible T already fits B)."""
-    floor_t = float(np.max(pieces.times(np.full(len(caps), min_batch))))
+    """(lo, hi): F(lo) < B <= F(hi) (or lo == hi when the smallest admissible T already fits B).
+
+    ``min_batch`` may differ per rank (min_batch * k_i with k_i micro-steps fixed); ``start_hi`` is a step time
+    known to fit (the search doubles from there instead of from the largest batches' times)."""
+    floor_t = float(np.max(pieces.times(np.broadcast_to(np.asarray(min_batch, dtype=float), (len(caps),)))))
     if loader is not None:
         p, w = loader
         floor_t = max(floor_t, float(np.max(np.where(w > 0, p * min_batch / np.maximum(w, 1), 0.0))))
 
     def fits(T: float) -> bool:
-        return float(np.sum(np.maximum(capacity(pieces, caps, T, loader), 0))) >= B
+        return float(np.sum(np.maximum(capacity(pieces, caps, T, loader, acc), 0))) >= B
 
     if fits(floor_t):
         return floor_t, floor_t
-    hi = max(floor_t * 2, float(np.max(pieces.times(caps.astype(float)))))
+    if start_hi is not None:
+        hi = max(start_hi, floor_t * 2)
+    elif acc is not None:  # caps are whole-step caps here (up to B): their times say little, double from the floor
+        hi = floor_t * 2
+    else:
+        hi = max(floor_t * 2, float(np.max(pieces.times(caps.astype(float)))))
     for _ in range(200):
         if fits(hi):
             break
@@ -108,79 +143,125 @@ def solve_milp(
     pieces: Pieces,
     caps: np.ndarray,
     B: int,
-    min_batch: int,
+    min_batch: int | np.ndarray,
     *,
     loader: tuple[np.ndarray, np.ndarray] | None,
     time_limit_s: float,
-) -> tuple[np.ndarray, str]:
-    """Integer b minimizing T = max_i step_i(b_i) with sum b = B (workers fixed).  Returns (b, status)."""
+    acc: Accumulation | None = None,
+    known: tuple[float, float] | None = None,
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """Integer b (and micro-steps k) minimizing T = max_i step_i(b_i, k_i) with sum b = B (workers fixed).
+
+    Returns (b, k, status); k is all ones without ``acc``.  ``min_batch`` may be per rank (see ``bracket``).
+    ``known`` is a bracket (lo, hi) found by the caller: T* >= lo holds, and hi is checked to fit.
+    """
     n = len(caps)
-    lo, hi = bracket(pieces, caps, B, min_batch, loader)
+    lower = np.broadcast_to(np.asarray(min_batch, dtype=np.int64), (n,))
+    if known is not None and float(np.sum(np.maximum(capacity(pieces, caps, known[1], loader, acc), 0))) >= B:
+        lo, hi = known
+    else:
+        lo, hi = bracket(pieces, caps, B, lower, loader, acc, None if known is None else known[1])
     scale = hi if hi > 0 else 1.0  # T about 1: HiGHS tolerances are absolute
+    # Columns: b_0..b_{n-1}, then the micro-step counts (n, or one shared K under fsdp; none without acc), then T.
+    nk = 0 if acc is None else (1 if acc.shared else n)
+    t_col = n + nk
     rows: list[int] = []
     cols: list[int] = []
     vals: list[float] = []
     rhs: list[float] = []
     r = 0
-    W, K = pieces.slopes.shape
+
+    def row(entries: list[tuple[int, float]], bound: float) -> None:
+        nonlocal r
+        for col, v in entries:
+            rows.append(r)
+            cols.append(col)
+            vals.append(v)
+        rhs.append(bound)
+        r += 1
+
+    W, P = pieces.slopes.shape
     for i in range(W):
-        for k in range(K):
-            c = pieces.intercepts[i, k]
-            if not math.isfinite(c):
-                continue
-            # s*b_i - T <= -c
-            rows += [r, r]
-            cols += [i, n]
-            vals += [pieces.slopes[i, k] / scale, -1.0]
-            rhs.append(-c / scale)
-            r += 1
+        for q in range(P):
+            c = pieces.intercepts[i, q]
+            if math.isfinite(c):
+                row([(i, pieces.slopes[i, q] / scale), (t_col, -1.0)], -c / scale)  # s*b_i - T <= -c
+    k_hi = np.ones(nk)
+    if acc is not None:
+        k_max = acc.steps_needed(caps, hi)  # more steps never help at T <= hi (planner._accumulation)
+        k_hi = np.array([float(k_max.max())]) if acc.shared else k_max.astype(float)
+        live = acc.live
+        for i in range(n):
+            kc = n + (0 if acc.shared else i)
+            if acc.shared or k_max[i] > 1:
+                o = float(acc.optimizer_s[i])
+                for q in np.flatnonzero(live[i]).tolist():
+                    # s*b_i + (c - o)*k_i - T <= -o
+                    row([(i, pieces.slopes[i, q] / scale), (kc, (pieces.intercepts[i, q] - o) / scale),
+                         (t_col, -1.0)], -o / scale)
+                row([(kc, float(lower[i])), (i, -1.0)], 0.0)  # min_batch*k_i <= b_i: no micro-batch too small
+            u = float(acc.micro_caps[i])
+            if math.isfinite(u):
+                row([(i, 1.0), (kc, -u)], 0.0)  # b_i <= u_i * k_i
     if loader is not None:
         p, w = loader
         for j in np.flatnonzero(p > 0).tolist():
             # p*b_j - w*T <= 0   (w fixed: the bilinear row becomes linear)
-            rows += [r, r]
-            cols += [j, n]
-            vals += [p[j] / scale, -float(w[j])]
-            rhs.append(0.0)
-            r += 1
-    A = coo_matrix((vals, (rows, cols)), shape=(r, n + 1)).tocsr()
-    A_sum = coo_matrix((np.ones(n), (np.zeros(n, dtype=int), np.arange(n))), shape=(1, n + 1)).tocsr()
-    cost = np.zeros(n + 1)
-    cost[n] = 1.0
-    upper_T = hi / scale * (1 + 1e-9)
-    res = milp(
-        cost,
-        constraints=[LinearConstraint(A, -np.inf, np.array(rhs)), LinearConstraint(A_sum, B, B)],
-        bounds=Bounds(np.r_[np.full(n, float(min_batch)), lo / scale], np.r_[caps.astype(float), upper_T]),
-        integrality=np.r_[np.ones(n), 0.0],
-        options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9},
-    )
-    if res.x is not None and res.status in (0, 1):
-        b = np.rint(res.x[:n]).astype(np.int64)
-        if int(b.sum()) == B and np.all(b >= min_batch) and np.all(b <= caps):
-            return b, "optimal" if res.status == 0 else "time_limit"
+            row([(j, p[j] / scale), (t_col, -float(w[j]))], 0.0)
+    A = coo_matrix((vals, (rows, cols)), shape=(r, t_col + 1)).tocsr()
+    A_sum = coo_matrix((np.ones(n), (np.zeros(n, dtype=int), np.arange(n))), shape=(1, t_col + 1)).tocsr()
+    cost = np.zeros(t_col + 1)
+    cost[t_col] = 1.0
+    status = ""
+    for upper_T in (hi / scale * (1 + 1e-9), np.inf):
+        res = milp(
+            cost,
+            constraints=[LinearConstraint(A, -np.inf, np.array(rhs)), LinearConstraint(A_sum, B, B)],
+            bounds=Bounds(np.r_[lower.astype(float), np.ones(nk), lo / scale],
+                          np.r_[caps.astype(float), k_hi, upper_T]),
+            integrality=np.r_[np.ones(n + nk), 0.0],
+            options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9},
+        )
+        if res.x is not None and res.status in (0, 1):
+            b = np.rint(res.x[:n]).astype(np.int64)
+            k = np.ones(n, dtype=np.int64) if acc is None else np.rint(res.x[n:t_col]).astype(np.int64)
+            k = np.broadcast_to(k, (n,)).copy()
+            if int(b.sum()) == B and np.all(b >= lower) and np.all(b <= caps):
+                return b, k, "optimal" if res.status == 0 else "time_limit"
+        status = f"HiGHS status {res.status}"
+        if acc is None or res.status != 2:
+            break
+        # Infeasible below `hi` happens only at the min_batch edge of accumulation (planner._accumulation):
+        # search again without the upper bound.
+    if acc is not None:
+        n_hi, k = acc.capacity(caps, hi, feed(hi, loader))
+        if float(np.maximum(n_hi, 0).sum()) < B:
+            raise PlanError(f"no split of global batch {B} into micro-batches of at least min batch {int(lower[0])} "
+                            f"within the memory caps was found ({status})")
+        b = _from_capacity(n_hi, B, lower)
+        return b, acc.fewest(b), f"bracket ({status})"
     # The bounds are valid, so this only happens on HiGHS numerical trouble; the bracket's capacities at `hi`
     # are themselves a feasible integer point with T <= hi.
-    return _from_capacity(capacity(pieces, caps, hi, loader), B, min_batch), f"bracket (HiGHS status {res.status})"
+    return _from_capacity(capacity(pieces, caps, hi, loader), B, lower), np.ones(n, dtype=np.int64), \
+        f"bracket ({status})"
 
 
-def _from_capacity(cap: np.ndarray, B: int, min_batch: int) -> np.ndarray:
+def _from_capacity(cap: np.ndarray, B: int, lower: np.ndarray) -> np.ndarray:
     """Integer b <= cap with sum B, trimming the ranks with the most spare first."""
-    b = np.maximum(cap, min_batch).astype(np.int64)
+    b = np.maximum(cap, lower).astype(np.int64)
     excess: int = int(b.sum()) - B
-    order = np.argsort(-(b - min_batch), kind="stable")
+    order = np.argsort(-(b - lower), kind="stable")
     for i in order:
         if excess <= 0:
             break
-        take = int(min(excess, int(b[i]) - min_batch))
+        take = int(min(excess, int(b[i]) - int(lower[i])))
         b[i] -= take
         excess -= take
     return b
 
 
 def greedy_workers(
-    pieces: Pieces,
-    caps: np.ndarray,
+    compute_cap: np.ndarray,
     p: np.ndarray,
     hosts: np.ndarray,
     budgets: np.ndarray,
@@ -188,23 +269,23 @@ def greedy_workers(
     max_workers: np.ndarray,
 ) -> np.ndarray:
     """Workers per rank at step time T: one each, then spare cores to the loaders that turn one more worker
-    into the most extra samples (cheapest per-sample cost first), until a rank's compute cap or its own
-    worker cap is reached."""
-    compute_cap = np.minimum(caps, pieces.max_batch(T))
+    into the most extra samples (cheapest per-sample cost first), until a rank's compute cap (what it can finish
+    within T, ``compute_cap``) or its own worker cap is reached."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         per_worker = np.where(p > 0, T / np.where(p > 0, p, 1.0), np.inf)  # samples one worker feeds in T
         need = np.where(p > 0, np.ceil(np.maximum(compute_cap, 1) / per_worker - 1e-9), 1.0)
     need = np.minimum(np.maximum(need, 1), np.maximum(max_workers, 1)).astype(np.int64)
-    w = np.ones(len(caps), dtype=np.int64)
-    for h in np.unique(hosts):
-        idx = np.flatnonzero(hosts == h)
-        spare = int(budgets[h]) - len(idx)
-        if spare <= 0:
-            continue
-        order = idx[np.argsort(-per_worker[idx], kind="stable")]
-        extra = need[order] - 1
-        before = np.cumsum(extra) - extra
-        w[order] += np.clip(spare - before, 0, extra)
+    # Host by host (all hosts at once): ranks in order of cheapest loading (ties by rank), each taking what it
+    # needs of the host's spare cores while they last.
+    order = np.lexsort((-per_worker, hosts))
+    extra = need[order] - 1
+    done = np.cumsum(extra) - extra  # extra workers handed out before each rank, counted over all hosts
+    h = hosts[order]
+    first = np.r_[0, np.flatnonzero(h[1:] != h[:-1]) + 1]
+    before = done - np.repeat(done[first], np.diff(np.r_[first, len(h)]))
+    spare = budgets[h] - np.bincount(hosts, minlength=len(budgets))[h]
+    w = np.ones(len(p), dtype=np.int64)
+    w[order] += np.clip(spare - before, 0, extra)
     return w
 
 
@@ -218,16 +299,25 @@ def bisect_workers(
     budgets: np.ndarray,
     t_lo: float,
     max_workers: np.ndarray,
-) -> np.ndarray:
-    """Fix the workers: the greedy allocation at the smallest T (bisection) where it feeds the global batch."""
+    acc: Accumulation | None = None,
+) -> tuple[np.ndarray, float]:
+    """Fix the workers: the greedy allocation at the smallest T (bisection) where it feeds the global batch.
+    Returns (workers, that T)."""
 
     def fits(T: float) -> tuple[bool, np.ndarray]:
-        w = greedy_workers(pieces, caps, p, hosts, budgets, T, max_workers)
-        return float(np.sum(np.maximum(capacity(pieces, caps, T, (p, w)), 0))) >= B, w
+        compute_cap = capacity(pieces, caps, T, None, acc)
+        w = greedy_workers(compute_cap, p, hosts, budgets, T, max_workers)
+        fed = feed(T, (p, w))
+        assert fed is not None
+        # = capacity(pieces, caps, T, (p, w), acc): the feed caps every micro-step count alike
+        n = np.minimum(compute_cap, fed)
+        if acc is not None:
+            n = np.where(fed < min_batch, -1.0, n)
+        return float(np.sum(np.maximum(n, 0))) >= B, w
 
     ok, w = fits(t_lo)
     if ok:
-        return w
+        return w, t_lo
     hi = t_lo * 2
     for _ in range(200):
         ok, w = fits(hi)
@@ -244,4 +334,4 @@ def bisect_workers(
             hi, w = mid, wm
         else:
             lo = mid
-    return w
+    return w, hi

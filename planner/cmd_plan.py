@@ -9,12 +9,12 @@ from dataclasses import replace
 
 from planner.argcheck import MAX_COUNT, count
 from planner.errors import ValidationError
-from planner.options import DEFAULT_MIN_GAIN, SolveOptions
+from planner.options import DEFAULT_MIN_GAIN, MODES, SolveOptions
 from planner.paths import Output, check_outputs
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.quality import ProfileQuality, check_profile, keep_equal_within_noise, noise_line
-from planner.solve import build_models, evaluate, kept_equal_split, solve
+from planner.solve import accumulation_note, build_models, evaluate, kept_equal_split, solve
 from planner.table import table
 
 HELP = "solve per-rank batch sizes, shares and workers for a global batch"
@@ -23,9 +23,12 @@ examples:
   planner plan --profile profile.json --global-batch 512 --out plan.json
   planner plan --profile profile.json --global-batch 512 --min-batch 2      # BatchNorm models
   planner plan --profile profile.json --global-batch 512 --from-batches 256,256   # evaluate a given split
+  planner plan --profile profile.json --global-batch 4096 --mode fsdp     # same micro-steps on every rank
 
-The global batch is your convergence choice: the planner never changes it.  It prints a table for people and
-writes the plan JSON (`--json` prints it to stdout instead) that `planner train --plan` and
+The global batch is your convergence choice: the planner never changes it.  Where it exceeds what the ranks'
+memory holds in one step, or where a fast rank is held back by its memory, ranks run gradient accumulation
+(the table's "micro-batches" column: steps x largest micro-batch).  It prints a table for people and writes the
+plan JSON (`--json` prints it to stdout instead) that `planner train --plan` and
 `HeteroBatchSampler.from_plan` read.
 """
 
@@ -73,10 +76,17 @@ def add_solve_arguments(p: argparse.ArgumentParser, *, from_plan: bool = False) 
     v, text = default(DEFAULT_MIN_GAIN, f"{DEFAULT_MIN_GAIN}; 0 = always the optimum")
     p.add_argument("--min-gain", type=float, default=v, metavar="FRAC",
                    help=f"keep the equal split unless the plan is predicted this much faster (default {text})")
+    v, text = default(d.mode, d.mode)
+    p.add_argument("--mode", choices=MODES, default=v,
+                   help="gradient accumulation: ddp = each rank its own number of micro-steps (no_sync), fsdp = the "
+                        f"same number on every rank (default {text})")
+    v, text = default(d.max_accumulation_steps, f"{d.max_accumulation_steps}; 1 = never accumulate")
+    p.add_argument("--max-accumulation-steps", type=int, default=v, metavar="K",
+                   help=f"most micro-steps per optimizer step on one rank (default {text})")
 
 
 _SOLVE_FLAGS = ("min_batch", "max_batch_per_rank", "memory_headroom", "cpu_reserve_per_rank", "max_workers_per_rank",
-                "min_gain")
+                "min_gain", "mode", "max_accumulation_steps")
 
 
 def solve_options_from_args(args: argparse.Namespace, base: SolveOptions | None = None) -> SolveOptions:
@@ -173,22 +183,31 @@ def record_workload(plan: Plan, profile: Profile) -> Plan:
 def format_plan(plan: Plan, profile: Profile | None = None, quality: ProfileQuality | None = None) -> str:
     """The plan as an aligned table plus the predicted throughput against equal split and ideal."""
     names = {r.rank: (r.device_name or r.device) for r in profile.by_rank} if profile else {}
-    rows = [
+    rows: list[tuple[object, ...]] = [
         (r.rank, names.get(r.rank, r.device), r.batch_size, f"{100 * r.share:.1f}%", r.num_workers,
          f"{1000 * r.predicted_step_time_s:.2f}", r.bottleneck)
         for r in plan.ranks
     ]
-    out = [table(["rank", "device", "batch", "share", "workers", "step ms", "bottleneck"], rows)]
+    headers = ["rank", "device", "batch", "share", "workers", "step ms", "bottleneck"]
+    if plan.accumulates:  # steps x largest micro-batch, beside the per-step batch
+        headers.insert(3, "micro-batches")
+        rows = [(*row[:3], f"{r.accumulation_steps} x {r.micro_batch_size}", *row[3:])
+                for row, r in zip(rows, plan.ranks, strict=True)]
+    out = [table(headers, rows)]
     p = plan.predicted
     eq = p.equal_split_samples_per_s
     lines = [
-        f"global batch {plan.global_batch} on {plan.world_size} rank(s); predicted step "
-        f"{1000 * p.step_time_s:.2f} ms (comm {1000 * p.comm_s:.2f} ms)",
+        f"global batch {plan.global_batch} on {plan.world_size} rank(s)"
+        + (f" ({plan.mode})" if plan.mode != "ddp" else "")
+        + f"; predicted step {1000 * p.step_time_s:.2f} ms (comm {1000 * p.comm_s:.2f} ms)",
         f"  plan         {p.samples_per_s:12.1f} samples/s"
         + (f"   {p.samples_per_s / eq:.2f}x equal split" if eq > 0 else ""),
         "  equal split  " + (f"{eq:12.1f} samples/s" if eq > 0 else "  does not fit (a rank's memory cap is below B/W)"),
         f"  ideal        {p.ideal_samples_per_s:12.1f} samples/s   plan = {p.samples_per_s / p.ideal_samples_per_s:.3f} of ideal",
     ]
+    note = accumulation_note(plan)
+    if note is not None:
+        lines.append(f"  {note}")
     noisy = noise_line(plan, quality) if quality is not None else None
     kept = kept_equal_split(plan)
     if noisy is not None:

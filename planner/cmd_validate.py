@@ -63,8 +63,10 @@ def validate_file(path: str) -> str:
         plan = Plan.from_dict(data, path=path)
         # A split forced over a cap (plan --from-batches --force) is a valid file and an OOM waiting: say so.
         over = [f"rank {r.rank} ({r.batch_size} > {r.max_batch_size})" for r in plan.ranks
-                if r.max_batch_size is not None and r.batch_size > r.max_batch_size]
-        return (f"{path}: valid plan, {plan.world_size} rank(s), global batch {plan.global_batch}, "
+                if r.max_batch_size is not None and r.micro_batch_size > r.max_batch_size]
+        steps = f", up to {max(plan.accumulation_steps)} micro-steps per rank" if plan.accumulates else ""
+        mode = f", mode {plan.mode}" if plan.mode != "ddp" else ""
+        return (f"{path}: valid plan, {plan.world_size} rank(s), global batch {plan.global_batch}{mode}{steps}, "
                 f"fingerprint {plan.fingerprint}"
                 + (f"; over its cap, expect out-of-memory: {', '.join(over)}" if over else ""))
     raise ValidationError(f"{path}: 'kind' must be \"profile\" or \"plan\" (or a run log of JSON lines), got {kind!r}")

@@ -10,9 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Literal
 
 from planner.errors import ValidationError
+
+Mode = Literal["ddp", "fsdp"]
+MODES: tuple[str, ...] = ("ddp", "fsdp")
+DEFAULT_MAX_ACCUMULATION_STEPS = 64
+"""Most micro-steps per optimizer step the planner hands one rank. Beyond ~64 a rank spends most of its step on
+per-micro-step overhead the curves do not see (launches, the loader's per-batch work): a global batch that needs
+more is better served by more devices or a smaller global batch, which the error then says."""
 
 DEFAULT_MIN_GAIN = 0.05
 """Predicted gain below which solve() keeps the equal split: predictions carry a few percent of error (measured in
@@ -38,9 +45,15 @@ class SolveOptions:
     """HiGHS time limit per MILP call."""
     min_gain: float = DEFAULT_MIN_GAIN
     """Keep the equal split unless the optimum is predicted this much faster (0.05 = 5%); 0 = always the optimum."""
+    mode: Mode = "ddp"
+    """How ranks accumulate gradients: "ddp" lets every rank run its own number of micro-steps per optimizer step
+    (no_sync on all but the last); "fsdp" runs the same number K on every rank (each forward all-gathers)."""
+    max_accumulation_steps: int = DEFAULT_MAX_ACCUMULATION_STEPS
+    """Most micro-steps (gradient accumulation) per optimizer step on one rank; 1 = never accumulate, so the sum
+    of the memory caps bounds the global batch."""
 
     def __post_init__(self) -> None:
-        for name in ("min_batch", "cpu_reserve_per_rank", "max_workers_per_rank"):
+        for name in ("min_batch", "cpu_reserve_per_rank", "max_workers_per_rank", "max_accumulation_steps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ValidationError(f"{name} must be an integer, got {v!r}")
@@ -60,6 +73,10 @@ class SolveOptions:
             raise ValidationError(f"time_limit_s must be > 0, got {self.time_limit_s}")
         if not 0.0 <= self.min_gain < 1.0:
             raise ValidationError(f"min_gain must be in [0, 1), got {self.min_gain}")
+        if self.mode not in MODES:
+            raise ValidationError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.max_accumulation_steps < 1:
+            raise ValidationError(f"max_accumulation_steps must be >= 1, got {self.max_accumulation_steps}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form, as stored in ``plan.solver["options"]``."""

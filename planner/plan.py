@@ -1,8 +1,15 @@
 """The plan: per-rank batch sizes, dataset shares and loader workers. Frozen types and JSON (``kind: "plan"``).
 
 The fingerprint hashes what every rank must agree on (world size, global batch, min batch, each rank's batch
-and workers); ranks compare it before the first collective, so two ranks launched with different plans fail
+and workers; with gradient accumulation also each rank's micro-batch and micro-step count, and the mode when it
+is not "ddp"); ranks compare it before the first collective, so two ranks launched with different plans fail
 with a clear error instead of hanging.
+
+Gradient accumulation.  Rank i's optimizer step is ``accumulation_steps`` (k_i) micro-steps whose micro-batches
+are its ``batch_size`` b_i split as evenly as possible, larger ones first (``micro_batch_sizes``), so
+``micro_batch_size`` = ceil(b_i / k_i) is the largest one, the one that must fit the rank's memory.  A plan
+without the two fields is one micro-step of ``batch_size``; they are written (and fingerprinted) only when some
+rank accumulates, so every plan without accumulation reads, writes and hashes exactly as before.
 """
 
 from __future__ import annotations
@@ -26,11 +33,29 @@ from planner.jsonio import (
     read_json,
     write_json_atomic,
 )
-from planner.options import SolveOptions
+from planner.options import MODES, SolveOptions
 
 PLAN_VERSION = 1
 Bottleneck = Literal["compute", "loader", "memory"]
 BOTTLENECKS: tuple[str, ...] = ("compute", "loader", "memory")
+_ACCUMULATION_FIELDS = ("micro_batch_size", "accumulation_steps")
+
+
+def micro_batch_sizes(batch_size: int, accumulation_steps: int) -> list[int]:
+    """``batch_size`` split into ``accumulation_steps`` micro-batches as evenly as possible, larger ones first.
+
+    >>> micro_batch_sizes(10, 3)
+    [4, 3, 3]
+
+    Raises:
+        ValidationError: fewer than one micro-step, or more micro-steps than samples (an empty micro-batch).
+    """
+    if accumulation_steps < 1 or batch_size < accumulation_steps:
+        raise ValidationError(
+            f"cannot split a batch of {batch_size} into {accumulation_steps} non-empty micro-batches"
+        )
+    q, r = divmod(batch_size, accumulation_steps)
+    return [q + 1] * r + [q] * (accumulation_steps - r)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,6 +77,44 @@ class RankPlan:
     """The cap the solver used for this rank (memory fit, measured max or --max-batch-per-rank)."""
     predicted_compute_s: float | None = None
     predicted_loader_s: float | None = None
+    accumulation_steps: int = 1
+    """Micro-steps (forward+backward) per optimizer step; 1 = no gradient accumulation."""
+    micro_batch_size: int = 0
+    """Largest micro-batch, ceil(batch_size / accumulation_steps) (0 in a constructor call means derive it):
+    what must fit the rank's memory. The micro-batches are ``micro_batch_sizes(batch_size, accumulation_steps)``."""
+
+    def __post_init__(self) -> None:
+        b, k = self.batch_size, self.accumulation_steps
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValidationError(f"rank {self.rank}: accumulation_steps must be an integer >= 1, got {k!r}")
+        if k > b:
+            raise ValidationError(f"rank {self.rank}: {k} accumulation steps for a batch of {b} leave a micro-batch "
+                                  "empty")
+        if self.micro_batch_size == 0:
+            object.__setattr__(self, "micro_batch_size", -(-b // k))
+        m = self.micro_batch_size
+        # The largest of the even split: m * k >= b (the micro-batches hold the batch) and (m - 1) * k < b (none
+        # larger than needed).  "m * (k - 1) >= b" is not the test: 4 in 3 micro-steps is 2, 1, 1.
+        if m * k < b or (m - 1) * k >= b:
+            raise ValidationError(
+                f"rank {self.rank}: micro_batch_size {m} x accumulation_steps {k} does not split batch_size {b} "
+                f"(its micro-batches are {_shown(micro_batch_sizes(b, k))}: micro_batch_size {-(-b // k)})"
+            )
+        if k > 1 and self.max_batch_size is not None and m > self.max_batch_size:
+            raise ValidationError(self.over_cap_message())
+
+    def over_cap_message(self) -> str:
+        return (f"rank {self.rank}: micro_batch_size {self.micro_batch_size} is above the rank's max_batch_size "
+                f"{self.max_batch_size} (its memory cap): it would run out of memory; re-run `planner plan`")
+
+    @property
+    def micro_batches(self) -> list[int]:
+        """This rank's micro-batch sizes in one optimizer step (larger first)."""
+        return micro_batch_sizes(self.batch_size, self.accumulation_steps)
+
+
+def _shown(sizes: Sequence[int]) -> str:
+    return ", ".join(map(str, sizes)) if len(sizes) <= 4 else f"{sizes[0]}, {sizes[1]}, ..., {sizes[-1]}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,8 +142,12 @@ class Plan:
     """How the plan was found (method, status, solve time, profile fingerprint): not part of the fingerprint."""
     meta: Mapping[str, Any] = field(default_factory=dict)
     version: int = PLAN_VERSION
+    mode: str = "ddp"
+    """"ddp": every rank runs its own number of micro-steps; "fsdp": all run the same (each forward all-gathers)."""
 
     def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValidationError(f"plan.mode: {self.mode!r} is not one of {', '.join(MODES)}")
         if self.world_size != len(self.ranks):
             raise ValidationError(
                 f"plan.world_size is {self.world_size} but plan.ranks lists {len(self.ranks)} ranks"
@@ -99,10 +166,30 @@ class Plan:
                 raise ValidationError(
                     f"plan.ranks[{r.rank}].batch_size {r.batch_size} is below min_batch {self.min_batch}"
                 )
+            if r.batch_size // r.accumulation_steps < self.min_batch:
+                raise ValidationError(
+                    f"plan.ranks[{r.rank}]: {r.accumulation_steps} micro-batches of a batch of {r.batch_size} hold "
+                    f"{r.batch_size // r.accumulation_steps} samples, below min_batch {self.min_batch}"
+                )
+        steps = self.accumulation_steps
+        if self.mode == "fsdp" and len(set(steps)) > 1:
+            raise ValidationError(
+                f"plan.mode is fsdp but the ranks run {list(steps)} accumulation steps: under FSDP every rank must "
+                "run the same number of micro-steps (each forward all-gathers); re-run `planner plan --mode fsdp`"
+            )
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
         return tuple(r.batch_size for r in self.ranks)
+
+    @property
+    def accumulation_steps(self) -> tuple[int, ...]:
+        return tuple(r.accumulation_steps for r in self.ranks)
+
+    @property
+    def accumulates(self) -> bool:
+        """True when some rank runs more than one micro-step per optimizer step."""
+        return any(r.accumulation_steps > 1 for r in self.ranks)
 
     @property
     def options(self) -> SolveOptions:
@@ -110,41 +197,60 @@ class Plan:
         with the plan's own min batch: what a re-plan or a report re-solves under."""
         recorded = self.solver.get("options")
         base = SolveOptions.from_dict(recorded, path="plan.solver.options") if isinstance(recorded, Mapping) else SolveOptions()
-        return base.with_overrides({"min_batch": self.min_batch})
+        return base.with_overrides({"min_batch": self.min_batch, "mode": self.mode})
 
     @property
     def fingerprint(self) -> str:
-        """Hash of the semantic content every rank must agree on."""
-        return fingerprint(
-            {
-                "world_size": self.world_size,
-                "global_batch": self.global_batch,
-                "min_batch": self.min_batch,
-                "ranks": [[r.rank, r.batch_size, r.num_workers] for r in self.ranks],
-            }
-        )
+        """Hash of the semantic content every rank must agree on.
 
-    def with_batch_sizes(self, batch_sizes: Sequence[int]) -> Plan:
-        """A copy with new batch sizes (same global batch), shares recomputed."""
+        The accumulation fields and the mode enter only when they differ from the defaults (some rank
+        accumulates; mode not "ddp"), so a plan without accumulation hashes as it did before they existed."""
+        content: JSONDict = {
+            "world_size": self.world_size,
+            "global_batch": self.global_batch,
+            "min_batch": self.min_batch,
+            "ranks": [[r.rank, r.batch_size, r.num_workers] for r in self.ranks],
+        }
+        if self.accumulates:
+            content["ranks"] = [[r.rank, r.batch_size, r.num_workers, r.micro_batch_size, r.accumulation_steps]
+                                for r in self.ranks]
+        if self.mode != "ddp":
+            content["mode"] = self.mode
+        return fingerprint(content)
+
+    def with_batch_sizes(self, batch_sizes: Sequence[int], accumulation_steps: Sequence[int] | None = None) -> Plan:
+        """A copy with new batch sizes (same global batch), shares and micro-batches recomputed; every rank keeps
+        its micro-step count unless ``accumulation_steps`` gives new ones."""
+        steps = self.accumulation_steps if accumulation_steps is None else accumulation_steps
         ranks = tuple(
-            replace(r, batch_size=int(b), share=int(b) / self.global_batch)
-            for r, b in zip(self.ranks, batch_sizes, strict=True)
+            replace(r, batch_size=int(b), share=int(b) / self.global_batch, accumulation_steps=int(k),
+                    micro_batch_size=0)
+            for r, b, k in zip(self.ranks, batch_sizes, steps, strict=True)
         )
         return replace(self, ranks=ranks)
 
     # -- JSON ------------------------------------------------------------------------------------------
     def to_dict(self) -> JSONDict:
+        accumulates = self.accumulates
+
         def rank(r: RankPlan) -> JSONDict:
-            d = {name: getattr(r, name) for name in r.__slots__}
+            # The accumulation fields beside batch_size; left out when no rank accumulates (the file an older
+            # reader knows: one micro-step everywhere).
+            names = [n for n in r.__slots__ if n not in _ACCUMULATION_FIELDS]
+            if accumulates:
+                names[names.index("batch_size") + 1:1] = ["micro_batch_size", "accumulation_steps"]
+            d = {name: getattr(r, name) for name in names}
             return {k: v for k, v in d.items() if v is not None}
 
         p = self.predicted
+        mode: JSONDict = {} if self.mode == "ddp" else {"mode": self.mode}
         return {
             "version": self.version,
             "kind": "plan",
             "world_size": self.world_size,
             "global_batch": self.global_batch,
             "min_batch": self.min_batch,
+            **mode,
             "fingerprint": self.fingerprint,
             "ranks": [rank(r) for r in self.ranks],
             "predicted": {k: v for k in p.__slots__ if (v := getattr(p, k)) is not None},
@@ -159,7 +265,7 @@ class Plan:
             data,
             path,
             required=("version", "kind", "world_size", "global_batch", "fingerprint", "ranks", "predicted"),
-            allowed=("min_batch", "solver", "meta"),
+            allowed=("min_batch", "solver", "meta", "mode"),
         )
         ranks = tuple(
             _rank_from(r, f"{path}.ranks[{i}]") for i, r in enumerate(as_list(d["ranks"], f"{path}.ranks", non_empty=True))
@@ -182,6 +288,9 @@ class Plan:
         )
         solver = as_obj(d["solver"], f"{path}.solver", allowed=tuple(d["solver"])) if opt(d, "solver") is not None else {}
         meta = as_obj(d["meta"], f"{path}.meta", allowed=tuple(d["meta"])) if opt(d, "meta") is not None else {}
+        mode = as_str(d.get("mode", "ddp"), f"{path}.mode")
+        if mode not in MODES:
+            raise ValidationError(f"{path}.mode: {mode!r} is not one of {', '.join(MODES)}")
         plan = cls(
             world_size=as_int(d["world_size"], f"{path}.world_size", min_value=1),
             global_batch=as_int(d["global_batch"], f"{path}.global_batch", min_value=1),
@@ -190,6 +299,7 @@ class Plan:
             predicted=predicted,
             solver=solver,
             meta=meta,
+            mode=mode,
         )
         got = as_str(d["fingerprint"], f"{path}.fingerprint")
         if got != plan.fingerprint:
@@ -212,22 +322,35 @@ def _rank_from(v: Any, path: str) -> RankPlan:
         v,
         path,
         required=("rank", "batch_size", "share", "num_workers", "predicted_step_time_s", "bottleneck"),
-        allowed=("device", "host", "max_batch_size", "predicted_compute_s", "predicted_loader_s"),
+        allowed=("device", "host", "max_batch_size", "predicted_compute_s", "predicted_loader_s",
+                 *_ACCUMULATION_FIELDS),
     )
+    if ("micro_batch_size" in d) != ("accumulation_steps" in d):
+        raise ValidationError(f"{path}: give both micro_batch_size and accumulation_steps, or neither (one micro-step)")
     bottleneck = d["bottleneck"]
     if bottleneck not in BOTTLENECKS:
         raise ValidationError(f"{path}.bottleneck: {bottleneck!r} is not one of {', '.join(BOTTLENECKS)}")
     mb, pc, pl = opt(d, "max_batch_size"), opt(d, "predicted_compute_s"), opt(d, "predicted_loader_s")
-    return RankPlan(
-        rank=as_int(d["rank"], f"{path}.rank", min_value=0),
-        batch_size=as_int(d["batch_size"], f"{path}.batch_size", min_value=1),
-        share=as_num(d["share"], f"{path}.share", non_negative=True),
-        num_workers=as_int(d["num_workers"], f"{path}.num_workers", min_value=0),
-        predicted_step_time_s=as_num(d["predicted_step_time_s"], f"{path}.predicted_step_time_s", non_negative=True),
-        bottleneck=bottleneck,
-        device=str(d.get("device", "")),
-        host=str(d.get("host", "")),
-        max_batch_size=None if mb is None else as_int(mb, f"{path}.max_batch_size", min_value=1),
-        predicted_compute_s=None if pc is None else as_num(pc, f"{path}.predicted_compute_s", non_negative=True),
-        predicted_loader_s=None if pl is None else as_num(pl, f"{path}.predicted_loader_s", non_negative=True),
-    )
+    given = "micro_batch_size" in d
+    fields: JSONDict = {
+        "rank": as_int(d["rank"], f"{path}.rank", min_value=0),
+        "batch_size": as_int(d["batch_size"], f"{path}.batch_size", min_value=1),
+        "share": as_num(d["share"], f"{path}.share", non_negative=True),
+        "num_workers": as_int(d["num_workers"], f"{path}.num_workers", min_value=0),
+        "predicted_step_time_s": as_num(d["predicted_step_time_s"], f"{path}.predicted_step_time_s", non_negative=True),
+        "bottleneck": bottleneck,
+        "device": str(d.get("device", "")),
+        "host": str(d.get("host", "")),
+        "max_batch_size": None if mb is None else as_int(mb, f"{path}.max_batch_size", min_value=1),
+        "predicted_compute_s": None if pc is None else as_num(pc, f"{path}.predicted_compute_s", non_negative=True),
+        "predicted_loader_s": None if pl is None else as_num(pl, f"{path}.predicted_loader_s", non_negative=True),
+        "accumulation_steps": as_int(d.get("accumulation_steps", 1), f"{path}.accumulation_steps", min_value=1),
+        "micro_batch_size": as_int(d["micro_batch_size"], f"{path}.micro_batch_size", min_value=1) if given else 0,
+    }
+    try:
+        r = RankPlan(**fields)
+    except ValidationError as e:  # "rank N: what is wrong" -> "<path>: what is wrong"
+        raise ValidationError(f"{path}: {str(e).split(': ', 1)[-1]}") from None
+    if given and r.max_batch_size is not None and r.micro_batch_size > r.max_batch_size:
+        raise ValidationError(f"{path}: {r.over_cap_message().split(': ', 1)[-1]}")
+    return r

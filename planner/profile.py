@@ -158,6 +158,15 @@ class RankProfile:
     device_state: DeviceState | None = None
     """The device's and host's state while the compute sweep ran (#17): other processes, clocks, throttling,
     affinity, load. Evidence for why a rank measured slow; the solver never reads it."""
+    optimizer_step_s: float | None = None
+    """Seconds of one optimizer step (zero_grad excluded), part of every ``compute`` time.  With gradient
+    accumulation the planner charges it once per optimizer step and the rest of t(b) once per micro-step.
+    Absent (None) counts as 0, which charges the optimizer on every micro-step: conservative, it over-estimates
+    an accumulating rank's step by (k - 1) optimizer steps and so never plans more micro-steps than pay off."""
+
+    def __post_init__(self) -> None:
+        if self.optimizer_step_s is not None:
+            _check_finite(self.optimizer_step_s, f"rank {self.rank} optimizer_step_s", positive=False)
 
     def to_dict(self) -> JSONDict:
         """The rank's entry of the profile JSON (what ranks exchange when a profile is gathered)."""
@@ -302,6 +311,7 @@ def _rank_to_dict(r: RankProfile) -> JSONDict:
             "compute": [_asdict(p) for p in r.compute],
             "memory": mem,
             "loader": loader,
+            "optimizer_step_s": r.optimizer_step_s,
             "meta": dict(r.meta) or None,
             "device_state": r.device_state.to_dict() if r.device_state is not None else None,
         }
@@ -320,7 +330,8 @@ def _host_from(v: Any, path: str) -> HostProfile:
 
 def _rank_from(v: Any, path: str) -> RankProfile:
     d = as_obj(
-        v, path, required=("rank", "host", "device", "compute"), allowed=("memory", "loader", "device_name", "meta", "device_state")
+        v, path, required=("rank", "host", "device", "compute"),
+        allowed=("memory", "loader", "device_name", "meta", "device_state", "optimizer_step_s"),
     )
     compute = []
     for j, p in enumerate(as_list(d["compute"], f"{path}.compute", non_empty=True)):
@@ -337,6 +348,7 @@ def _rank_from(v: Any, path: str) -> RankProfile:
     meta = as_obj(d["meta"], f"{path}.meta", allowed=tuple(d["meta"])) if opt(d, "meta") is not None else {}
     name = opt(d, "device_name")
     state = opt(d, "device_state")
+    o = opt(d, "optimizer_step_s")
     return RankProfile(
         rank=as_int(d["rank"], f"{path}.rank", min_value=0),
         host=as_str(d["host"], f"{path}.host"),
@@ -347,6 +359,7 @@ def _rank_from(v: Any, path: str) -> RankProfile:
         loader=loader,
         meta=meta,
         device_state=None if state is None else DeviceState.from_dict(state, f"{path}.device_state"),
+        optimizer_step_s=None if o is None else as_num(o, f"{path}.optimizer_step_s", non_negative=True),
     )
 
 

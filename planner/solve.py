@@ -19,104 +19,61 @@ MILP over integer (b, w) at fixed T (where the row is linear), to a relative tol
 one-sample exchange pass removes any improvement smaller than the MILP gap, so no single sample moved between
 two ranks lowers the predicted step time.
 
-Communication: one all-reduce per step, mostly hidden behind backward; the exposed part is added to the
-predicted synchronous step (it does not change the split).
+Gradient accumulation (memory-heterogeneous clusters).  A rank's batch b_i may run as k_i micro-steps of at most
+its memory cap u_i each, then one optimizer step; the step time is linear in (b_i, k_i) (planner._accumulation),
+so the program keeps its shape with integer k_i >= 1, b_i <= u_i k_i and min_batch k_i <= b_i (each micro-batch
+runs a forward: BatchNorm's min batch applies to it).  Under ``mode="ddp"`` k_i is per rank, under
+``mode="fsdp"`` one K for all.  The search (planner._search) plans without accumulation whenever that is feasible
+and nothing faster needs it -- exactly the program above -- and among equally fast plans takes the fewest
+micro-steps.  ``--max-batch-per-rank`` caps a rank's whole batch per optimizer step; the memory cap caps each
+micro-batch.  A global batch is refused only where no accumulation within ``max_accumulation_steps`` reaches it.
+
+Communication: one all-reduce per optimizer step (DDP's no_sync skips it on the other micro-steps), mostly hidden
+behind backward; the exposed part is added to the predicted synchronous step (it does not change the split).
+Under fsdp each micro-step's forward all-gathers and its backward reduce-scatters; the model does not see that
+yet beyond what the profile's step times contain.
 """
 
 from __future__ import annotations
 
-import heapq
+import math
 import time
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from planner._program import Pieces, bisect_workers, capacity, solve_milp
-from planner.curves import Envelope, fit_envelope, memory_cap
+from planner._model import (
+    DDP_BUCKET_BYTES,
+    RankModel,
+    build_models,
+    equal_split_workers,
+    exposed_comm_s,
+    fewest_steps,
+    worker_budgets,
+)
+from planner._search import search
 from planner.errors import PlanError, ValidationError
 from planner.options import SolveOptions, resolve_options
 from planner.plan import Bottleneck, Plan, Predicted, RankPlan
 from planner.profile import Profile
-from planner.rounding import largest_remainder
 
-DDP_BUCKET_BYTES = 25 * 1024 * 1024
-"""DDP's default bucket_cap_mb: the last bucket's all-reduce runs after backward and is exposed."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RankModel:
-    """What the solver knows about one rank."""
-
-    rank: int
-    host: str
-    device: str
-    compute: Envelope
-    sec_per_sample: float
-    """Loader CPU seconds per sample (0 when the profile has no loader data)."""
-    cap: int | None
-    cap_reason: str
-    serial_loader: bool
-    """True when the host has too few cores for one worker per rank: data is loaded in the training process."""
-    max_workers: int = 8
-    """Most loader workers this rank may get (profile's loader.max_workers, else --max-workers-per-rank)."""
-
-    def busy_time(self, b: float, workers: int) -> tuple[float, float, float]:
-        """(step time, compute part, loader part) of this rank alone at batch b with `workers` workers."""
-        tc = self.compute(b)
-        if self.serial_loader or workers == 0:
-            tl = self.sec_per_sample * b
-            return tc + tl, tc, tl
-        tl = self.sec_per_sample * b / workers
-        return max(tc, tl), tc, tl
-
-
-def build_models(profile: Profile, opts: SolveOptions) -> list[RankModel]:
-    budgets = worker_budgets(profile, opts)
-    per_host = Counter(r.host for r in profile.ranks)
-    models = []
-    for r in profile.by_rank:
-        cap, reason = memory_cap(r.memory, headroom=opts.memory_headroom), "memory"
-        if opts.max_batch_per_rank is not None and (cap is None or opts.max_batch_per_rank < cap):
-            cap, reason = opts.max_batch_per_rank, "max-batch-per-rank"
-        models.append(
-            RankModel(
-                rank=r.rank,
-                host=r.host,
-                device=r.device,
-                compute=fit_envelope(r.compute),
-                sec_per_sample=r.loader.sec_per_sample if r.loader else 0.0,
-                cap=cap,
-                cap_reason=reason,
-                serial_loader=budgets[r.host] < per_host[r.host],
-                max_workers=min(opts.max_workers_per_rank, r.loader.max_workers or opts.max_workers_per_rank)
-                if r.loader else opts.max_workers_per_rank,
-            )
-        )
-    return models
-
-
-def worker_budgets(profile: Profile, opts: SolveOptions) -> dict[str, int]:
-    """Loader workers each host can run: its cores minus `cpu_reserve_per_rank` per training process."""
-    per_host = Counter(r.host for r in profile.ranks)
-    return {h.name: max(0, h.cpu_cores - opts.cpu_reserve_per_rank * per_host[h.name]) for h in profile.hosts}
-
-
-def exposed_comm_s(profile: Profile) -> float:
-    """Communication left exposed after the slowest rank's backward ends (0 on one rank)."""
-    comm = profile.comm
-    if profile.world_size == 1 or comm is None:
-        return 0.0
-    if comm.exposed_s is not None:
-        return comm.exposed_s
-    if comm.allreduce_s is None:
-        return 0.0
-    grad = profile.model.grad_bytes if profile.model and profile.model.grad_bytes else None
-    # Buckets fill in reverse layer order; all but the last overlap backward, the last one is pure tail.
-    frac = 1.0 if not grad else min(1.0, DDP_BUCKET_BYTES / grad)
-    return comm.allreduce_s * frac
+__all__ = [
+    "DDP_BUCKET_BYTES",
+    "RankModel",
+    "SolveOptions",
+    "accumulation_note",
+    "build_models",
+    "equal_accumulation_split",
+    "equal_split",
+    "equal_split_workers",
+    "evaluate",
+    "exposed_comm_s",
+    "kept_equal_split",
+    "solve",
+    "worker_budgets",
+]
 
 
 # -- the public entry points ---------------------------------------------------------------------------------
@@ -127,16 +84,18 @@ def solve(
     options: SolveOptions | None = None,
     **overrides: Any,
 ) -> Plan:
-    """Plan integer per-rank batch sizes, shares and loader workers for `global_batch` (never changed).
+    """Plan integer per-rank batch sizes, micro-steps, shares and loader workers for `global_batch` (never
+    changed).
 
     Settings come from ``options`` (a ``SolveOptions``; default ``SolveOptions()``), and any of its fields may
     also be given as a keyword, which wins: ``solve(p, global_batch=512, min_batch=2)`` and
     ``solve(p, global_batch=512, options=SolveOptions(min_batch=2))`` are the same.  The plan records the
     options in ``plan.solver["options"]`` (``plan.options`` reads them back).
 
-    When the optimum is predicted less than ``min_gain`` faster than the equal split (and the equal split fits),
-    the equal split is returned, with the optimum's batches and step time in ``plan.solver``: a plan must earn
-    its departure from what DistributedSampler does. ``min_gain=0`` always returns the optimum.
+    When the optimum is predicted less than ``min_gain`` faster than the equal split (and the equal split fits,
+    with the fewest micro-steps each rank's memory needs), the equal split is returned, with the optimum's batches
+    and step time in ``plan.solver``: a plan must earn its departure from what DistributedSampler does.
+    ``min_gain=0`` always returns the optimum.
 
     Raises:
         PlanError: no assignment satisfies the caps; the message names the binding constraint with its numbers.
@@ -150,18 +109,24 @@ def solve(
     caps = _check_feasible(models, global_batch, opts)
     budgets = worker_budgets(profile, opts)
 
-    b, workers, method, status = _optimize(models, caps, budgets, global_batch, opts)
-    solver: dict[str, object] = {"method": method, "status": status, "solve_time_s": 0.0,
+    found = search(models, caps, budgets, global_batch, opts)
+    b, k, workers = found.batch_sizes, found.steps, found.workers
+    solver: dict[str, object] = {"method": found.method, "status": found.status, "solve_time_s": 0.0,
                                  "profile_fingerprint": profile.fingerprint(), "options": opts.to_dict()}
-    plan = _make_plan(profile, models, b, workers, caps, opts, solver=solver)
+    if found.plain_step_s is not None:
+        solver["no_accumulation_step_time_s"] = found.plain_step_s + exposed_comm_s(profile)
+    plan = _make_plan(profile, models, b, workers, opts, solver=solver, steps=k)
     eq = np.asarray(equal_split(global_batch, len(models)), dtype=np.int64)
-    fits = all(opts.min_batch <= e <= c for e, c in zip(eq.tolist(), caps, strict=True))
-    if opts.min_gain > 0 and fits and not np.array_equal(eq, b):
-        even = _make_plan(profile, models, eq, workers, caps, opts, solver=solver)
+    eq_k, fits = fewest_steps(models, eq.tolist(), opts)
+    fits = fits and all(e >= opts.min_batch for e in eq.tolist())
+    if opts.min_gain > 0 and fits and not (np.array_equal(eq, b) and list(k) == eq_k):
+        even = _make_plan(profile, models, eq, workers, opts, solver=solver, steps=eq_k)
         t_opt, t_eq = plan.predicted.step_time_s, even.predicted.step_time_s
         if t_eq <= t_opt * (1.0 + opts.min_gain):
-            solver = {**solver, "method": f"equal ({method} optimum within min_gain)",
+            solver = {**solver, "method": f"equal ({found.method} optimum within min_gain)",
                       "optimum_batch_sizes": [int(x) for x in b], "optimum_step_time_s": t_opt}
+            if plan.accumulates:
+                solver["optimum_accumulation_steps"] = [int(x) for x in k]
             plan = even
     return replace(plan, solver={**solver, "solve_time_s": round(time.perf_counter() - t0, 6)})
 
@@ -169,6 +134,7 @@ def solve(
 def evaluate(
     profile: Profile,
     batch_sizes: Sequence[int],
+    accumulation_steps: Sequence[int] | None = None,
     *,
     num_workers: Sequence[int] | None = None,
     options: SolveOptions | None = None,
@@ -177,9 +143,15 @@ def evaluate(
 ) -> Plan:
     """The Plan (with predictions) for a split chosen elsewhere: an equal split, a heuristic, a hand-picked one.
 
-    ``options`` and keyword overrides as in ``solve`` (the search settings ``time_limit_s`` and ``min_gain`` do
-    not apply to a given split).  Workers default to the host's budget shared equally (what a DataLoader user
-    would set).
+    ``accumulation_steps`` gives each rank's micro-steps per optimizer step; by default each rank runs the fewest
+    that fit its memory cap (the largest of them on every rank under ``mode="fsdp"``; one where no count within
+    ``max_accumulation_steps`` fits).  ``options`` and keyword overrides as in ``solve`` (the search settings
+    ``time_limit_s`` and ``min_gain`` do not apply to a given split).  Workers default to the host's budget shared
+    equally (what a DataLoader user would set).
+
+    Raises:
+        ValidationError: a list has the wrong length, or a given micro-step count does not fit (below 1, more
+            than the samples, a micro-batch above the rank's memory cap, unequal counts under fsdp).
     """
     opts = resolve_options(options, overrides)
     if len(batch_sizes) != profile.world_size:
@@ -194,8 +166,37 @@ def evaluate(
         if len(num_workers) != profile.world_size:
             raise ValidationError(f"{len(num_workers)} worker counts given for {profile.world_size} ranks")
         w = np.asarray([int(x) for x in num_workers], dtype=np.int64)
-    caps = [m.cap for m in models]
-    return _make_plan(profile, models, b, w, caps, opts, solver={"method": method})
+    if accumulation_steps is None:
+        steps = fewest_steps(models, b.tolist(), opts)[0]
+    else:
+        if len(accumulation_steps) != profile.world_size:
+            raise ValidationError(
+                f"{len(accumulation_steps)} accumulation steps given for {profile.world_size} ranks"
+            )
+        steps = [int(x) for x in accumulation_steps]
+    return _make_plan(profile, models, b, w, opts, solver={"method": method}, steps=steps)
+
+
+def equal_accumulation_split(
+    profile: Profile, global_batch: int, *, options: SolveOptions | None = None, **overrides: Any
+) -> Plan:
+    """What a user does by hand today on ranks with different memory: the same micro-batch everywhere, at most
+    the smallest memory cap, and the same accumulation everywhere -- B split equally into W * K micro-batches with
+    the fewest K that fits the smallest cap.  A baseline for benchmarks, evaluated like ``evaluate``.
+
+    Raises:
+        PlanError: the smallest memory cap holds no sample.
+    """
+    opts = resolve_options(options, overrides)
+    models = build_models(profile, opts)
+    eq = equal_split(global_batch, len(models))
+    caps = [m.micro_cap for m in models if m.micro_cap is not None]
+    K = 1
+    if caps and max(eq) > min(caps):
+        if min(caps) < 1:
+            raise PlanError(f"the smallest memory cap is {min(caps)} samples: no micro-batch fits it")
+        K = math.ceil(max(eq) / min(caps))
+    return evaluate(profile, eq, [K] * len(models), options=opts, method="equal accumulation")
 
 
 def kept_equal_split(plan: Plan) -> tuple[list[int], float, float] | None:
@@ -206,6 +207,25 @@ def kept_equal_split(plan: Plan) -> tuple[list[int], float, float] | None:
         return None
     min_gain = plan.options.min_gain
     return [int(b) for b in kept], plan.predicted.step_time_s / t_opt - 1.0, min_gain
+
+
+def accumulation_note(plan: Plan) -> str | None:
+    """One line saying why the plan accumulates (None when no rank does), e.g.
+    ``global batch 4096 exceeds the sum of memory caps 3100: ranks accumulate (rank 0: 4 x 225, ...)``."""
+    if not plan.accumulates:
+        return None
+    acc = [r for r in plan.ranks if r.accumulation_steps > 1]
+    listed = ", ".join(f"rank {r.rank}: {r.accumulation_steps} x {r.micro_batch_size}" for r in acc[:6])
+    listed += ", ..." if len(acc) > 6 else ""
+    caps = [r.max_batch_size for r in plan.ranks]
+    t_plain = plan.solver.get("no_accumulation_step_time_s")
+    if all(c is not None for c in caps) and plan.global_batch > sum(c for c in caps if c is not None):
+        return (f"global batch {plan.global_batch} exceeds the sum of memory caps "
+                f"{sum(c for c in caps if c is not None)}: ranks accumulate ({listed})")
+    if isinstance(t_plain, (int, float)):
+        return (f"memory-capped ranks accumulate to take more of the batch ({listed}): predicted step "
+                f"{1000 * plan.predicted.step_time_s:.2f} ms vs {1000 * t_plain:.2f} ms without accumulation")
+    return f"ranks accumulate ({listed})"
 
 
 def equal_split(global_batch: int, world_size: int) -> list[int]:
@@ -222,8 +242,18 @@ def _fmt_ranks(ids: Sequence[int]) -> str:
     return ("rank " if len(ids) == 1 else "ranks ") + ", ".join(map(str, ids))
 
 
+def _reach(models: list[RankModel], B: int, steps: int) -> int:
+    """Most samples the ranks hold per optimizer step with at most `steps` micro-steps each."""
+    total = 0
+    for m in models:
+        room = B if m.batch_cap is None else min(m.batch_cap, B)
+        total += room if m.micro_cap is None else min(room, m.micro_cap * steps)
+    return total
+
+
 def _check_feasible(models: list[RankModel], B: int, opts: SolveOptions) -> list[int]:
-    """Per-rank integer upper bounds, or a PlanError naming the constraint that makes the program infeasible."""
+    """Per-rank integer upper bounds without accumulation, or a PlanError naming the constraint that makes the
+    program infeasible even with accumulation."""
     W = len(models)
     if W * opts.min_batch > B:
         raise PlanError(
@@ -239,177 +269,71 @@ def _check_feasible(models: list[RankModel], B: int, opts: SolveOptions) -> list
             f"({shown}): lower --min-batch, free memory on those devices, or leave them out"
         )
     total = sum(caps)
-    if total < B:
-        reasons = sorted({m.cap_reason for m in models if m.cap is not None})
-        what = "memory caps" if reasons == ["memory"] else " / ".join(reasons) + " caps"
-        listed = ", ".join(str(c) for c in caps[:16]) + (", ..." if W > 16 else "")
-        raise PlanError(
-            f"global batch {B} exceeds the sum of {what} {total}: {_fmt_ranks([m.rank for m in models])} "
-            f"cap at {listed}; lower the global batch (or use gradient accumulation) or add devices"
-        )
-    return caps
+    kmax = opts.max_accumulation_steps
+    # Under fsdp all ranks run K micro-steps of at least min_batch each: K <= B / (W * min_batch).
+    k_fits = min(kmax, B // (W * opts.min_batch)) if opts.mode == "fsdp" else kmax
+    if total >= B or _reach(models, B, k_fits) >= B:
+        return caps
+    reasons = sorted({m.cap_reason for m in models if m.cap is not None})
+    what = "memory caps" if reasons == ["memory"] else " / ".join(reasons) + " caps"
+    listed = ", ".join(str(c) for c in caps[:16]) + (", ..." if W > 16 else "")
+    head = f"global batch {B} exceeds the sum of {what} {total}: {_fmt_ranks([m.rank for m in models])} cap at {listed}"
+    unbounded = _reach(models, B, B)
+    if unbounded < B:  # --max-batch-per-rank caps the whole batch: no accumulation helps
+        raise PlanError(f"{head}; per optimizer step they hold at most {unbounded} even with gradient accumulation: "
+                        "lower the global batch, raise --max-batch-per-rank or add devices")
+    need = next(k for k in _doubling(k_fits) if _reach(models, B, k) >= B)
+    lo = need // 2
+    while need - lo > 1:  # the fewest steps that reach B
+        mid = (lo + need) // 2
+        lo, need = (mid, need) if _reach(models, B, mid) < B else (lo, mid)
+    if opts.mode == "fsdp" and need * W * opts.min_batch > B:
+        raise PlanError(f"{head}; under fsdp every rank would run {need} micro-steps of at least min batch "
+                        f"{opts.min_batch}, more than the global batch holds: lower --min-batch, use --mode ddp or "
+                        "add devices")
+    held = _reach(models, B, k_fits)
+    raise PlanError(f"{head}; with at most {kmax} accumulation steps per rank they hold {held}: "
+                    f"--max-accumulation-steps {need} would reach it, or lower the global batch or add devices")
 
 
-# -- the optimization --------------------------------------------------------------------------------------
-def _envelope_for(m: RankModel) -> Envelope:
-    return m.compute.plus_per_sample(m.sec_per_sample) if m.serial_loader else m.compute
+def _doubling(start: int) -> Sequence[int]:
+    out, k = [], max(1, start)
+    while True:
+        k *= 2
+        out.append(k)
+        if k >= 1 << 40:
+            return out
 
 
-def _arrays(models: list[RankModel], budgets: dict[str, int]) -> tuple[Pieces, np.ndarray, np.ndarray, np.ndarray]:
-    """(pieces, loader cost of ranks with workers, host index per rank, worker budget per host index)."""
-    pieces = Pieces.of([_envelope_for(m) for m in models])
-    p = np.array([0.0 if m.serial_loader else m.sec_per_sample for m in models])
-    names = sorted(budgets)
-    hosts = np.array([names.index(m.host) for m in models])
-    return pieces, p, hosts, np.array([budgets[h] for h in names])
-
-
-def _busy(pieces: Pieces, p: np.ndarray, b: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Per-rank busy time: max(compute, loader) with workers, compute + loading when serial (folded in pieces)."""
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        feed = np.where((p > 0) & (w > 0), p * b / np.maximum(w, 1), 0.0)
-    return np.maximum(pieces.times(b), feed)
-
-
-def _optimize(
-    models: list[RankModel], caps: list[int], budgets: dict[str, int], B: int, opts: SolveOptions
-) -> tuple[np.ndarray, np.ndarray, str, str]:
-    """(batch sizes, workers, method, status).  See the module docstring for the two steps."""
-    pieces, p, hosts, host_budget = _arrays(models, budgets)
-    cap_arr = np.asarray(caps, dtype=np.int64)
-    serial = np.array([m.serial_loader for m in models])
-    # Step 1: compute only (serial loaders are already folded into their ranks' pieces).
-    b, status = solve_milp(pieces, cap_arr, B, opts.min_batch, loader=None, time_limit_s=opts.time_limit_s)
-    T = float(np.max(pieces.times(b)))
-    method = "milp"
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        need = np.where(p > 0, np.ceil(p * b / T - 1e-9), 1.0)
-    w = np.where(serial, 0, np.maximum(need, 1)).astype(np.int64)
-    max_w = np.array([m.max_workers for m in models])
-    used = np.bincount(hosts, weights=w, minlength=len(host_budget))
-    if np.any(used > host_budget) or np.any(w > max_w):
-        # Step 2: the loaders cannot keep up at T.  Fix the workers (greedy at the bisected T), then the MILP
-        # with p*b <= w*T linear again.
-        w = bisect_workers(pieces, cap_arr, B, opts.min_batch, p, hosts, host_budget, T, max_w)
-        w = np.where(serial, 0, w)
-        b, status = solve_milp(pieces, cap_arr, B, opts.min_batch, loader=(p, w), time_limit_s=opts.time_limit_s)
-        method = "milp+workers"
-    w = _spread_spare_workers(models, b, w, budgets, opts)
-    b = _balance(pieces, p, b, w, cap_arr, opts.min_batch)
-    b = _polish(pieces, p, b, w, cap_arr, opts.min_batch)
-    return b, w, method, status
-
-
-def _balance(pieces: Pieces, p: np.ndarray, b: np.ndarray, w: np.ndarray, caps: np.ndarray,
-             min_batch: int) -> np.ndarray:
-    """Among splits with the optimal step time T*, take the one that loads every rank to the same fraction of
-    what it can finish within T*: b_i proportional to n_i(T*).
-
-    Where curves are steep this changes nothing (sum_i n_i(T*) is about B).  Where they are flat -- a GPU
-    bound by kernel launches, not arithmetic -- many splits tie at T*, and the MILP would return an arbitrary
-    extreme one (one rank with almost everything), which the first unmodelled overhead makes slower than an
-    even split (seen on H200: ResNet-18 at 32x32, [1022, 2] ran 0.77x the equal split).  The proportional
-    choice keeps every rank's slack alike, so errors in the model cost the least.
-    """
-    T = float(np.max(_busy(pieces, p, b, w)))
-    U = np.maximum(capacity(pieces, caps, T, (p, w)), b).astype(np.int64)
-    B = int(b.sum())
-    x = B * U / U.sum()
-    try:
-        out = np.asarray(largest_remainder(x.tolist(), B, lo=min_batch, hi=U.tolist()), dtype=np.int64)
-    except PlanError:
-        return b
-    if out.sum() != B or np.max(_busy(pieces, p, out, w)) > T * (1 + 1e-12):
-        return b
-    return out
-
-
-def _spread_spare_workers(
-    models: list[RankModel], b: np.ndarray, w: np.ndarray, budgets: dict[str, int], opts: SolveOptions
-) -> np.ndarray:
-    """Hand a host's unused cores to its busiest loaders first, up to max_workers_per_rank each."""
-    w = w.copy()
-    for h, budget in budgets.items():
-        idx = [i for i, m in enumerate(models) if m.host == h and not m.serial_loader]
-        spare = budget - int(sum(w[i] for i in idx))
-        heap = [(-models[i].sec_per_sample * b[i] / w[i], i) for i in idx if w[i] < models[i].max_workers]
-        heapq.heapify(heap)
-        while spare > 0 and heap:
-            _, i = heapq.heappop(heap)
-            w[i] += 1
-            spare -= 1
-            if w[i] < models[i].max_workers:
-                heapq.heappush(heap, (-models[i].sec_per_sample * b[i] / w[i], i))
-    return w
-
-
-def equal_split_workers(profile: Profile, models: list[RankModel], opts: SolveOptions) -> np.ndarray:
-    """What a DataLoader user sets without a planner: the host's worker budget split equally."""
-    budgets = worker_budgets(profile, opts)
-    per_host = Counter(m.host for m in models)
-    w = np.zeros(len(models), dtype=np.int64)
-    for i, m in enumerate(models):
-        if not m.serial_loader:
-            w[i] = min(m.max_workers, max(1, budgets[m.host] // per_host[m.host]))
-    return w
-
-
-# -- polish and assemble ----------------------------------------------------------------------------------
-def _polish(
-    pieces: Pieces, p: np.ndarray, b: np.ndarray, w: np.ndarray, caps: np.ndarray, min_batch: int
-) -> np.ndarray:
-    """Move single samples off the slowest rank while that lowers the step time.
-
-    The MILP is optimal up to HiGHS's tolerances; this pass makes the one-sample exchange property exact.
-    """
-    b = b.copy()
-    n = len(b)
-    if n == 1:
-        return b
-    for _ in range(10 * n + 1000):
-        times = _busy(pieces, p, b, w)
-        j = int(np.argmax(times))
-        if b[j] <= min_batch:
-            break
-        plus = np.where(b < caps, _busy(pieces, p, b + 1, w), np.inf)
-        plus[j] = np.inf
-        i = int(np.argmin(plus))
-        bj = b.copy()
-        bj[j] -= 1
-        new_tj = float(_busy(pieces, p, bj, w)[j])
-        rest = np.delete(times, [i, j])
-        new_max = max(float(plus[i]), new_tj, float(rest.max()) if rest.size else 0.0)
-        if not new_max < times[j] * (1 - 1e-12):
-            break
-        b[i] += 1
-        b[j] -= 1
-    return b
-
-
+# -- assemble ------------------------------------------------------------------------------------------------
 def _make_plan(
     profile: Profile,
     models: list[RankModel],
     b: np.ndarray,
     w: np.ndarray,
-    caps: Sequence[int | None],
     opts: SolveOptions,
     *,
     solver: dict[str, object],
+    steps: Sequence[int] | np.ndarray,
 ) -> Plan:
     B = int(b.sum())
     comm = exposed_comm_s(profile)
     ranks = []
     busy = []
     for i, m in enumerate(models):
-        t, tc, tl = m.busy_time(int(b[i]), int(w[i]))
+        ki = int(steps[i])
+        if ki < 1 or ki > int(b[i]):
+            raise ValidationError(f"rank {m.rank}: {ki} accumulation steps for a batch of {int(b[i])}: give 1.."
+                                  f"{int(b[i])}")
+        t, tc, tl = m.busy_time(int(b[i]), int(w[i]), ki)
         busy.append(t)
-        ranks.append((m, int(b[i]), int(w[i]), t, tc, tl))
+        ranks.append((m, int(b[i]), int(w[i]), ki, t, tc, tl))
     t_max = max(busy)
     rank_plans = []
-    for m, bi, wi, t, tc, tl in ranks:
+    for m, bi, wi, ki, t, tc, tl in ranks:
         bottleneck: Bottleneck = "compute"
-        cap = caps[m.rank]
-        if cap is not None and bi >= cap and m.cap is not None and t < t_max * (1 - 1e-9):
+        # "memory": the cap holds the rank back -- it waits at its cap, or it runs micro-steps to get past it.
+        if ki > 1 or (m.cap is not None and bi >= m.cap and t < t_max * (1 - 1e-9)):
             bottleneck = "memory"
         elif tl > tc:
             bottleneck = "loader"
@@ -426,14 +350,17 @@ def _make_plan(
                 predicted_loader_s=tl,
                 bottleneck=bottleneck,
                 max_batch_size=m.cap,
+                accumulation_steps=ki,
             )
         )
     step = t_max + comm
-    ideal = sum(bi / t for (_, bi, _, t, _, _) in ranks if t > 0)
+    ideal = sum(bi / t for (_, bi, _, _, t, _, _) in ranks if t > 0)
+    # The equal split as a user would run it: B/W per rank, each with the fewest micro-steps its memory needs.
     eq_b = equal_split(B, len(models))
     eq_w = equal_split_workers(profile, models, opts)
-    eq_fits = all(m.cap is None or eb <= m.cap for m, eb in zip(models, eq_b, strict=True))
-    eq_step = max(m.busy_time(eb, int(ew))[0] for m, eb, ew in zip(models, eq_b, eq_w.tolist(), strict=True)) + comm
+    eq_k, eq_fits = fewest_steps(models, eq_b, opts)
+    eq_step = max(m.busy_time(eb, int(ew), ek)[0]
+                  for m, eb, ew, ek in zip(models, eq_b, eq_w.tolist(), eq_k, strict=True)) + comm
     predicted = Predicted(
         step_time_s=step,
         samples_per_s=B / step,
@@ -449,4 +376,5 @@ def _make_plan(
         ranks=tuple(rank_plans),
         predicted=predicted,
         solver=solver,
+        mode=opts.mode,
     )

@@ -190,7 +190,7 @@ class Replanner:
         if cand.fingerprint == old.fingerprint:
             return outcome("re-solved plan is identical to the current one", gain=0.0, candidate=cand)
         # Both times under the same updated model: the gain compares plans, not the model with the profile.
-        old_eval = evaluate(profile, old.batch_sizes, num_workers=[r.num_workers for r in old.ranks],
+        old_eval = evaluate(profile, old.batch_sizes, old.accumulation_steps, num_workers=[r.num_workers for r in old.ranks],
                             min_batch=old.min_batch, options=self._options)
         t_old, t_new = old_eval.predicted.step_time_s, cand.predicted.step_time_s
         gain = t_old / t_new - 1.0

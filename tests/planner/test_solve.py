@@ -50,7 +50,7 @@ def test_hand_computed_three_ranks() -> None:
 
 
 def test_memory_cap_binds_and_is_labelled() -> None:
-    plan = planner.solve(linear_profile([0.001, 0.004], caps=[300, None]), global_batch=500)
+    plan = planner.solve(linear_profile([0.001, 0.004], caps=[300, None]), global_batch=500, max_accumulation_steps=1)
     assert plan.batch_sizes == (300, 200)
     assert plan.ranks[0].bottleneck == "memory"
     assert plan.ranks[1].bottleneck == "compute"
@@ -96,7 +96,7 @@ def test_too_few_cores_means_serial_loading() -> None:
 def test_infeasible_memory_message_names_numbers() -> None:
     prof = linear_profile([0.001] * 4, caps=[900, 900, 650, 650])
     with pytest.raises(PlanError, match=r"global batch 4096 exceeds the sum of memory caps 3100: ranks 0\.\.3 cap at 900, 900, 650, 650"):
-        planner.solve(prof, global_batch=4096)
+        planner.solve(prof, global_batch=4096, max_accumulation_steps=1)
 
 
 def test_infeasible_min_batch_messages() -> None:
@@ -173,13 +173,13 @@ def _times(models: list[RankModel], b: np.ndarray, w: np.ndarray) -> np.ndarray:
 @given(profiles())
 def test_solution_properties(case: tuple[Profile, int, int]) -> None:
     profile, B, min_batch = case
-    models = build_models(profile, SolveOptions(min_batch=min_batch))
+    models = build_models(profile, SolveOptions(min_batch=min_batch, max_accumulation_steps=1))
     caps = [B if m.cap is None else m.cap for m in models]
     if sum(caps) < B or any(c < min_batch for c in caps):
         with pytest.raises(PlanError, match="memory cap"):
-            planner.solve(profile, global_batch=B, min_batch=min_batch, min_gain=0.0)
+            planner.solve(profile, global_batch=B, min_batch=min_batch, min_gain=0.0, max_accumulation_steps=1)
         return
-    plan = planner.solve(profile, global_batch=B, min_batch=min_batch, min_gain=0.0)
+    plan = planner.solve(profile, global_batch=B, min_batch=min_batch, min_gain=0.0, max_accumulation_steps=1)
     b = np.array(plan.batch_sizes)
     w = np.array([r.num_workers for r in plan.ranks])
     assert int(b.sum()) == B
@@ -254,6 +254,6 @@ def test_min_gain_keeps_the_equal_split_unless_the_plan_earns_its_departure() ->
     assert planner.solve(flat, global_batch=1024, min_gain=gain / 2).batch_sizes == optimum.batch_sizes
     # An equal split that does not fit (memory cap 300 < 512) is never returned.
     capped = linear_profile([0.001, 0.00101], caps=[None, 300])
-    assert planner.solve(capped, global_batch=1024).batch_sizes[1] <= 300
+    assert planner.solve(capped, global_batch=1024, max_accumulation_steps=1).batch_sizes[1] <= 300
     with pytest.raises(ValidationError, match="min_gain"):
         planner.solve(flat, global_batch=1024, min_gain=1.5)

@@ -102,12 +102,13 @@ def test_sweep_batches_powers_of_two_and_multiples_of_w_up_to_the_caps() -> None
 def test_infeasible_points_are_reported_not_dropped() -> None:
     prof = three_rank_profile()
     capped = replace(prof, ranks=tuple(replace(r, memory=MemoryProfile(max_batch_size=50)) for r in prof.ranks))
-    pts = sweep(capped, [100, 150, 151], OPTS, dataset_size=1000)
+    opts = OPTS.with_overrides({"max_accumulation_steps": 1})  # without accumulation the caps bound the batch
+    pts = sweep(capped, [100, 150, 151], opts, dataset_size=1000)
     assert [p.feasible for p in pts] == [True, True, False]
     assert "exceeds the sum of memory caps 150" in pts[2].note
     # At 150 every rank is held at its cap of 50, so the 4 ms rank sets T = 0.2 s: 100 is faster.
     assert best_range(pts) == (100, 100)
     # Scaling lowers the global batch to what the first k ranks hold.
-    sc = scaling(capped, 150, OPTS)
+    sc = scaling(capped, 150, opts)
     assert [p.global_batch for p in sc] == [50, 100, 150]
     assert sc[0].note.startswith("caps hold at most 50")

@@ -1,0 +1,148 @@
+"""What the solver knows about each rank: its curve, caps, loader and micro-step costs.  Used by planner.solve
+(which re-exports these names) and planner._search; the model's formulas are in planner._accumulation and
+planner._program."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.curves import Envelope, fit_envelope, memory_cap
+from planner.options import SolveOptions
+from planner.profile import Profile
+
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
+"""DDP's default bucket_cap_mb: the last bucket's all-reduce runs after backward and is exposed."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankModel:
+    """What the solver knows about one rank."""
+
+    rank: int
+    host: str
+    device: str
+    compute: Envelope
+    sec_per_sample: float
+    """Loader CPU seconds per sample (0 when the profile has no loader data)."""
+    cap: int | None
+    """Most samples in one optimizer step without accumulation: the memory cap and --max-batch-per-rank."""
+    cap_reason: str
+    serial_loader: bool
+    """True when the host has too few cores for one worker per rank: data is loaded in the training process."""
+    max_workers: int = 8
+    """Most loader workers this rank may get (profile's loader.max_workers, else --max-workers-per-rank)."""
+    micro_cap: int | None = None
+    """Memory cap on one micro-batch (forward+backward); None = no memory cap."""
+    batch_cap: int | None = None
+    """--max-batch-per-rank: a cap on the rank's whole batch per optimizer step, micro-steps or not."""
+    optimizer_s: float = 0.0
+    """o_i: the optimizer step's time inside every measured step, charged once per optimizer step."""
+    max_steps: int = 1
+    """Most micro-steps per optimizer step (1 under ddp for a rank without a memory cap: it never needs more)."""
+
+    def compute_time(self, b: float, steps: int = 1) -> float:
+        """tau(b, k): compute time of an optimizer step of b samples in k micro-steps (planner._accumulation)."""
+        t = self.compute(b)
+        if steps == 1:
+            return t
+        o = self.optimizer_s
+        micro = [s * b + (c - o) * steps + o for s, c in zip(self.compute.slopes, self.compute.intercepts,
+                                                               strict=True) if c > o]
+        return max([t, *micro])
+
+    def busy_time(self, b: float, workers: int, steps: int = 1) -> tuple[float, float, float]:
+        """(step time, compute part, loader part) of this rank alone at batch b with `workers` workers."""
+        tc = self.compute_time(b, steps)
+        if self.serial_loader or workers == 0:
+            tl = self.sec_per_sample * b
+            return tc + tl, tc, tl
+        tl = self.sec_per_sample * b / workers
+        return max(tc, tl), tc, tl
+
+
+def build_models(profile: Profile, opts: SolveOptions) -> list[RankModel]:
+    budgets = worker_budgets(profile, opts)
+    per_host = Counter(r.host for r in profile.ranks)
+    models = []
+    for r in profile.by_rank:
+        mem = memory_cap(r.memory, headroom=opts.memory_headroom)
+        cap, reason = mem, "memory"
+        if opts.max_batch_per_rank is not None and (cap is None or opts.max_batch_per_rank < cap):
+            cap, reason = opts.max_batch_per_rank, "max-batch-per-rank"
+        # Under fsdp every rank runs the shared K, capped or not; under ddp only a memory cap calls for steps.
+        steps = opts.max_accumulation_steps if (opts.mode == "fsdp" or mem is not None) else 1
+        models.append(
+            RankModel(
+                rank=r.rank,
+                host=r.host,
+                device=r.device,
+                compute=fit_envelope(r.compute),
+                sec_per_sample=r.loader.sec_per_sample if r.loader else 0.0,
+                cap=cap,
+                cap_reason=reason,
+                serial_loader=budgets[r.host] < per_host[r.host],
+                max_workers=min(opts.max_workers_per_rank, r.loader.max_workers or opts.max_workers_per_rank)
+                if r.loader else opts.max_workers_per_rank,
+                micro_cap=mem,
+                batch_cap=opts.max_batch_per_rank,
+                optimizer_s=r.optimizer_step_s or 0.0,
+                max_steps=steps,
+            )
+        )
+    return models
+
+
+def fewest_steps(models: Sequence[RankModel], batch_sizes: Sequence[int], opts: SolveOptions) -> tuple[list[int], bool]:
+    """(k, fits): the fewest micro-steps that fit each rank's batch in its memory cap (the largest of them on
+    every rank under fsdp), and whether the split fits every cap -- memory per micro-batch within
+    max_accumulation_steps, --max-batch-per-rank, min_batch per micro-batch.  Where nothing fits a rank, k is 1."""
+    steps, fits = [], True
+    for m, b in zip(models, batch_sizes, strict=True):
+        k = 1
+        if m.micro_cap is not None and b > m.micro_cap:
+            need = math.ceil(b / m.micro_cap) if m.micro_cap >= 1 else opts.max_accumulation_steps + 1
+            k = need if need <= min(opts.max_accumulation_steps, b) else 1
+            fits = fits and k > 1
+        fits = fits and (m.batch_cap is None or b <= m.batch_cap)
+        steps.append(k)
+    if opts.mode == "fsdp":
+        steps = [max(steps)] * len(steps)
+    fits = fits and all(k == 1 or b // k >= opts.min_batch for b, k in zip(batch_sizes, steps, strict=True))
+    return steps, fits
+
+
+def worker_budgets(profile: Profile, opts: SolveOptions) -> dict[str, int]:
+    """Loader workers each host can run: its cores minus `cpu_reserve_per_rank` per training process."""
+    per_host = Counter(r.host for r in profile.ranks)
+    return {h.name: max(0, h.cpu_cores - opts.cpu_reserve_per_rank * per_host[h.name]) for h in profile.hosts}
+
+
+def equal_split_workers(profile: Profile, models: list[RankModel], opts: SolveOptions) -> np.ndarray:
+    """What a DataLoader user sets without a planner: the host's worker budget split equally."""
+    budgets = worker_budgets(profile, opts)
+    per_host = Counter(m.host for m in models)
+    w = np.zeros(len(models), dtype=np.int64)
+    for i, m in enumerate(models):
+        if not m.serial_loader:
+            w[i] = min(m.max_workers, max(1, budgets[m.host] // per_host[m.host]))
+    return w
+
+
+def exposed_comm_s(profile: Profile) -> float:
+    """Communication left exposed after the slowest rank's backward ends (0 on one rank)."""
+    comm = profile.comm
+    if profile.world_size == 1 or comm is None:
+        return 0.0
+    if comm.exposed_s is not None:
+        return comm.exposed_s
+    if comm.allreduce_s is None:
+        return 0.0
+    grad = profile.model.grad_bytes if profile.model and profile.model.grad_bytes else None
+    # Buckets fill in reverse layer order; all but the last overlap backward, the last one is pure tail.
+    frac = 1.0 if not grad else min(1.0, DDP_BUCKET_BYTES / grad)
+    return comm.allreduce_s * frac
