@@ -64,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="SGD learning rate (default 0.01, momentum 0.9; on --resume the checkpoint's). A loss that "
                         "diverges stops the run (exit 2) and keeps the last finite checkpoint")
     t.add_argument("--amp", action="store_true", help="bf16 autocast")
+    t.add_argument("--fsdp", action="store_true",
+                   help="shard the model with FSDP2 (fully_shard per block) instead of DDP; the plan's per-rank "
+                        "micro-batches run the same number of micro-steps on every rank (plan with --mode fsdp)")
     t.add_argument("--weighting", choices=("loss-scale", "hook"), default="loss-scale",
                    help="exact weighting of uneven batches: scale the loss (default; DDP's own all-reduce, also exact "
                         "with SyncBatchNorm) or a Python comm hook (register_weighted_hook)")

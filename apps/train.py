@@ -47,6 +47,7 @@ from planner.profile import Profile
 from planner.runlog import EndRecord, EpochRecord, ResizeRecord, RunLogWriter, StartRecord
 from profiler.compute import use_channels_last
 from profiler.devstate import DeviceStateSampler
+from runtime.accumulate import MicroStep, micro_steps
 from runtime.replan import Replanner
 from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler
@@ -82,6 +83,9 @@ class TrainConfig:
     """How 'plan' weights uneven batches exactly: 'loss_scale' (the mean loss times n_i * W / n through DDP's own
     C++ all-reduce; also exact with SyncBatchNorm) or 'hook' (``register_weighted_hook``, a Python comm hook).
     Same parameters to 1e-10 (tests/apps/test_train_weighting.py); cost in docs/BENCHMARKS.md section 9."""
+    fsdp: bool = False
+    """Shard the model with FSDP2 (``fully_shard`` per top-level block, then the root) instead of DDP; the plan's
+    micro-batches run with ``set_requires_gradient_sync`` on the last one (every rank the same count)."""
     data_on_device: bool = False
     """Skip the DataLoader: synthetic inputs made on the device (isolates compute skew; the loader is not run)."""
     slowdown: float = 1.0
@@ -122,6 +126,10 @@ class TrainConfig:
                 raise ValidationError(f"{name} must be a finite factor >= 1, got {value}")
         if not self.replan_threshold >= 0:
             raise ValidationError(f"replan_threshold must be >= 0, got {self.replan_threshold}")
+        if self.fsdp and self.weighting == "hook":
+            raise ValidationError("FSDP2 has no DDP comm hook: use the loss-scale weighting (the default) with --fsdp")
+        if self.fsdp and (self.checkpoint_dir or self.resume):
+            raise ValidationError("--fsdp does not checkpoint yet (sharded state); drop --checkpoint/--resume")
         if self.resume and not self.checkpoint_dir:
             raise ValidationError("resume needs a checkpoint folder (--checkpoint DIR)")
 
@@ -140,6 +148,11 @@ class EpochResult:
     replan: dict[str, Any] | None = None
     diverged_step: int | None = None
     """First global step of this epoch whose loss (or the weights after it) was not finite, on any rank."""
+
+
+@dataclass(slots=True)
+class _MicroFlag:
+    last: bool = True
 
 
 @dataclass(kw_only=True, slots=True)
@@ -174,6 +187,8 @@ class Run:
     """The plan this invocation was started with (recorded in checkpoints; a resume compares it)."""
     last_saved: tuple[int, int] | None = None
     """(epoch, step) of the newest checkpoint of this run: the last finite state when the loss diverges."""
+    micro: _MicroFlag = field(default_factory=lambda: _MicroFlag())
+    """Whether the micro-batch being run is its step's last (the compute-span hook reads it)."""
     progress: Progress = field(default_factory=no_progress)
     """Step lines during an epoch (rank 0, not quiet): steps/s and ETA at least every few seconds."""
 
@@ -184,6 +199,39 @@ class Run:
     def say(self, text: str) -> None:
         if self.env.is_main and not self.cfg.quiet:
             print(text, flush=True)
+
+
+def _accumulation(plan: Plan) -> tuple[int, ...]:
+    """Micro-steps per rank (1 where the plan predates accumulation)."""
+    return tuple(int(getattr(r, "accumulation_steps", 1) or 1) for r in plan.ranks)
+
+
+def _sync_only_if(module: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager[Any]:
+    """Gradient sync on a step's last micro-batch only: DDP's ``no_sync`` before it; FSDP2's
+    ``set_requires_gradient_sync``; nothing to do for a bare module."""
+    if last:
+        if hasattr(module, "set_requires_gradient_sync"):
+            module.set_requires_gradient_sync(True)  # type: ignore[operator]
+        return contextlib.nullcontext()
+    if isinstance(module, DDP):
+        return module.no_sync()
+    if hasattr(module, "set_requires_gradient_sync"):
+        module.set_requires_gradient_sync(False)  # type: ignore[operator]
+    return contextlib.nullcontext()
+
+
+def _fully_shard(model: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
+    """FSDP2: every top-level block that holds parameters its own unit, then the root (the usual per-block
+    wrapping; torchvision ResNets shard per stage)."""
+    if not env.distributed:
+        raise ValidationError("--fsdp needs several ranks (launch under torchrun)")
+    from torch.distributed.fsdp import fully_shard
+
+    for child in model.children():
+        if any(p.requires_grad for p in child.parameters()):
+            fully_shard(child)
+    fully_shard(model)
+    return model
 
 
 def _autocast(cfg: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -271,20 +319,21 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
         batch_sampler: Any = BatchSampler(dsampler, plan.batch_sizes[env.rank], drop_last=False)
     else:
         hetero = HeteroBatchSampler.from_plan(plan, env.rank, dataset_len, seed=cfg.seed, min_batch=min_batch)
-        if max(hetero.accumulation_steps) > 1:  # run_epoch steps the optimizer after every batch it draws
-            raise ValidationError(f"planner train does not run gradient accumulation yet (plan accumulation_steps "
-                                  f"{list(hetero.accumulation_steps)}); use runtime.accumulate.micro_steps in a loop")
         batch_sampler = hetero
     timer = StepTimer(device)
     ddp: torch.nn.Module = model
     scale_loss = False
-    if env.distributed:
+    micro = _MicroFlag()
+    if cfg.fsdp:
+        ddp = _fully_shard(model, env)
+        scale_loss = hetero is not None  # n_ij * W / n: exact under FSDP2's division by W (runtime/accumulate.py)
+    elif env.distributed:
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         if hetero is not None and cfg.weighting == "hook":
             register_weighted_hook(ddp, hetero, on_last_bucket=timer.compute_end)  # type: ignore[arg-type]
         elif hetero is not None:
             scale_loss = True
-            close_compute_on_last_gradient(model, timer)
+            close_compute_on_last_gradient(model, timer, when=lambda: micro.last)
     replanner = None
     if cfg.replan and hetero is not None and profile is not None:
         # Every re-plan solves under the plan's own options (headroom, worker limits...): the Replanner's default.
@@ -293,7 +342,7 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
     return Run(cfg=cfg, env=env, workload=workload, plan=plan, model=model, ddp=ddp,
                optimizer=torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9), timer=timer, hetero=hetero,
                batch_sampler=batch_sampler, dsampler=dsampler, scale_loss=scale_loss, channels_last=cl,
-               replanner=replanner, log=RunLogWriter(None), start_plan=plan)
+               replanner=replanner, log=RunLogWriter(None), start_plan=plan, micro=micro)
 
 
 def resume(run: Run) -> ResizeRecord | None:
@@ -352,7 +401,8 @@ def _elastic_plan(saved: Plan, plan: Plan, hetero: HeteroBatchSampler | None, st
         raise ValidationError("an elastic restart needs the planned sampler (strategy 'plan')")
     sampler_state = dict(state["sampler"])
     sampler_state.update(world_size=plan.world_size, batch_sizes=list(plan.batch_sizes), pending_batch_sizes=None,
-                         min_batch=hetero.min_batch)
+                         min_batch=hetero.min_batch, accumulation_steps=list(_accumulation(plan)),
+                         pending_accumulation_steps=None)
     hetero.load_state_dict(sampler_state)
     return plan
 
@@ -382,13 +432,20 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
     n_sum = 0
     step = first_step
     batch_sizes = run.batch_sizes
-    total = len(run.loader) - first_step
+    total = (run.hetero.num_steps if run.hetero is not None else len(run.loader)) - first_step
     if cfg.max_steps_per_epoch is not None:
         total = min(total, cfg.max_steps_per_epoch)
     run.progress(f"epoch {epoch}: {total} steps of {sum(batch_sizes)} samples")
     t_start = time.perf_counter()
-    for x, y in run.timer.iter_data(run.loader):
-        if cfg.max_steps_per_epoch is not None and step - first_step >= cfg.max_steps_per_epoch:
+    # micro_steps starts the loader itself (the sampler's pass, hence its start position, begins there); the timer
+    # times each next() around it.
+    batches: Iterator[tuple[Any, MicroStep | None]] = (
+        run.timer.iter_data(micro_steps(run.loader, run.hetero)) if run.hetero is not None
+        else ((b, None) for b in run.timer.iter_data(run.loader)))
+    for (x, y), micro in batches:
+        first_micro = micro is None or micro.index == 0
+        last = micro is None or micro.is_last
+        if first_micro and cfg.max_steps_per_epoch is not None and step - first_step >= cfg.max_steps_per_epoch:
             break
         x = x.to(device, non_blocking=True)
         y = y.to(device, non_blocking=True)
@@ -396,24 +453,35 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
             x = x.contiguous(memory_format=torch.channels_last)
         if run.trace is not None:
             idx = next(tracer) if tracer is not None else []
-            run.trace.write(json.dumps({"epoch": epoch, "step": step, "rank": env.rank, "indices": idx}) + "\n")
+            rec: dict[str, Any] = {"epoch": epoch, "step": step, "rank": env.rank, "indices": idx}
+            if micro is not None and micro.count > 1:
+                rec["micro"] = micro.index
+            run.trace.write(json.dumps(rec) + "\n")
             run.trace.flush()  # a kill -9 must not lose lines of steps the checkpoint already covers
-        run.timer.compute_start()
-        with _autocast(cfg, device):
-            loss = run.workload.loss_fn(run.ddp(x), y)
-            # Emulated extra work goes between the real forward and backward: inside the measured compute span,
-            # and after DDP's forward-start buffer broadcast, which would otherwise make the peers wait for it.
-            slowdown.apply(run.ddp, run.workload.loss_fn, x, y)
-        if run.scale_loss:  # exact sample-weighted gradient through DDP's averaging all-reduce
-            (loss * loss_scale(run.hetero, step)).backward()  # type: ignore[arg-type]
-        else:
-            loss.backward()
-        run.timer.compute_end()  # ignored when the hook already closed the span (DDP with several ranks)
-        run.optimizer.step()
-        run.optimizer.zero_grad(set_to_none=True)
+        if first_micro:
+            run.timer.compute_start()
+        run.micro.last = last
+        with _sync_only_if(run.ddp, last):
+            with _autocast(cfg, device):
+                loss = run.workload.loss_fn(run.ddp(x), y)
+                # Emulated extra work goes between the real forward and backward: inside the measured compute span,
+                # and after DDP's forward-start buffer broadcast, which would otherwise make the peers wait for it.
+                slowdown.apply(run.ddp, run.workload.loss_fn, x, y)
+            if run.scale_loss:  # exact sample-weighted gradient through DDP's (or FSDP2's) averaging
+                scale = micro.loss_scale if micro is not None else loss_scale(run.hetero, step)  # type: ignore[arg-type]
+                (loss * scale).backward()
+            elif micro is not None and micro.count > 1:  # the hook weights the step; the loss, its micro-batches
+                (loss * micro.accumulation_weight).backward()
+            else:
+                loss.backward()
         loss_sum += loss.detach().double() * x.shape[0]
         watch.observe(loss, step)
         n_sum += int(x.shape[0])
+        if not last:
+            continue
+        run.timer.compute_end()  # ignored when the hook already closed the span (DDP with several ranks)
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
         run.timer.step_end()
         step += 1
         done = step - first_step
@@ -461,7 +529,7 @@ def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
             old_workers = run.plan.ranks[env.rank].num_workers
             run.plan = decision.new_plan
             assert run.hetero is not None
-            run.hetero.set_batch_sizes(run.plan.batch_sizes)
+            run.hetero.set_batch_sizes(run.plan.batch_sizes, accumulation_steps=_accumulation(run.plan))
             if run.plan.ranks[env.rank].num_workers != old_workers:
                 run.loader = make_loader(cfg, run.workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers,
                                          env.device)

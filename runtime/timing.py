@@ -321,14 +321,19 @@ class StepTimer:
         )
 
 
-def close_compute_on_last_gradient(model: torch.nn.Module, timer: StepTimer) -> None:
+def close_compute_on_last_gradient(model: torch.nn.Module, timer: StepTimer,
+                                   when: Callable[[], bool] | None = None) -> None:
     """Close the timer's compute span when backward accumulates the model's first parameter's gradient.
 
     The first parameter (the input layer's weight) gets its gradient last in backward, so this marks "local
     compute done" -- before DDP's final all-reduce wait, like the comm hook's ``on_last_bucket`` -- with one
     Python call per step and no comm hook. A step where it does not fire (an unused first parameter) falls back to
     the after-``backward()`` call, which includes the wait for peers.
+
+    ``when``: with gradient accumulation, only the backward of a step's last micro-batch closes the span (the
+    earlier ones accumulate locally), so the caller says when that is.
     """
     first = next((p for p in model.parameters() if p.requires_grad), None)
     if first is not None:
-        first.register_post_accumulate_grad_hook(lambda _p: timer.compute_end())
+        first.register_post_accumulate_grad_hook(
+            lambda _p: timer.compute_end() if when is None or when() else None)
