@@ -220,7 +220,7 @@ def _rank_rows(profile: Profile, plan: Plan, opts: SolveOptions) -> list[RankRow
     eq_ws = equal_split_workers(profile, models, opts).tolist()
     rows = []
     for r, m, rp, eb, eq_w in zip(profile.by_rank, models, plan.ranks, eq_b, eq_ws, strict=True):
-        _, tc, tl = m.busy_time(rp.batch_size, rp.num_workers)
+        _, tc, tl = m.busy_time(rp.batch_size, rp.num_workers, rp.accumulation_steps)
         env = fit_envelope(r.compute)
         fit = fit_memory(r.memory) if r.memory is not None else None
         cap_bytes = r.memory.capacity_bytes if r.memory is not None else None

@@ -33,20 +33,14 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from planner.errors import ValidationError
+from planner.plan import micro_batch_sizes as _plan_micro_batch_sizes
 
 T = TypeVar("T")
 
 
-def micro_batch_sizes(batch_size: int, accumulation_steps: int) -> list[int]:
-    """``batch_size`` split into ``accumulation_steps`` parts as evenly as possible, larger parts first.
-
-    >>> micro_batch_sizes(10, 3)
-    [4, 3, 3]
-
-    The plan's rule (planner.plan.micro_batch_sizes on the planner side of #13; one of the two goes at merge).
-    """
-    q, r = divmod(batch_size, accumulation_steps)
-    return [q + 1] * r + [q] * (accumulation_steps - r)
+# The plan's rule, one implementation (planner.plan): rank i's b_i samples of a step in k_i micro-batches,
+# ceil(b_i/k_i) ... then floor(b_i/k_i).
+micro_batch_sizes = _plan_micro_batch_sizes
 
 
 def check_accumulation(batch_sizes: Sequence[int], accumulation_steps: Sequence[int] | None, min_batch: int,
