@@ -36,7 +36,11 @@ examples:
   planner bench --device cuda --nproc 2 --data loader --emulate-loader 1=2 --global-batch 512   # loader skew
   planner bench --rank-devices cuda:0,cpu --model resnet18 --image-size 64 --global-batch 128   # CUDA + CPU
 """
-STRATEGIES = ("equal", "proportional", "plan", "plan+replan")
+STRATEGIES = ("equal", "equal-accum", "no-accum", "proportional", "plan", "plan+replan")
+DEFAULT_STRATEGIES = ("equal", "proportional", "plan", "plan+replan")
+"""equal-accum (the same micro-batch on every rank at the smallest memory cap, the same accumulation everywhere:
+what users do by hand on mixed memory) and no-accum (the best plan without accumulation) are for memory-capped
+runs (--emulate-memory)."""
 PREDICTION_TOL = 0.15
 """A measured plan step this far from its prediction is flagged (the same bar as the report's finding)."""
 
@@ -56,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="global batch (default 512 on CUDA, 64 on CPU); a multiple of the rank count")
     p.add_argument("--steps", type=count(), default=None, metavar="N",
                    help="timed steps per strategy and epoch (default 30 on CUDA, 15 on CPU)")
+    p.add_argument("--rounds", type=count(), default=1, metavar="N",
+                   help="run the strategies N times, interleaved, and report each one's median round (default 1)")
     p.add_argument("--replan-epochs", type=count(), default=4, metavar="E", help="epochs of plan+replan (default 4)")
     p.add_argument("--amp", action="store_true", help="bf16 autocast")
     p.add_argument("--quick", action="store_true", help="a short profile")
@@ -68,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(JSON: {'runs': [...]})")
     p.add_argument("--late-slowdown", default=None, metavar="R=F,..",
                    help="plan+replan only: rank R becomes F x slower from its second epoch (default: none)")
-    p.add_argument("--strategies", default=",".join(STRATEGIES), metavar="LIST",
+    p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES), metavar="LIST",
                    help=f"subset of {','.join(STRATEGIES)} (ideal is always measured)")
     p.add_argument("--label", default=None, metavar="TEXT", help="name of the heterogeneity, stored in the JSON")
     p.add_argument("--timeout", type=real(0.0, lo_open=True), default=1800.0, metavar="S", help="kill every rank after S seconds")
@@ -201,6 +207,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     from collectives import all_gather_json, broadcast_json
     from planner.profile import Profile
     from planner.quality import check_profile, keep_equal_within_noise
+    from planner.solve import equal_accumulation_split
     from profiler.run import gather_profile, profile_this_rank
     from workloads.specs import build_workload
 
@@ -237,14 +244,31 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
                        quiet=True, lr=1e-4, mixed_devices=mixed)
     out: dict[str, Any] = {}
     runs = {"equal": (equal, replace(base, strategy="equal")), "proportional": (prop, base), "plan": (plan, base)}
-    for k, name in enumerate(opts["strategies"], 1):
-        if name == "plan+replan":
-            continue
-        p, cfg = runs[name]
-        progress.phase(f"strategy {name} ({k}/{len(opts['strategies'])}, batches {list(p.batch_sizes)})")
-        epochs = train(cfg, env, p, profile, workload, progress=progress)
-        # The first epoch warms up (allocator, cudnn autotune, workers); plain DDP has no hook to time compute.
-        out[name] = _summary(epochs[-1], p, timed=name != "equal")
+    if "equal-accum" in opts["strategies"]:
+        runs["equal-accum"] = (equal_accumulation_split(profile, B, min_batch=min_batch), base)
+    if "no-accum" in opts["strategies"]:
+        try:
+            runs["no-accum"] = (planner.solve(profile, global_batch=B, min_batch=min_batch, max_accumulation_steps=1,
+                                              min_gain=0.0), base)
+        except planner.PlanError as e:  # no split without accumulation fits: recorded as such
+            out["no-accum"] = {"infeasible": str(e)}
+    rounds = int(opts.get("rounds") or 1)
+    per_round: dict[str, list[dict[str, Any]]] = {}
+    for r in range(rounds):  # interleaved: every strategy once per round, so drift hits them alike
+        for k, name in enumerate(opts["strategies"], 1):
+            if name == "plan+replan" or name not in runs:
+                continue
+            p, cfg = runs[name]
+            progress.phase(f"round {r + 1}/{rounds}: strategy {name} ({k}/{len(opts['strategies'])}, "
+                           f"batches {list(p.batch_sizes)})")
+            epochs = train(cfg, env, p, profile, workload, progress=progress)
+            # The first epoch warms up (allocator, cudnn autotune, workers); plain DDP has no hook to time compute.
+            per_round.setdefault(name, []).append(_summary(epochs[-1], p, timed=name != "equal"))
+    for name, summaries in per_round.items():
+        # The round with the median throughput stands for the strategy; every round's number is kept.
+        ranked = sorted(summaries, key=lambda x: x["samples_per_s"])
+        out[name] = {**ranked[(len(ranked) - 1) // 2],
+                     "rounds_samples_per_s": [x["samples_per_s"] for x in summaries]}
     if "plan+replan" in opts["strategies"]:
         cfg = replace(base, epochs=int(opts["replan_epochs"]), replan=True, slowdown_late=late or slow,
                       slowdown_from_epoch=1)
@@ -257,7 +281,8 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     # ideal: each rank alone at its planned batch, no communication, measured now on the same ranks
     progress.phase("ideal (each rank alone at its planned batch)")
     if on_device:
-        mine = _standalone_step_s(workload, env.device, plan.batch_sizes[env.rank], slow, opts, cl)
+        mine = _standalone_step_s(workload, env.device, plan.batch_sizes[env.rank], slow, opts, cl,
+                                  plan.ranks[env.rank].accumulation_steps)
     else:
         w = plan.ranks[env.rank].num_workers if cap is None else min(cap, plan.ranks[env.rank].num_workers)
         mine = _standalone_loader_step_s(workload, env.device, plan.batch_sizes[env.rank], w, slow, opts, cl)
@@ -276,9 +301,14 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
               f"{1000 * out['plan']['predicted_step_time_s']:.1f} ms predicted ({miss:+.0%}){cause}: its split may "
               f"not be the best; re-profile with a longer --budget-s on an idle machine", file=sys.stderr, flush=True)
     eq_sps = out.get("equal", {}).get("samples_per_s")
+    acc_sps = out.get("equal-accum", {}).get("samples_per_s")
     for s in out.values():
-        if eq_sps and "samples_per_s" in s:
+        if "samples_per_s" not in s:
+            continue  # a strategy that could not run (no-accum where nothing fits without accumulation)
+        if eq_sps:
             s["vs_equal"] = s["samples_per_s"] / eq_sps
+        if acc_sps:
+            s["vs_equal_accum"] = s["samples_per_s"] / acc_sps
         s["vs_ideal"] = s["samples_per_s"] / ideal if ideal else None
     out["meta"] = {
         "world_size": W, "global_batch": B, "model": opts["model"], "amp": opts["amp"],
@@ -312,16 +342,31 @@ def _after_slowdown_ideal(profile: Any, B: int, min_batch: int, factors: list[li
     return float(planner.solve(scaled, global_batch=B, min_batch=min_batch, min_gain=0.0).predicted.ideal_samples_per_s)
 
 
-def _standalone_step_s(workload: Any, device: Any, b: int, slow: float, opts: dict[str, Any], cl: bool) -> float:
-    """Median full-step time of this rank alone at batch b (same step code as the profiler)."""
+def _standalone_step_s(workload: Any, device: Any, b: int, slow: float, opts: dict[str, Any], cl: bool,
+                       accumulation_steps: int = 1) -> float:
+    """Median full-step time of this rank alone at batch b (same step code as the profiler); with accumulation,
+    its k micro-batches and one optimizer step, as the trainer runs them."""
+    from planner.plan import micro_batch_sizes
     from profiler.compute import StepRunner
 
     runner = StepRunner(workload, device, amp=opts["amp"], slowdown=slow, channels_last=cl)
+    repeats = max(5, min(int(opts["steps"]), 15))
     try:
-        m = runner.measure(b, warmup=3, repeats=max(5, min(int(opts["steps"]), 15)))
+        if accumulation_steps <= 1:
+            m = runner.measure(b, warmup=3, repeats=repeats)
+            return float(statistics.median(m.times_s))
+        batches = [runner.make_batch(n) for n in micro_batch_sizes(b, accumulation_steps)]
+        times = []
+        for i in range(3 + repeats):
+            runner._sync()
+            t0 = time.perf_counter()
+            runner.micro_step(batches)
+            runner._sync()
+            if i >= 3:
+                times.append(time.perf_counter() - t0)
+        return float(statistics.median(times))
     finally:
         runner.close()
-    return float(statistics.median(m.times_s))
 
 
 def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, slow: float,
@@ -372,6 +417,7 @@ def _summary(e: Any, plan: Any, *, timed: bool = True) -> dict[str, Any]:
         "predicted_step_time_s": plan.predicted.step_time_s,
         "predicted_error": (e.step_time_s / plan.predicted.step_time_s - 1.0) if plan.predicted.step_time_s else None,
         "batch_sizes": list(e.batch_sizes), "ranks": ranks, "loss": e.loss,
+        "accumulation_steps": [r.accumulation_steps for r in plan.ranks],
     }
 
 
@@ -414,13 +460,18 @@ def format_bench(result: dict[str, Any]) -> str:
         s = result.get(name)
         if not s:
             continue
+        if "samples_per_s" not in s:
+            rows.append((name, "-", "-", "-", "-", "-", s.get("infeasible", "not run")[:60], "-"))
+            continue
+        steps = s.get("accumulation_steps") or [1] * len(s.get("batch_sizes", []))
         rows.append((
             name, f"{s['samples_per_s']:.1f}",
             f"{1000 * s['step_time_s']:.2f}" if "step_time_s" in s else "-",
             f"{1000 * s['predicted_step_time_s']:.2f}" if "predicted_step_time_s" in s else "-",
-            f"{s['vs_equal']:.2f}x" if s.get("vs_equal") else "-",
+            f"{s['vs_equal']:.2f}x" if s.get("vs_equal") else
+            (f"{s['vs_equal_accum']:.2f}x eq-acc" if s.get("vs_equal_accum") else "-"),
             f"{s['vs_ideal']:.3f}" if s.get("vs_ideal") else "-",
-            " ".join(str(b) for b in s.get("batch_sizes", [])),
+            " ".join(str(b) if k == 1 else f"{b}/{k}" for b, k in zip(s.get("batch_sizes", []), steps, strict=False)),
             " ".join(f"{100 * r['idle_fraction']:.0f}%" for r in s.get("ranks", []) if r["idle_fraction"] is not None)
             or "-",
         ))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -98,6 +99,33 @@ class TimedSteps:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def optimizer_step_s(self, batch_size: int, repeats: int = 10) -> float:
+        """Median seconds of one ``optimizer.step()`` (its cost does not depend on the batch): the part of a step
+        that gradient accumulation pays once per optimizer step rather than once per micro-batch (#13)."""
+        batch = self.batch_for(batch_size)
+        with self.autocast():
+            loss = self.loss(self.model, batch)
+        loss.backward()  # gradients to step on (kept: every timed step sees the same state)
+        self.optimizer.step()  # warm-up: lazily created optimizer state
+        times = []
+        for _ in range(repeats):
+            self._sync()
+            t0 = self.timer()
+            self.optimizer.step()
+            self._sync()
+            times.append(self.timer() - t0)
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(statistics.median(times))
+
+    def micro_step(self, batches: list[Any]) -> None:
+        """One optimizer step over several micro-batches (gradient accumulation, as the trainer runs it)."""
+        for batch in batches:
+            with self.autocast():
+                loss = self.loss(self.model, batch)
+            loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def measure(self, batch_size: int, warmup: int, repeats: int) -> Measurement:
         """Run `warmup` untimed then `repeats` timed steps at `batch_size` (the sweep's Measure)."""

@@ -175,6 +175,11 @@ def measure_rank(
             _say(progress, f"{who}: searching the largest batch that fits")
         max_batch = find_max_batch(result, runner.fits) if dev.type == "cuda" else None
         num_params, grad_bytes, step_meta = runner.num_params, runner.grad_bytes, runner.meta()
+        # Charged once per optimizer step when a rank accumulates (planner/_accumulation.py); batch-independent.
+        # Timed alone it can read above a whole small step (clock noise on microsecond steps): never more than
+        # half of the smallest measured step, which it is part of.
+        optimizer_s = min(runner.optimizer_step_s(result.points[0].batch_size),
+                          0.5 * min(p.median_s for p in result.points))
     finally:
         states.close()
         runner.close()
@@ -215,6 +220,7 @@ def measure_rank(
         loader=loader_profile,
         meta={k: v for k, v in info.items() if v is not None},
         device_state=None if device_state.is_empty else device_state,
+        optimizer_step_s=optimizer_s,
     )
 
 
