@@ -668,7 +668,8 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool,
         for line in quality.warning_lines():
             print(line, file=sys.stderr, flush=True)
         plan = planner.solve(profile, global_batch=global_batch,
-                             min_batch=max(min_batch, 2) if workload.has_batchnorm else min_batch)
+                             min_batch=max(min_batch, 2) if workload.has_batchnorm else min_batch,
+                             mode="fsdp" if cfg.fsdp else "ddp")  # FSDP2: the same micro-step count on every rank
         plan = record_workload(keep_equal_within_noise(profile, plan, quality), profile)
         plan = dataclasses.replace(plan, meta={**plan.meta, "written_by": AUTO_WRITER})
         if plan_out:

@@ -111,15 +111,17 @@ def _parse_batches(text: str) -> list[int]:
 
 
 def over_caps(profile: Profile, batches: list[int], options: SolveOptions) -> list[str]:
-    """One phrase per rank whose given batch is over its cap (memory fit with headroom, or --max-batch-per-rank)."""
+    """One phrase per rank whose given batch cannot fit: over --max-batch-per-rank, or over its memory cap even as
+    ``max_accumulation_steps`` micro-batches (a batch over the memory cap alone is run in micro-batches)."""
     out = []
+    k_max = options.max_accumulation_steps
     for m, b in zip(build_models(profile, options), batches, strict=True):
-        if m.cap is not None and b > m.cap:
-            if m.cap_reason == "memory":
-                out.append(f"rank {m.rank} gets {b} samples, over its memory cap of {m.cap} (memory fit with "
-                           f"{options.memory_headroom:.0%} headroom): it would run out of memory")
-            else:
-                out.append(f"rank {m.rank} gets {b} samples, over --max-batch-per-rank {m.cap}")
+        if m.batch_cap is not None and b > m.batch_cap:
+            out.append(f"rank {m.rank} gets {b} samples, over --max-batch-per-rank {m.batch_cap}")
+        elif m.micro_cap is not None and -(-b // k_max) > m.micro_cap:
+            split = "" if k_max == 1 else f" even in {k_max} micro-batches (--max-accumulation-steps)"
+            out.append(f"rank {m.rank} gets {b} samples, over its memory cap of {m.micro_cap} (memory fit with "
+                       f"{options.memory_headroom:.0%} headroom){split}: it would run out of memory")
     return out
 
 
@@ -137,7 +139,9 @@ def _evaluate_given(profile: Profile, args: argparse.Namespace, options: SolveOp
                               "plan anyway")
     warnings = [f"warning: --force: {o}" + ("" if o.endswith("memory") else ", which may run out of memory")
                 for o in over]
-    return evaluate(profile, batches, options=options), warnings
+    # One micro-step when accumulation is ruled out (a forced split then stays over its cap, as asked).
+    steps = [1] * len(batches) if options.max_accumulation_steps == 1 else None
+    return evaluate(profile, batches, accumulation_steps=steps, options=options), warnings
 
 
 def run(args: argparse.Namespace) -> int:

@@ -48,6 +48,9 @@ class RankRow:
     device: str
     label: str
     batch_size: int
+    micro_batch_size: int = 0
+    """Largest micro-batch (batch_size with one micro-step): what must fit the rank's memory cap."""
+    accumulation_steps: int = 1
     share: float
     num_workers: int
     predicted_step_time_s: float
@@ -232,6 +235,8 @@ def _rank_rows(profile: Profile, plan: Plan, opts: SolveOptions) -> list[RankRow
                 device=r.device,
                 label=rank_label(r),
                 batch_size=rp.batch_size,
+                micro_batch_size=rp.micro_batch_size,
+                accumulation_steps=rp.accumulation_steps,
                 share=rp.share,
                 num_workers=rp.num_workers,
                 predicted_step_time_s=rp.predicted_step_time_s,

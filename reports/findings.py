@@ -135,10 +135,11 @@ def loader_needs(profile: Profile, rows: Sequence[RankRow], opts: SolveOptions) 
 
 
 def _over_cap_line(rows: Sequence[RankRow]) -> tuple[list[str], tuple[int, ...]]:
-    over = [r for r in rows if r.cap is not None and r.batch_size > r.cap]
+    # With accumulation a rank's step is several micro-batches: each of them must fit, not their sum.
+    over = [r for r in rows if r.cap is not None and (r.micro_batch_size or r.batch_size) > r.cap]
     if not over:
         return [], ()
-    listed = _listed([f"rank {r.rank} gets {r.batch_size} (cap {r.cap})" for r in over])
+    listed = _listed([f"rank {r.rank} gets {r.micro_batch_size or r.batch_size} (cap {r.cap})" for r in over])
     return [f"Out of memory ahead: {listed}. The plan puts {'a rank' if len(over) == 1 else f'{len(over)} ranks'} "
             "over the largest batch that fits (a split given with --from-batches --force); re-plan without it."], \
         tuple(r.rank for r in over)

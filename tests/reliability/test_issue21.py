@@ -123,8 +123,10 @@ CASES: dict[str, tuple[list[str], str, tuple[str, ...]]] = {
     "plan-global-batch-2**63": (["plan", "--profile", "{w}/minimal_profile.json", "--global-batch", str(2**63)],
                                 "argument --global-batch/--global_batch: must be <= 2147483647", ()),
     # 7: a forced split over a cap
+    # (with accumulation allowed, the default, 300 on a cap of 200 runs as 2 x 150: #13)
     "plan-from-batches-over-memory-cap": (["plan", "--profile", "{w}/args_memory_capped_profile.json",
-                                           "--global-batch", "300", "--from-batches", "300", "--out",
+                                           "--global-batch", "300", "--from-batches", "300",
+                                           "--max-accumulation-steps", "1", "--out",
                                            "{w}/plan.json"],
                                           "rank 0 gets 300 samples, over its memory cap of 200", ()),
     "plan-from-batches-over-max-batch-per-rank": (["plan", "--profile", "{w}/args_memory_capped_profile.json",
@@ -238,8 +240,9 @@ def test_fresh_run_into_a_folder_holding_a_checkpoint_is_refused(work: Path, cap
 def test_force_writes_the_plan_with_an_oom_warning_and_the_report_leads_with_it(
         work: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = work / "forced.json"
+    # One micro-step allowed: 300 samples on a 200-sample cap cannot fit (with accumulation they would, as 2 x 150).
     rc = main(["plan", "--profile", str(CAPPED), "--global-batch", "300", "--from-batches", "300", "--force",
-               "--out", str(out)])
+               "--max-accumulation-steps", "1", "--out", str(out)])
     err = capsys.readouterr().err
     assert rc == 0 and out.exists()
     assert err.count("\n") == 1 and "warning: --force: rank 0 gets 300 samples" in err and "out of memory" in err
