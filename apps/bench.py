@@ -259,8 +259,8 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
             if name == "plan+replan" or name not in runs:
                 continue
             p, cfg = runs[name]
-            progress.phase(f"round {r + 1}/{rounds}: strategy {name} ({k}/{len(opts['strategies'])}, "
-                           f"batches {list(p.batch_sizes)})")
+            prefix = f"round {r + 1}/{rounds}: " if rounds > 1 else ""
+            progress.phase(f"{prefix}strategy {name} ({k}/{len(opts['strategies'])}, batches {list(p.batch_sizes)})")
             epochs = train(cfg, env, p, profile, workload, progress=progress)
             # The first epoch warms up (allocator, cudnn autotune, workers); plain DDP has no hook to time compute.
             per_round.setdefault(name, []).append(_summary(epochs[-1], p, timed=name != "equal"))

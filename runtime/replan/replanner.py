@@ -164,7 +164,8 @@ class Replanner:
                                   candidate=candidate, scale_factors=self.scale_factors, reverted=reverted)
 
         self._policy_state, revert = self._policy.check_trial(
-            self._policy_state, epoch=epoch, batch_sizes=old.batch_sizes, step_s=step_s, noise=noise)
+            self._policy_state, epoch=epoch, batch_sizes=old.batch_sizes, step_s=step_s,
+            noise=max(noise, self._policy.revert_noise(by_rank)))
         previous, self._previous = self._previous, None
         if revert is not None:
             assert previous is not None and previous.batch_sizes == revert.trial.previous
