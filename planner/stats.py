@@ -29,6 +29,9 @@ class StepStats:
     compute_s_mad: float | None = None
     """Median absolute deviation of the per-step compute times from their median (1.4826 x MAD estimates the
     standard deviation of the bulk of the steps, whatever the tail)."""
+    step_time_s_std: float | None = None
+    """Standard deviation of the per-step step time over every step averaged (stalls included): the noise of
+    ``step_time_s``, which a revert compares between two epochs."""
     num_outliers: int = 0
     """Steps left out of ``compute_s`` because their compute time was more than 5 robust sigmas from the median
     (an epoch-start worker spin-up, GC, another process's burst); they are counted, not hidden."""
@@ -43,7 +46,7 @@ class StepStats:
             path,
             required=("rank", "epoch", "num_steps", "batch_size", "num_workers", "data_wait_s", "compute_s",
                       "step_time_s"),
-            allowed=("compute_s_std", "compute_s_median", "compute_s_mad", "num_outliers"),
+            allowed=("compute_s_std", "compute_s_median", "compute_s_mad", "num_outliers", "step_time_s_std"),
         )
         return cls(
             rank=as_int(d["rank"], f"{path}.rank", min_value=0),
@@ -58,6 +61,7 @@ class StepStats:
             compute_s_median=_opt_num(d, "compute_s_median", path),
             compute_s_mad=_opt_num(d, "compute_s_mad", path),
             num_outliers=as_int(d.get("num_outliers", 0), f"{path}.num_outliers", min_value=0),
+            step_time_s_std=_opt_num(d, "step_time_s_std", path),
         )
 
     @property

@@ -302,6 +302,7 @@ class StepTimer:
         if len(inliers) < (1.0 - MAX_OUTLIER_FRACTION) * n:
             inliers = compute
         k = len(inliers)
+        step_times = [float(s.step_time_s) for s in good]  # type: ignore[arg-type]
         mean_c = math.fsum(inliers) / k
         # Sample std (k - 1): the re-planner turns it into a standard error, std / sqrt(n).
         std_c = math.sqrt(math.fsum((c - mean_c) ** 2 for c in inliers) / (k - 1)) if k > 1 else 0.0
@@ -318,6 +319,7 @@ class StepTimer:
             compute_s_median=med,
             compute_s_mad=mad,
             num_outliers=n - k,
+            step_time_s_std=statistics.stdev(step_times) if n > 1 else 0.0,
         )
 
 

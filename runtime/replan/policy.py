@@ -125,10 +125,13 @@ class AdoptionPolicy:
         return self.noise_sigmas * max(s.compute_s_sigma / math.sqrt(s.num_steps) / s.compute_s for s in by_rank)
 
     def revert_noise(self, by_rank: Sequence[StepStats]) -> float:
-        """The relative noise a trial's slowdown must beat before its plan is reverted: the plain standard error
-        of the noisiest rank (stalls included).  A revert compares two epochs' whole step times, which drift with
+        """The relative noise a trial's slowdown must beat before its plan is reverted: the standard error of the
+        noisiest rank's mean step time over every step (stalls included; the compute time's where the step time's
+        spread was not recorded).  A revert compares two epochs' whole step times, which drift with
         everything a per-step MAD leaves out, so it asks for more evidence than adopting does."""
-        return self.noise_sigmas * max(s.compute_s_std / math.sqrt(s.num_steps) / s.compute_s for s in by_rank)
+        return self.noise_sigmas * max(
+            (s.step_time_s_std / s.step_time_s if s.step_time_s_std is not None and s.step_time_s > 0
+             else s.compute_s_std / s.compute_s) / math.sqrt(s.num_steps) for s in by_rank)
 
     def check_trial(self, state: PolicyState, *, epoch: int, batch_sizes: Batches, step_s: float,
                     noise: float) -> tuple[PolicyState, Revert | None]:

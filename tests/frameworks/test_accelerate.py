@@ -59,7 +59,9 @@ def test_a_slow_rank_is_replanned_between_epochs(runs: Path) -> None:
     assert log.ended and [r.epoch for r in log.replans] == [0, 1]
     adopted = [r for r in log.replans if r.adopted]
     assert adopted and adopted[0].new_batch_sizes[0] > adopted[0].new_batch_sizes[1], log.replans[0].reason
-    assert log.epochs[0].batch_sizes == (8, 8) and log.epochs[-1].batch_sizes[0] > 8
+    # The epoch after the adoption trains with the adopted batches. (Whether they stay is the measurement's call:
+    # on a busy 2-core box these ~10 ms steps are overhead-bound, and a trial that measures slower is reverted.)
+    assert log.epochs[0].batch_sizes == (8, 8) and log.epochs[adopted[0].epoch + 1].batch_sizes == adopted[0].new_batch_sizes
     seen = _load(runs, "replan")["seen"]
     assert seen[:12] == [8] * 12 and seen[-1] == log.epochs[-1].batch_sizes[0]
 

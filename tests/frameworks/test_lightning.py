@@ -60,7 +60,9 @@ def test_a_slow_rank_is_replanned_between_epochs(runs: Path) -> None:
     assert first.old_batch_sizes == (8, 8) and first.new_batch_sizes[0] > first.new_batch_sizes[1], first.reason
     epochs = log.epochs
     assert log.ended
-    assert len(epochs) == 3 and epochs[0].batch_sizes == (8, 8) and epochs[-1].batch_sizes[0] > 8
+    # The epoch after the adoption trains with the adopted batches (a trial that measures slower on a busy box is
+    # reverted afterwards: that is the measurement's call, not the adapter's).
+    assert len(epochs) == 3 and epochs[0].batch_sizes == (8, 8) and epochs[first.epoch + 1].batch_sizes == first.new_batch_sizes
     # the ranks really trained with the adopted batches (sum 16 every step, rank 0 larger after the re-plan)
     seen0, seen1 = _load(runs, "replan")["seen"], torch.load(runs / "replan_rank1.pt", weights_only=True)["seen"]
     assert all(a + b == 16 for a, b in zip(seen0, seen1, strict=True))
