@@ -1,6 +1,6 @@
 """The programs on top of the libraries: ``planner profile | train | bench | demo | report`` and what only they need.
 
-    apps.train        the reference trainer (TrainConfig, train, auto_plan)
+    apps.train        the reference trainer (train, auto_plan; TrainConfig in apps.train_config, the step in apps.steps)
     apps.cmd_train    `planner train` (arguments -> TrainConfig, torchrun set-up)
     apps.bench        `planner bench`: equal vs proportional vs plan vs re-plan vs ideal in one launch
     apps.demo         `planner demo`: profile -> plan -> train -> report as subprocesses with deadlines

@@ -11,14 +11,14 @@ weighted comm hook with ``weighting='hook'``) -> StepTimer stats -> optionally t
 sampler adopts at the next epoch start.  The first collective is the agreement check (world size, plan
 fingerprint, dataset length, seed): ranks launched inconsistently fail with one clear error instead of hanging.
 
-The pieces: ``TrainConfig`` (what the user asked, checked on construction), ``Run`` (everything one run holds:
-model, optimizer, sampler, loader, timer, re-planner, log), ``setup`` builds it, ``run_epoch`` trains one epoch,
-``end_epoch`` re-plans, logs and checkpoints, ``train`` loops.
+The pieces: ``TrainConfig`` (what the user asked, checked on construction; apps/train_config.py), ``Run``
+(everything one run holds: model, optimizer, sampler, loader, timer, re-planner, log), ``setup`` builds it,
+``run_epoch`` trains one epoch, ``end_epoch`` re-plans, logs and checkpoints, ``train`` loops; what a step needs
+around the model (precision, memory format, gradient sync per micro-batch, FSDP2, the loader) is apps/steps.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import json
@@ -31,7 +31,7 @@ from typing import IO, Any
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+from torch.utils.data import BatchSampler, DistributedSampler
 
 import planner
 from apps.checkpoint import load_checkpoint, save_checkpoint
@@ -39,13 +39,14 @@ from apps.distenv import DistEnv, sync_device
 from apps.divergence import DivergenceWatch, divergence_error
 from apps.preflight import check_weights_fit, run_meta
 from apps.progress import Progress, no_progress
+from apps.steps import accumulation_of, autocast_for, channels_last_for, fully_shard_blocks, make_loader, sync_only_if
+from apps.train_config import EpochResult, TrainConfig
 from collectives import all_gather_json, decide_on_rank0
 from planner.devstate import DeviceState
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.runlog import EndRecord, EpochRecord, ResizeRecord, RunLogWriter, StartRecord
-from profiler.compute import use_channels_last
 from profiler.devstate import DeviceStateSampler
 from runtime.accumulate import MicroStep, micro_steps
 from runtime.replan import Replanner
@@ -54,100 +55,7 @@ from runtime.sampler import HeteroBatchSampler
 from runtime.timing import StepTimer, close_compute_on_last_gradient
 from runtime.weighting import loss_scale, register_weighted_hook
 from workloads.emulate import Slowdown
-from workloads.specs import Workload, build_workload, synthetic_batch
-
-STRATEGIES = ("plan", "equal")
-WEIGHTINGS = ("loss_scale", "hook")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TrainConfig:
-    model: str = "mlp"
-    dataset: str = "fake"
-    image_size: int | None = None
-    num_samples: int | None = None
-    """Length of the fake dataset (default: the spec's)."""
-    epochs: int = 2
-    max_steps_per_epoch: int | None = None
-    """Stop each epoch after this many steps (benchmarks; breaks exactly-once coverage on purpose)."""
-    lr: float = 0.01
-    amp: bool = False
-    seed: int = 0
-    replan: bool = False
-    replan_threshold: float = 0.05
-    replan_smoothing: float | None = None
-    """EMA weight of the newest epoch in the re-planner's model (None: the Replanner's documented default)."""
-    strategy: str = "plan"
-    """'plan' (HeteroBatchSampler + exact weighting) or 'equal' (torch DistributedSampler + plain DDP)."""
-    weighting: str = "loss_scale"
-    """How 'plan' weights uneven batches exactly: 'loss_scale' (the mean loss times n_i * W / n through DDP's own
-    C++ all-reduce; also exact with SyncBatchNorm) or 'hook' (``register_weighted_hook``, a Python comm hook).
-    Same parameters to 1e-10 (tests/apps/test_train_weighting.py); cost in docs/BENCHMARKS.md section 9."""
-    fsdp: bool = False
-    """Shard the model with FSDP2 (``fully_shard`` per top-level block, then the root) instead of DDP; the plan's
-    micro-batches run with ``set_requires_gradient_sync`` on the last one (every rank the same count)."""
-    data_on_device: bool = False
-    """Skip the DataLoader: synthetic inputs made on the device (isolates compute skew; the loader is not run)."""
-    slowdown: float = 1.0
-    """Emulated compute factor of this rank (workloads.emulate.Slowdown), applied from the first epoch."""
-    slowdown_late: float | None = None
-    """If set, the factor used from epoch `slowdown_from_epoch` on (a mid-run slowdown)."""
-    slowdown_from_epoch: int = 0
-    loader_workers_cap: int | None = None
-    log_path: str | None = None
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 0
-    """Also checkpoint every N steps inside an epoch (0: only at epoch ends)."""
-    resume: bool = False
-    resume_changes: tuple[str, ...] = ()
-    """On resume, what this run takes from its config instead of the checkpoint ('lr', 'plan'): changes the user
-    allowed with --allow-resume-changes (apps/preflight.py compared them)."""
-    quiet: bool = False
-    mixed_devices: bool = False
-    """Some ranks are CPU and some CUDA (gloo): keep one memory format everywhere (no channels_last)."""
-    trace_path: str | None = None
-    """Write every (epoch, step, rank, indices) to this file (tests of resume; one file per rank)."""
-
-    def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ValidationError(f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
-        if self.weighting not in WEIGHTINGS:
-            raise ValidationError(f"weighting must be 'loss_scale' or 'hook', got {self.weighting!r}")
-        for name, low in (("epochs", 1), ("num_samples", 1), ("max_steps_per_epoch", 1), ("checkpoint_every", 0),
-                          ("slowdown_from_epoch", 0), ("loader_workers_cap", 0), ("image_size", 1)):
-            value = getattr(self, name)
-            if value is not None and value < low:
-                raise ValidationError(f"{name} must be >= {low}, got {value}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValidationError(f"lr must be a positive finite number, got {self.lr}")
-        for name in ("slowdown", "slowdown_late"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value >= 1.0):
-                raise ValidationError(f"{name} must be a finite factor >= 1, got {value}")
-        if not self.replan_threshold >= 0:
-            raise ValidationError(f"replan_threshold must be >= 0, got {self.replan_threshold}")
-        if self.fsdp and self.weighting == "hook":
-            raise ValidationError("FSDP2 has no DDP comm hook: use the loss-scale weighting (the default) with --fsdp")
-        if self.fsdp and (self.checkpoint_dir or self.resume):
-            raise ValidationError("--fsdp does not checkpoint yet (sharded state); drop --checkpoint/--resume")
-        if self.resume and not self.checkpoint_dir:
-            raise ValidationError("resume needs a checkpoint folder (--checkpoint DIR)")
-
-
-@dataclass(kw_only=True, slots=True)
-class EpochResult:
-    epoch: int
-    samples_per_s: float
-    step_time_s: float
-    loss: float
-    batch_sizes: tuple[int, ...]
-    stats: list[dict[str, Any]] = field(default_factory=list)
-    device_states: list[dict[str, Any] | None] = field(default_factory=list)
-    """Every rank's DeviceState at this epoch's end (JSON form), for the run log."""
-    predicted_step_time_s: float = 0.0
-    replan: dict[str, Any] | None = None
-    diverged_step: int | None = None
-    """First global step of this epoch whose loss (or the weights after it) was not finite, on any rank."""
+from workloads.specs import Workload, build_workload
 
 
 @dataclass(slots=True)
@@ -201,89 +109,6 @@ class Run:
             print(text, flush=True)
 
 
-def _accumulation(plan: Plan) -> tuple[int, ...]:
-    """Micro-steps per rank (1 where the plan predates accumulation)."""
-    return tuple(int(getattr(r, "accumulation_steps", 1) or 1) for r in plan.ranks)
-
-
-def _sync_only_if(module: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager[Any]:
-    """Gradient sync on a step's last micro-batch only: DDP's ``no_sync`` before it; FSDP2's
-    ``set_requires_gradient_sync``; nothing to do for a bare module."""
-    if last:
-        if hasattr(module, "set_requires_gradient_sync"):
-            module.set_requires_gradient_sync(True)  # type: ignore[operator]
-        return contextlib.nullcontext()
-    if isinstance(module, DDP):
-        return module.no_sync()
-    if hasattr(module, "set_requires_gradient_sync"):
-        module.set_requires_gradient_sync(False)  # type: ignore[operator]
-    return contextlib.nullcontext()
-
-
-def _fully_shard(model: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
-    """FSDP2: every top-level block that holds parameters its own unit, then the root (the usual per-block
-    wrapping; torchvision ResNets shard per stage)."""
-    if not env.distributed:
-        raise ValidationError("--fsdp needs several ranks (launch under torchrun)")
-    from torch.distributed.fsdp import fully_shard
-
-    for child in model.children():
-        if any(p.requires_grad for p in child.parameters()):
-            fully_shard(child)
-    fully_shard(model)
-    return model
-
-
-def _autocast(cfg: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    if not cfg.amp:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-
-
-def channels_last_for(workload: Workload, device: torch.device, mixed: bool = False) -> bool:
-    """The profiler's choice (channels_last for image models on CUDA) -- unless CPU ranks train beside CUDA
-    ones: DDP requires every rank's parameters to have the same strides."""
-    return use_channels_last(workload, device, False if mixed else None)
-
-
-class _DeviceBatches:
-    """Synthetic batches on the device, indexed like the sampler's batches (the loader is not run)."""
-
-    def __init__(self, batch_sampler: Any, workload: Workload, device: torch.device, channels_last: bool) -> None:
-        self.batch_sampler = batch_sampler
-        self.workload, self.device, self.cl = workload, device, channels_last
-        self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def __len__(self) -> int:
-        return len(self.batch_sampler)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for idx in self.batch_sampler:
-            n = len(idx)
-            if n not in self._cache:
-                x, y = synthetic_batch(self.workload, n, self.device)
-                if self.cl:
-                    x = x.contiguous(memory_format=torch.channels_last)
-                self._cache[n] = (x, y)
-            yield self._cache[n]
-
-
-def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_workers: int,
-                device: torch.device) -> Any:
-    if cfg.data_on_device:
-        return _DeviceBatches(batch_sampler, workload, device, channels_last_for(workload, device, cfg.mixed_devices))
-    if cfg.loader_workers_cap is not None:
-        num_workers = min(num_workers, cfg.loader_workers_cap)
-    return DataLoader(
-        workload.dataset,
-        batch_sampler=batch_sampler,
-        num_workers=num_workers,
-        pin_memory=device.type == "cuda",
-        persistent_workers=num_workers > 0,
-        prefetch_factor=4 if num_workers > 0 else None,
-    )
-
-
 # -- set-up -------------------------------------------------------------------------------------------------
 def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, workload: Workload) -> Run:
     """Model, sampler, DDP, weighting, optimizer and re-planner for this rank (collective: the agreement check)."""
@@ -325,7 +150,7 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
     scale_loss = False
     micro = _MicroFlag()
     if cfg.fsdp:
-        ddp = _fully_shard(model, env)
+        ddp = fully_shard_blocks(model, env)
         scale_loss = hetero is not None  # n_ij * W / n: exact under FSDP2's division by W (runtime/accumulate.py)
     elif env.distributed:
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -401,7 +226,7 @@ def _elastic_plan(saved: Plan, plan: Plan, hetero: HeteroBatchSampler | None, st
         raise ValidationError("an elastic restart needs the planned sampler (strategy 'plan')")
     sampler_state = dict(state["sampler"])
     sampler_state.update(world_size=plan.world_size, batch_sizes=list(plan.batch_sizes), pending_batch_sizes=None,
-                         min_batch=hetero.min_batch, accumulation_steps=list(_accumulation(plan)),
+                         min_batch=hetero.min_batch, accumulation_steps=list(accumulation_of(plan)),
                          pending_accumulation_steps=None)
     hetero.load_state_dict(sampler_state)
     return plan
@@ -461,8 +286,8 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
         if first_micro:
             run.timer.compute_start()
         run.micro.last = last
-        with _sync_only_if(run.ddp, last):
-            with _autocast(cfg, device):
+        with sync_only_if(run.ddp, last):
+            with autocast_for(cfg, device):
                 loss = run.workload.loss_fn(run.ddp(x), y)
                 # Emulated extra work goes between the real forward and backward: inside the measured compute span,
                 # and after DDP's forward-start buffer broadcast, which would otherwise make the peers wait for it.
@@ -529,7 +354,7 @@ def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
             old_workers = run.plan.ranks[env.rank].num_workers
             run.plan = decision.new_plan
             assert run.hetero is not None
-            run.hetero.set_batch_sizes(run.plan.batch_sizes, accumulation_steps=_accumulation(run.plan))
+            run.hetero.set_batch_sizes(run.plan.batch_sizes, accumulation_steps=accumulation_of(run.plan))
             if run.plan.ranks[env.rank].num_workers != old_workers:
                 run.loader = make_loader(cfg, run.workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers,
                                          env.device)

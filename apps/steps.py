@@ -1,0 +1,104 @@
+"""What one training step needs around the model: mixed precision, memory format, gradient sync per micro-batch,
+FSDP2 sharding, and the batches (a DataLoader over the plan's sampler, or synthetic ones on the device)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+
+from apps.distenv import DistEnv
+from apps.train_config import TrainConfig
+from planner.errors import ValidationError
+from planner.plan import Plan
+from profiler.compute import use_channels_last
+from workloads.specs import Workload, synthetic_batch
+
+
+def accumulation_of(plan: Plan) -> tuple[int, ...]:
+    """Micro-steps per rank (1 where the plan predates accumulation)."""
+    return tuple(int(getattr(r, "accumulation_steps", 1) or 1) for r in plan.ranks)
+
+
+def sync_only_if(module: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager[Any]:
+    """Gradient sync on a step's last micro-batch only: DDP's ``no_sync`` before it; FSDP2's
+    ``set_requires_gradient_sync``; nothing to do for a bare module."""
+    if last:
+        if hasattr(module, "set_requires_gradient_sync"):
+            module.set_requires_gradient_sync(True)  # type: ignore[operator]
+        return contextlib.nullcontext()
+    if isinstance(module, DDP):
+        return module.no_sync()
+    if hasattr(module, "set_requires_gradient_sync"):
+        module.set_requires_gradient_sync(False)  # type: ignore[operator]
+    return contextlib.nullcontext()
+
+
+def fully_shard_blocks(model: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
+    """FSDP2: every top-level block that holds parameters its own unit, then the root (the usual per-block
+    wrapping; torchvision ResNets shard per stage)."""
+    if not env.distributed:
+        raise ValidationError("--fsdp needs several ranks (launch under torchrun)")
+    from torch.distributed.fsdp import fully_shard
+
+    for child in model.children():
+        if any(p.requires_grad for p in child.parameters()):
+            fully_shard(child)
+    fully_shard(model)
+    return model
+
+
+def autocast_for(cfg: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    if not cfg.amp:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def channels_last_for(workload: Workload, device: torch.device, mixed: bool = False) -> bool:
+    """The profiler's choice (channels_last for image models on CUDA) -- unless CPU ranks train beside CUDA
+    ones: DDP requires every rank's parameters to have the same strides."""
+    return use_channels_last(workload, device, False if mixed else None)
+
+
+class DeviceBatches:
+    """Synthetic batches on the device, indexed like the sampler's batches (the loader is not run)."""
+
+    def __init__(self, batch_sampler: Any, workload: Workload, device: torch.device, channels_last: bool) -> None:
+        self.batch_sampler = batch_sampler
+        self.workload, self.device, self.cl = workload, device, channels_last
+        self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for idx in self.batch_sampler:
+            n = len(idx)
+            if n not in self._cache:
+                x, y = synthetic_batch(self.workload, n, self.device)
+                if self.cl:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                self._cache[n] = (x, y)
+            yield self._cache[n]
+
+
+def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_workers: int,
+                device: torch.device) -> Any:
+    if cfg.data_on_device:
+        return DeviceBatches(batch_sampler, workload, device, channels_last_for(workload, device, cfg.mixed_devices))
+    if cfg.loader_workers_cap is not None:
+        num_workers = min(num_workers, cfg.loader_workers_cap)
+    return DataLoader(
+        workload.dataset,
+        batch_sampler=batch_sampler,
+        num_workers=num_workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=num_workers > 0,
+        prefetch_factor=4 if num_workers > 0 else None,
+    )
+
+

@@ -1,0 +1,104 @@
+"""What `planner train` runs and what one epoch gives back: ``TrainConfig`` (checked on construction) and
+``EpochResult`` (apps.train uses both; `planner bench` builds its strategies from TrainConfig)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.errors import ValidationError
+
+STRATEGIES = ("plan", "equal")
+WEIGHTINGS = ("loss_scale", "hook")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    model: str = "mlp"
+    dataset: str = "fake"
+    image_size: int | None = None
+    num_samples: int | None = None
+    """Length of the fake dataset (default: the spec's)."""
+    epochs: int = 2
+    max_steps_per_epoch: int | None = None
+    """Stop each epoch after this many steps (benchmarks; breaks exactly-once coverage on purpose)."""
+    lr: float = 0.01
+    amp: bool = False
+    seed: int = 0
+    replan: bool = False
+    replan_threshold: float = 0.05
+    replan_smoothing: float | None = None
+    """EMA weight of the newest epoch in the re-planner's model (None: the Replanner's documented default)."""
+    strategy: str = "plan"
+    """'plan' (HeteroBatchSampler + exact weighting) or 'equal' (torch DistributedSampler + plain DDP)."""
+    weighting: str = "loss_scale"
+    """How 'plan' weights uneven batches exactly: 'loss_scale' (the mean loss times n_i * W / n through DDP's own
+    C++ all-reduce; also exact with SyncBatchNorm) or 'hook' (``register_weighted_hook``, a Python comm hook).
+    Same parameters to 1e-10 (tests/apps/test_train_weighting.py); cost in docs/BENCHMARKS.md section 9."""
+    fsdp: bool = False
+    """Shard the model with FSDP2 (``fully_shard`` per top-level block, then the root) instead of DDP; the plan's
+    micro-batches run with ``set_requires_gradient_sync`` on the last one (every rank the same count)."""
+    data_on_device: bool = False
+    """Skip the DataLoader: synthetic inputs made on the device (isolates compute skew; the loader is not run)."""
+    slowdown: float = 1.0
+    """Emulated compute factor of this rank (workloads.emulate.Slowdown), applied from the first epoch."""
+    slowdown_late: float | None = None
+    """If set, the factor used from epoch `slowdown_from_epoch` on (a mid-run slowdown)."""
+    slowdown_from_epoch: int = 0
+    loader_workers_cap: int | None = None
+    log_path: str | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    """Also checkpoint every N steps inside an epoch (0: only at epoch ends)."""
+    resume: bool = False
+    resume_changes: tuple[str, ...] = ()
+    """On resume, what this run takes from its config instead of the checkpoint ('lr', 'plan'): changes the user
+    allowed with --allow-resume-changes (apps/preflight.py compared them)."""
+    quiet: bool = False
+    mixed_devices: bool = False
+    """Some ranks are CPU and some CUDA (gloo): keep one memory format everywhere (no channels_last)."""
+    trace_path: str | None = None
+    """Write every (epoch, step, rank, indices) to this file (tests of resume; one file per rank)."""
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValidationError(f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        if self.weighting not in WEIGHTINGS:
+            raise ValidationError(f"weighting must be 'loss_scale' or 'hook', got {self.weighting!r}")
+        for name, low in (("epochs", 1), ("num_samples", 1), ("max_steps_per_epoch", 1), ("checkpoint_every", 0),
+                          ("slowdown_from_epoch", 0), ("loader_workers_cap", 0), ("image_size", 1)):
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ValidationError(f"{name} must be >= {low}, got {value}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValidationError(f"lr must be a positive finite number, got {self.lr}")
+        for name in ("slowdown", "slowdown_late"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 1.0):
+                raise ValidationError(f"{name} must be a finite factor >= 1, got {value}")
+        if not self.replan_threshold >= 0:
+            raise ValidationError(f"replan_threshold must be >= 0, got {self.replan_threshold}")
+        if self.fsdp and self.weighting == "hook":
+            raise ValidationError("FSDP2 has no DDP comm hook: use the loss-scale weighting (the default) with --fsdp")
+        if self.fsdp and (self.checkpoint_dir or self.resume):
+            raise ValidationError("--fsdp does not checkpoint yet (sharded state); drop --checkpoint/--resume")
+        if self.resume and not self.checkpoint_dir:
+            raise ValidationError("resume needs a checkpoint folder (--checkpoint DIR)")
+
+
+@dataclass(kw_only=True, slots=True)
+class EpochResult:
+    epoch: int
+    samples_per_s: float
+    step_time_s: float
+    loss: float
+    batch_sizes: tuple[int, ...]
+    stats: list[dict[str, Any]] = field(default_factory=list)
+    device_states: list[dict[str, Any] | None] = field(default_factory=list)
+    """Every rank's DeviceState at this epoch's end (JSON form), for the run log."""
+    predicted_step_time_s: float = 0.0
+    replan: dict[str, Any] | None = None
+    diverged_step: int | None = None
+    """First global step of this epoch whose loss (or the weights after it) was not finite, on any rank."""
+
