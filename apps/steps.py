@@ -14,14 +14,8 @@ from torch.utils.data import DataLoader
 from apps.distenv import DistEnv
 from apps.train_config import TrainConfig
 from planner.errors import ValidationError
-from planner.plan import Plan
 from profiler.compute import use_channels_last
 from workloads.specs import Workload, synthetic_batch
-
-
-def accumulation_of(plan: Plan) -> tuple[int, ...]:
-    """Micro-steps per rank (1 where the plan predates accumulation)."""
-    return tuple(int(getattr(r, "accumulation_steps", 1) or 1) for r in plan.ranks)
 
 
 def sync_only_if(module: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager[Any]:

@@ -39,7 +39,7 @@ from apps.distenv import DistEnv, sync_device
 from apps.divergence import DivergenceWatch, divergence_error
 from apps.preflight import check_weights_fit, run_meta
 from apps.progress import Progress, no_progress
-from apps.steps import accumulation_of, autocast_for, channels_last_for, fully_shard_blocks, make_loader, sync_only_if
+from apps.steps import autocast_for, channels_last_for, fully_shard_blocks, make_loader, sync_only_if
 from apps.train_config import EpochResult, TrainConfig
 from collectives import all_gather_json, decide_on_rank0
 from planner.devstate import DeviceState
@@ -226,7 +226,7 @@ def _elastic_plan(saved: Plan, plan: Plan, hetero: HeteroBatchSampler | None, st
         raise ValidationError("an elastic restart needs the planned sampler (strategy 'plan')")
     sampler_state = dict(state["sampler"])
     sampler_state.update(world_size=plan.world_size, batch_sizes=list(plan.batch_sizes), pending_batch_sizes=None,
-                         min_batch=hetero.min_batch, accumulation_steps=list(accumulation_of(plan)),
+                         min_batch=hetero.min_batch, accumulation_steps=list(plan.accumulation_steps),
                          pending_accumulation_steps=None)
     hetero.load_state_dict(sampler_state)
     return plan
@@ -354,7 +354,7 @@ def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
             old_workers = run.plan.ranks[env.rank].num_workers
             run.plan = decision.new_plan
             assert run.hetero is not None
-            run.hetero.set_batch_sizes(run.plan.batch_sizes, accumulation_steps=accumulation_of(run.plan))
+            run.hetero.set_batch_sizes(run.plan.batch_sizes, accumulation_steps=run.plan.accumulation_steps)
             if run.plan.ranks[env.rank].num_workers != old_workers:
                 run.loader = make_loader(cfg, run.workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers,
                                          env.device)

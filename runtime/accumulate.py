@@ -34,6 +34,7 @@ from typing import Protocol, TypeVar
 
 from planner.errors import ValidationError
 from planner.plan import micro_batch_sizes as _plan_micro_batch_sizes
+from runtime.weighting import StepCounts
 
 T = TypeVar("T")
 
@@ -85,21 +86,12 @@ def partial_micro_layout(partial: Sequence[int], batch_sizes: Sequence[int],
     return sizes, tuple(counts)
 
 
-class MicroLayout(Protocol):
-    """What :func:`micro_steps` needs from a sampler (HeteroBatchSampler)."""
+class MicroLayout(StepCounts, Protocol):
+    """What :func:`micro_steps` needs from a sampler (HeteroBatchSampler): the weighting's view plus where a resumed
+    pass starts inside its first step."""
 
     @property
-    def rank(self) -> int: ...
-    @property
-    def world_size(self) -> int: ...
-    @property
-    def num_steps(self) -> int: ...
-    @property
-    def start_step(self) -> int: ...
-    @property
     def start_micro_step(self) -> int: ...
-    def counts_at(self, step: int) -> tuple[int, ...]: ...
-    def micro_sizes_at(self, step: int) -> tuple[tuple[int, ...], ...]: ...
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

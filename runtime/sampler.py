@@ -71,12 +71,12 @@ def _as_plan(plan: Plan | str | os.PathLike[str]) -> Plan:
 
 
 def plan_accumulation_steps(plan: Plan) -> tuple[int, ...] | None:
-    """The plan's per-rank micro-step counts k_i, or None when no rank accumulates (plans without the field).
+    """The plan's per-rank micro-step counts k_i, or None when no rank accumulates (every rank one micro-step).
 
     Under ``plan.mode == "fsdp"`` every rank must run the same number of micro-steps (each forward all-gathers).
     """
-    steps = tuple(int(getattr(r, "accumulation_steps", 1)) for r in plan.ranks)
-    if getattr(plan, "mode", "ddp") == "fsdp" and len(set(steps)) > 1:
+    steps = tuple(int(r.accumulation_steps) for r in plan.ranks)
+    if plan.mode == "fsdp" and len(set(steps)) > 1:
         raise ValidationError(f"plan mode 'fsdp' needs the same accumulation_steps on every rank, got {list(steps)}")
     return steps if max(steps) > 1 else None
 

@@ -99,3 +99,18 @@ def in_repo() -> None:
 def save_rank0(out: Path, name: str, obj: Any) -> None:
     if int(os.environ.get("RANK", "0")) == 0:
         torch.save(obj, out / f"{name}.pt")
+
+
+def exit_without_teardown() -> None:
+    """End a torchrun-launched test script once its results are saved: every rank leaves the group together, then
+    the process exits without interpreter teardown, where gloo's threads can abort a finished rank ("terminate
+    called without an active exception", seen under load) -- as tests/_dist.py and the CLI do."""
+    import os
+    import sys
+
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 from runtime.adapters.lightning import LightningPlan
 from runtime.sampler import HeteroBatchSampler
-from tests.frameworks._common import DictData, dict_loss, make_net, make_optimizer, save_rank0
+from tests.frameworks._common import DictData, dict_loss, exit_without_teardown, make_net, make_optimizer, save_rank0
 from workloads.emulate import Slowdown
 
 
@@ -101,13 +101,4 @@ def main(out: Path, plan73: Path, plan88: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
-    # Done and saved: leave without interpreter teardown, where gloo's threads can abort a finished rank
-    # ("terminate called without an active exception", seen under load) -- as tests/_dist.py and the CLI do.
-    import os
-
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()

@@ -18,6 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 
+from tests.frameworks._common import exit_without_teardown
+
 
 def load(path: str, name: str) -> Any:
     spec = importlib.util.spec_from_file_location(name, path)
@@ -46,11 +48,4 @@ def main(kind: str, stock_path: str, planned_path: str, plan: str, out: str) -> 
 
 if __name__ == "__main__":
     main(*sys.argv[1:6])
-    # Saved: leave without interpreter teardown, where gloo's threads can abort a finished rank ("terminate called
-    # without an active exception", seen under load) -- as tests/_dist.py and the CLI do.
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()

@@ -4,10 +4,8 @@ with per-rank micro-batches (2 gloo ranks)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -44,10 +42,7 @@ def code_of(source: str) -> str:
 
 
 def accumulating_plan(sizes: list[int], steps: list[int], mode: str) -> Any:
-    """A Plan with per-rank accumulation; a stand-in object with the same fields while Plan lacks them (#13)."""
-    if "accumulation_steps" not in {f.name for f in dataclasses.fields(RankPlan)}:
-        ranks = [SimpleNamespace(rank=i, batch_size=b, accumulation_steps=k) for i, (b, k) in enumerate(zip(sizes, steps))]
-        return SimpleNamespace(ranks=ranks, batch_sizes=tuple(sizes), min_batch=1, mode=mode)
+    """A Plan with per-rank accumulation."""
     big_b = sum(sizes)
     ranks = tuple(RankPlan(rank=i, batch_size=b, share=b / big_b, num_workers=0, predicted_step_time_s=0.01,  # type: ignore[call-arg]
                            bottleneck="memory", accumulation_steps=k) for i, (b, k) in enumerate(zip(sizes, steps)))

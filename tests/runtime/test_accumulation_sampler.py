@@ -83,7 +83,7 @@ def test_bad_accumulation_steps_are_refused() -> None:
 
 
 def _plan(sizes: list[int], steps: list[int], mode: str = "ddp") -> SimpleNamespace:
-    # The Plan's accumulation fields (#13, planner side) read through getattr: an object with them stands in.
+    # The fields from_plan reads (an fsdp plan with unequal steps is built here on purpose: Plan refuses it).
     ranks = [SimpleNamespace(rank=i, batch_size=b, accumulation_steps=k) for i, (b, k) in enumerate(zip(sizes, steps))]
     return SimpleNamespace(ranks=ranks, batch_sizes=tuple(sizes), min_batch=1, mode=mode)
 
