@@ -14,7 +14,6 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -22,23 +21,10 @@ from runtime.accumulate import MicroStep, micro_steps
 from runtime.sampler import HeteroBatchSampler
 from runtime.weighting import register_weighted_hook
 from tests._dist import run_distributed
+from tests.runtime.test_weighting import make_data, make_model
 
 LR = 0.1
 SEED = 3
-
-
-def make_model(kind: str) -> nn.Module:
-    torch.manual_seed(0)
-    if kind == "mlp":
-        return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)).double()
-    # (n, 2, 3) input: BatchNorm1d over n*3 values per channel; its buffers make DDP broadcast in forward
-    return nn.Sequential(nn.Conv1d(2, 4, 1), nn.BatchNorm1d(4), nn.Tanh(), nn.Flatten(), nn.Linear(12, 2)).double()
-
-
-def make_data(kind: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(5)
-    shape = (n, 4) if kind == "mlp" else (n, 2, 3)
-    return torch.randn(shape, generator=g, dtype=torch.float64), torch.randn(n, 2, generator=g, dtype=torch.float64)
 
 
 def samplers_for(n: int, sizes: list[int], steps: list[int]) -> list[HeteroBatchSampler]:
