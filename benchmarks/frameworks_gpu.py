@@ -215,7 +215,8 @@ def main() -> int:
     plan = planner.solve(profile, global_batch=args.global_batch, min_batch=2, min_gain=0.0)  # BatchNorm: >= 2
     profile_s = time.perf_counter() - t0
     if rank == 0:
-        print(f"profiled in {profile_s:.0f} s; plan {list(plan.batch_sizes)}, predicted "
+        print(f"profiled in {profile_s:.0f} s (sweeps: {[r.meta.get('sweep_stop') for r in profile.ranks]}); "
+              f"plan {list(plan.batch_sizes)}, predicted "
               f"{plan.predicted.samples_per_s / plan.predicted.equal_split_samples_per_s:.2f}x equal", flush=True)
 
     # 2. interleaved rounds

@@ -14,6 +14,11 @@ profiler.compute, or a fake in tests) and a ``clock() -> seconds`` (time.perf_co
     ``min_points`` are in, when the next point (predicted as linear in the batch) would overrun
     ``total_budget_s``; a device so slow that it stops before ``min_points`` gets smaller batches instead
     (start/2, start/4, ..), which cost less than the points already taken;
+  * a budget stop while the curve is still flat (the last median below ``flat_ratio`` x the smallest one: a GPU
+    still latency-bound) would leave a curve that says nothing about the batches a plan will ask for, so the
+    sweep jumps ahead by 4x (few repeats; in the flat part a step costs what the small ones did) until the step
+    time leaves the flat part, a batch does not fit, or ``max_flat_jumps`` are spent.  Seen on 2 H100s: a
+    ResNet-50 profile stopped at batch 32 (every point 15-18 ms) and the plan extrapolated rank 0 to 476;
   * then suspects are re-measured: a point slower than the next larger batch, or more than ``suspect_tol`` above
     the chord of its neighbours (a concave bump).  Interference from other processes only ever slows a step,
     so of the two medians the lower one is kept.  This repairs the few points a busy host spoils without
@@ -77,6 +82,10 @@ class SweepOptions:
     suspect_tol: float = 0.25
     """Relative excess over the neighbours' chord (or over the next batch) that triggers a re-measurement."""
     remeasure_rounds: int = 2
+    flat_ratio: float = 2.0
+    """A curve whose last median is below flat_ratio x its smallest has not shown its per-sample cost yet."""
+    max_flat_jumps: int = 4
+    """Points past the time budget to leave a flat curve (each 4x the batch before; 8 -> 2048 at most)."""
 
     def __post_init__(self) -> None:
         if self.batch_sizes is not None and (not self.batch_sizes or min(self.batch_sizes) < 1):
@@ -204,6 +213,8 @@ def run_sweep(measure: Measure, opts: SweepOptions, *, clock: Callable[[], float
         if not explicit and point.median_s > opts.step_limit_s:
             reason = "step limit"
             break
+    if not explicit and reason == "time budget":
+        reason, oom = _leave_flat_part(measure, points, opts, on_point)
     if not explicit and points and len(points) < opts.min_points and reason in ("step limit", "time budget"):
         # A slow device hit the limit early: smaller batches are cheaper and still pin the curve's shape.
         b = points[0].batch_size // opts.growth
@@ -218,6 +229,31 @@ def run_sweep(measure: Measure, opts: SweepOptions, *, clock: Callable[[], float
             b //= opts.growth
     points = remeasure_suspects(measure, points, opts)
     return SweepResult(points=tuple(points), stop_reason=reason, oom_batch=oom, elapsed_s=clock() - t0)
+
+
+def _still_flat(points: list[SweepPoint], opts: SweepOptions) -> bool:
+    return len(points) >= 2 and points[-1].median_s < opts.flat_ratio * min(p.median_s for p in points)
+
+
+def _leave_flat_part(measure: Measure, points: list[SweepPoint], opts: SweepOptions,
+                     on_point: Callable[[SweepPoint], None] | None) -> tuple[str, int | None]:
+    """After a budget stop on a flat curve: 4x jumps with min_repeats until it bends (appends to points)."""
+    reason: str = "time budget"
+    for _ in range(opts.max_flat_jumps):
+        if not _still_flat(points, opts) or points[-1].batch_size >= opts.max_batch:
+            break
+        b = min(opts.max_batch, points[-1].batch_size * 4)
+        try:
+            m = measure(b, opts.warmup, opts.min_repeats)
+        except DoesNotFit:
+            return "does not fit", b
+        points.append(SweepPoint(batch_size=b, times_s=m.times_s, peak_bytes=m.peak_bytes))
+        if on_point is not None:
+            on_point(points[-1])
+        reason = "time budget, then past the flat part"
+        if points[-1].median_s > opts.step_limit_s:
+            break
+    return reason, None
 
 
 def suspects(points: list[SweepPoint], tol: float) -> list[int]:

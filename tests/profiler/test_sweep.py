@@ -176,3 +176,30 @@ def test_default_series_has_midpoints_quick_does_not() -> None:
     assert geometric_batches(8, 100, midpoints=True) == [8, 12, 16, 24, 32, 48, 64, 96]
     assert geometric_batches(8, 100) == [8, 16, 32, 64]
     assert SweepOptions().midpoints and not SweepOptions.quick().midpoints
+
+
+def test_budget_stop_on_a_flat_curve_jumps_until_it_bends() -> None:
+    # A GPU whose steps are latency-bound (15 ms) up to b=150; the budget ran out at b=32 (warm-ups for new
+    # shapes are what cost). A curve of 8..32 alone would say nothing about b=476.
+    dev = FakeDevice(flat_s=0.015, per_sample_s=0.0001)
+    opts = SweepOptions(total_budget_s=0.5, step_limit_s=1e9, min_points=3, midpoints=False, warmup=2, min_repeats=3)
+    res = run_sweep(dev.measure, opts, clock=dev.clock)
+    sizes = [p.batch_size for p in res.points]
+    assert sizes[:3] == [8, 16, 32]
+    assert sizes[-1] >= 300 and res.points[-1].median_s >= 2 * res.points[0].median_s
+    assert res.stop_reason == "time budget, then past the flat part"
+    assert all(r == opts.min_repeats for b, _, r in dev.calls if b > 32)  # the jumps are short
+    fit = fit_envelope(res.compute_points())
+    assert fit(476) == pytest.approx(dev.t(476), rel=0.15)
+
+
+def test_flat_jumps_stop_at_memory_and_at_max_batch() -> None:
+    dev = FakeDevice(flat_s=0.015, per_sample_s=0.00001, max_fit=200)
+    opts = SweepOptions(total_budget_s=0.5, step_limit_s=1e9, midpoints=False)
+    res = run_sweep(dev.measure, opts, clock=dev.clock)
+    assert res.stop_reason == "does not fit" and res.oom_batch == 512
+    never_bends = FakeDevice(flat_s=0.015, per_sample_s=1e-7)
+    capped = run_sweep(never_bends.measure, SweepOptions(total_budget_s=0.5, step_limit_s=1e9, midpoints=False,
+                                                         max_batch=1024), clock=never_bends.clock)
+    assert capped.points[-1].batch_size == 1024 and capped.stop_reason == "time budget, then past the flat part"
+    assert max(b for b, _, _ in never_bends.calls) == 1024

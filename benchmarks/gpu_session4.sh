@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Session 4's GPU checks (through the device tool). Usage: benchmarks/gpu_session4.sh PART...
+#   lightning / accelerate  planned twin vs the framework's default, rank 1 3x slower, 3 rounds, #14
+#   bench-F3                planner bench ResNet-50 bf16 B=512, rank 1 3x slower, default NCCL env, 3 rounds, #16
+# Raw JSON and logs land in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=4
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+TR="python3 -m torch.distributed.run --standalone --nproc-per-node 2"
+
+part() {
+  local name=$1; shift
+  echo "=== $name: $*"
+  local t0=$SECONDS
+  "$@" > "$OUT/$name.log" 2>&1; local rc=$?
+  grep -v -E "^\s*$|Warning|warn\(|^\[" "$OUT/$name.log" | tail -25
+  echo "=== $name rc=$rc in $((SECONDS - t0)) s"
+}
+
+for p in "$@"; do
+  case $p in
+    lightning)   part lightning $TR benchmarks/frameworks_gpu.py --framework lightning --steps 30 --warmup 6 ;;
+    accelerate)  part accelerate $TR benchmarks/frameworks_gpu.py --framework accelerate --steps 30 --warmup 6 ;;
+    bench-F3)    part bench-F3 python3 -m planner bench --device cuda --nproc 2 --model resnet50 --amp --global-batch 512 \
+                   --emulate-slowdown 1=3 --rounds 3 --quiet --json "$OUT/bench_resnet50_F3.json" \
+                   --profile-out "$OUT/bench_resnet50_F3_profile.json" ;;
+    *) echo "unknown part $p"; exit 2 ;;
+  esac
+done
