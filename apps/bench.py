@@ -206,7 +206,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     from apps.train import TrainConfig, channels_last_for, train
     from collectives import all_gather_json, broadcast_json
     from planner.profile import Profile
-    from planner.quality import check_profile, keep_equal_within_noise
+    from planner.quality import check_profile, extrapolation_lines, keep_equal_within_noise
     from planner.solve import equal_accumulation_split
     from profiler.run import gather_profile, profile_this_rank
     from workloads.specs import build_workload
@@ -235,6 +235,9 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
 
     # What `planner plan` would hand the user: the equal split when the optimum's gain is inside the profile's noise.
     plan = keep_equal_within_noise(profile, planner.solve(profile, global_batch=B, min_batch=min_batch), quality)
+    if env.is_main:
+        for line in extrapolation_lines(plan, profile):
+            print(line, file=sys.stderr, flush=True)
     equal = planner.evaluate(profile, planner.equal_split(B, W), min_batch=min_batch, method="equal")
     prop = planner.evaluate(profile, proportional_split(profile, B, min_batch), min_batch=min_batch,
                             method="proportional")
