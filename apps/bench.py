@@ -321,6 +321,8 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
         "emulate_memory": opts.get("emulate_memory"),
         "late_slowdown": opts["late_slowdown"], "heterogeneity": opts.get("label") or _label(opts),
         "steps_per_strategy": opts["steps"], "profile_s": round(profile_s, 2), "torch": _torch_version(),
+        # Which batches the profile measured on each rank: a prediction there is in-sample (summarize_bench.py).
+        "profile_batch_sizes": [[p.batch_size for p in r.compute] for r in profile.by_rank],
         "plan": plan.to_dict(),
     }
     return out
