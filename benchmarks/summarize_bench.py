@@ -200,7 +200,8 @@ def groups_of(launches: Sequence[Launch]) -> dict[tuple[str, str, str, str], lis
 
 
 def _count(group: Sequence[Launch]) -> str:
-    rounds = sorted({len(r) for la in group for r in la.rounds.values()})
+    # the interleaved strategies' rounds (plan+replan runs once after them)
+    rounds = sorted({max(len(r) for r in la.rounds.values()) for la in group if la.rounds})
     r = "1 round" if rounds == [1] else f"{'/'.join(map(str, rounds))} rounds"
     return f"{len(group)} launch{'es' if len(group) > 1 else ''} x {r}"
 
