@@ -18,7 +18,9 @@ Rules, so that no number is picked:
   profile measured on every rank (from `meta.profile_batch_sizes`; older files predate it, and the profiler's
   sweep grid, 8 * 2^k and 12 * 2^k, stands in: marked "grid");
 * the throughput-proportional split stands beside the plan everywhere it was run, with plan / proportional and
-  a verdict: ahead or behind in every measurement, or a tie within the spread.
+  a verdict: ahead or behind in every measurement, or a tie within the spread;
+* launches timed over the bench's synchronized window (files with "window" per strategy) form their own groups,
+  apart from older files that averaged the step timer's intervals; the headline takes them once they exist.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ SETTINGS = {
 }
 """A setting the file's meta does not record (environment, solver option), from the run's notes: such launches
 are not pooled with the default ones."""
+WINDOW = "synchronized window"
 HEADLINES = (
     ("2x NVIDIA H200", "resnet50", "emulated compute skew 1=1", ""),
     ("2x NVIDIA H200", "resnet50", "emulated compute skew 1=3", ""),
@@ -108,7 +111,12 @@ def launch_from(file: str, r: dict[str, Any]) -> Launch:
     m = r["meta"]
     workload = (f"{m['model']}{' bf16' if m.get('amp') else ''}, global batch {m['global_batch']}, "
                 f"{m.get('data', '')}")
-    key = (_hardware(m.get("devices", [])), workload, str(m.get("heterogeneity")), SETTINGS.get(file, ""))
+    setting = SETTINGS.get(file, "")
+    if any(isinstance(r.get(n), dict) and "window" in r[n] for n in ORDER):
+        # Timed over the synchronized window (apps/bench_window.py); older files averaged the step timer's
+        # step-to-step intervals: two methods, so two groups.
+        setting = f"{setting}; {WINDOW}" if setting else WINDOW
+    key = (_hardware(m.get("devices", [])), workload, str(m.get("heterogeneity")), setting)
     rounds, pred, batches, ins = {}, {}, {}, {}
     for name in ORDER:
         s = r.get(name)
@@ -276,14 +284,22 @@ def tables(launches: Sequence[Launch], ignored: Sequence[str]) -> str:
     return "\n".join(out)
 
 
+def _pick(groups: dict[tuple[str, str, str, str], list[Launch]], hw: str, model: str, het: str,
+          setting: str) -> list[Launch]:
+    return [la for k, v in groups.items() for la in v
+            if k[0] == hw and k[2] == het and k[3] == setting and v[0].model == model]
+
+
 def headline(launches: Sequence[Launch]) -> str:
     groups = groups_of(launches)
     parts = []
     for hw, model, het, setting in HEADLINES:
-        g = [la for k, v in groups.items() for la in v
-             if k[0] == hw and k[2] == het and k[3] == setting and v[0].model == model]
+        # launches timed over the synchronized window stand for the group once there are any
+        g = (_pick(groups, hw, model, het, f"{setting}; {WINDOW}" if setting else WINDOW)
+             or _pick(groups, hw, model, het, setting))
         if not g:
             continue
+        setting = g[0].key[3]
         pe, pp = paired(g, "plan", "equal"), paired(g, "plan", "proportional")
         prop = (f"{_x(pp, '{:.3f}x')} the throughput-proportional split ({verdict(pp)})" if pp
                 else "the proportional split not run")

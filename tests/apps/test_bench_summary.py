@@ -106,3 +106,19 @@ def test_a_stale_block_fails_the_check_and_write_repairs_it(tmp_path: Path) -> N
 ])
 def test_the_verdict_says_a_tie_when_the_spread_straddles_one(ratios: list[float], words: str) -> None:
     assert sb.verdict(ratios) == words
+
+
+def test_window_timed_launches_form_their_own_group_and_take_the_headline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    old = _bench({"equal": [300.0], "proportional": [600.0], "plan": [600.0]})
+    new = _bench({"equal": [300.0, 300.0, 300.0], "proportional": [600.0, 600.0, 600.0],
+                  "plan": [660.0, 630.0, 645.0]})
+    for name in ("equal", "proportional", "plan"):
+        new[name]["window"] = {"steps": 29, "start": ["device_sync", "barrier"], "end": ["device_sync", "barrier"]}
+    launches = [sb.launch_from("old.json", old), sb.launch_from("new.json", new)]
+    assert len(sb.groups_of(launches)) == 2
+    monkeypatch.setattr(sb, "HEADLINES", (("2x CPU x86_64", "cifar_cnn", "emulated compute skew 1=3", ""),))
+    line = sb.headline(launches)
+    assert "synchronized window" in line and "1 launch x 3 rounds" in line
+    assert "plan **2.150x [2.100x-2.200x]** DistributedSampler" in line
+    assert "1.075x [1.050x-1.100x] the throughput-proportional split (plan ahead in every measurement)" in line
