@@ -117,7 +117,7 @@ def test_window_timed_launches_form_their_own_group_and_take_the_headline(
         new[name]["window"] = {"steps": 29, "start": ["device_sync", "barrier"], "end": ["device_sync", "barrier"]}
     launches = [sb.launch_from("old.json", old), sb.launch_from("new.json", new)]
     assert len(sb.groups_of(launches)) == 2
-    monkeypatch.setattr(sb, "HEADLINES", (("2x CPU x86_64", "cifar_cnn", "emulated compute skew 1=3", ""),))
+    monkeypatch.setattr(sb, "HEADLINES", (("2x CPU", "cifar_cnn", "emulated compute skew 1=3", ""),))
     line = sb.headline(launches)
     assert "synchronized window" in line and "1 launch x 3 rounds" in line
     assert "plan **2.150x [2.100x-2.200x]** DistributedSampler" in line
