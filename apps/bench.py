@@ -24,9 +24,12 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.argcheck import count, real
+
+if TYPE_CHECKING:
+    from apps.bench_window import TimedWindow
 
 HELP = "compare equal split, proportional, plan and re-plan side by side"
 EPILOG = """\
@@ -117,6 +120,9 @@ def run(args: argparse.Namespace) -> int:
             f"--global-batch {opts['global_batch']} is not a multiple of {args.nproc} ranks: the equal split "
             "(DistributedSampler) needs one"
         )
+    if opts["steps"] < 2:
+        raise ValidationError(f"--steps {opts['steps']}: the timed window opens after an epoch's first step and "
+                              "needs at least one more; give 2 or more")
     specs = [x.strip() for x in args.sweep_slowdown.split(";")] if args.sweep_slowdown else [args.emulate_slowdown]
     for spec in specs:
         check_ranks(parse_rank_floats(spec), args.nproc, "--sweep-slowdown")
@@ -203,10 +209,11 @@ def _worker(rank: int, nproc: int, store_path: str, opts: dict[str, Any], out_pa
 def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None, cap: int | None,
                 progress: Any) -> dict[str, Any]:
     import planner
+    from apps.bench_window import TimedWindow
     from apps.train import TrainConfig, channels_last_for, train
     from collectives import all_gather_json, broadcast_json
     from planner.profile import Profile
-    from planner.quality import check_profile, keep_equal_within_noise
+    from planner.quality import check_profile, extrapolation_lines, keep_equal_within_noise
     from planner.solve import equal_accumulation_split
     from profiler.run import gather_profile, profile_this_rank
     from workloads.specs import build_workload
@@ -235,6 +242,9 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
 
     # What `planner plan` would hand the user: the equal split when the optimum's gain is inside the profile's noise.
     plan = keep_equal_within_noise(profile, planner.solve(profile, global_batch=B, min_batch=min_batch), quality)
+    if env.is_main:
+        for line in extrapolation_lines(plan, profile):
+            print(line, file=sys.stderr, flush=True)
     equal = planner.evaluate(profile, planner.equal_split(B, W), min_batch=min_batch, method="equal")
     prop = planner.evaluate(profile, proportional_split(profile, B, min_batch), min_batch=min_batch,
                             method="proportional")
@@ -261,20 +271,25 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
             p, cfg = runs[name]
             prefix = f"round {r + 1}/{rounds}: " if rounds > 1 else ""
             progress.phase(f"{prefix}strategy {name} ({k}/{len(opts['strategies'])}, batches {list(p.batch_sizes)})")
-            epochs = train(cfg, env, p, profile, workload, progress=progress)
+            window = TimedWindow(env.device)
+            epochs = train(cfg, env, p, profile, workload, progress=progress, on_start=window.on_start,
+                           on_step=window.on_step)
             # The first epoch warms up (allocator, cudnn autotune, workers); plain DDP has no hook to time compute.
-            per_round.setdefault(name, []).append(_summary(epochs[-1], p, timed=name != "equal"))
+            per_round.setdefault(name, []).append(_summary(epochs[-1], p, window, timed=name != "equal"))
     for name, summaries in per_round.items():
         # The round with the median throughput stands for the strategy; every round's number is kept.
         ranked = sorted(summaries, key=lambda x: x["samples_per_s"])
         out[name] = {**ranked[(len(ranked) - 1) // 2],
-                     "rounds_samples_per_s": [x["samples_per_s"] for x in summaries]}
+                     "rounds_samples_per_s": [x["samples_per_s"] for x in summaries],
+                     "rounds_window": [x["window"] for x in summaries]}
     if "plan+replan" in opts["strategies"]:
         cfg = replace(base, epochs=int(opts["replan_epochs"]), replan=True, slowdown_late=late or slow,
                       slowdown_from_epoch=1)
         progress.phase(f"strategy plan+replan ({len(opts['strategies'])}/{len(opts['strategies'])})")
-        epochs = train(cfg, env, plan, profile, workload, progress=progress)
-        s = _summary(epochs[-1], plan)
+        window = TimedWindow(env.device)
+        epochs = train(cfg, env, plan, profile, workload, progress=progress, on_start=window.on_start,
+                       on_step=window.on_step)
+        s = _summary(epochs[-1], plan, window)
         s["epochs"] = [{"epoch": e.epoch, "samples_per_s": e.samples_per_s, "step_time_s": e.step_time_s,
                         "batch_sizes": list(e.batch_sizes), "replan": e.replan} for e in epochs]
         out["plan+replan"] = s
@@ -318,6 +333,8 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
         "emulate_memory": opts.get("emulate_memory"),
         "late_slowdown": opts["late_slowdown"], "heterogeneity": opts.get("label") or _label(opts),
         "steps_per_strategy": opts["steps"], "profile_s": round(profile_s, 2), "torch": _torch_version(),
+        # Which batches the profile measured on each rank: a prediction there is in-sample (summarize_bench.py).
+        "profile_batch_sizes": [[p.batch_size for p in r.compute] for r in profile.by_rank],
         "plan": plan.to_dict(),
     }
     return out
@@ -401,7 +418,12 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
         runner.close()
 
 
-def _summary(e: Any, plan: Any, *, timed: bool = True) -> dict[str, Any]:
+def _summary(e: Any, plan: Any, window: TimedWindow, *, timed: bool = True) -> dict[str, Any]:
+    """One strategy's last epoch: throughput from the synchronized window (apps/bench_window.py), per-rank times
+    from the step timer (its step time stays beside it as ``steptimer_step_time_s``)."""
+    timing = window.result(sum(e.batch_sizes))
+    sps = timing["samples_per_s"]
+    step_s = timing["seconds"] / timing["steps"]
     ranks = []
     for s, rp in zip(e.stats, plan.ranks, strict=True):
         ranks.append({
@@ -413,9 +435,11 @@ def _summary(e: Any, plan: Any, *, timed: bool = True) -> dict[str, Any]:
             "predicted_busy_s": rp.predicted_step_time_s,
         })
     return {
-        "samples_per_s": e.samples_per_s, "step_time_s": e.step_time_s,
+        "samples_per_s": sps, "step_time_s": step_s, "steptimer_step_time_s": e.step_time_s,
         "predicted_step_time_s": plan.predicted.step_time_s,
-        "predicted_error": (e.step_time_s / plan.predicted.step_time_s - 1.0) if plan.predicted.step_time_s else None,
+        # measured / predicted - 1, the one sign convention of every benchmark
+        "predicted_error": (step_s / plan.predicted.step_time_s - 1.0) if plan.predicted.step_time_s else None,
+        "window": timing, "setup": window.setup,
         "batch_sizes": list(e.batch_sizes), "ranks": ranks, "loss": e.loss,
         "accumulation_steps": [r.accumulation_steps for r in plan.ranks],
     }

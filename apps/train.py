@@ -99,6 +99,8 @@ class Run:
     """Whether the micro-batch being run is its step's last (the compute-span hook reads it)."""
     progress: Progress = field(default_factory=no_progress)
     """Step lines during an epoch (rank 0, not quiet): steps/s and ETA at least every few seconds."""
+    on_step: Callable[[int, int], None] | None = None
+    """Called after each optimizer step with (epoch, steps done this epoch): `planner bench`'s timed window."""
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -310,6 +312,8 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
         run.timer.step_end()
         step += 1
         done = step - first_step
+        if run.on_step is not None:
+            run.on_step(epoch, done)
         rate = done / max(time.perf_counter() - t_start, 1e-9)
         run.progress.update(f"epoch {epoch}: step {done}/{total}, {rate:.2f} steps/s, "
                             f"ETA {_eta((total - done) / rate)}")
@@ -391,19 +395,24 @@ def _eta(seconds: float) -> str:
 # -- the loop -----------------------------------------------------------------------------------------------
 def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
           workload: Workload | None = None, on_epoch: Callable[[EpochResult], None] | None = None,
-          progress: Progress | None = None) -> list[EpochResult]:
+          progress: Progress | None = None, on_start: Callable[[Run], None] | None = None,
+          on_step: Callable[[int, int], None] | None = None) -> list[EpochResult]:
     """Train `cfg.epochs` epochs on this rank with `plan`; collective (every rank calls it).
 
     ``progress``: where step lines go (default: stderr on rank 0 unless ``cfg.quiet``); `planner bench` passes
-    its own, which prefixes the strategy.
+    its own, which prefixes the strategy.  ``on_start(run)``: called on every rank once the run is set up (model,
+    sampler, DDP, loader), before the first epoch; ``on_step(epoch, steps_done)`` after each optimizer step.
+    `planner bench` records what each strategy runs with the first and opens/closes its timed window with the
+    second (apps/bench_window.py).
     """
     workload = workload or build_workload(cfg.model, cfg.dataset, image_size=cfg.image_size,
                                           num_samples=cfg.num_samples)
     if progress is None:
         with Progress("train", enabled=env.is_main and not cfg.quiet) as own:
-            return train(cfg, env, plan, profile, workload, on_epoch, own)
+            return train(cfg, env, plan, profile, workload, on_epoch, own, on_start, on_step)
     run = setup(cfg, env, plan, profile, workload)
     run.progress = progress
+    run.on_step = on_step
     resize = resume(run)
     # Opened only once the checkpoint has loaded: a refused resume leaves no new log file behind.
     run.log = RunLogWriter(cfg.log_path, enabled=env.is_main)
@@ -419,6 +428,8 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     early, late = Slowdown(cfg.slowdown), Slowdown(cfg.slowdown_late or cfg.slowdown)
     run.loader = make_loader(cfg, workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers, env.device)
     run.device_state = DeviceStateSampler(env.device)
+    if on_start is not None:
+        on_start(run)
     results: list[EpochResult] = []
     done = run.start_epoch  # epochs completed, for an end record written on the way out
     try:

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         m = runner.measure(b, 3, args.repeats)
         meas = statistics.median(m.times_s)
         pred = env(b)
-        err = 100.0 * (pred - meas) / meas
+        err = 100.0 * (meas / pred - 1.0)  # measured / predicted - 1, the sign convention of every benchmark
         results.append({"batch_size": b, "predicted_s": pred, "measured_s": meas, "error_pct": err,
                         "peak_bytes": m.peak_bytes})
         rows.append((b, f"{1000 * pred:.2f}", f"{1000 * meas:.2f}", f"{err:+.1f}%"))

@@ -13,7 +13,7 @@ from planner.options import DEFAULT_MIN_GAIN, MODES, SolveOptions
 from planner.paths import Output, check_outputs
 from planner.plan import Plan
 from planner.profile import Profile
-from planner.quality import ProfileQuality, check_profile, keep_equal_within_noise, noise_line
+from planner.quality import ProfileQuality, check_profile, extrapolation_lines, keep_equal_within_noise, noise_line
 from planner.solve import accumulation_note, build_models, evaluate, kept_equal_split, solve
 from planner.table import table
 
@@ -161,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
         if options.min_gain > 0:  # --min-gain 0 asks for the optimum whatever the noise
             plan = keep_equal_within_noise(profile, plan, quality)
     plan = record_workload(plan, profile)
+    warnings += extrapolation_lines(plan, profile)
     if args.out:
         plan.save(args.out)
     for w in warnings:  # after the work: a warning never precedes an error line

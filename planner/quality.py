@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from planner.curves import fit_envelope
+from planner.curves import fit_envelope, memory_cap
 from planner.plan import Plan
 from planner.profile import Profile, RankProfile
 from planner.solve import equal_split, evaluate
@@ -300,3 +300,28 @@ def noise_line(plan: Plan, quality: ProfileQuality) -> str | None:
         return (f"the plan's predicted {1.0 + gain:.2f}x over the equal split is inside the profile's own noise "
                 f"(measurements off by up to {_factor(quality.noise_frac)}{cause}): do not trust it; {FIX}")
     return None
+
+
+# -- extrapolation -------------------------------------------------------------------------------------------
+def extrapolation_lines(plan: Plan, profile: Profile) -> list[str]:
+    """One warning per rank planned past its largest measured batch with nothing capping its memory.
+
+    Past the last point the step time is the last piece of the envelope extended linearly (planner/curves.py)
+    and, with no memory data, nothing says the batch fits: the plan may be neither as fast as predicted nor
+    runnable.  A rank with a memory cap is held below it by the solver, so only uncapped ranks are named.
+    """
+    out = []
+    by_rank = {r.rank: r for r in profile.by_rank}
+    for rp in plan.ranks:
+        r = by_rank.get(rp.rank)
+        if r is None or not r.compute or memory_cap(r.memory) is not None:
+            continue
+        # With accumulation the largest forward is the micro-batch; that is what the measured points cover.
+        b = rp.micro_batch_size or rp.batch_size
+        top = max(p.batch_size for p in r.compute)
+        if b > top:
+            past = f"{b / top:,.1f}x" if b < 10 * top else f"{b / top:,.0f}x"
+            out.append(f"warning: {_who(r)} is planned a batch of {b:,}, {past} its largest measured batch "
+                       f"of {top:,}, and its profile has no memory data: its step time there is extrapolated "
+                       "linearly and nothing checks that it fits; profile larger batches (or record memory) first")
+    return out

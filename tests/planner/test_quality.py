@@ -13,6 +13,7 @@ from planner.cli import main
 from planner.profile import ComputePoint, HostProfile, Profile, RankProfile
 from planner.quality import (
     check_profile,
+    extrapolation_lines,
     keep_equal_within_noise,
     kept_within_noise,
     noise_line,
@@ -143,7 +144,10 @@ def test_plan_keeps_the_equal_split_on_the_noisy_profile(tmp_path: Path, capsys:
     assert rc == 0
     assert [r["batch_size"] for r in json.loads(out_path.read_text())["ranks"]] == [32, 32]
     assert "kept the equal split: the optimum [11, 53] is predicted 2.76x as fast" in out
-    assert len(err.strip().splitlines()) == 5 and all(x.startswith("warning: ") for x in err.strip().splitlines())
+    lines = err.strip().splitlines()
+    assert len(lines) == 6 and all(x.startswith("warning: ") for x in lines)
+    # the five quality lines, then the equal split's 32 on rank 0, which measured only up to 16
+    assert "rank 0 (cpu) is planned a batch of 32, 2.0x its largest measured batch of 16" in lines[5]
     # --min-gain 0 asks for the optimum whatever the noise; the warnings still print.
     rc, out, err = _run(["plan", "--profile", str(NOISY), "--global-batch", "64", "--min-gain", "0", "--json"], capsys)
     assert rc == 0 and [r["batch_size"] for r in json.loads(out)["ranks"]] == [11, 53] and "808 ms" in err
@@ -171,3 +175,29 @@ def test_report_warns_and_leads_its_findings_with_the_quality(tmp_path: Path,
     rc, out, _ = _run(["report", "--profile", str(NOISY), "--plan", str(plan), "--out", str(tmp_path / "r2.html")],
                       capsys)
     assert rc == 0 and "inside the profile's own noise" in out
+
+
+def test_a_rank_planned_far_past_its_measured_batches_without_memory_data_is_warned(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 16: at B = 10^8 the minimal profile's rank 1 (no memory data, largest measured batch 512) got ~10^8
+    # samples without a word; rank 0 has a memory cap, so the solver already holds it inside what fits.
+    rc, _, err = _run(["plan", "--profile", str(MINIMAL), "--global-batch", str(10**8)], capsys)
+    assert rc == 0
+    lines = [ln for ln in err.splitlines() if "largest measured batch" in ln]
+    assert len(lines) == 1 and lines[0].startswith("warning: rank 1 (cuda:1) is planned a batch of 99,"), err
+    assert "x its largest measured batch of 512" in lines[0] and "no memory data" in lines[0]
+    plan = solve(Profile.load(MINIMAL), global_batch=10**8)
+    past = plan.ranks[1].batch_size / 512
+    assert f"{past:,.0f}x" in lines[0]
+
+
+def test_a_plan_inside_the_measured_batches_says_nothing_of_extrapolation() -> None:
+    profile = Profile.load(MINIMAL)
+    assert extrapolation_lines(solve(profile, global_batch=512), profile) == []
+    # One sample past the largest point is already past it: said, with the ratio.
+    rank1 = replace(profile.by_rank[1], compute=profile.by_rank[1].compute[:2])  # largest measured now 128
+    short = replace(profile, ranks=(profile.by_rank[0], rank1))
+    plan = solve(short, global_batch=1024)
+    assert plan.ranks[1].batch_size > 128
+    lines = extrapolation_lines(plan, short)
+    assert len(lines) == 1 and "largest measured batch of 128" in lines[0]

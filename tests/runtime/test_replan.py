@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import replace
@@ -317,8 +318,17 @@ def _random_case(rng: np.random.Generator) -> tuple[int, list[Any], planner.Prof
                                                  "hosts": [{"name": "n0", "cpu_cores": 64}], "ranks": ranks})
 
 
-def test_replanning_never_costs_time_on_random_shape_errors() -> None:
-    rng = np.random.default_rng(2026)
+RANDOM_SEEDS = (0, 1, 2, 3, 4, 2026)
+"""Several seeds, not one: a bound tuned on a single draw says little about the next one."""
+REVERT_READOPTED = {0: 1.028, 1: 1.0051}
+"""Seeds whose worst case loses time (12-epoch ratio): a plan the Replanner reverted is adopted again a few epochs
+later and reverted again (runtime/replan/ owns the fix); xfail(strict) so a fix shows up as XPASS."""
+
+
+@functools.cache
+def _replanned_ratios(seed: int) -> tuple[float, ...]:
+    """Per random case: 12 epochs re-planned / 12 epochs of the first plan (true step times, 1% noise)."""
+    rng = np.random.default_rng(seed)
     ratios = []
     for _ in range(60):
         B, trues, profile = _random_case(rng)
@@ -333,7 +343,21 @@ def test_replanning_never_costs_time_on_random_shape_errors() -> None:
             rp.decide([planner.StepStats(rank=i, epoch=epoch, num_steps=40, batch_size=bs[i], num_workers=0,
                                          data_wait_s=0.0, compute_s=c, step_time_s=step, compute_s_std=0.02 * c)
                        for i, c in enumerate(comp)], epoch)
-        ratios.append(sum(steps) / (steps[0] * len(steps)))  # 12 epochs re-planned / 12 epochs of the first plan
-    # Reverts cost an epoch now and then, but never more than re-planning wins back; on average it wins ~10%.
-    assert max(ratios) <= 1.005, max(ratios)
-    assert float(np.mean(ratios)) < 0.95, float(np.mean(ratios))
+        ratios.append(sum(steps) / (steps[0] * len(steps)))
+    return tuple(ratios)
+
+
+@pytest.mark.parametrize("seed", RANDOM_SEEDS)
+def test_replanning_wins_on_average_on_random_shape_errors(seed: int) -> None:
+    # On every seed tried (0..19 and 2026) the mean is 0.88-0.92: re-planning wins ~10% back.
+    mean = float(np.mean(_replanned_ratios(seed)))
+    assert mean < 0.95, (seed, mean)
+
+
+@pytest.mark.parametrize("seed", [
+    pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=f"a reverted plan is re-adopted: worst {w}x"))
+    if (w := REVERT_READOPTED.get(s)) else s for s in RANDOM_SEEDS])
+def test_replanning_never_costs_time_on_random_shape_errors(seed: int) -> None:
+    # Reverts cost an epoch now and then, but should never cost more than re-planning wins back.
+    worst = max(_replanned_ratios(seed))
+    assert worst <= 1.005, (seed, worst)

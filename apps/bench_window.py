@@ -1,0 +1,83 @@
+"""The timed window of one `planner bench` strategy, and what the strategy ran with.
+
+Every strategy is timed the same way (MLPerf's rule, torch.utils.benchmark's habit): the earlier epochs and the
+first step of the last one are warm-up (allocator, cudnn autotune, loader workers, the sampler's epoch start);
+the window opens after that first step and closes after the epoch's last step, and at both ends every rank
+first waits for its device (``sync_device``) and then for every other rank (``barrier``) before the clock is
+read.  So the window starts with every rank idle and ends when the slowest rank's last kernel is done, and no
+epoch-boundary work (a sampler's shuffle, the stats gather) falls inside it -- in a bench epoch of 30 steps that
+work would weigh ~60x what it weighs in a real epoch.  Throughput is the window's samples over its wall time.
+
+It also records, from the set-up run itself, what the strategy ran: sampler, DDP wrapper, gradient weighting,
+global batch, steps, epochs and each rank's emulated slowdown -- so the JSON shows that "equal" is torch's
+DistributedSampler with plain DDP and that every strategy had the same steps, warm-up, batch and emulation.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+class TimedWindow:
+    """``on_start``/``on_step`` callbacks for ``apps.train.train`` (collective: every rank passes one)."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.marks: list[tuple[int, float, list[str]]] = []
+        """(steps done, clock, what was done before reading it) at the window's two ends."""
+        self.setup: dict[str, Any] = {}
+        self.last_epoch = 0
+        self.last_step = 0
+
+    def on_start(self, run: Any) -> None:
+        from collectives import all_gather_json
+
+        cfg = run.cfg
+        self.last_epoch = cfg.epochs - 1
+        # The epoch's length as run_epoch computes it: the same on every rank, so the barriers below match.
+        length = run.hetero.num_steps if run.hetero is not None else len(run.loader)
+        self.last_step = min(length, cfg.max_steps_per_epoch or length)
+        self.setup = {
+            "sampler": type(run.dsampler if run.dsampler is not None else run.hetero).__name__,
+            "batch_sampler": type(run.batch_sampler).__name__,
+            "model": type(run.ddp).__name__,
+            # DDP keeps its registered comm hooks here: plain DDP has none and all-reduces in C++ by itself.
+            "comm_hook": bool(getattr(run.ddp, "_comm_hooks", None)),
+            "loss_scale": bool(run.scale_loss),
+            "global_batch": int(sum(run.plan.batch_sizes)),
+            "steps_per_epoch": self.last_step,
+            "epochs": cfg.epochs,
+            "amp": cfg.amp,
+            "data_on_device": cfg.data_on_device,
+            # one collective at the same point on every rank: each rank's own emulation, as the run applies it
+            "slowdown": all_gather_json([cfg.slowdown, cfg.slowdown_late, cfg.slowdown_from_epoch]),
+        }
+
+    def on_step(self, epoch: int, done: int) -> None:
+        if epoch == self.last_epoch and done in (1, self.last_step) and len(self.marks) < 2:
+            self._mark(done)
+
+    def _mark(self, done: int) -> None:
+        import torch.distributed as dist
+
+        from apps.distenv import sync_device
+
+        did = []
+        sync_device(self.device)
+        did.append("device_sync")
+        if dist.is_available() and dist.is_initialized():
+            if self.device.type == "cuda" and dist.get_backend() == "nccl":
+                dist.barrier(device_ids=[self.device.index])
+            else:
+                dist.barrier()
+            did.append("barrier")
+        self.marks.append((done, time.perf_counter(), did))
+
+    def result(self, global_batch: int) -> dict[str, Any]:
+        """The window: seconds, steps, samples/s and what synchronized each end."""
+        if len(self.marks) != 2 or self.marks[1][0] <= self.marks[0][0]:
+            raise RuntimeError(f"the timed window needs 2 or more steps in the last epoch, got {self.last_step}")
+        (s0, t0, start), (s1, t1, end) = self.marks
+        return {"seconds": t1 - t0, "steps": s1 - s0, "samples_per_s": (s1 - s0) * global_batch / (t1 - t0),
+                "start": start, "end": end, "warmup_epochs": self.last_epoch, "warmup_steps": s0}

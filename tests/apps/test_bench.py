@@ -1,0 +1,94 @@
+"""`planner bench` on 2 gloo ranks: every strategy is run and timed alike, and "equal" is what users run today.
+
+One small launch (mlp, global batch 16, 4 steps per epoch, 2 interleaved rounds, rank 1 emulated 2x slower) is
+shared by the tests; they read what the ranks recorded about each strategy's run (apps/bench_window.py), not
+what the code intends.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner.cli import main
+
+COMPARED = ("equal", "proportional", "plan")
+"""Strategies run in the interleaved rounds; plan+replan runs once after them, over more epochs on purpose."""
+ROUNDS, STEPS, B = 2, 4, 16
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    rc = main(["bench", "--device", "cpu", "--nproc", "2", "--model", "mlp", "--quick", "--global-batch", str(B),
+               "--steps", str(STEPS), "--rounds", str(ROUNDS), "--replan-epochs", "2", "--emulate-slowdown", "1=2",
+               "--timeout", "150", "--quiet", "--json", str(out)])
+    assert rc == 0
+    return dict(json.loads(out.read_text()))
+
+
+def test_every_strategy_runs_the_same_steps_warmup_batch_and_emulation(bench: dict[str, Any]) -> None:
+    setups = {name: bench[name]["setup"] for name in COMPARED}
+    same = ("global_batch", "steps_per_epoch", "epochs", "amp", "data_on_device", "slowdown")
+    for key in same:
+        assert len({json.dumps(s[key]) for s in setups.values()}) == 1, (key, setups)
+    assert setups["plan"]["global_batch"] == B and setups["plan"]["steps_per_epoch"] == STEPS
+    assert setups["plan"]["slowdown"][1][0] == 2.0 and setups["plan"]["slowdown"][0][0] == 1.0  # rank 1 only
+    windows = [w for name in COMPARED for w in bench[name]["rounds_window"]]
+    assert len(windows) == ROUNDS * len(COMPARED)
+    # the same warm-up (one epoch and the timed epoch's first step) and the same timed steps, every round
+    assert {(w["warmup_epochs"], w["warmup_steps"], w["steps"]) for w in windows} == {(1, 1, STEPS - 1)}
+    # plan+replan: more epochs (re-planning needs them), the same global batch, steps and emulation
+    replan = bench["plan+replan"]
+    assert replan["setup"]["global_batch"] == B and replan["window"]["steps"] == STEPS - 1
+    assert [r[0] for r in replan["setup"]["slowdown"]] == [1.0, 2.0]
+
+
+def test_equal_is_torch_distributed_sampler_with_plain_ddp(bench: dict[str, Any]) -> None:
+    eq = bench["equal"]["setup"]
+    assert eq["sampler"] == "DistributedSampler" and eq["batch_sampler"] == "BatchSampler"
+    assert eq["model"] == "DistributedDataParallel" and eq["comm_hook"] is False and eq["loss_scale"] is False
+    assert bench["equal"]["batch_sizes"] == [B // 2, B // 2]
+    for name in ("proportional", "plan"):  # the others run the planner's sampler, under the same DDP
+        assert bench[name]["setup"]["sampler"] == "HeteroBatchSampler"
+        assert bench[name]["setup"]["model"] == "DistributedDataParallel"
+
+
+def test_the_timed_window_is_synchronized_at_both_ends_for_every_strategy(bench: dict[str, Any]) -> None:
+    for name in (*COMPARED, "plan+replan"):
+        windows = bench[name].get("rounds_window") or [bench[name]["window"]]
+        for w in windows:
+            assert w["start"] == w["end"] == ["device_sync", "barrier"], (name, w)
+            assert w["seconds"] > 0
+            assert w["samples_per_s"] == pytest.approx(w["steps"] * B / w["seconds"])
+        s = bench[name]
+        # the reported number is the window's (the median round's), and its step is the window's mean step
+        assert s["samples_per_s"] == pytest.approx(s["window"]["samples_per_s"])
+        assert s["step_time_s"] == pytest.approx(s["window"]["seconds"] / s["window"]["steps"])
+        assert s["predicted_error"] == pytest.approx(s["step_time_s"] / s["predicted_step_time_s"] - 1.0)
+    assert len(bench["plan"]["rounds_samples_per_s"]) == ROUNDS
+
+
+def test_the_json_records_the_profiles_measured_batches(bench: dict[str, Any]) -> None:
+    measured = bench["meta"]["profile_batch_sizes"]
+    assert len(measured) == 2 and all(len(m) >= 2 for m in measured)
+
+
+def test_steps_below_two_are_refused_before_any_rank_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--device", "cpu", "--nproc", "2", "--model", "mlp", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--steps 1" in err and "Traceback" not in err
+
+
+def test_a_rounds_result_feeds_the_summary(bench: dict[str, Any], tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.apps.test_bench_summary import sb
+
+    (tmp_path / "new.json").write_text(json.dumps(bench))
+    assert sb.main(["--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"1 launch x {ROUNDS} rounds" in out and "plan / proportional:" in out
+    assert "| equal | 8 / 8 |" in out and "| yes |" in out  # 8 per rank is a measured profile point
