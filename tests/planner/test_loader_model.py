@@ -98,3 +98,18 @@ def test_the_recorded_h100_run_is_explained() -> None:
     plan = planner.evaluate(profile, [341, 171], num_workers=[8, 8], min_batch=2)
     assert plan.ranks[0].bottleneck == "loader"
     assert plan.predicted.step_time_s == pytest.approx(statistics.median(measured), rel=0.05)
+
+
+def test_a_loader_paced_rank_is_busy_for_its_whole_step() -> None:
+    """The run-log table's measured counterpart of the plan's per-rank time: on the recorded run rank 0 waited
+    for data (29% of its step), so its own time is the whole step, which the contended model predicts."""
+    from planner.runlog import read_run_log
+
+    log = read_run_log(RESULTS / f"{S3}_run.jsonl")
+    profile = planner.Profile.load(RESULTS / f"{S3}_profile.json")
+    plan = planner.evaluate(profile, [341, 171], num_workers=[8, 8], min_batch=2)
+    steady = [e for e in log.epochs if e.epoch >= 1]
+    assert all(e.ranks[0].loader_paced and not e.ranks[1].loader_paced for e in steady)
+    busy0 = statistics.median(e.measured_busy_s[0] for e in steady)
+    assert busy0 == statistics.median(e.ranks[0].step_time_s for e in steady)
+    assert busy0 == pytest.approx(plan.ranks[0].predicted_step_time_s, rel=0.05)
