@@ -30,7 +30,7 @@ class RankModel:
     device: str
     compute: Envelope
     sec_per_sample: float
-    """Loader seconds per sample per worker at the host's training load (planner._loader: the measured scaling
+    """Loader seconds per sample per worker at the host's training load (planner.loader: the measured scaling
     curve under contention; the profile's sec_per_sample without a scaling run; 0 without loader data)."""
     cap: int | None
     """Most samples in one optimizer step without accumulation: the memory cap and --max-batch-per-rank."""
