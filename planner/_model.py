@@ -71,9 +71,10 @@ class RankModel:
 def build_models(profile: Profile, opts: SolveOptions) -> list[RankModel]:
     budgets = worker_budgets(profile, opts)
     per_host = Counter(r.host for r in profile.ranks)
-    loader_costs = loader_costs_s(profile, opts)
+    envelopes = [fit_envelope(r.compute) for r in profile.by_rank]
+    loader_costs = loader_costs_s(profile, opts, envelopes)
     models = []
-    for r, p_eff in zip(profile.by_rank, loader_costs, strict=True):
+    for r, env, p_eff in zip(profile.by_rank, envelopes, loader_costs, strict=True):
         mem = memory_cap(r.memory, headroom=opts.memory_headroom)
         cap, reason = mem, "memory"
         if opts.max_batch_per_rank is not None and (cap is None or opts.max_batch_per_rank < cap):
@@ -85,7 +86,7 @@ def build_models(profile: Profile, opts: SolveOptions) -> list[RankModel]:
                 rank=r.rank,
                 host=r.host,
                 device=r.device,
-                compute=fit_envelope(r.compute),
+                compute=env,
                 sec_per_sample=p_eff,
                 cap=cap,
                 cap_reason=reason,

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from planner.curves import fit_envelope
+from planner.curves import Envelope, fit_envelope
 from planner.options import SolveOptions
 from planner.profile import LoaderPoint, LoaderProfile, Profile
 
@@ -96,22 +96,23 @@ def worker_budgets(profile: Profile, opts: SolveOptions) -> dict[str, int]:
     return {h.name: max(0, h.cpu_cores - opts.cpu_reserve_per_rank * per_host[h.name]) for h in profile.hosts}
 
 
-def loader_costs_s(profile: Profile, opts: SolveOptions) -> list[float]:
+def loader_costs_s(profile: Profile, opts: SolveOptions, envelopes: Sequence[Envelope] | None = None) -> list[float]:
     """Each rank's loader seconds per sample per worker while the whole job trains, by rank (what the program
     and every prediction use: ``planner.solve``, ``planner.evaluate``, the Replanner's correction, the bench).
 
     The load counts the workers the plan gives a rank when the host has cores for them (the budget split
     equally, capped at the rank's max, the rule of ``equal_split_workers``) and the rank's GPU cost per sample
     at its steepest piece; a host too small for one worker per rank loads in the training processes, which
-    keep the plain ``sec_per_sample``."""
+    keep the plain ``sec_per_sample``.  ``envelopes``: the ranks' fitted compute curves when the caller has them
+    (by rank), else fitted here."""
     budgets = worker_budgets(profile, opts)
     per_host = Counter(r.host for r in profile.ranks)
     workers, gpu_s = [], []
-    for r in profile.by_rank:
+    for i, r in enumerate(profile.by_rank):
         cap = min(opts.max_workers_per_rank, (r.loader.max_workers if r.loader else None) or opts.max_workers_per_rank)
         serial = budgets[r.host] < per_host[r.host]
         workers.append(0 if serial else min(cap, max(1, budgets[r.host] // per_host[r.host])))
-        gpu_s.append(max(fit_envelope(r.compute).slopes))
+        gpu_s.append(max((envelopes[i] if envelopes is not None else fit_envelope(r.compute)).slopes))
     costs = contended_costs_s(profile, workers, gpu_s, opts.cpu_reserve_per_rank)
     return [c if w > 0 or r.loader is None else r.loader.sec_per_sample
             for c, w, r in zip(costs, workers, profile.by_rank, strict=True)]
