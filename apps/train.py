@@ -52,7 +52,7 @@ from runtime.accumulate import MicroStep, micro_steps
 from runtime.replan import Replanner
 from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler
-from runtime.timing import StepTimer, close_compute_on_last_gradient
+from runtime.timing import StepTimer, close_compute_on_last_gradient, peer_data_waits
 from runtime.weighting import loss_scale, register_weighted_hook
 from workloads.emulate import Slowdown
 from workloads.specs import Workload, build_workload
@@ -323,8 +323,10 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
             if run.env.is_main and watch.clean(run.model):
                 _checkpoint(run, epoch, step)
     sync_device(device)
+    # One small all-gather of the per-step data waits: a step a peer reached late is not this rank's own speed.
     stats = run.timer.epoch_summary(rank=env.rank, epoch=epoch, batch_size=batch_sizes[env.rank],
-                                    num_workers=run.plan.ranks[env.rank].num_workers)
+                                    num_workers=run.plan.ranks[env.rank].num_workers,
+                                    peer_data_waits_s=peer_data_waits(run.timer))
     first_bad = watch.at_epoch_end(run.model, first_step, step)
     loss_value = float(loss_sum.item())
     state = run.device_state.collect().to_dict() if run.device_state is not None else None

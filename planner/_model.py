@@ -1,4 +1,5 @@
-"""What the solver knows about each rank: its curve, caps, loader and micro-step costs.  Used by planner.solve
+"""What the solver knows about each rank: its curve, caps, loader and micro-step costs (the loader's cost under
+host contention and the worker budgets come from planner.loader).  Used by planner.solve
 (which re-exports these names) and planner._search; the model's formulas are in planner._accumulation and
 planner._program."""
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.curves import Envelope, fit_envelope, memory_cap
+from planner.loader import loader_costs_s, worker_budgets
 from planner.options import SolveOptions
 from planner.profile import Profile
 
@@ -28,7 +30,8 @@ class RankModel:
     device: str
     compute: Envelope
     sec_per_sample: float
-    """Loader CPU seconds per sample (0 when the profile has no loader data)."""
+    """Loader seconds per sample per worker at the host's training load (planner.loader: the measured scaling
+    curve under contention; the profile's sec_per_sample without a scaling run; 0 without loader data)."""
     cap: int | None
     """Most samples in one optimizer step without accumulation: the memory cap and --max-batch-per-rank."""
     cap_reason: str
@@ -68,8 +71,10 @@ class RankModel:
 def build_models(profile: Profile, opts: SolveOptions) -> list[RankModel]:
     budgets = worker_budgets(profile, opts)
     per_host = Counter(r.host for r in profile.ranks)
+    envelopes = [fit_envelope(r.compute) for r in profile.by_rank]
+    loader_costs = loader_costs_s(profile, opts, envelopes)
     models = []
-    for r in profile.by_rank:
+    for r, env, p_eff in zip(profile.by_rank, envelopes, loader_costs, strict=True):
         mem = memory_cap(r.memory, headroom=opts.memory_headroom)
         cap, reason = mem, "memory"
         if opts.max_batch_per_rank is not None and (cap is None or opts.max_batch_per_rank < cap):
@@ -81,8 +86,8 @@ def build_models(profile: Profile, opts: SolveOptions) -> list[RankModel]:
                 rank=r.rank,
                 host=r.host,
                 device=r.device,
-                compute=fit_envelope(r.compute),
-                sec_per_sample=r.loader.sec_per_sample if r.loader else 0.0,
+                compute=env,
+                sec_per_sample=p_eff,
                 cap=cap,
                 cap_reason=reason,
                 serial_loader=budgets[r.host] < per_host[r.host],
@@ -114,12 +119,6 @@ def fewest_steps(models: Sequence[RankModel], batch_sizes: Sequence[int], opts: 
         steps = [max(steps)] * len(steps)
     fits = fits and all(k == 1 or b // k >= opts.min_batch for b, k in zip(batch_sizes, steps, strict=True))
     return steps, fits
-
-
-def worker_budgets(profile: Profile, opts: SolveOptions) -> dict[str, int]:
-    """Loader workers each host can run: its cores minus `cpu_reserve_per_rank` per training process."""
-    per_host = Counter(r.host for r in profile.ranks)
-    return {h.name: max(0, h.cpu_cores - opts.cpu_reserve_per_rank * per_host[h.name]) for h in profile.hosts}
 
 
 def equal_split_workers(profile: Profile, models: list[RankModel], opts: SolveOptions) -> np.ndarray:

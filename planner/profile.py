@@ -104,7 +104,8 @@ class LoaderProfile:
     sec_per_sample: float
     """CPU seconds one dataloader worker spends to produce one sample (fetch, decode, transform, collate share)."""
     scaling: tuple[LoaderPoint, ...] = ()
-    """Measured loader throughput with 1..k workers (informational; the model uses sec_per_sample)."""
+    """Measured DataLoader throughput with 1..k workers on the otherwise idle host: the curve the planner models
+    the loader with under host contention (planner.loader); without it the model uses sec_per_sample."""
     max_workers: int | None = None
     """Most dataloader workers this rank may run (e.g. a capped or emulated-starved node); None = host budget."""
 

@@ -102,8 +102,9 @@ class EpochRecord:
 
     @property
     def measured_busy_s(self) -> tuple[float, ...]:
-        """Per-rank compute + data wait: the measured counterpart of the predicted busy time (no peer waiting)."""
-        return tuple(s.compute_s + s.data_wait_s for s in self.ranks)
+        """Per-rank own time (``StepStats.busy_s``: compute + data wait, the whole step where the loader paced the
+        rank): the measured counterpart of the predicted per-rank step time (no peer waiting)."""
+        return tuple(s.busy_s for s in self.ranks)
 
     def to_dict(self) -> JSONDict:
         return {"event": self.event, "epoch": self.epoch, "plan_fingerprint": self.plan_fingerprint,

@@ -7,6 +7,10 @@ from typing import Any
 
 from planner.jsonio import JSONDict, as_int, as_num, as_obj
 
+LOADER_WAIT_FRAC = 0.10
+"""Data wait above this fraction of the step: the rank's loader did not keep up and paced its steps (the rule of
+``StepStats.busy_s``, the report's run-log table and the Replanner's loader correction)."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepStats:
@@ -25,7 +29,7 @@ class StepStats:
     compute_s_std: float = 0.0
     """Standard deviation of compute_s across the steps averaged (the noise the re-planner must beat)."""
     compute_s_median: float | None = None
-    """Median compute time per step over all valid steps (robust to a few stalled steps)."""
+    """Median compute time per step over the valid steps not slowed by a late peer (robust to a few stalls)."""
     compute_s_mad: float | None = None
     """Median absolute deviation of the per-step compute times from their median (1.4826 x MAD estimates the
     standard deviation of the bulk of the steps, whatever the tail)."""
@@ -35,6 +39,13 @@ class StepStats:
     num_outliers: int = 0
     """Steps left out of ``compute_s`` because their compute time was more than 5 robust sigmas from the median
     (an epoch-start worker spin-up, GC, another process's burst); they are counted, not hidden."""
+
+    num_peer_late: int = 0
+    """Steps left out of ``compute_s`` because a peer waited for data in them (or the step before) longer than this
+    rank: a late peer stretches this rank's compute span (runtime.timing), which is not this rank's own speed."""
+    interference_s: float = 0.0
+    """Mean seconds per step the peer-late steps added to the compute span (the mean over every step minus
+    ``compute_s``): time lost to peers, shown beside the rank's own."""
 
     def to_dict(self) -> JSONDict:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -46,7 +57,8 @@ class StepStats:
             path,
             required=("rank", "epoch", "num_steps", "batch_size", "num_workers", "data_wait_s", "compute_s",
                       "step_time_s"),
-            allowed=("compute_s_std", "compute_s_median", "compute_s_mad", "num_outliers", "step_time_s_std"),
+            allowed=("compute_s_std", "compute_s_median", "compute_s_mad", "num_outliers", "step_time_s_std",
+                     "num_peer_late", "interference_s"),
         )
         return cls(
             rank=as_int(d["rank"], f"{path}.rank", min_value=0),
@@ -62,7 +74,24 @@ class StepStats:
             compute_s_mad=_opt_num(d, "compute_s_mad", path),
             num_outliers=as_int(d.get("num_outliers", 0), f"{path}.num_outliers", min_value=0),
             step_time_s_std=_opt_num(d, "step_time_s_std", path),
+            num_peer_late=as_int(d.get("num_peer_late", 0), f"{path}.num_peer_late", min_value=0),
+            interference_s=as_num(d.get("interference_s", 0.0), f"{path}.interference_s", non_negative=True),
         )
+
+    @property
+    def loader_paced(self) -> bool:
+        """Whether the loader paced this rank (data wait above ``LOADER_WAIT_FRAC`` of the step)."""
+        return self.step_time_s > 0 and self.data_wait_s > LOADER_WAIT_FRAC * self.step_time_s
+
+    @property
+    def busy_s(self) -> float:
+        """This rank's own time per step, the counterpart of the plan's per-rank step time: compute + data wait,
+        or the whole step when the loader paced the rank -- its workers keep loading through the all-reduce and
+        optimizer tail after the last bucket, so the loader's period is the step (2x H100, ResNet-50: compute
+        92 + wait 52 = 144 ms of a 179 ms step whose 341 samples the 8 workers delivered at 1.9k samples/s)."""
+        if self.loader_paced:
+            return self.step_time_s
+        return self.compute_s + self.data_wait_s
 
     @property
     def compute_s_sigma(self) -> float:

@@ -34,7 +34,7 @@ from planner.profile import CommProfile, HostProfile, LoaderProfile, ModelInfo, 
 from profiler import inventory
 from profiler.compute import StepRunner, TimedSteps
 from profiler.devstate import DeviceStateSampler
-from profiler.loader import LoaderOptions, profile_loader
+from profiler.loader import LoaderOptions, host_consensus, loader_to_json, profile_loader
 from profiler.memory import find_max_batch, memory_profile
 from profiler.sweep import SweepOptions, SweepPoint, run_sweep
 from workloads.specs import Workload
@@ -116,7 +116,7 @@ def profile_this_rank(
     return measure_rank(
         lambda dev: StepRunner(workload, dev, amp=amp, channels_last=channels_last, slowdown=slowdown), device,
         sweep=sopts, rank=rank, measure_loader=measure_loader_fn if measure_loader else None, on_point=on_point,
-        meta={"emulate_loader_workers": loader_workers_cap}, progress=progress)
+        meta={"emulate_loader_workers": loader_workers_cap}, progress=progress, loader_key=workload.name)
 
 
 def sweep_options(quick: bool, batch_sizes: Sequence[int] | None, sweep: SweepOptions | None, *,
@@ -140,11 +140,13 @@ def measure_rank(
     on_point: Callable[[SweepPoint], None] | None = None,
     meta: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
+    loader_key: str | None = None,
 ) -> RankProfile:
     """Sweep ``make_runner(device)``'s training step, find its memory cap, measure the loader: one RankProfile.
 
     The one measuring path of `planner profile` (a workload's step) and profiler.api (a user's own step).
-    Collective under torch.distributed: the loader is measured one local rank at a time.
+    Collective under torch.distributed: the loader is measured one local rank at a time, then the ranks of a
+    host that name the same ``loader_key`` (the dataset; None: this rank's own) agree on one loader profile.
     """
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
@@ -190,6 +192,8 @@ def measure_rank(
     if measure_loader is not None:
         _say(progress, f"{who}: dataloader cost per sample")
         loader_profile, loader_meta = in_turn(measure_loader, layout)
+        loader_profile, shared_meta = share_on_host(loader_profile, loader_key)
+        loader_meta = {**loader_meta, **shared_meta}
 
     name, facts = inventory.device_facts(dev)
     info: dict[str, Any] = {
@@ -222,6 +226,19 @@ def measure_rank(
         device_state=None if device_state.is_empty else device_state,
         optimizer_step_s=optimizer_s,
     )
+
+
+def share_on_host(lp: LoaderProfile, key: str | None) -> tuple[LoaderProfile, dict[str, Any]]:
+    """Collective: the ranks of this host with the same dataset ``key`` agree on one loader profile
+    (profiler.loader.host_consensus); every rank takes part, a rank with key None keeps its own."""
+    if not _dist_on():
+        return lp, {}
+    mine = {"host": inventory.host_name(), "key": key, "loader": loader_to_json(lp)}
+    peers = [g["loader"] for g in all_gather_json(mine)
+             if key is not None and g["host"] == mine["host"] and g["key"] == key]
+    if len(peers) < 2:
+        return lp, {}
+    return host_consensus(lp, peers)
 
 
 def gather_profile(rank_profile: RankProfile, *, workload: Workload, comm_repeats: int = 10,

@@ -127,7 +127,10 @@ def loader_needs(profile: Profile, rows: Sequence[RankRow], opts: SolveOptions) 
         if r.predicted_loader_s <= r.predicted_compute_s or r.predicted_compute_s <= 0:
             continue
         sec = profile.rank(r.rank).loader
-        cpu_s = (sec.sec_per_sample if sec else 0.0) * r.batch_size
+        # Worker-seconds one step's batch costs: with workers, at the host's training load as the plan modelled
+        # it (planner.loader: b * p_eff = loader time * workers); loaded in the training process, the plain cost.
+        cpu_s = (r.predicted_loader_s * r.num_workers if r.num_workers > 0
+                 else (sec.sec_per_sample if sec else 0.0) * r.batch_size)
         out.append(LoaderNeed(rank=r.rank, num_workers=r.num_workers,
                               workers_needed=max(1, math.ceil(cpu_s / r.predicted_compute_s - 1e-9)), host=r.host,
                               host_worker_budget=budgets[r.host]))
@@ -241,7 +244,10 @@ def _loader_lines(profile: Profile, starved: Sequence[LoaderNeed], opts: SolveOp
         listed = _listed([f"rank {n.rank} needs {n.workers_needed} (has {n.num_workers})" for n in needs])
         lines.append(
             f"Loader-starved on {host}: data takes longer than compute; {listed} worker(s); the host can give "
-            f"{needs[0].host_worker_budget} in all ({h.cpu_cores} cores minus {opts.cpu_reserve_per_rank} per rank).")
+            f"{needs[0].host_worker_budget} in all ({h.cpu_cores} cores minus {opts.cpu_reserve_per_rank} per rank). "
+            "Relieve it with more workers (--max-workers-per-rank, or lift the rank's worker cap), fewer ranks on "
+            "the host (their workers share its cores), or lighter CPU transforms (e.g. decode smaller, move "
+            "augmentation to the GPU).")
     return lines
 
 

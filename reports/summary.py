@@ -48,6 +48,7 @@ def format_summary(rep: Report) -> str:
                  and math.isfinite(p) and p > 0 else "-")
                 for i, p in enumerate(last.predicted_step_time_s)]
         if rows:
-            out.append(f"Run log, epoch {last.epoch} (busy = compute + data wait):\n"
+            out.append(f"Run log, epoch {last.epoch} (busy = compute + data wait; the whole step where "
+                       "the loader paced the rank):\n"
                        + table(["rank", "predicted ms", "measured ms", "error"], rows))
     return "\n\n".join(out)

@@ -28,6 +28,17 @@ Usage (the reference trainer wires exactly this)::
 
 Measurements that are NaN, infinite or negative never reach a StepStats: the step is dropped and counted
 (``num_dropped``), as is a step whose compute span was never closed.
+
+Own time vs time lost to peers.  A rank's compute span can grow for reasons that are not its own: when a peer
+reaches the gradient all-reduce late (it waited for data), this rank's NCCL kernels spin on the device beside its
+backward and its host thread stalls, so its compute reads long exactly in the steps where a peer was late (2x H100:
+a rank with a 135 ms median read a 189 ms mean, std 144 ms, while its peer waited ~0.6 s for data once every 8
+steps).  Fed to the re-planner, that tail makes the *victim* look slow and moves work onto the rank that was
+starving.  So ``epoch_summary`` takes the peers' per-step data waits (``step_data_waits_s``, exchanged once per
+epoch by ``peer_data_waits``): a step where some peer waited for data more than ``PEER_LATE_FRAC`` of this rank's
+median compute longer than this rank did -- and the step after it, which a late all-reduce can still delay -- is
+left out of ``compute_s`` (this rank's own time) and the difference is reported as ``interference_s``, with
+``num_peer_late`` steps counted.  The re-planner thus corrects the rank that was slow, not the one that waited.
 """
 
 from __future__ import annotations
@@ -35,12 +46,14 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import torch
+import torch.distributed as dist
 
+from collectives import all_gather_json
 from planner.errors import ValidationError
 from planner.stats import StepStats
 
@@ -50,6 +63,13 @@ OUTLIER_SIGMAS = 5.0
 """A step whose compute time is this many robust sigmas (1.4826 x MAD) from the epoch's median is an outlier."""
 MAX_OUTLIER_FRACTION = 0.2
 """If more of an epoch's steps than this look like outliers they are not: the spread is real and all count."""
+PEER_LATE_FRAC = 0.10
+"""A peer that waited for data this fraction of this rank's median compute (and at least ``PEER_LATE_MIN_S``)
+longer than this rank in a step made the step's compute no measure of this rank's own speed."""
+PEER_LATE_MIN_S = 0.001
+MIN_CLEAN_FRACTION = 0.5
+"""Steps left after removing the peer-late ones must be at least this fraction of the epoch, or all count (a peer
+late in most steps leaves too little to tell own compute from interference)."""
 
 
 class DeviceEvent(Protocol):
@@ -276,36 +296,51 @@ class StepTimer:
                 self._read_events(s)
         self._pending = []
 
-    def epoch_summary(self, *, rank: int, epoch: int, batch_size: int, num_workers: int) -> StepStats:
+    def step_data_waits_s(self) -> list[float]:
+        """This epoch's data wait of every step so far, in step order (what the peers attribute their slow steps
+        by; every rank runs the same number of steps, so indices line up)."""
+        return [s.data_wait_s for s in self._steps]
+
+    def epoch_summary(self, *, rank: int, epoch: int, batch_size: int, num_workers: int,
+                      peer_data_waits_s: Sequence[Sequence[float]] = ()) -> StepStats:
         """Means over this epoch's valid steps (after warm-up) as a StepStats; never NaN.
 
         ``num_steps`` is the number of steps averaged; 0 (with zero times) when none was valid, which the
-        re-planner refuses as too few.
+        re-planner refuses as too few.  ``peer_data_waits_s``: the other ranks' ``step_data_waits_s`` (this
+        rank's own may be among them); steps where a peer was late are left out of ``compute_s`` (module
+        docstring).
         """
         self._flush()
-        steps = self._steps
-        if self.warmup_steps and len(steps) > 2 * self.warmup_steps:
-            steps = steps[self.warmup_steps :]
-        good = [s for s in steps if _valid(s.data_wait_s) and _valid(s.compute_s) and _valid(s.step_time_s)]
-        self.num_dropped = len(steps) - len(good)
+        start = self.warmup_steps if self.warmup_steps and len(self._steps) > 2 * self.warmup_steps else 0
+        late = self._peer_late(peer_data_waits_s)
+        indexed = [(i, s) for i, s in enumerate(self._steps) if i >= start]
+        good_idx = [(i, s) for i, s in indexed
+                    if _valid(s.data_wait_s) and _valid(s.compute_s) and _valid(s.step_time_s)]
+        good = [s for _, s in good_idx]
+        self.num_dropped = len(indexed) - len(good)
         n = len(good)
         if n == 0:
             return StepStats(rank=rank, epoch=epoch, num_steps=0, batch_size=batch_size, num_workers=num_workers,
                              data_wait_s=0.0, compute_s=0.0, step_time_s=0.0, compute_s_std=0.0)
-        compute = [float(s.compute_s) for s in good]  # type: ignore[arg-type]
+        all_compute = [float(s.compute_s) for s in good]  # type: ignore[arg-type]
+        clean = [float(s.compute_s) for i, s in good_idx if i not in late]  # type: ignore[arg-type]
+        compute = clean if len(clean) >= max(1.0, MIN_CLEAN_FRACTION * n) else all_compute
+        num_late = n - len(compute)
         med = statistics.median(compute)
         mad = statistics.median(abs(c - med) for c in compute)
         # Outliers: more than OUTLIER_SIGMAS robust sigmas from the median.  If that flags a large part of the
         # epoch, the "tail" is the distribution itself (e.g. alternating step sizes), and every step counts.
         limit = OUTLIER_SIGMAS * 1.4826 * mad
         inliers = [c for c in compute if abs(c - med) <= limit] if mad > 0 else compute
-        if len(inliers) < (1.0 - MAX_OUTLIER_FRACTION) * n:
+        if len(inliers) < (1.0 - MAX_OUTLIER_FRACTION) * len(compute):
             inliers = compute
         k = len(inliers)
         step_times = [float(s.step_time_s) for s in good]  # type: ignore[arg-type]
         mean_c = math.fsum(inliers) / k
         # Sample std (k - 1): the re-planner turns it into a standard error, std / sqrt(n).
         std_c = math.sqrt(math.fsum((c - mean_c) ** 2 for c in inliers) / (k - 1)) if k > 1 else 0.0
+        # Interference: the mean compute over every step minus this rank's own (the peer-late steps' excess).
+        interference = max(0.0, math.fsum(all_compute) / n - math.fsum(compute) / len(compute)) if num_late else 0.0
         return StepStats(
             rank=rank,
             epoch=epoch,
@@ -318,9 +353,27 @@ class StepTimer:
             compute_s_std=std_c,
             compute_s_median=med,
             compute_s_mad=mad,
-            num_outliers=n - k,
+            num_outliers=len(compute) - k,
             step_time_s_std=statistics.stdev(step_times) if n > 1 else 0.0,
+            num_peer_late=num_late,
+            interference_s=interference,
         )
+
+    def _peer_late(self, peers: Sequence[Sequence[float]]) -> set[int]:
+        """Step indices whose compute a late peer may have stretched: a peer waited for data more than the
+        threshold longer than this rank in that step; the step after it is included (a late all-reduce also
+        delays what this rank launches next)."""
+        own = [s.data_wait_s for s in self._steps]
+        computes = [float(s.compute_s) for s in self._steps if _valid(s.compute_s)]  # type: ignore[arg-type]
+        if not peers or not computes:
+            return set()
+        limit = max(PEER_LATE_MIN_S, PEER_LATE_FRAC * statistics.median(computes))
+        late: set[int] = set()
+        for i, mine in enumerate(own):
+            worst = max((p[i] for p in peers if i < len(p) and math.isfinite(p[i])), default=0.0)
+            if worst - mine > limit:
+                late.update((i, i + 1))
+        return late
 
 
 def close_compute_on_last_gradient(model: torch.nn.Module, timer: StepTimer,
@@ -339,3 +392,13 @@ def close_compute_on_last_gradient(model: torch.nn.Module, timer: StepTimer,
     if first is not None:
         first.register_post_accumulate_grad_hook(
             lambda _p: timer.compute_end() if when is None or when() else None)
+
+
+def peer_data_waits(timer: StepTimer) -> list[list[float]]:
+    """Collective (when torch.distributed is initialized with several ranks): every rank's per-step data waits
+    of this epoch, for ``epoch_summary(peer_data_waits_s=...)``; one small JSON all-gather per epoch (4 decimals of
+    a second, ~8 bytes a step).  Without a process group: this rank's own only."""
+    mine = [round(x, 4) if math.isfinite(x) else -1.0 for x in timer.step_data_waits_s()]
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return [mine]
+    return [[float(x) for x in g] for g in all_gather_json(mine)]

@@ -37,7 +37,7 @@ from planner.stats import StepStats
 from runtime.replan import ReplanDecision, Replanner
 from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler
-from runtime.timing import StepTimer, close_compute_on_last_gradient
+from runtime.timing import StepTimer, close_compute_on_last_gradient, peer_data_waits
 from runtime.weighting import loss_scale
 
 
@@ -171,7 +171,8 @@ class PlannedRun:
         sizes = self.sampler.batch_sizes
         plan = self.plan
         stats = self.timer.epoch_summary(rank=self.rank, epoch=epoch, batch_size=sizes[self.rank],
-                                         num_workers=plan.ranks[self.rank].num_workers)
+                                         num_workers=plan.ranks[self.rank].num_workers,
+                                         peer_data_waits_s=peer_data_waits(self.timer))
         all_stats = [StepStats.from_dict(s) for s in all_gather_json(stats.to_dict())]
         decision = None
         if self.replanner is not None and not last:

@@ -22,14 +22,19 @@ co-tenant came, and the uniform factor above applies), each original point time 
 
 which passes through both measurements, stays convex and positive, and keeps the profile's shape beyond them.
 
-Loader: when d_i / s_i > `loader_wait_frac` the loader did not keep up.  With w_i workers a loader-bound rank
-runs one step per b_i * p_i / w_i seconds, which the loop saw as c_i + d_i, so the effective cost per sample is
+Loader: p_i starts as the planner's effective cost per sample per worker at the host's training load
+(``planner.loader.loader_costs_s``: the measured scaling curve under contention).  When d_i / s_i >
+`loader_wait_frac` the loader did not keep up: it paced the step, so with w_i workers the rank ran one step per
+b_i * p_i / w_i seconds, which is its whole step time s_i (not c_i + d_i: the all-reduce and optimizer tail
+after the last bucket runs while the workers keep loading -- on 2x H100 that tail was 36 ms of a 179 ms step),
 
-    p_i = (c_i + d_i) * w_i / b_i      (w_i >= 1)        p_i = d_i / b_i      (w_i = 0: loaded in the loop)
+    p_i = s_i * w_i / b_i      (w_i >= 1)        p_i = d_i / b_i      (w_i = 0: loaded in the loop)
 
 smoothed the same way and only ever raised (a loader that keeps up hides its true cost, so a small wait is no
 evidence that it got faster).  The corrected compute points and loader costs form a new ``planner.Profile``
-(``CorrectionModel.corrected_profile``): the profile in use stays the one source of truth for the solver.
+(``CorrectionModel.corrected_profile``; a loader p_i times its starting value has its sec_per_sample and its
+measured rates scaled by that factor, ``planner.loader.scaled_loader``): the profile in use stays the one source
+of truth for the solver.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from planner.curves import Envelope, fit_envelope
+from planner.loader import loader_costs_s, scaled_loader
+from planner.options import SolveOptions
 from planner.profile import LoaderProfile, Profile
 from planner.stats import StepStats
 
@@ -132,7 +139,7 @@ class RankCorrection:
         spp = self.loader_sec_per_sample
         if s.step_time_s > 0 and s.data_wait_s / s.step_time_s > loader_wait_frac:
             if s.num_workers > 0:
-                seen = (s.compute_s + s.data_wait_s) * s.num_workers / s.batch_size
+                seen = s.step_time_s * s.num_workers / s.batch_size
             else:
                 seen = s.data_wait_s / s.batch_size
             spp = max(spp, (1.0 - a) * spp + a * seen)  # only raised: see the module docstring
@@ -149,13 +156,17 @@ class CorrectionModel:
     """t0_i: the envelope of each rank's original points, by rank id (fitted once per profile)."""
     ranks: tuple[RankCorrection, ...]
     """By rank id."""
+    loader_costs_s: tuple[float, ...] = ()
+    """p_i of the original profile as the planner models it (by rank id; empty: each loader's sec_per_sample)."""
 
     @classmethod
-    def of(cls, profile: Profile) -> CorrectionModel:
-        """The model before any measurement: the profile as it is."""
+    def of(cls, profile: Profile, options: SolveOptions | None = None) -> CorrectionModel:
+        """The model before any measurement: the profile as it is, its loaders as the planner models them under
+        ``options`` (worker caps and CPU reserve; default ``SolveOptions()``)."""
         by_rank = profile.by_rank
+        costs = tuple(loader_costs_s(profile, options or SolveOptions()))
         return cls(base=profile, envelopes=tuple(fit_envelope(r.compute) for r in by_rank),
-                   ranks=tuple(RankCorrection(loader_sec_per_sample=_loader_spp(r.loader)) for r in by_rank))
+                   ranks=tuple(RankCorrection(loader_sec_per_sample=c) for c in costs), loader_costs_s=costs)
 
     @property
     def world_size(self) -> int:
@@ -201,11 +212,11 @@ class CorrectionModel:
         """The original profile with each rank's compute points corrected and loader costs raised as measured."""
         maps = [self.time_map(i) for i in range(self.world_size)]  # one correction per rank, not per point
         profile = self.base.with_compute_times(lambda rank, b, t: maps[rank](b, t))
-        raised = {i for i, (r, c) in enumerate(zip(self.base.by_rank, self.ranks, strict=True))
-                  if c.loader_sec_per_sample != _loader_spp(r.loader)}
+        start = self.loader_costs_s or tuple(_loader_spp(r.loader) for r in self.base.by_rank)
+        raised = {i for i, (p0, c) in enumerate(zip(start, self.ranks, strict=True)) if c.loader_sec_per_sample != p0}
         if not raised:
             return profile
-        ranks = tuple(replace(r, loader=_with_spp(r.loader, self.ranks[r.rank].loader_sec_per_sample))
+        ranks = tuple(replace(r, loader=_raised(r.loader, start[r.rank], self.ranks[r.rank].loader_sec_per_sample))
                       if r.rank in raised else r for r in profile.ranks)
         return replace(profile, ranks=ranks)
 
@@ -214,6 +225,8 @@ def _loader_spp(loader: LoaderProfile | None) -> float:
     return loader.sec_per_sample if loader is not None else 0.0
 
 
-def _with_spp(loader: LoaderProfile | None, spp: float) -> LoaderProfile:
-    # replace() keeps the rest of the loader's profile (its measured scaling and its worker cap).
-    return LoaderProfile(sec_per_sample=spp) if loader is None else replace(loader, sec_per_sample=spp)
+def _raised(loader: LoaderProfile | None, start: float, spp: float) -> LoaderProfile:
+    """The loader whose modelled cost moved from ``start`` to ``spp`` (its scaling and worker cap kept)."""
+    if loader is None or start <= 0:
+        return LoaderProfile(sec_per_sample=spp) if loader is None else replace(loader, sec_per_sample=spp)
+    return scaled_loader(loader, spp / start)

@@ -24,7 +24,7 @@ from planner.errors import PlanError, ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.solve import SolveOptions, evaluate, solve
-from planner.stats import StepStats
+from planner.stats import LOADER_WAIT_FRAC, StepStats
 from runtime.replan.decision import ReplanDecision
 from runtime.replan.exchange import exchange_decision
 from runtime.replan.model import DEFAULT_SMOOTHING, CorrectionModel, Observation, RankCorrection
@@ -70,7 +70,7 @@ class Replanner:
         smoothing: float = DEFAULT_SMOOTHING,
         noise_sigmas: float = 2.0,
         confirm_below: float = 0.10,
-        loader_wait_frac: float = 0.10,
+        loader_wait_frac: float = LOADER_WAIT_FRAC,
         solve_fn: Callable[..., Plan] = solve,
     ) -> None:
         if plan.world_size != profile.world_size:
@@ -97,7 +97,7 @@ class Replanner:
             {**kwargs, "min_batch": plan.min_batch})
         self._solve_fn = solve_fn
         self._plan = plan
-        self._model = CorrectionModel.of(profile)
+        self._model = CorrectionModel.of(profile, self._options)
         self._policy_state = PolicyState()
         self._previous: Plan | None = None
         """The plan the one on trial replaced (set exactly while ``_policy_state.trial`` is): restored on revert."""

@@ -6,6 +6,8 @@ from dataclasses import replace
 
 import pytest
 
+from planner.loader import loader_costs_s
+from planner.options import SolveOptions
 from planner.profile import LoaderPoint, LoaderProfile, Profile
 from planner.stats import StepStats
 from runtime.replan.model import CorrectionModel, Observation
@@ -115,8 +117,12 @@ def test_the_corrected_profile_changes_only_times_and_loader_costs() -> None:
     out = m.corrected_profile()
     assert out.hosts == base.hosts and out.meta == base.meta and out.model == base.model
     loader = out.rank(0).loader
-    assert loader is not None and loader.sec_per_sample == m.loader_sec_per_sample[0] > 0.0004
-    # The rest of the loader's profile stays: its measured scaling and its worker cap.
-    assert loader.scaling == capped.loader.scaling and loader.max_workers == 3  # type: ignore[union-attr]
+    # The model started from the planner's cost (1 / 2500 s from the scaling run, not sec_per_sample) and the
+    # whole loader profile is scaled by what training showed, so the planner now models the measured cost.
+    assert m.loader_costs_s[0] == pytest.approx(1 / 2500)
+    factor = m.loader_sec_per_sample[0] / m.loader_costs_s[0]
+    assert loader is not None and factor > 1 and loader.sec_per_sample == pytest.approx(0.0004 * factor)
+    assert loader.scaling[0].samples_per_s == pytest.approx(2500.0 / factor) and loader.max_workers == 3
+    assert loader_costs_s(out, SolveOptions())[0] == pytest.approx(m.loader_sec_per_sample[0])
     assert out.rank(1).loader == base.rank(1).loader
     assert [p.step_time_s for p in out.rank(0).compute] == pytest.approx([2 * p.step_time_s for p in capped.compute])
