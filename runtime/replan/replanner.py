@@ -252,9 +252,11 @@ class Replanner:
             "profile_fingerprint": self._model.base.fingerprint(),
             "observations": [[[o.batch_size, o.ratio] for o in r.observations] for r in self._model.ranks],
             "revert": None if trial is None or self._previous is None else {
-                "plan": self._previous.to_dict(), "step_time_s": trial.previous_step_s, "epoch": trial.adopted_at},
+                "plan": self._previous.to_dict(), "step_time_s": trial.previous_step_s, "epoch": trial.adopted_at,
+                "predicted_gain": trial.predicted_gain},
             "measured_worse": [{"from": list(r.moved_from), "to": list(r.batch_sizes), "epoch": r.epoch}
                                for r in ps.rejections],
+            "model_miss": None if ps.miss is None else {"miss": ps.miss[0], "epoch": ps.miss[1]},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -294,7 +296,8 @@ class Replanner:
         rev = state.get("revert")
         previous = None if rev is None else Plan.from_dict(rev["plan"], path="replanner.revert.plan")
         trial = None if rev is None or previous is None else Trial(
-            previous=previous.batch_sizes, previous_step_s=float(rev["step_time_s"]), adopted_at=int(rev["epoch"]))
+            previous=previous.batch_sizes, previous_step_s=float(rev["step_time_s"]), adopted_at=int(rev["epoch"]),
+            predicted_gain=float(rev.get("predicted_gain", 0.0)))
         rejections = tuple(Rejection(moved_from=tuple(int(x) for x in w["from"]),
                                      batch_sizes=tuple(int(x) for x in w["to"]), epoch=int(w["epoch"]))
                            for w in state.get("measured_worse") or [])
@@ -306,5 +309,7 @@ class Replanner:
             for f, p, o in zip(scale, spp, obs, strict=True)])
         self._last_epoch = None if last is None else int(last)
         self._policy_state = PolicyState(proposed=None if proposed is None else tuple(int(x) for x in proposed),
-                                         trial=trial, rejections=rejections)
+                                         trial=trial, rejections=rejections,
+                                         miss=None if not state.get("model_miss") else (
+                                             float(state["model_miss"]["miss"]), int(state["model_miss"]["epoch"])))
         self._previous = previous

@@ -32,7 +32,7 @@ def test_threshold() -> None:
     assert not _judge(PolicyState(), 0.05)[1]  # the gain must beat the threshold, not reach it
     state, adopted, why = _judge(PolicyState(), 0.30, epoch=3, step_s=0.120)
     assert adopted and why == "adopted"
-    assert state.trial == Trial(previous=EQUAL, previous_step_s=0.120, adopted_at=3)
+    assert state.trial == Trial(previous=EQUAL, previous_step_s=0.120, adopted_at=3, predicted_gain=0.30)
     with pytest.raises(ValidationError, match="threshold must be >= 0"):
         AdoptionPolicy(threshold=-0.01)
     with pytest.raises(ValidationError):
@@ -129,3 +129,41 @@ def test_moves_toward_reverted_batches_are_barred_for_five_epochs() -> None:
     # Epoch 8: the bar is lifted.
     state, adopted, _ = _judge(state, 0.5, epoch=3 + WORSE_EPOCHS, candidate=rejected)
     assert adopted and state.rejections == ()
+
+
+def test_after_a_revert_a_move_must_beat_the_models_demonstrated_miss() -> None:
+    # Adopted at a predicted 10% gain, measured 20% slower: the model missed by 1.1 * 1.2 - 1 = 32%.
+    state, adopted, _ = _judge(PolicyState(), 0.10, epoch=0, step_s=0.100, candidate=TOWARD_0)
+    assert adopted
+    state, revert = POLICY.check_trial(state, epoch=1, batch_sizes=TOWARD_0, step_s=0.120, noise=0.0)
+    assert revert is not None and state.miss == (pytest.approx(0.32), 1)
+    other = (240, 272)  # a different move (not barred), predicted 20%: refused, 20% < 32% x 0.5^(1/5)
+    _, verdict = POLICY.judge(state, epoch=2, current=EQUAL, candidate=other, gain=0.20, noise=0.0, step_s=0.1)
+    assert not verdict.adopt and "missed its prediction by 32.0%" in verdict.why
+    # The bar halves every WORSE_EPOCHS epochs: 32% -> 16% -> 8% ...
+    assert state.miss_at(1 + WORSE_EPOCHS) == pytest.approx(0.16)
+    _, verdict = POLICY.judge(state, epoch=1 + 2 * WORSE_EPOCHS, current=EQUAL, candidate=other, gain=0.20,
+                              noise=0.0, step_s=0.1)
+    assert verdict.adopt
+    # A trial that holds clears it: the model has been right since.
+    held, adopted, _ = _judge(PolicyState(miss=(0.32, 0)), 0.40, epoch=3, candidate=other)
+    assert adopted
+    held, revert = POLICY.check_trial(held, epoch=4, batch_sizes=other, step_s=0.07, noise=0.0)
+    assert revert is None and held.miss is None
+
+
+def test_the_miss_and_the_trials_gain_survive_a_checkpoint() -> None:
+    import json
+    from dataclasses import replace
+    from pathlib import Path
+
+    import planner
+    from runtime.replan import Replanner
+
+    profile = planner.Profile.load(Path(__file__).parents[2] / "planner/examples/minimal_profile.json")
+    plan = planner.solve(profile, global_batch=512)
+    rp = Replanner(profile, plan)
+    rp._policy_state = replace(rp._policy_state, miss=(0.32, 4))
+    again = Replanner(profile, plan)
+    again.load_state_dict(json.loads(json.dumps(rp.state_dict())))
+    assert again._policy_state.miss == (0.32, 4)
