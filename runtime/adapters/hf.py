@@ -14,18 +14,17 @@ pass yours) with three things changed through the Trainer's own extension points
     each process every W-th of *its own* batches. ``per_device_train_batch_size`` is then unused. The Trainer
     moves each batch to the device itself (``_prepare_inputs``) and calls the loader's ``set_epoch``.
   * the weighting. A causal-LM loss is a mean over counted target tokens, so ranks must be weighted by tokens, not
-    samples (huggingface/transformers#34242). Two cases:
-      - the model takes loss kwargs (every transformers ``PreTrainedModel`` LM: ``num_items_in_batch``) or a
-        ``compute_loss_func`` is given: the Trainer's own ``average_tokens_across_devices`` path is exact on
-        uneven ranks -- it gathers the step's global token count N, the model divides its token sum by N and the
-        Trainer multiplies by W against DDP's average. The adapter keeps that flag on (it warns when it turns it
-        on) and adds nothing.
-      - any other model (an ``nn.Module`` returning its own mean loss): ``get_batch_samples`` (called once per
-        optimizer step with the step's micro-batches) counts each micro-batch's tokens and runs one scalar
-        all-reduce (runtime.weighting.step_weights); ``compute_loss`` multiplies micro-batch j's mean loss by
-        w_ij * W / N, so DDP's average gives sum_ij (w_ij / N) g_ij exactly. Tokens are counted as the Trainer
-        counts them (``labels != -100``, shifted by one for causal-LM losses); pass ``count_tokens=`` for
-        another rule.
+    samples (huggingface/transformers#34242). ``get_batch_samples`` (called once per optimizer step with the step's
+    micro-batches) counts each micro-batch's tokens and runs one scalar all-reduce (runtime.weighting.step_weights);
+    the model returns its own mean loss (the Trainer's ``num_items_in_batch`` is not passed to it) and
+    ``compute_loss`` multiplies micro-batch j's mean by w_ij * W / N, so DDP's average gives sum_ij (w_ij / N) g_ij:
+    the token mean over every rank's step, exactly. Tokens are counted as the loss averages them: ``labels !=
+    -100``, shifted by one when the model's loss is transformers' causal-LM loss; ``count_tokens=`` for another
+    rule. Why not the Trainer's own ``average_tokens_across_devices`` path (it gathers the global count too): in
+    transformers 5.24 it counts a GPT-2's targets unshifted (its config has no ``loss_type``, so the Trainer does not
+    see that the loss shifts), one token per sequence too many, and the step's gradient comes out scaled by
+    N / (N + sequences). With a ``compute_loss_func`` the Trainer's path is kept (that function receives the
+    Trainer's count); the adapter turns ``average_tokens_across_devices`` on if it is off.
   * a ``TrainerCallback``: the StepTimer around every batch (data wait, compute closed when backward reaches the
     model's first parameter), and at every epoch end the Replanner (collective; adopted batch sizes apply from
     the next epoch) and the run log on rank 0 (runtime.adapters.run.PlannedRun).
@@ -91,19 +90,28 @@ class _PlannedTrainerMixin:
     step_weights: StepWeights | None
     micro_index: int
     planned_workers: int | None
+    shift_labels: bool
 
     def _init_planned(self, run: PlannedRun, count_tokens: CountTokens | None, num_workers: int | None) -> None:
         t: Any = self
         self.planned_run, self.count_tokens, self.planned_workers = run, count_tokens, num_workers
         self.step_weights, self.micro_index = None, 0
-        hf_counts = bool(t.model_accepts_loss_kwargs or t.compute_loss_func is not None) and count_tokens is None
+        if count_tokens is not None and t.compute_loss_func is not None:
+            raise ValidationError("planned_trainer: count_tokens and compute_loss_func both define the loss's token "
+                                  "count; drop count_tokens (compute_loss_func gets the Trainer's global count)")
+        hf_counts = t.compute_loss_func is not None
         if hf_counts and not t.args.average_tokens_across_devices:
             warnings.warn("planned_trainer: turning average_tokens_across_devices on -- without it each rank divides by "
                           "its own token count and uneven ranks get a biased gradient", stacklevel=3)
             t.args.average_tokens_across_devices = True
         self.own_weighting = not hf_counts
-        if self.own_weighting and hasattr(type(t), "loss_is_scaled_for_ga"):
-            t.loss_is_scaled_for_ga = True  # our factor holds the step's 1/K already
+        self.shift_labels = _loss_shifts_labels(t.model)
+        if self.own_weighting:
+            # The model must return its own mean (no num_items_in_batch, no factor W from the Trainer): the exact
+            # factor is ours alone.
+            t.model_accepts_loss_kwargs = False
+            if hasattr(type(t), "loss_is_scaled_for_ga"):
+                t.loss_is_scaled_for_ga = True  # our factor holds the step's 1/K already
 
     # -- data -----------------------------------------------------------------------------------------------------
     def get_train_dataloader(self) -> DataLoader[Any]:
@@ -132,7 +140,7 @@ class _PlannedTrainerMixin:
             raise ValidationError("planned_trainer: the batch has no 'labels' to count tokens in; pass count_tokens=")
         labels = batch.get("shift_labels")
         if labels is None:
-            labels = batch["labels"][..., 1:] if getattr(self, "_loss_shifts_labels", False) else batch["labels"]
+            labels = batch["labels"][..., 1:] if self.shift_labels else batch["labels"]
         return (labels != -100).sum()
 
     def compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
@@ -151,6 +159,18 @@ class _PlannedTrainerMixin:
             loss, outputs = out
             return loss * scale, outputs
         return out * scale
+
+
+def _loss_shifts_labels(model: Any) -> bool:
+    """Whether the model's loss predicts label t+1 at position t (transformers' causal-LM loss), so that the
+    first label of every row is never a target. ``loss_function`` resolves a config without ``loss_type`` to the
+    model's default loss, which the Trainer's own check (by ``loss_type``) misses."""
+    try:
+        from transformers.loss.loss_utils import ForCausalLMLoss
+    except ImportError:
+        return False
+    encoder_decoder = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+    return getattr(model, "loss_function", None) is ForCausalLMLoss and not encoder_decoder
 
 
 def _callback(trainer_module: Any) -> Any:
@@ -183,8 +203,8 @@ def planned_trainer(plan: Plan | str | os.PathLike[str], *, trainer_cls: type[An
         trainer_cls: the Trainer class to build (``Trainer`` or a subclass of it).
         profile, replan, replan_threshold, log_file: see runtime.adapters.run.PlannedRun (the shuffle seed is the
             TrainingArguments' ``data_seed``, else ``seed``).
-        count_tokens: ``count_tokens(batch)`` -> the tokens the batch's mean loss averages over; given, the adapter
-            weights by it (one scalar all-reduce per optimizer step) instead of the Trainer's own token count.
+        count_tokens: ``count_tokens(batch)`` -> the tokens the batch's mean loss averages over (default: labels !=
+            -100, shifted for a transformers causal-LM loss).
         num_workers: training loader workers (default: the plan's for this rank).
         trainer_kwargs: the Trainer's own arguments (model, args, train_dataset, data_collator, callbacks, ...).
     """
