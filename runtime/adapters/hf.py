@@ -91,11 +91,12 @@ class _PlannedTrainerMixin:
     micro_index: int
     planned_workers: int | None
     shift_labels: bool
+    last_scale: float | None
 
     def _init_planned(self, run: PlannedRun, count_tokens: CountTokens | None, num_workers: int | None) -> None:
         t: Any = self
         self.planned_run, self.count_tokens, self.planned_workers = run, count_tokens, num_workers
-        self.step_weights, self.micro_index = None, 0
+        self.step_weights, self.micro_index, self.last_scale = None, 0, None
         if count_tokens is not None and t.compute_loss_func is not None:
             raise ValidationError("planned_trainer: count_tokens and compute_loss_func both define the loss's token "
                                   "count; drop count_tokens (compute_loss_func gets the Trainer's global count)")
@@ -151,7 +152,7 @@ class _PlannedTrainerMixin:
         if not self.own_weighting or w is None or not model.training:
             return out
         t: Any = self
-        scale = w.loss_scale(self.micro_index)
+        scale = self.last_scale = w.loss_scale(self.micro_index)
         if not hasattr(type(t), "loss_is_scaled_for_ga"):  # older Trainers divide by K themselves: put it back
             scale *= t.current_gradient_accumulation_steps
         self.micro_index += 1
@@ -159,6 +160,16 @@ class _PlannedTrainerMixin:
             loss, outputs = out
             return loss * scale, outputs
         return out * scale
+
+    def training_step(self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> Any:
+        """The Trainer's step; the loss it returns for logging is this rank's mean / K, as the stock Trainer logs it
+        (the backward used the weighted loss: the factor is taken out of the reported value only)."""
+        self.last_scale = None
+        loss = super().training_step(model, inputs, num_items_in_batch)  # type: ignore[misc]
+        if self.last_scale:  # None: not weighted here; 0: a rank without tokens reports 0
+            t: Any = self
+            loss = loss / (self.last_scale * t.current_gradient_accumulation_steps)
+        return loss
 
 
 def _loss_shifts_labels(model: Any) -> bool:
