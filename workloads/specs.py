@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from planner.errors import ValidationError
-from workloads.lm import build_lm, is_lm_spec, lm_loss
+from workloads.lm import build_lm, count_tokens, is_lm_spec, lm_loss
 
 SMALL_MODELS = ("mlp", "mnist_cnn", "cifar_cnn")
 DATASET_KINDS = ("fake", "fake_text", "cifar10:DIR", "mnist:DIR", "imagefolder:DIR", "package.module:factory")
@@ -56,6 +56,9 @@ class Workload:
     """True when the model has BatchNorm layers (plans then need min_batch >= 2)."""
     vocab_size: int | None = None
     """Token vocabulary of a language model (inputs and targets are token ids); None for classifiers."""
+    weight_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """weight_fn(targets): what a batch's mean loss averages over when it is not the sample count -- the counted
+    tokens of variable-length text (runtime.weighting.step_weights). None: samples (packed text included)."""
 
 
 def build_workload(
@@ -127,8 +130,11 @@ def synthetic_batch(
 
 def _lm_workload(model_spec: str, dataset_spec: str, num_samples: int | None) -> Workload:
     model_fn, dataset, cfg, seq_len = build_lm(model_spec, dataset_spec, num_samples or DEFAULT_FAKE_SAMPLES)
+    # Packed sequences count every position: tokens = samples x seq_len, so sample weighting is already exact.
+    variable = dataset.min_len < seq_len
     return Workload(model_fn=model_fn, dataset=dataset, num_classes=cfg.vocab_size, sample_shape=(seq_len,),
-                    loss_fn=lm_loss, name=f"{model_spec}@fake_text", has_batchnorm=False, vocab_size=cfg.vocab_size)
+                    loss_fn=lm_loss, name=f"{model_spec}@fake_text", has_batchnorm=False, vocab_size=cfg.vocab_size,
+                    weight_fn=count_tokens if variable else None)
 
 
 # -- models ----------------------------------------------------------------------------------------------------
