@@ -1,9 +1,10 @@
 """The HF Trainer with planned_trainer on 2 gloo ranks, float64: one torchrun launch runs every scenario.
 
-    torchrun --standalone --nproc-per-node 2 tests/frameworks/_hf_scenarios.py OUT PLAN73
+    torchrun --standalone --nproc-per-node 2 tests/frameworks/_hf_scenarios.py OUT PLAN73 PLAN88
 
-Each scenario trains one optimizer step with SGD (lr 1, no clipping) from the same GPT-2 initialization; rank 0
-saves the parameters to OUT/NAME.pt, and test_hf.py compares them with one process's token-mean step.
+The exactness scenarios train one optimizer step with SGD (lr 1, no clipping) from the same GPT-2 initialization;
+rank 0 saves the parameters to OUT/NAME.pt, and test_hf.py compares them with one process's token-mean step.
+``replan``: plan [8, 8], rank 1 emulated 3x slower, 3 epochs with re-planning -> OUT/run.jsonl.
 """
 
 from __future__ import annotations
@@ -79,7 +80,37 @@ def train(model: nn.Module, n: int, accumulate: int, plan: str, out: str, **kw: 
     return [p.detach().clone() for p in model.parameters()]
 
 
-def main(out: str, plan73: str) -> None:
+def replan(out: str, plan88: str) -> None:
+    """3 epochs of 12 steps, rank 1 doing 3x the forward+backward work (workloads.emulate.Slowdown)."""
+    import torch.distributed as dist
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from runtime.adapters.hf import planned_trainer
+    from workloads.emulate import Slowdown
+
+    class SlowTrainer(Trainer):  # type: ignore[misc]
+        slow = Slowdown(3.0 if dist.get_rank() == 1 else 1.0)
+
+        def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+                         num_items_in_batch: Any = None) -> Any:
+            if model.training:  # extra passes on the unwrapped module, gradients dropped
+                self.slow.apply(getattr(model, "module", model), lambda o, y: o.logits.sum(), inputs["input_ids"],
+                                inputs["labels"])
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    torch.manual_seed(0)
+    # ~10 ms of compute per step on rank 0: above the scheduling noise of a busy 2-core machine
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=SEQ_LEN, n_embd=128, n_layer=2, n_head=2))
+    args = TrainingArguments(output_dir=out, num_train_epochs=3, learning_rate=1e-4, use_cpu=True,
+                             ddp_backend="gloo", report_to="none", save_strategy="no", logging_strategy="no",
+                             disable_tqdm=True)
+    trainer = planned_trainer(plan88, trainer_cls=SlowTrainer, profile=Path(plan88).with_suffix(".profile.json"),
+                              replan=True, log_file=Path(out) / "run.jsonl", model=model, args=args,
+                              train_dataset=Padded(16 * 12))
+    trainer.train()
+
+
+def main(out: str, plan73: str, plan88: str) -> None:
     import torch.distributed as dist
 
     results = {
@@ -91,9 +122,10 @@ def main(out: str, plan73: str) -> None:
     if dist.get_rank() == 0:
         for name, params in results.items():
             torch.save(params, Path(out) / f"{name}.pt")
+    replan(out, plan88)
     dist.barrier()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])
     exit_without_teardown()

@@ -2,7 +2,8 @@
 
 One optimizer step (SGD, lr 1) equals one process's step on the token-mean loss over all ranks' sequences to
 1e-9: GPT-2 (the adapter counts its shifted targets), with 2 micro-batches per rank, and a plain module returning
-its mean loss with its own count_tokens; weighting ranks by their sample counts on the same data is wrong.
+its mean loss with its own count_tokens; weighting ranks by their sample counts on the same data is wrong. A 3x slower rank is re-planned between epochs through the Trainer's callback,
+visible in the run log.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from planner.runlog import read_run_log
 from tests.frameworks._common import max_diff, torchrun, write_plan
 
 pytest.importorskip("transformers")
@@ -22,7 +24,8 @@ SCENARIOS = Path(__file__).with_name("_hf_scenarios.py")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("hf")
     plan73 = write_plan(out / "plan73.json", [7, 3])
-    rc, _, err = torchrun(SCENARIOS, [str(out), str(plan73)], timeout_s=240)
+    plan88 = write_plan(out / "plan88.json", [8, 8])
+    rc, _, err = torchrun(SCENARIOS, [str(out), str(plan73), str(plan88)], timeout_s=240)
     assert rc == 0, err[-4000:]
     return out
 
@@ -50,6 +53,17 @@ def test_planned_trainer_gives_the_one_process_token_mean_step(runs: Path, name:
 def test_sample_count_weighting_is_wrong_on_the_same_data(runs: Path) -> None:
     got = torch.load(runs / "samples.pt", weights_only=True)
     assert max_diff(got, reference(10)) > 1e-4
+
+
+@pytest.mark.distributed
+def test_a_slow_rank_is_replanned_between_epochs(runs: Path) -> None:
+    log = read_run_log(runs / "run.jsonl")
+    assert log.ended and [r.epoch for r in log.replans] == [0, 1] and len(log.epochs) == 3
+    adopted = [r for r in log.replans if r.adopted]
+    assert adopted and adopted[0].new_batch_sizes[0] > adopted[0].new_batch_sizes[1], log.replans[0].reason
+    assert log.epochs[0].batch_sizes == (8, 8)
+    assert log.epochs[adopted[0].epoch + 1].batch_sizes == adopted[0].new_batch_sizes
+    assert all(s.num_steps > 0 for s in log.epochs[0].ranks)  # the loader timed the Trainer's steps
 
 
 def test_missing_plan_is_one_clear_error(tmp_path: Path) -> None:
