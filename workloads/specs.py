@@ -30,7 +30,7 @@ from planner.errors import ValidationError
 from workloads.lm import build_lm, count_tokens, is_lm_spec, lm_loss
 
 SMALL_MODELS = ("mlp", "mnist_cnn", "cifar_cnn")
-DATASET_KINDS = ("fake", "fake_text", "cifar10:DIR", "mnist:DIR", "imagefolder:DIR", "package.module:factory")
+DATASET_KINDS = ("fake", "cifar10:DIR", "mnist:DIR", "imagefolder:DIR", "fake_text", "package.module:factory")
 DEFAULT_FAKE_SAMPLES = 8192
 
 # Default input shape per small model; torchvision models default to 3x224x224.
