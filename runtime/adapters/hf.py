@@ -126,7 +126,7 @@ class _PlannedTrainerMixin:
         return PlannedLoader(t.train_dataset, run=run, batch_sampler=sampler, collate_fn=t.data_collator,
                              num_workers=workers, pin_memory=t.args.dataloader_pin_memory)
 
-    # -- exact token weighting for models that do not take num_items_in_batch ------------------------------------
+    # -- exact token weighting: the step's counts, one scalar all-reduce, the factor on each micro-batch's mean ----
     def get_batch_samples(self, epoch_iterator: Iterator[Any], num_batches: int,
                           device: torch.device) -> tuple[list[Any], Any]:
         batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)  # type: ignore[misc]
