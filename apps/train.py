@@ -53,7 +53,7 @@ from runtime.replan import Replanner
 from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler
 from runtime.timing import StepTimer, close_compute_on_last_gradient, peer_data_waits
-from runtime.weighting import loss_scale, register_weighted_hook
+from runtime.weighting import loss_scale, register_weighted_hook, step_weights
 from workloads.emulate import Slowdown
 from workloads.specs import Workload, build_workload
 
@@ -147,6 +147,10 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
     else:
         hetero = HeteroBatchSampler.from_plan(plan, env.rank, dataset_len, seed=cfg.seed, min_batch=min_batch)
         batch_sampler = hetero
+    if workload.weight_fn is not None and hetero is not None:  # token-mean loss of variable-length text
+        if cfg.weighting == "hook" or max(hetero.accumulation_steps) > 1:
+            raise ValidationError("variable-length text is weighted by tokens through the loss scale, one optimizer "
+                                  "step per batch: use --weighting loss-scale and a plan without accumulation")
     timer = StepTimer(device)
     ddp: torch.nn.Module = model
     scale_loss = False
@@ -285,6 +289,10 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
                 rec["micro"] = micro.index
             run.trace.write(json.dumps(rec) + "\n")
             run.trace.flush()  # a kill -9 must not lose lines of steps the checkpoint already covers
+        # Variable-length text: the step's token count all-reduced before the compute span opens (the ranks are
+        # aligned by the last step's gradient all-reduce, so nobody waits here for a slow peer's forward).
+        token_scale = (step_weights(run.workload.weight_fn(y)).loss_scale()
+                       if run.scale_loss and run.workload.weight_fn is not None else None)
         if first_micro:
             run.timer.compute_start()
         run.micro.last = last
@@ -294,7 +302,9 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
                 # Emulated extra work goes between the real forward and backward: inside the measured compute span,
                 # and after DDP's forward-start buffer broadcast, which would otherwise make the peers wait for it.
                 slowdown.apply(run.ddp, run.workload.loss_fn, x, y)
-            if run.scale_loss:  # exact sample-weighted gradient through DDP's (or FSDP2's) averaging
+            if token_scale is not None:
+                (loss * token_scale).backward()
+            elif run.scale_loss:  # exact sample-weighted gradient through DDP's (or FSDP2's) averaging
                 scale = micro.loss_scale if micro is not None else loss_scale(run.hetero, step)  # type: ignore[arg-type]
                 (loss * scale).backward()
             elif micro is not None and micro.count > 1:  # the hook weights the step; the loss, its micro-batches

@@ -13,7 +13,7 @@ from runtime.replan import ReplanDecision, Replanner
 from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler, HeteroDistributedSampler
 from runtime.timing import StepTimer
-from runtime.weighting import accumulation_weight, loss_scale, register_weighted_hook
+from runtime.weighting import StepWeights, accumulation_weight, loss_scale, register_weighted_hook, step_weights
 
 __all__ = [
     "HeteroBatchSampler",
@@ -22,10 +22,12 @@ __all__ = [
     "ReplanDecision",
     "Replanner",
     "StepTimer",
+    "StepWeights",
     "accumulation_weight",
     "check_agreement",
     "check_batchnorm",
     "loss_scale",
     "micro_steps",
     "register_weighted_hook",
+    "step_weights",
 ]

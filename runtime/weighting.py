@@ -9,12 +9,19 @@ With micro-batches (the sampler's ``accumulation_steps``, runtime/accumulate.py)
 step made of this rank's micro-batches j: the hook still applies n_i / n once per step (it fires on the
 synchronizing backward only), and the micro-batch mean losses are weighted n_ij / n_i before it
 (``accumulation_weight(..., micro_step=j)``), or n_ij * W / n without the hook (``loss_scale(..., micro_step=j)``).
+
+Weights other than sample counts (``StepWeights``, ``step_weights``): for a token-mean loss (a language model's
+cross-entropy over non-padding target tokens) the weight of a micro-batch is its number of counted tokens n_ij,
+which the sampler's layout cannot know. The gradient of  sum over all tokens / N  (N = sum_ij n_ij, all ranks) is
+sum_ij (n_ij / N) g_ij with g_ij micro-batch j's token-mean gradient -- the same formula with tokens for samples, so
+the same two factors apply (n_ij * W / N for DDP's averaging, n_i / N in the hook), once N is known: one scalar
+SUM all-reduce per optimizer step (``step_weights``) over this rank's micro-batch counts of the step.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -101,6 +108,71 @@ def accumulation_weight(sampler: StepCounts, step: int, accumulation_steps: int 
     return _samples(sampler, step, micro_step) / mine
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepWeights:
+    """Per-batch weights of one optimizer step (e.g. counted target tokens): this rank's and the global total.
+
+    With w_ij the weight of this rank's micro-batch j and N the sum over every rank's micro-batches of the step,
+    the exact gradient of a weight-normalized loss (sum over tokens / N) is sum_ij (w_ij / N) g_ij, g_ij being the
+    gradient of micro-batch j's own mean loss (mean over its w_ij tokens).
+    """
+
+    micro: tuple[float, ...]
+    """w_ij: this rank's weight of each micro-batch of the step, in order (one entry without accumulation)."""
+    total: float
+    """N: the sum of every rank's weights of the step (all-reduced)."""
+    world_size: int
+    """W: data-parallel ranks (DDP and FSDP2 average over them)."""
+
+    def __post_init__(self) -> None:
+        if not self.micro or any(w < 0 for w in self.micro):
+            raise ValidationError(f"step weights must be >= 0, one per micro-batch; got {list(self.micro)}")
+        if not self.total > 0:
+            raise ValidationError("the step's weights sum to 0 over all ranks (no counted tokens: every label is "
+                                  "padding?); nothing to average")
+
+    @property
+    def local(self) -> float:
+        """w_i: this rank's weight in the step."""
+        return float(sum(self.micro))
+
+    @property
+    def factor(self) -> float:
+        """w_i / N: what the weighted hook multiplies this rank's gradient by."""
+        return self.local / self.total
+
+    def loss_scale(self, micro_step: int = 0) -> float:
+        """w_ij * W / N: the factor for micro-batch j's mean loss when DDP/FSDP2 averages over W ranks."""
+        return self.micro[micro_step] * self.world_size / self.total
+
+    def accumulation_weight(self, micro_step: int = 0) -> float:
+        """w_ij / w_i: the factor for micro-batch j's mean loss with the weighted hook (0 on a rank without weight)."""
+        return self.micro[micro_step] / self.local if self.local > 0 else 0.0
+
+
+def step_weights(micro: Sequence[float | torch.Tensor] | float | torch.Tensor, *, process_group: Any = None,
+                 device: torch.device | str | None = None) -> StepWeights:
+    """This rank's weights of one optimizer step and their global total: ONE scalar all-reduce (collective).
+
+    Call it once per optimizer step on every rank, before the step's first backward, with the weight of each of
+    this rank's micro-batches of the step (e.g. ``[(labels != -100).sum() for labels in step_labels]``). Outside
+    torch.distributed the total is the local sum. ``device``: where the scalar is reduced (default: the current
+    CUDA device under NCCL, else CPU).
+    """
+    parts = micro if isinstance(micro, Sequence) else [micro]
+    values = tuple(float(w) for w in parts)  # one host sync per step: the counts come from label tensors
+    world, total = 1, sum(values)
+    if dist.is_available() and dist.is_initialized():
+        world = dist.get_world_size(process_group)
+        if device is None:
+            nccl = dist.get_backend(process_group) == "nccl"
+            device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        buf = torch.tensor([total], dtype=torch.float64, device=device)
+        dist.all_reduce(buf, group=process_group)
+        total = float(buf.item())
+    return StepWeights(micro=values, total=total, world_size=world)
+
+
 @dataclass(kw_only=True, slots=True)
 class WeightedHookState:
     """Mutable state of one registered hook (one DDP model). Not a value type: the hook advances it."""
@@ -117,6 +189,14 @@ class WeightedHookState:
     last_factor: float = 1.0
     """n_i / n applied at the last synchronization (for logs and tests)."""
     num_syncs: int = 0
+    per_batch_weights: bool = False
+    """Weights come from :meth:`set_step_weights` each optimizer step instead of the sampler's sample counts."""
+    weights: StepWeights | None = None
+    """The current step's weights (per_batch_weights); consumed by the step's synchronization."""
+
+    def set_step_weights(self, weights: StepWeights) -> None:
+        """Use ``weights`` (from :func:`step_weights`) for the next synchronizing backward: factor w_i / N."""
+        self.weights = weights
 
     def _factor_for_current_window(self) -> float:
         s = self.sampler
@@ -129,6 +209,11 @@ class WeightedHookState:
                 "epoch) and synchronize only on a step's last micro-batch (runtime.accumulate.micro_steps says "
                 "which) or pass accumulation_steps= when you use no_sync across sampler steps"
             )
+        if self.per_batch_weights:
+            if self.weights is None:
+                raise RuntimeError("weighted gradient hook with per_batch_weights: no step weights for this step; call "
+                                   "state.set_step_weights(step_weights(...)) before every optimizer step's backward")
+            return self.weights.factor
         mine, total = _window_counts(s, self.step, self.accumulation_steps)
         return mine / total
 
@@ -136,6 +221,7 @@ class WeightedHookState:
         window = _window(self.sampler, self.step, self.accumulation_steps)
         self.step = window.stop
         self.num_syncs += 1
+        self.weights = None  # one step's weights serve one synchronization: a stale count would bias silently
 
 
 def _weighted_allreduce_hook(state: WeightedHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -159,7 +245,7 @@ _weighted_allreduce_hook.__annotations__ = {
 
 def register_weighted_hook(ddp_model: torch.nn.parallel.DistributedDataParallel, sampler: StepCounts, *,
                            on_last_bucket: Callable[[], None] | None = None, accumulation_steps: int = 1,
-                           process_group: Any = None) -> WeightedHookState:
+                           process_group: Any = None, per_batch_weights: bool = False) -> WeightedHookState:
     """Make DDP's gradient the exact sample-weighted mean over all ranks' uneven batches.
 
     Each gradient bucket is multiplied by n_i / n and SUM-all-reduced, so after ``backward()`` every rank holds
@@ -195,6 +281,9 @@ def register_weighted_hook(ddp_model: torch.nn.parallel.DistributedDataParallel,
         on_last_bucket: called when the step's last bucket reaches the hook, before its all-reduce is launched.
         accumulation_steps: micro-batches per optimizer step with ``no_sync`` (1 = no accumulation).
         process_group: group to all-reduce over (default: the default group).
+        per_batch_weights: weight by per-batch weights (counted tokens) instead of sample counts: before every
+            optimizer step's synchronizing backward call ``state.set_step_weights(step_weights(counts))`` and
+            multiply micro-batch j's mean loss by ``weights.accumulation_weight(j)``; the hook applies w_i / N.
 
     Returns:
         The hook's state (current step, last factor), e.g. for logging.
@@ -228,6 +317,6 @@ def register_weighted_hook(ddp_model: torch.nn.parallel.DistributedDataParallel,
             stacklevel=2,
         )
     state = WeightedHookState(sampler=sampler, process_group=process_group, accumulation_steps=accumulation_steps,
-                              on_last_bucket=on_last_bucket)
+                              on_last_bucket=on_last_bucket, per_batch_weights=per_batch_weights)
     ddp_model.register_comm_hook(state, _weighted_allreduce_hook)
     return state

@@ -1,11 +1,13 @@
 """Model and dataset specs (``--model``, ``--dataset``), shared by `planner profile` and `planner train`.
 
 Models:   any torchvision classification name (``resnet18``, ``resnet50``, ``vit_b_16``...), ``mnist_cnn`` and
-          ``cifar_cnn`` (small CNNs; cifar_cnn has BatchNorm), ``mlp`` (tiny, for quick CPU runs), or
+          ``cifar_cnn`` (small CNNs; cifar_cnn has BatchNorm), ``mlp`` (tiny, for quick CPU runs),
+          ``tiny_lm[:tiny|small|125m]`` (a causal LM in plain torch, workloads.lm), or
           ``package.module:factory`` (called with ``num_classes=`` when it accepts it).
 Datasets: ``fake`` (torchvision FakeData with a realistic CPU transform pipeline: PIL image ->
           RandomResizedCrop/flip -> ToTensor -> Normalize), ``cifar10:DIR``, ``mnist:DIR``, ``imagefolder:DIR``
-          (local files only, never downloaded), or ``package.module:factory`` (returns a Dataset of (x, y)).
+          (local files only, never downloaded), ``fake_text[:LEN|:MIN-MAX]`` (synthetic tokens for tiny_lm), or
+          ``package.module:factory`` (returns a Dataset of (x, y)).
 
     >>> w = build_workload("mlp", "fake")                 # doctest: +SKIP
     >>> x, y = synthetic_batch(w, 32, torch.device("cpu")) # doctest: +SKIP
@@ -25,9 +27,10 @@ import torch
 from torch import nn
 
 from planner.errors import ValidationError
+from workloads.lm import build_lm, count_tokens, is_lm_spec, lm_loss
 
 SMALL_MODELS = ("mlp", "mnist_cnn", "cifar_cnn")
-DATASET_KINDS = ("fake", "cifar10:DIR", "mnist:DIR", "imagefolder:DIR", "package.module:factory")
+DATASET_KINDS = ("fake", "cifar10:DIR", "mnist:DIR", "imagefolder:DIR", "fake_text", "package.module:factory")
 DEFAULT_FAKE_SAMPLES = 8192
 
 # Default input shape per small model; torchvision models default to 3x224x224.
@@ -51,6 +54,11 @@ class Workload:
     """``model@dataset``, for reports."""
     has_batchnorm: bool
     """True when the model has BatchNorm layers (plans then need min_batch >= 2)."""
+    vocab_size: int | None = None
+    """Token vocabulary of a language model (inputs and targets are token ids); None for classifiers."""
+    weight_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """weight_fn(targets): what a batch's mean loss averages over when it is not the sample count -- the counted
+    tokens of variable-length text (runtime.weighting.step_weights). None: samples (packed text included)."""
 
 
 def build_workload(
@@ -73,6 +81,10 @@ def build_workload(
     Raises:
         ValidationError: unknown spec (the message lists the choices) or a dataset folder that is missing.
     """
+    if is_lm_spec(model_spec):
+        return _lm_workload(model_spec, dataset_spec, num_samples)
+    if dataset_spec.partition(":")[0] == "fake_text":
+        raise ValidationError(f"--dataset {dataset_spec} is token data for --model tiny_lm, not {model_spec!r}")
     tv_names = _torchvision_names()
     is_tv = model_spec in tv_names
     if not is_tv and model_spec not in SMALL_MODELS and ":" not in model_spec:
@@ -104,10 +116,25 @@ def build_workload(
 def synthetic_batch(
     workload: Workload, batch_size: int, device: torch.device | str, dtype: torch.dtype | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random inputs and labels created directly on `device`, so compute timing excludes the loader."""
+    """Random inputs and labels created directly on `device`, so compute timing excludes the loader.
+
+    Language models get full-length token ids and targets (a padded batch costs its padded shape, workloads.lm)."""
+    if workload.vocab_size is not None:
+        shape = (batch_size, *workload.sample_shape)
+        ids = torch.randint(1, workload.vocab_size, shape, device=device)
+        return ids, torch.randint(0, workload.vocab_size, shape, device=device)
     x = torch.randn((batch_size, *workload.sample_shape), device=device, dtype=dtype)
     y = torch.randint(0, workload.num_classes, (batch_size,), device=device)
     return x, y
+
+
+def _lm_workload(model_spec: str, dataset_spec: str, num_samples: int | None) -> Workload:
+    model_fn, dataset, cfg, seq_len = build_lm(model_spec, dataset_spec, num_samples or DEFAULT_FAKE_SAMPLES)
+    # Packed sequences count every position: tokens = samples x seq_len, so sample weighting is already exact.
+    variable = dataset.min_len < seq_len
+    return Workload(model_fn=model_fn, dataset=dataset, num_classes=cfg.vocab_size, sample_shape=(seq_len,),
+                    loss_fn=lm_loss, name=f"{model_spec}@fake_text", has_batchnorm=False, vocab_size=cfg.vocab_size,
+                    weight_fn=count_tokens if variable else None)
 
 
 # -- models ----------------------------------------------------------------------------------------------------

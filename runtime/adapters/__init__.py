@@ -1,4 +1,4 @@
-"""Framework adapters: a plan applied to Lightning's Trainer or an Accelerate loop in a few lines.
+"""Framework adapters: a plan applied to Lightning's Trainer, an Accelerate loop or the HF Trainer in a few lines.
 
     runtime.adapters.lightning    LightningPlan: a DDPStrategy subclass (planned training DataLoader through
                                   ``process_dataloader``, exact loss scale in ``backward``) and a Callback
@@ -6,10 +6,13 @@
     runtime.adapters.accelerate   planned_dataloader: accelerate's own DataLoaderShard over the planned sampler,
                                   left alone by ``accelerator.prepare``; ``loader.loss_scale()`` for
                                   ``accelerator.backward``; timing, re-planning and the run log at each epoch end
-    runtime.adapters.run          PlannedRun: the framework-free part both share
+    runtime.adapters.hf           planned_trainer: a Hugging Face Trainer (any subclass) whose training loader is the
+                                  planned sampler's (never re-sharded by accelerate), with exact token-mean weighting
+                                  (one scalar all-reduce per optimizer step), timing, re-planning and the run log
+    runtime.adapters.run          PlannedRun: the framework-free part they share
 
 The frameworks are optional and imported only when an adapter is used; a missing one is one ValidationError line
-naming ``pip install ddp-planner[lightning]`` / ``[accelerate]``.  docs/FRAMEWORKS.md shows the 5-line changes.
+naming ``pip install ddp-planner[lightning]`` / ``[accelerate]`` / ``[hf]``.  docs/FRAMEWORKS.md shows the 5-line changes.
 """
 
 from __future__ import annotations

@@ -1,0 +1,74 @@
+"""The HF Trainer through runtime.adapters.hf on 2 gloo ranks, float64, a [7, 3] plan of padded LM sequences.
+
+One optimizer step (SGD, lr 1) equals one process's step on the token-mean loss over all ranks' sequences to
+1e-9: GPT-2 (the adapter counts its shifted targets), with 2 micro-batches per rank, and a plain module returning
+its mean loss with its own count_tokens; weighting ranks by their sample counts on the same data is wrong. A 3x slower rank is re-planned between epochs through the Trainer's callback,
+visible in the run log.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from planner.runlog import read_run_log
+from tests.frameworks._common import max_diff, torchrun, write_plan
+
+pytest.importorskip("transformers")
+SCENARIOS = Path(__file__).with_name("_hf_scenarios.py")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("hf")
+    plan73 = write_plan(out / "plan73.json", [7, 3])
+    plan88 = write_plan(out / "plan88.json", [8, 8])
+    rc, _, err = torchrun(SCENARIOS, [str(out), str(plan73), str(plan88)], timeout_s=240)
+    assert rc == 0, err[-4000:]
+    return out
+
+
+def reference(n: int) -> list[torch.Tensor]:
+    """One process, all n sequences in one batch: GPT-2's loss is the mean over every counted (shifted) token."""
+    from tests.frameworks._hf_scenarios import Padded, make_gpt2
+
+    model = make_gpt2()
+    data = Padded(n)
+    batch = {k: torch.stack([data[i][k] for i in range(n)]) for k in data[0]}
+    model(**batch).loss.backward()
+    with torch.no_grad():
+        return [p - p.grad for p in model.parameters()]  # SGD, lr 1
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("name", "n"), [("gpt2", 10), ("gpt2_accum2", 20), ("loss_only_accum2", 20)])
+def test_planned_trainer_gives_the_one_process_token_mean_step(runs: Path, name: str, n: int) -> None:
+    got = torch.load(runs / f"{name}.pt", weights_only=True)
+    assert max_diff(got, reference(n)) <= 1e-9
+
+
+@pytest.mark.distributed
+def test_sample_count_weighting_is_wrong_on_the_same_data(runs: Path) -> None:
+    got = torch.load(runs / "samples.pt", weights_only=True)
+    assert max_diff(got, reference(10)) > 1e-4
+
+
+@pytest.mark.distributed
+def test_a_slow_rank_is_replanned_between_epochs(runs: Path) -> None:
+    log = read_run_log(runs / "run.jsonl")
+    assert log.ended and [r.epoch for r in log.replans] == [0, 1] and len(log.epochs) == 3
+    adopted = [r for r in log.replans if r.adopted]
+    assert adopted and adopted[0].new_batch_sizes[0] > adopted[0].new_batch_sizes[1], log.replans[0].reason
+    assert log.epochs[0].batch_sizes == (8, 8)
+    assert log.epochs[adopted[0].epoch + 1].batch_sizes == adopted[0].new_batch_sizes
+    assert all(s.num_steps > 0 for s in log.epochs[0].ranks)  # the loader timed the Trainer's steps
+
+
+def test_missing_plan_is_one_clear_error(tmp_path: Path) -> None:
+    from planner.errors import ValidationError
+    from runtime.adapters.hf import planned_trainer
+
+    with pytest.raises((ValidationError, FileNotFoundError)):
+        planned_trainer(tmp_path / "missing.json")
