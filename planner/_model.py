@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.comm_model import rank_factors
 from planner.curves import Envelope, fit_envelope, memory_cap
 from planner.options import SolveOptions
 from planner.profile import Profile
@@ -68,6 +69,8 @@ class RankModel:
 def build_models(profile: Profile, opts: SolveOptions) -> list[RankModel]:
     budgets = worker_budgets(profile, opts)
     per_host = Counter(r.host for r in profile.ranks)
+    # f_i: rank i's curve under DDP, slowed by all-reduce kernels waiting for later peers (planner.comm_model).
+    wait = rank_factors(profile.comm.wait_factors if profile.comm else None, len(profile.ranks))
     models = []
     for r in profile.by_rank:
         mem = memory_cap(r.memory, headroom=opts.memory_headroom)
@@ -81,7 +84,7 @@ def build_models(profile: Profile, opts: SolveOptions) -> list[RankModel]:
                 rank=r.rank,
                 host=r.host,
                 device=r.device,
-                compute=fit_envelope(r.compute),
+                compute=fit_envelope(r.compute).scaled(wait[r.rank]),
                 sec_per_sample=r.loader.sec_per_sample if r.loader else 0.0,
                 cap=cap,
                 cap_reason=reason,

@@ -263,12 +263,12 @@ def gather_ranks(rank_profile: RankProfile, *, model_name: str, make_runner: Cal
 
 def _measure_comm(grad_bytes: int, ranks: list[RankProfile], make_runner: Callable[[], TimedSteps] | None,
                   repeats: int, progress: Progress | None = None) -> tuple[CommProfile, dict[str, Any]]:
-    """All-reduce time and the measured DDP overhead (profiler.ddp), on the backend training will use; the
-    overhead's rounds go to the profile's meta."""
-    import statistics
-
-    from profiler.comm import measure_allreduce
-    from profiler.ddp import common_batch, measure_exposed_rounds_s
+    """All-reduce time and the measured DDP cost (profiler.ddp: exposed communication, wait factors), on the
+    backend training will use; on NCCL also the launch variants (profiler.comm.NCCL_CTA_VARIANTS), one recorded
+    only when it measurably helps.  The rounds go to the profile's meta."""
+    from planner.comm_model import choose_launch_env
+    from profiler.comm import NCCL_CTA_VARIANTS, measure_allreduce, nccl_group_for
+    from profiler.ddp import DDPCost, measure_ddp_cost
 
     # All-CUDA jobs train over NCCL: time NCCL even when the default group is gloo (mixed jobs stay on gloo).
     group: dist.ProcessGroup | None = None
@@ -276,32 +276,65 @@ def _measure_comm(grad_bytes: int, ranks: list[RankProfile], make_runner: Callab
         new = dist.new_group(backend="nccl")
         assert isinstance(new, dist.ProcessGroup)  # every rank is a member, so never the non-member sentinel
         group = new
+    nccl = str(dist.get_backend(group)) == "nccl"
+    min_batch = min(min(p.batch_size for p in r.compute) for r in ranks)
     try:
         _say(progress, f"all-reduce of {grad_bytes / 2**20:.1f} MiB of gradient ({repeats} repeats)")
         comm = measure_allreduce(grad_bytes, repeats=repeats, group=group)
-        exposed: float | None = None
-        rounds: list[float] = []
-        b = common_batch(ranks)
+        cost: DDPCost | None = None
+        variants: dict[str, tuple[dict[str, str], DDPCost]] = {}
         if make_runner is not None:
-            _say(progress, f"DDP overhead: 3 rounds of DDP steps at batch {b} on every rank")
+            _say(progress, "DDP cost: 3 rounds of DDP steps at the equal and the balanced split")
             try:
-                rounds = measure_exposed_rounds_s(make_runner, ranks, group=group)
-                exposed = float(statistics.median(rounds))
+                cost = measure_ddp_cost(make_runner, ranks, group=group, min_batch=min_batch)
+                for env in NCCL_CTA_VARIANTS if nccl else ():
+                    name = " ".join(f"{k}={v}" for k, v in sorted(env.items()))
+                    vgroup = nccl_group_for(env)
+                    if vgroup is None:
+                        continue
+                    _say(progress, f"DDP cost under {name}")
+                    try:
+                        variants[name] = (env, measure_ddp_cost(make_runner, ranks, group=vgroup, min_batch=min_batch))
+                    finally:
+                        dist.destroy_process_group(vgroup)
             except Exception as e:
                 warnings.warn(f"could not time DDP steps ({type(e).__name__}: {e}); the plan will estimate the "
                               "exposed communication from the all-reduce time instead", stacklevel=2)
+                cost = None
         # Every rank keeps the measurement only if every rank got one (a failure is usually the same everywhere).
-        ok = torch.tensor([0.0 if exposed is None else 1.0],
-                          device=torch.device("cuda", torch.cuda.current_device())
-                          if str(dist.get_backend(group)) == "nccl" else torch.device("cpu"))
+        ok = torch.tensor([0.0 if cost is None else 1.0],
+                          device=torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu"))
         dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
-        if ok.item() <= 0:
+        if ok.item() <= 0 or cost is None:
             return dataclasses.replace(comm, exposed_s=None), {}
-        return (dataclasses.replace(comm, exposed_s=exposed),
-                {"ddp_overhead_rounds_s": [round(x, 6) for x in rounds], "ddp_overhead_batch": b})
+        meta: dict[str, Any] = {"ddp_overhead_rounds_s": [round(x, 6) for x in cost.exposed_rounds_s],
+                                "ddp_overhead_batch": cost.equal.batch_sizes[0], **_cost_meta("default", cost)}
+        picked = choose_launch_env(
+            (cost.balanced.step_s, cost.equal.step_s),
+            {n: (env, c.balanced.step_s, c.equal.step_s) for n, (env, c) in variants.items()})
+        for n, (_, c) in variants.items():
+            meta.update(_cost_meta(n, c))
+        launch = None
+        if picked is not None:
+            name, launch = picked
+            cost = variants[name][1]  # the factors and the tail the job will run with
+            _say(progress, f"launch setting measured to help: {name}")
+        return (dataclasses.replace(comm, exposed_s=cost.exposed_s, wait_factors=cost.wait_factors,
+                                    launch_env=dict(launch) if launch else None), meta)
     finally:
         if group is not None:
             dist.destroy_process_group(group)
+
+
+def _cost_meta(name: str, cost: Any) -> dict[str, Any]:
+    """The DDP rounds of one launch setting, for the profile's meta (evidence for the recorded numbers)."""
+    return {f"ddp_cost[{name}]": {
+        "equal_batches": list(cost.equal.batch_sizes), "equal_step_s": [round(x, 6) for x in cost.equal.step_s],
+        "balanced_batches": list(cost.balanced.batch_sizes),
+        "balanced_step_s": [round(x, 6) for x in cost.balanced.step_s],
+        "balanced_compute_s": [round(x, 6) for x in cost.balanced.compute_s],
+        "predicted_balanced_s": round(cost.predicted_balanced_s, 6), "exposed_s": round(cost.exposed_s, 6),
+        "wait_factors": list(cost.wait_factors)}}
 
 
 def profile_devices(workload: Workload, devices: Sequence[str], *, quick: bool,

@@ -1,0 +1,63 @@
+"""profiler.ddp on 2 CPU gloo ranks: the DDP cost (exposed tail, wait factors) from steps at the equal and the
+balanced split, the same on every rank; profiler.comm's launch variants are NCCL-only."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from planner.profile import ComputePoint, RankProfile
+from profiler.compute import StepRunner, TimedSteps
+from profiler.ddp import balanced_batches, common_batch, measure_ddp_cost
+from tests._dist import run_distributed
+from workloads.specs import build_workload
+
+
+def _rank(rank: int, times_ms: list[float]) -> RankProfile:
+    return RankProfile(rank=rank, host="h", device="cpu",
+                       compute=tuple(ComputePoint(batch_size=b, step_time_s=t / 1000)
+                                     for b, t in zip([8, 16, 32], times_ms, strict=True)))
+
+
+def test_balanced_batches_give_the_slow_rank_less_and_stay_within_measured_sizes() -> None:
+    ranks = [_rank(0, [2, 3, 5]), _rank(1, [6, 9, 15])]  # rank 1: 3x slower
+    assert common_batch(ranks) == 16
+    b = balanced_batches(ranks)
+    assert sum(b) == 32 and b[0] > 2 * b[1] and max(b) <= 32
+
+
+def _worker(rank: int, world: int, slowdowns: list[float]) -> None:
+    workload = build_workload("mlp", "fake")
+
+    def make_runner() -> TimedSteps:
+        return StepRunner(workload, "cpu", slowdown=slowdowns[rank])
+
+    # Standalone curves as a profile would hold them: measured here, same runner.
+    r = make_runner()
+    pts = tuple(ComputePoint(batch_size=b, step_time_s=sorted(r.measure(b, 1, 5).times_s)[2]) for b in (8, 16, 32))
+    r.close()
+    mine = RankProfile(rank=rank, host="h", device="cpu", compute=pts)
+    from collectives import all_gather_json
+
+    ranks = [RankProfile.from_dict(d) for d in all_gather_json(mine.to_dict())]
+    cost = measure_ddp_cost(make_runner, ranks, rounds=2, repeats=2)
+    got = all_gather_json([cost.exposed_s, list(cost.wait_factors), list(cost.balanced.batch_sizes)])
+    assert all(g == got[0] for g in got), got  # every rank holds the same numbers
+    assert cost.equal.batch_sizes == (16, 16) and sum(cost.balanced.batch_sizes) == 32
+    assert cost.exposed_s >= 0 and len(cost.exposed_rounds_s) == 2
+    assert len(cost.wait_factors) == world and min(cost.wait_factors) == 1.0 and max(cost.wait_factors) <= 2.0
+    assert all(c > 0 for c in cost.balanced.compute_s) and cost.predicted_balanced_s > 0
+    if slowdowns[1] > 1:  # the emulated rank gets the smaller batch
+        assert cost.balanced.batch_sizes[1] < cost.balanced.batch_sizes[0]
+    assert dist.get_backend() == "gloo"
+
+
+@pytest.mark.distributed
+def test_ddp_cost_on_two_gloo_ranks() -> None:
+    run_distributed(_worker, 2, [1.0, 3.0], timeout_s=120)
+
+
+def test_nccl_group_for_refuses_what_it_cannot_set() -> None:
+    from profiler.comm import nccl_group_for
+
+    assert nccl_group_for({"NCCL_ALGO": "ring"}) is None  # not a per-communicator CTA setting: never tried
