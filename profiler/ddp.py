@@ -171,7 +171,8 @@ class DDPCost:
     """What the profile records from the two splits (planner.comm_model)."""
 
     exposed_s: float
-    """Median over rounds of the equal split's step minus the slowest standalone step (>= 0)."""
+    """Median over rounds of the equal split's step minus max_i f_i t_i(b) (>= 0): the tail after the last
+    rank's compute."""
     exposed_rounds_s: tuple[float, ...]
     """The same per round."""
     wait_factors: tuple[float, ...]
@@ -191,11 +192,13 @@ def measure_ddp_cost(make_runner: Callable[[], TimedSteps], ranks: Sequence[Rank
     bal = balanced_batches(ranks, min_batch=min_batch)
     eq_r, bal_r = measure_splits(make_runner, [equal, bal], group=group, rounds=rounds, repeats=repeats)
     curves = [fit_envelope(r.compute) for r in ranks]
-    rounds_s = tuple(max(0.0, x - max(c(b) for c in curves)) for x in eq_r.step_s)
-    exposed = statistics.median(rounds_s)
     # Alone, the marked part of a step is all of it but the optimizer step (it runs after the last bucket).
     alone = [max(1e-9, c(bi) - (r.optimizer_step_s or 0.0)) for c, bi, r in zip(curves, bal, ranks, strict=True)]
     factors = wait_factors(bal_r.compute_s, alone, noise=max(0.01, bal_r.compute_spread))
+    # The tail after the last rank's compute, with the factors applied (planner.comm_model's T(split)).
+    slowest = max(f * c(b) for f, c in zip(factors, curves, strict=True))
+    rounds_s = tuple(max(0.0, x - slowest) for x in eq_r.step_s)
+    exposed = statistics.median(rounds_s)
     predicted = max(f * c(bi) for f, c, bi in zip(factors, curves, bal, strict=True)) + exposed
     return DDPCost(exposed_s=exposed, exposed_rounds_s=rounds_s, wait_factors=factors, equal=eq_r, balanced=bal_r,
                    predicted_balanced_s=predicted)
