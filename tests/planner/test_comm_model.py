@@ -130,3 +130,19 @@ def test_profile_and_plan_carry_the_measured_setting(tmp_path: Path) -> None:
     # A plan without a setting hashes as before the field existed; with one, the setting is part of the hash.
     bare = dataclasses.replace(plan, launch_env={})
     assert "launch_env" not in bare.to_dict() and bare.fingerprint != plan.fingerprint
+
+
+def test_planner_plan_prints_the_setting_for_scripts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import main
+
+    env = {"NCCL_MAX_CTAS": "2", "NCCL_MIN_CTAS": "2"}
+    prof = _line_profile(_f3_run("h200x2_resnet50_F1_F3.json"), (1.08, 1.0), 0.001)
+    path = tmp_path / "p.json"
+    dataclasses.replace(prof, comm=dataclasses.replace(prof.comm, launch_env=env)).save(path)
+    assert main(["plan", "--profile", str(path), "--global-batch", "512", "--print-env"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["export NCCL_MAX_CTAS=2", "export NCCL_MIN_CTAS=2"]
+    assert main(["plan", "--profile", str(path), "--global-batch", "512"]) == 0
+    assert "launch with NCCL_MAX_CTAS=2 NCCL_MIN_CTAS=2" in capsys.readouterr().out
+    prof.save(path)  # nothing measured better: no line at all
+    assert main(["plan", "--profile", str(path), "--global-batch", "512", "--print-env"]) == 0
+    assert capsys.readouterr().out == ""
