@@ -36,10 +36,13 @@ from profiler.compute import StepRunner, TimedSteps
 from profiler.devstate import DeviceStateSampler
 from profiler.loader import LoaderOptions, profile_loader
 from profiler.memory import find_max_batch, memory_profile
+from profiler.parts import Background, Parts
 from profiler.sweep import SweepOptions, SweepPoint, run_sweep
 from workloads.specs import Workload
 
 T = TypeVar("T")
+OVERLAP_FROM_STEP_S = 0.05
+"""A sweep step this long is GPU-bound: from here on the loader measurement may run beside it (profiler.parts)."""
 Progress = Callable[[str], None]
 """Receives one line per phase or measured point ("rank 0 (cpu): compute sweep, batch 16: 12.3 ms")."""
 
@@ -95,6 +98,7 @@ def profile_this_rank(
     loader: LoaderOptions | None = None,
     on_point: Callable[[SweepPoint], None] | None = None,
     progress: Progress | None = None,
+    overlap_loader: bool = True,
 ) -> RankProfile:
     """Measure this rank: compute curve, memory, loader cost, device facts.
 
@@ -116,7 +120,7 @@ def profile_this_rank(
     return measure_rank(
         lambda dev: StepRunner(workload, dev, amp=amp, channels_last=channels_last, slowdown=slowdown), device,
         sweep=sopts, rank=rank, measure_loader=measure_loader_fn if measure_loader else None, on_point=on_point,
-        meta={"emulate_loader_workers": loader_workers_cap}, progress=progress)
+        meta={"emulate_loader_workers": loader_workers_cap}, progress=progress, overlap_loader=overlap_loader)
 
 
 def sweep_options(quick: bool, batch_sizes: Sequence[int] | None, sweep: SweepOptions | None, *,
@@ -140,6 +144,7 @@ def measure_rank(
     on_point: Callable[[SweepPoint], None] | None = None,
     meta: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
+    overlap_loader: bool = True,
 ) -> RankProfile:
     """Sweep ``make_runner(device)``'s training step, find its memory cap, measure the loader: one RankProfile.
 
@@ -154,10 +159,19 @@ def measure_rank(
     layout = host_layout()
 
     who = f"rank {rank} ({dev})"
+    parts = Parts(lambda line: _say(progress, f"{who}: {line}"))
+    # The loader is CPU work: on a CUDA rank it runs beside the sweep once the steps are GPU-bound
+    # (profiler.parts), in its turns with the host's other ranks; elsewhere after the sweep, as before.
+    loader_job = (Background(lambda: in_turn(measure_loader, layout), name=f"loader-rank{rank}")
+                  if measure_loader is not None else None)
+    overlap = overlap_loader and dev.type == "cuda" and loader_job is not None
 
     def point_done(p: SweepPoint) -> None:
         _say(progress, f"{who}: compute sweep, batch {p.batch_size}: {1000 * p.median_s:.1f} ms "
                        f"({len(p.times_s)} steps)")
+        if overlap and loader_job is not None and not loader_job.started and p.median_s >= OVERLAP_FROM_STEP_S:
+            _say(progress, f"{who}: dataloader cost per sample (beside the sweep)")
+            loader_job.start()
         if on_point is not None:
             on_point(p)
 
@@ -167,19 +181,24 @@ def measure_rank(
     # The device's state while it is measured (#17): a GPU sample after each point, host deltas over the sweep.
     states = DeviceStateSampler(dev)
     try:
-        result = run_sweep(runner.measure, sweep, clock=time.perf_counter, on_point=states.chain(point_done))
+        with parts.part("compute sweep"):
+            result = run_sweep(runner.measure, sweep, clock=time.perf_counter, on_point=states.chain(point_done))
         device_state = states.collect()
         if not result.points:
             raise RuntimeError(f"rank {rank}: no batch size ran on {dev} (smallest tried: {result.oom_batch})")
-        if dev.type == "cuda":
+        if overlap and loader_job is not None:
+            loader_job.start()  # the sweep ended before its steps grew long: the memory search still overlaps
+        if dev.type == "cuda" and result.oom_batch is not None:
             _say(progress, f"{who}: searching the largest batch that fits")
-        max_batch = find_max_batch(result, runner.fits) if dev.type == "cuda" else None
+        with parts.part("memory search"):
+            max_batch = find_max_batch(result, runner.fits) if dev.type == "cuda" else None
         num_params, grad_bytes, step_meta = runner.num_params, runner.grad_bytes, runner.meta()
         # Charged once per optimizer step when a rank accumulates (planner/_accumulation.py); batch-independent.
         # Timed alone it can read above a whole small step (clock noise on microsecond steps): never more than
         # half of the smallest measured step, which it is part of.
-        optimizer_s = min(runner.optimizer_step_s(result.points[0].batch_size),
-                          0.5 * min(p.median_s for p in result.points))
+        with parts.part("optimizer step"):
+            optimizer_s = min(runner.optimizer_step_s(result.points[0].batch_size),
+                              0.5 * min(p.median_s for p in result.points))
     finally:
         states.close()
         runner.close()
@@ -187,9 +206,15 @@ def measure_rank(
 
     loader_meta: dict[str, Any] = {}
     loader_profile = None
-    if measure_loader is not None:
-        _say(progress, f"{who}: dataloader cost per sample")
-        loader_profile, loader_meta = in_turn(measure_loader, layout)
+    if loader_job is not None:
+        if not loader_job.started:
+            _say(progress, f"{who}: dataloader cost per sample")
+        waited = time.perf_counter()
+        loader_profile, loader_meta = loader_job.result()  # joined before any other collective
+        # Its own seconds; the wait after the sweep is what it added to the profile's wall time.
+        parts.add("loader" + (" (beside the sweep)" if overlap else ""), loader_job.elapsed_s)
+        if overlap:
+            parts.seconds["loader wait after sweep"] = round(time.perf_counter() - waited, 3)
 
     name, facts = inventory.device_facts(dev)
     info: dict[str, Any] = {
@@ -207,6 +232,7 @@ def measure_rank(
         "sweep_repeats": [len(p.times_s) for p in result.points],
         "fit_max_rel_residual": round(result.fit_residual() or 0.0, 4),
         "compute_profile_s": round(compute_s, 3),
+        "profile_parts_s": dict(parts.seconds),
         "ranks_on_host": layout[1],
         "hostname": inventory.machine_name(),
     }
@@ -255,9 +281,16 @@ def gather_ranks(rank_profile: RankProfile, *, model_name: str, make_runner: Cal
     grad_bytes = int(rank_profile.meta.get("grad_bytes") or 0)
     ranks = [RankProfile.from_dict(g["rank"], path=f"rank {i}'s profile") for i, g in enumerate(gathered)]
     hosts = [HostProfile.from_dict(g["host"], path=f"rank {i}'s host") for i, g in enumerate(gathered)]
+    t0 = time.perf_counter()
     comm, comm_meta = _measure_comm(grad_bytes, ranks, make_runner, comm_repeats, progress)
+    comm_s = time.perf_counter() - t0
     if dist.get_rank() != 0:
         return None
+    # The budget per part (issue 16): rank 0's parts, the slowest rank's sweep, and the communication.
+    mine = dict(rank_profile.meta.get("profile_parts_s") or {})
+    _say(progress, "profile parts (rank 0): " + ", ".join(f"{k} {v:.1f} s" for k, v in mine.items())
+         + f"; all-reduce and DDP cost {comm_s:.1f} s")
+    comm_meta = {**comm_meta, "comm_profile_s": round(comm_s, 3)}
     return assemble_profile(ranks, hosts, model_name, comm, {**(meta or {}), **comm_meta})
 
 

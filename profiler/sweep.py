@@ -14,6 +14,9 @@ profiler.compute, or a fake in tests) and a ``clock() -> seconds`` (time.perf_co
     ``min_points`` are in, when the next point (predicted as linear in the batch) would overrun
     ``total_budget_s``; a device so slow that it stops before ``min_points`` gets smaller batches instead
     (start/2, start/4, ..), which cost less than the points already taken;
+  * (issue 16, to profile faster) a point's repeats stop early once ``min_repeats`` agree within
+    ``spread_stop``, and the series stops growing once its last points are linear within ``linear_stop_tol``
+    (``SweepOptions.thorough()`` turns both off);
   * then suspects are re-measured: a point slower than the next larger batch, or more than ``suspect_tol`` above
     the chord of its neighbours (a concave bump).  Interference from other processes only ever slows a step,
     so of the two medians the lower one is kept.  This repairs the few points a busy host spoils without
@@ -74,6 +77,16 @@ class SweepOptions:
     min_points: int = 3
     min_batch: int = 1
     """Smallest batch the slow-device extension may try (2 for BatchNorm models: batch 1 cannot normalize)."""
+    linear_stop_tol: float | None = 0.03
+    """Stop growing once the last ``linear_points`` points lie on one line within this relative distance, with
+    repeats that agree as closely and an intercept under a quarter of the last step: the device is compute-bound
+    there and further points only extend the line the planner extrapolates anyway (issue 16: profile faster).
+    None: grow until the series end, the budget, the step limit or out of memory (the pre-#16 sweep)."""
+    linear_points: int = 4
+    """Points that must be collinear (with midpoints: a factor 3 of batch, e.g. 128..384)."""
+    spread_stop: float | None = 0.02
+    """Stop a point's repeats once ``min_repeats`` steps agree within this relative spread ((max - min) / median);
+    None: always the repeats ``point_budget_s`` asks for (the pre-#16 sweep)."""
     suspect_tol: float = 0.25
     """Relative excess over the neighbours' chord (or over the next batch) that triggers a re-measurement."""
     remeasure_rounds: int = 2
@@ -88,6 +101,13 @@ class SweepOptions:
             )
         if not 1 <= self.min_repeats <= self.max_repeats:
             raise ValidationError(f"sweep: need 1 <= min_repeats <= max_repeats, got {self.min_repeats}, {self.max_repeats}")
+
+    @classmethod
+    def thorough(cls, **overrides: object) -> SweepOptions:
+        """The pre-#16 sweep: every point's full repeats, growing until budget/limit/memory (for comparison)."""
+        base: dict[str, object] = dict(linear_stop_tol=None, spread_stop=None)
+        base.update(overrides)
+        return cls(**base)  # type: ignore[arg-type]
 
     @classmethod
     def quick(cls, **overrides: object) -> SweepOptions:
@@ -121,7 +141,7 @@ class SweepPoint:
 class SweepResult:
     points: tuple[SweepPoint, ...]
     stop_reason: str
-    """"series end" | "does not fit" | "step limit" | "time budget"."""
+    """"series end" | "does not fit" | "step limit" | "time budget" | "linear"."""
     oom_batch: int | None = None
     """Smallest batch seen not to fit (None when none failed)."""
     elapsed_s: float = 0.0
@@ -192,17 +212,30 @@ def run_sweep(measure: Measure, opts: SweepOptions, *, clock: Callable[[], float
         try:
             probe = measure(b, opts.warmup, 1)
             n = repeats_for(probe.times_s[0], opts)
-            rest = measure(b, 0, n - 1) if n > 1 else Measurement(times_s=())
+            parts = [probe]
+            if opts.spread_stop is not None and n > opts.min_repeats:
+                # Enough steps to judge the noise first; the rest only where they disagree.
+                parts.append(measure(b, 0, opts.min_repeats - 1))
+                times = [t for m in parts for t in m.times_s]
+                if (max(times) - min(times)) / statistics.median(times) > opts.spread_stop:
+                    parts.append(measure(b, 0, n - opts.min_repeats))
+            elif n > 1:
+                parts.append(measure(b, 0, n - 1))
         except DoesNotFit:
             reason, oom = "does not fit", b
             break
-        peaks = [p for p in (probe.peak_bytes, rest.peak_bytes) if p is not None]
-        point = SweepPoint(batch_size=b, times_s=probe.times_s + rest.times_s, peak_bytes=max(peaks) if peaks else None)
+        peaks = [m.peak_bytes for m in parts if m.peak_bytes is not None]
+        point = SweepPoint(batch_size=b, times_s=tuple(t for m in parts for t in m.times_s),
+                           peak_bytes=max(peaks) if peaks else None)
         points.append(point)
         if on_point is not None:
             on_point(point)
         if not explicit and point.median_s > opts.step_limit_s:
             reason = "step limit"
+            break
+        if not explicit and opts.linear_stop_tol is not None and linear_tail(points, opts.linear_stop_tol,
+                                                                              opts.linear_points):
+            reason = "linear"
             break
     if not explicit and points and len(points) < opts.min_points and reason in ("step limit", "time budget"):
         # A slow device hit the limit early: smaller batches are cheaper and still pin the curve's shape.
@@ -218,6 +251,23 @@ def run_sweep(measure: Measure, opts: SweepOptions, *, clock: Callable[[], float
             b //= opts.growth
     points = remeasure_suspects(measure, points, opts)
     return SweepResult(points=tuple(points), stop_reason=reason, oom_batch=oom, elapsed_s=clock() - t0)
+
+
+def linear_tail(points: list[SweepPoint], tol: float, n: int = 4) -> bool:
+    """True when the last n points are compute-bound and linear: each within `tol` of the line through the first
+    and last of them, their repeats within `tol` too, and that line's intercept in [-10%, 25%] of the last step."""
+    if n < 3 or len(points) < n:
+        return False
+    tail = points[-n:]
+    (b0, t0), (b1, t1) = (tail[0].batch_size, tail[0].median_s), (tail[-1].batch_size, tail[-1].median_s)
+    if b1 <= b0 or t1 <= 0:
+        return False
+    slope = (t1 - t0) / (b1 - b0)
+    intercept = t0 - slope * b0
+    if not -0.1 * t1 <= intercept <= 0.25 * t1:
+        return False
+    return all(abs(p.median_s - (intercept + slope * p.batch_size)) <= tol * p.median_s and p.spread <= tol
+               for p in tail)
 
 
 def suspects(points: list[SweepPoint], tol: float) -> list[int]:
