@@ -38,13 +38,23 @@ def common_batch(ranks: Sequence[RankProfile]) -> int:
     return min(int(statistics.median_low([p.batch_size for p in r.compute])) for r in ranks)
 
 
+def safe_batch(rank: RankProfile) -> int:
+    """The largest measured batch of a rank that leaves room for DDP's buckets: its largest, or the one below
+    when the sweep stopped at a batch that did not fit (the largest then sits just under the memory limit)."""
+    sizes = sorted(p.batch_size for p in rank.compute)
+    if rank.meta.get("sweep_stop") == "does not fit" and len(sizes) > 1:
+        return sizes[-2]
+    return sizes[-1]
+
+
 def balanced_batches(ranks: Sequence[RankProfile], *, min_batch: int = 1) -> list[int]:
-    """The balanced split of W * common_batch, each rank at most its largest measured batch (known to fit)."""
-    b = common_batch(ranks)
+    """The balanced split of W times the largest batch every rank ran safely: a plan's regime (the wait a fast
+    rank sees is a share of its SMs, small while a small batch leaves the GPU half idle), never a batch beyond
+    what the rank was seen to run."""
+    caps = [safe_batch(r) for r in ranks]
     curves = [fit_envelope(r.compute) for r in ranks]
-    caps = [max(p.batch_size for p in r.compute) for r in ranks]
-    total = min(len(ranks) * b, sum(caps))
-    return balanced_split(curves, total, min_batch=min(min_batch, b), caps=caps)
+    total = len(ranks) * min(caps)
+    return balanced_split(curves, total, min_batch=min(min_batch, min(caps)), caps=caps)
 
 
 class _Marks:

@@ -3,6 +3,8 @@ balanced split, the same on every rank; profiler.comm's launch variants are NCCL
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch.distributed as dist
 
@@ -16,14 +18,16 @@ from workloads.specs import build_workload
 def _rank(rank: int, times_ms: list[float]) -> RankProfile:
     return RankProfile(rank=rank, host="h", device="cpu",
                        compute=tuple(ComputePoint(batch_size=b, step_time_s=t / 1000)
-                                     for b, t in zip([8, 16, 32], times_ms, strict=True)))
+                                     for b, t in zip([8, 16, 32, 64], times_ms)))
 
 
 def test_balanced_batches_give_the_slow_rank_less_and_stay_within_measured_sizes() -> None:
-    ranks = [_rank(0, [2, 3, 5]), _rank(1, [6, 9, 15])]  # rank 1: 3x slower
+    ranks = [_rank(0, [2, 3, 5, 9]), _rank(1, [6, 9, 15])]  # rank 1: 3x slower, its sweep stopped at 32
     assert common_batch(ranks) == 16
     b = balanced_batches(ranks)
-    assert sum(b) == 32 and b[0] > 2 * b[1] and max(b) <= 32
+    assert sum(b) == 64 and b[0] > 2 * b[1] and max(b) <= 64  # W x the largest batch both ran, within each's
+    near_oom = dataclasses.replace(ranks[0], meta={"sweep_stop": "does not fit"})
+    assert balanced_batches([near_oom, ranks[1]])[0] == 32  # the batch under the memory limit is not used
 
 
 def _worker(rank: int, world: int, slowdowns: list[float]) -> None:
@@ -34,7 +38,8 @@ def _worker(rank: int, world: int, slowdowns: list[float]) -> None:
 
     # Standalone curves as a profile would hold them: measured here, same runner.
     r = make_runner()
-    pts = tuple(ComputePoint(batch_size=b, step_time_s=sorted(r.measure(b, 1, 5).times_s)[2]) for b in (8, 16, 32))
+    sizes = (8, 16, 32, 64) if rank == 0 else (8, 16, 32)  # the fast rank's sweep ran further
+    pts = tuple(ComputePoint(batch_size=b, step_time_s=sorted(r.measure(b, 1, 5).times_s)[2]) for b in sizes)
     r.close()
     mine = RankProfile(rank=rank, host="h", device="cpu", compute=pts)
     from collectives import all_gather_json
@@ -43,7 +48,8 @@ def _worker(rank: int, world: int, slowdowns: list[float]) -> None:
     cost = measure_ddp_cost(make_runner, ranks, rounds=2, repeats=2)
     got = all_gather_json([cost.exposed_s, list(cost.wait_factors), list(cost.balanced.batch_sizes)])
     assert all(g == got[0] for g in got), got  # every rank holds the same numbers
-    assert cost.equal.batch_sizes == (16, 16) and sum(cost.balanced.batch_sizes) == 32
+    assert cost.equal.batch_sizes == (16, 16) and sum(cost.balanced.batch_sizes) == 64
+    assert cost.balanced.batch_sizes[1] <= 32 and cost.balanced.batch_sizes[0] <= 64
     assert cost.exposed_s >= 0 and len(cost.exposed_rounds_s) == 2
     assert len(cost.wait_factors) == world and all(1.0 <= f <= 2.0 for f in cost.wait_factors)
     assert all(c > 0 for c in cost.balanced.compute_s) and cost.predicted_balanced_s > 0
