@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     meta = {k: v for k, v in meta.items() if v is not None}
     common: dict[str, Any] = dict(quick=args.quick, batch_sizes=batch_sizes, amp=args.amp,
                                   channels_last=channels_last, measure_loader=not args.no_loader, sweep=sweep,
-                                  overlap_loader=not args.thorough)
+                                  overlap_loader=False if args.thorough else None)
 
     # Rank 0 only (under torchrun): one line per phase and point, a heartbeat while a phase runs long.
     rank = int(os.environ.get("RANK", "0"))

@@ -98,7 +98,7 @@ def profile_this_rank(
     loader: LoaderOptions | None = None,
     on_point: Callable[[SweepPoint], None] | None = None,
     progress: Progress | None = None,
-    overlap_loader: bool = True,
+    overlap_loader: bool | None = None,
 ) -> RankProfile:
     """Measure this rank: compute curve, memory, loader cost, device facts.
 
@@ -144,11 +144,12 @@ def measure_rank(
     on_point: Callable[[SweepPoint], None] | None = None,
     meta: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
-    overlap_loader: bool = True,
+    overlap_loader: bool | None = None,
 ) -> RankProfile:
     """Sweep ``make_runner(device)``'s training step, find its memory cap, measure the loader: one RankProfile.
 
     The one measuring path of `planner profile` (a workload's step) and profiler.api (a user's own step).
+    ``overlap_loader``: measure the loader beside the sweep (profiler.parts); None = on CUDA ranks only.
     Collective under torch.distributed: the loader is measured one local rank at a time.
     """
     dev = torch.device(device)
@@ -164,7 +165,8 @@ def measure_rank(
     # (profiler.parts), in its turns with the host's other ranks; elsewhere after the sweep, as before.
     loader_job = (Background(lambda: in_turn(measure_loader, layout), name=f"loader-rank{rank}")
                   if measure_loader is not None else None)
-    overlap = overlap_loader and dev.type == "cuda" and loader_job is not None
+    # None: beside the sweep on a CUDA rank only (a CPU sweep would compete with it for the cores).
+    overlap = (dev.type == "cuda" if overlap_loader is None else overlap_loader) and loader_job is not None
 
     def point_done(p: SweepPoint) -> None:
         _say(progress, f"{who}: compute sweep, batch {p.batch_size}: {1000 * p.median_s:.1f} ms "

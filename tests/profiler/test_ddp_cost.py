@@ -67,3 +67,34 @@ def test_nccl_group_for_refuses_what_it_cannot_set() -> None:
     from profiler.comm import nccl_group_for
 
     assert nccl_group_for({"NCCL_ALGO": "ring"}) is None  # not a per-communicator CTA setting: never tried
+
+
+def _overlap_worker(rank: int, world: int) -> None:
+    import time
+
+    from planner.profile import LoaderProfile
+    from profiler.run import measure_rank
+    from profiler.sweep import SweepOptions
+
+    workload = build_workload("mlp", "fake")
+    seen: list[str] = []
+
+    def loader() -> tuple[LoaderProfile, dict[str, float]]:
+        seen.append("loader")
+        time.sleep(0.2)  # the loader's own work, in its turn with the other rank (barriers in the thread)
+        return LoaderProfile(sec_per_sample=0.001), {"loader_cpu_sec_per_sample": 0.001}
+
+    # Forced beside the sweep on CPU: the loader's turns run in a thread while the sweep runs here.
+    rp = measure_rank(lambda dev: StepRunner(workload, dev), "cpu", sweep=SweepOptions.quick(total_budget_s=1.0),
+                      measure_loader=loader, overlap_loader=True)
+    parts = rp.meta["profile_parts_s"]
+    assert seen == ["loader"] and rp.loader is not None and rp.loader.sec_per_sample == 0.001
+    assert {"compute sweep", "memory search", "optimizer step", "loader (beside the sweep)"} <= set(parts)
+    from collectives import all_gather_json
+
+    assert all_gather_json(rank) == list(range(world))  # the collectives after it still line up
+
+
+@pytest.mark.distributed
+def test_loader_beside_the_sweep_keeps_the_collectives_in_order() -> None:
+    run_distributed(_overlap_worker, 2, timeout_s=120)
