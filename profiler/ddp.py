@@ -48,13 +48,16 @@ def safe_batch(rank: RankProfile) -> int:
 
 
 def balanced_batches(ranks: Sequence[RankProfile], *, min_batch: int = 1) -> list[int]:
-    """The balanced split of W times the largest batch every rank ran safely: a plan's regime (the wait a fast
-    rank sees is a share of its SMs, small while a small batch leaves the GPU half idle), never a batch beyond
-    what the rank was seen to run."""
+    """The largest balanced split within what every rank ran safely: the common time T = min_i t_i(cap_i), at
+    which the first rank reaches its largest safe batch, and each rank's batch at T.  A plan's regime (the wait
+    a fast rank sees is a share of its SMs, small while a small batch leaves the GPU half idle), never a batch
+    beyond what the rank was seen to run."""
     caps = [safe_batch(r) for r in ranks]
     curves = [fit_envelope(r.compute) for r in ranks]
-    total = len(ranks) * min(caps)
-    return balanced_split(curves, total, min_batch=min(min_batch, min(caps)), caps=caps)
+    t = min(c(cap) for c, cap in zip(curves, caps, strict=True))
+    lo = min(min_batch, min(caps))
+    total = sum(max(lo, min(cap, int(c.max_batch_within(t)))) for c, cap in zip(curves, caps, strict=True))
+    return balanced_split(curves, total, min_batch=lo, caps=caps)
 
 
 class _Marks:

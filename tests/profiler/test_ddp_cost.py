@@ -24,10 +24,11 @@ def _rank(rank: int, times_ms: list[float]) -> RankProfile:
 def test_balanced_batches_give_the_slow_rank_less_and_stay_within_measured_sizes() -> None:
     ranks = [_rank(0, [2, 3, 5, 9]), _rank(1, [6, 9, 15])]  # rank 1: 3x slower, its sweep stopped at 32
     assert common_batch(ranks) == 16
-    b = balanced_batches(ranks)
-    assert sum(b) == 64 and b[0] > 2 * b[1] and max(b) <= 64  # W x the largest batch both ran, within each's
+    # The fast rank reaches its largest batch (64, 9 ms) first; the slow one runs as long at 15 (8.6 ms).
+    assert balanced_batches(ranks) == [64, 15]
     near_oom = dataclasses.replace(ranks[0], meta={"sweep_stop": "does not fit"})
     assert balanced_batches([near_oom, ranks[1]])[0] == 32  # the batch under the memory limit is not used
+    assert balanced_batches([ranks[0], ranks[0]]) == [64, 64]  # equal ranks: the equal split
 
 
 def _worker(rank: int, world: int, slowdowns: list[float]) -> None:
@@ -48,7 +49,7 @@ def _worker(rank: int, world: int, slowdowns: list[float]) -> None:
     cost = measure_ddp_cost(make_runner, ranks, rounds=2, repeats=2)
     got = all_gather_json([cost.exposed_s, list(cost.wait_factors), list(cost.balanced.batch_sizes)])
     assert all(g == got[0] for g in got), got  # every rank holds the same numbers
-    assert cost.equal.batch_sizes == (16, 16) and sum(cost.balanced.batch_sizes) == 64
+    assert cost.equal.batch_sizes == (16, 16)
     assert cost.balanced.batch_sizes[1] <= 32 and cost.balanced.batch_sizes[0] <= 64
     assert cost.exposed_s >= 0 and len(cost.exposed_rounds_s) == 2
     assert len(cost.wait_factors) == world and all(1.0 <= f <= 2.0 for f in cost.wait_factors)
