@@ -195,15 +195,26 @@ class DDPCost:
     predicted_balanced_s: float
     """max_i f_i t_i(b_i) + exposed at the balanced split: the model's check against balanced.step_s."""
 
+    @property
+    def some_rank_waits(self) -> bool:
+        """A rank's factor stands above the least one's (snapped to it within noise): peers make it wait."""
+        return max(self.wait_factors) > min(self.wait_factors)
+
+    def cost_s(self, *, warmup: int, rounds: int, repeats: int) -> float:
+        """Seconds the same two splits take again with these counts (the same on every rank: slowest steps)."""
+        per_step = statistics.median(self.equal.step_s) + statistics.median(self.balanced.step_s)
+        return per_step * (warmup + rounds * repeats)
+
 
 def measure_ddp_cost(make_runner: Callable[[], TimedSteps], ranks: Sequence[RankProfile], *, group: Any = None,
-                     min_batch: int = 1, rounds: int = 3, repeats: int = 4) -> DDPCost:
+                     min_batch: int = 1, warmup: int = 2, rounds: int = 3, repeats: int = 4) -> DDPCost:
     """Collective over `group`: exposed communication and wait factors from DDP steps at the equal and the
     balanced split; the same result on every rank."""
     b = common_batch(ranks)
     equal = [b] * len(ranks)
     bal = balanced_batches(ranks, min_batch=min_batch)
-    eq_r, bal_r = measure_splits(make_runner, [equal, bal], group=group, rounds=rounds, repeats=repeats)
+    eq_r, bal_r = measure_splits(make_runner, [equal, bal], group=group, warmup=warmup, rounds=rounds,
+                                 repeats=repeats)
     curves = [fit_envelope(r.compute) for r in ranks]
     # Alone, the marked part of a step is all of it but the optimizer step (it runs after the last bucket).
     alone = [max(1e-9, c(bi) - (r.optimizer_step_s or 0.0)) for c, bi, r in zip(curves, bal, ranks, strict=True)]

@@ -41,6 +41,10 @@ from profiler.sweep import SweepOptions, SweepPoint, run_sweep
 from workloads.specs import Workload
 
 T = TypeVar("T")
+VARIANT_COUNTS = {"warmup": 1, "rounds": 2, "repeats": 3}
+"""DDP steps per split for a launch variant: fewer than the default's, enough for a median and a spread."""
+VARIANT_MAX_S = 5.0
+"""A launch variant is timed only if its steps are predicted to take less than this (issue 16: only if cheap)."""
 OVERLAP_FROM_STEP_S = 0.05
 """A sweep step this long is GPU-bound: from here on the loader measurement may run beside it (profiler.parts)."""
 Progress = Callable[[str], None]
@@ -317,19 +321,27 @@ def _measure_comm(grad_bytes: int, ranks: list[RankProfile], make_runner: Callab
         _say(progress, f"all-reduce of {grad_bytes / 2**20:.1f} MiB of gradient ({repeats} repeats)")
         comm = measure_allreduce(grad_bytes, repeats=repeats, group=group)
         cost: DDPCost | None = None
+        variant_note = "not timed"
         variants: dict[str, tuple[dict[str, str], DDPCost]] = {}
         if make_runner is not None:
             _say(progress, "DDP cost: 3 rounds of DDP steps at the equal and the balanced split")
             try:
                 cost = measure_ddp_cost(make_runner, ranks, group=group, min_batch=min_batch)
-                for env in NCCL_CTA_VARIANTS if nccl else ():
+                # A launch variant is timed only on NCCL, only where a rank waits for its peers (what fewer CTAs
+                # can help), and only when it is cheap; the test reads numbers every rank holds alike.
+                vcost = cost.cost_s(**VARIANT_COUNTS)
+                why_not = ("not NCCL" if not nccl else "no rank waits for its peers" if not cost.some_rank_waits
+                           else f"would take {vcost:.1f} s > {VARIANT_MAX_S:g} s" if vcost > VARIANT_MAX_S else None)
+                variant_note = why_not or "timed"
+                for env in NCCL_CTA_VARIANTS if why_not is None else ():
                     name = " ".join(f"{k}={v}" for k, v in sorted(env.items()))
                     vgroup = nccl_group_for(env)
                     if vgroup is None:
                         continue
                     _say(progress, f"DDP cost under {name}")
                     try:
-                        variants[name] = (env, measure_ddp_cost(make_runner, ranks, group=vgroup, min_batch=min_batch))
+                        variants[name] = (env, measure_ddp_cost(make_runner, ranks, group=vgroup, min_batch=min_batch,
+                                                                **VARIANT_COUNTS))
                     finally:
                         dist.destroy_process_group(vgroup)
             except Exception as e:
@@ -343,7 +355,8 @@ def _measure_comm(grad_bytes: int, ranks: list[RankProfile], make_runner: Callab
         if ok.item() <= 0 or cost is None:
             return dataclasses.replace(comm, exposed_s=None), {}
         meta: dict[str, Any] = {"ddp_overhead_rounds_s": [round(x, 6) for x in cost.exposed_rounds_s],
-                                "ddp_overhead_batch": cost.equal.batch_sizes[0], **_cost_meta("default", cost)}
+                                "ddp_overhead_batch": cost.equal.batch_sizes[0], "launch_variants": variant_note,
+                                **_cost_meta("default", cost)}
         picked = choose_launch_env(
             (cost.balanced.step_s, cost.equal.step_s),
             {n: (env, c.balanced.step_s, c.equal.step_s) for n, (env, c) in variants.items()})

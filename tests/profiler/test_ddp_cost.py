@@ -99,3 +99,15 @@ def _overlap_worker(rank: int, world: int) -> None:
 @pytest.mark.distributed
 def test_loader_beside_the_sweep_keeps_the_collectives_in_order() -> None:
     run_distributed(_overlap_worker, 2, timeout_s=120)
+
+
+def test_a_launch_variant_is_timed_only_where_a_rank_waits_and_cheaply() -> None:
+    from profiler.ddp import DDPCost, SplitRounds
+
+    eq = SplitRounds(batch_sizes=(16, 16), step_s=(0.16, 0.17, 0.16), compute_s=(0.05, 0.15), compute_spread=0.01)
+    bal = SplitRounds(batch_sizes=(24, 8), step_s=(0.09, 0.09, 0.10), compute_s=(0.088, 0.081), compute_spread=0.01)
+    waiting = DDPCost(exposed_s=0.001, exposed_rounds_s=(0.001,) * 3, wait_factors=(1.08, 1.0), equal=eq,
+                      balanced=bal, predicted_balanced_s=0.09)
+    assert waiting.some_rank_waits
+    assert waiting.cost_s(warmup=1, rounds=2, repeats=3) == pytest.approx((0.16 + 0.09) * 7)
+    assert not dataclasses.replace(waiting, wait_factors=(1.02, 1.02)).some_rank_waits
