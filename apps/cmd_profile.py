@@ -123,7 +123,10 @@ def run(args: argparse.Namespace) -> int:
     meta = {k: v for k, v in meta.items() if v is not None}
     common: dict[str, Any] = dict(quick=args.quick, batch_sizes=batch_sizes, amp=args.amp,
                                   channels_last=channels_last, measure_loader=not args.no_loader, sweep=sweep,
-                                  overlap_loader=False if args.thorough else None)
+                                  overlap_loader=False if args.thorough else None,
+                                  # Every rank runs the same pipeline unless --emulate-loader caps some: then one
+                                  # measurement per host serves all of them (the same flag on every rank).
+                                  loader_per_host=not loader_caps and not args.thorough)
 
     # Rank 0 only (under torchrun): one line per phase and point, a heartbeat while a phase runs long.
     rank = int(os.environ.get("RANK", "0"))
@@ -208,4 +211,11 @@ def format_profile(profile: Profile) -> str:
                      if isinstance(rounds, list) and len(rounds) > 1 else "")
             lines.append(f"DDP overhead per step, measured (all-reduce tail + DDP's own work): "
                          f"{1000 * profile.comm.exposed_s:.2f} ms{shown}")
+        if profile.comm.wait_factors is not None:
+            # planner.comm_model: a rank's compute under DDP at a balanced split over its compute alone.
+            lines.append("compute under DDP / alone, by rank (all-reduce kernels waiting for later peers): "
+                         + ", ".join(f"{f:.3f}" for f in profile.comm.wait_factors))
+        if profile.comm.launch_env:
+            lines.append("launch setting measured faster than NCCL's default (recorded; `planner train` applies it): "
+                         + " ".join(f"{k}={v}" for k, v in sorted(profile.comm.launch_env.items())))
     return "\n".join([*out, "", *lines])

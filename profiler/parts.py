@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -84,5 +84,4 @@ class Background(Generic[T]):
         self._thread.join()
         if self._error is not None:
             raise self._error
-        assert self._result is not None
-        return self._result
+        return cast(T, self._result)  # set by _run: fn returned (T may itself allow None)

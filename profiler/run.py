@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from collectives import all_gather_json
 from planner import __version__
-from planner.profile import CommProfile, HostProfile, LoaderProfile, ModelInfo, Profile, RankProfile
+from planner.profile import CommProfile, ComputePoint, HostProfile, LoaderProfile, ModelInfo, Profile, RankProfile
 from profiler import inventory
 from profiler.compute import StepRunner, TimedSteps
 from profiler.devstate import DeviceStateSampler
@@ -86,6 +86,26 @@ def in_turn(fn: Callable[[], T], layout: tuple[int, int, int]) -> T:
     return result
 
 
+def _nothing() -> None:
+    return None
+
+
+def _share_loader(mine: tuple[LoaderProfile, dict[str, Any]] | None) -> tuple[LoaderProfile, dict[str, Any]]:
+    """Collective: the loader numbers of this host's measuring rank (the lowest rank of the host that has some)."""
+    # A LoaderProfile travels inside a minimal RankProfile: its JSON form and its checks, no second codec.
+    carrier = None if mine is None else RankProfile(rank=0, host="-", device="-", loader=mine[0],
+                                                     compute=(ComputePoint(batch_size=1, step_time_s=1.0),))
+    entry = None if mine is None or carrier is None else {"rank": carrier.to_dict(), "meta": mine[1]}
+    host = inventory.host_name()
+    gathered = all_gather_json({"host": host, "measured": entry})
+    for r, g in enumerate(gathered):
+        if g["host"] == host and g["measured"] is not None:
+            lp = RankProfile.from_dict(g["measured"]["rank"], path=f"rank {r}'s loader").loader
+            assert lp is not None
+            return lp, {**g["measured"]["meta"], "loader_measured_by_rank": r}
+    raise RuntimeError(f"no rank on host {host} measured the dataloader")
+
+
 def profile_this_rank(
     workload: Workload,
     device: torch.device | str,
@@ -103,11 +123,13 @@ def profile_this_rank(
     on_point: Callable[[SweepPoint], None] | None = None,
     progress: Progress | None = None,
     overlap_loader: bool | None = None,
+    loader_per_host: bool = False,
 ) -> RankProfile:
     """Measure this rank: compute curve, memory, loader cost, device facts.
 
-    Collective when torch.distributed is initialized with several ranks (the loader is measured in turns), so
-    every rank must call it.  ``slowdown`` emulates a slower device (workloads.emulate.Slowdown) exactly as the
+    Collective when torch.distributed is initialized with several ranks (the loader is measured in turns, or
+    with ``loader_per_host`` once per host), so every rank must call it with the same ``loader_per_host`` --
+    which only a job without per-rank loader caps may set (one measurement then serves every rank's pipeline).  ``slowdown`` emulates a slower device (workloads.emulate.Slowdown) exactly as the
     trainer applies it; ``loader_workers_cap`` is recorded and bounds the loader scaling run.
     """
     sopts = sweep_options(quick, batch_sizes, sweep, min_batch=2 if workload.has_batchnorm else 1)
@@ -124,7 +146,8 @@ def profile_this_rank(
     return measure_rank(
         lambda dev: StepRunner(workload, dev, amp=amp, channels_last=channels_last, slowdown=slowdown), device,
         sweep=sopts, rank=rank, measure_loader=measure_loader_fn if measure_loader else None, on_point=on_point,
-        meta={"emulate_loader_workers": loader_workers_cap}, progress=progress, overlap_loader=overlap_loader)
+        meta={"emulate_loader_workers": loader_workers_cap}, progress=progress, overlap_loader=overlap_loader,
+        loader_per_host=loader_per_host)
 
 
 def sweep_options(quick: bool, batch_sizes: Sequence[int] | None, sweep: SweepOptions | None, *,
@@ -149,11 +172,14 @@ def measure_rank(
     meta: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
     overlap_loader: bool | None = None,
+    loader_per_host: bool = False,
 ) -> RankProfile:
     """Sweep ``make_runner(device)``'s training step, find its memory cap, measure the loader: one RankProfile.
 
     The one measuring path of `planner profile` (a workload's step) and profiler.api (a user's own step).
     ``overlap_loader``: measure the loader beside the sweep (profiler.parts); None = on CUDA ranks only.
+    ``loader_per_host``: one rank per host measures the loader and shares it (every rank must pass the same: it
+    changes the collectives); else every rank measures in its turn.
     Collective under torch.distributed: the loader is measured one local rank at a time.
     """
     dev = torch.device(device)
@@ -167,9 +193,18 @@ def measure_rank(
     parts = Parts(lambda line: _say(progress, f"{who}: {line}"))
     # The loader is CPU work: on a CUDA rank it runs beside the sweep once the steps are GPU-bound
     # (profiler.parts), in its turns with the host's other ranks; elsewhere after the sweep, as before.
-    loader_job = (Background(lambda: in_turn(measure_loader, layout), name=f"loader-rank{rank}")
-                  if measure_loader is not None else None)
-    # None: beside the sweep on a CUDA rank only (a CPU sweep would compete with it for the cores).
+    # One local rank per host may measure the host's pipeline for all of them (loader_per_host): the others take
+    # its numbers after the join (_share_loader), with no turns and no barriers in the thread.
+    per_host = measure_loader is not None and loader_per_host and _dist_on()
+    loader_job: Background[tuple[LoaderProfile, dict[str, Any]] | None] | None = None
+    if measure_loader is not None:
+        measure = measure_loader
+        job_fn: Callable[[], tuple[LoaderProfile, dict[str, Any]] | None]
+        if per_host:
+            job_fn = measure if layout[0] == 0 else _nothing
+        else:
+            job_fn = lambda: in_turn(measure, layout)  # noqa: E731 -- one line, the thread's whole job
+        loader_job = Background(job_fn, name=f"loader-rank{rank}")
     overlap = (dev.type == "cuda" if overlap_loader is None else overlap_loader) and loader_job is not None
 
     def point_done(p: SweepPoint) -> None:
@@ -216,7 +251,11 @@ def measure_rank(
         if not loader_job.started:
             _say(progress, f"{who}: dataloader cost per sample")
         waited = time.perf_counter()
-        loader_profile, loader_meta = loader_job.result()  # joined before any other collective
+        got = loader_job.result()  # joined before any other collective
+        if per_host:
+            got = _share_loader(got)
+        assert got is not None
+        loader_profile, loader_meta = got
         # Its own seconds; the wait after the sweep is what it added to the profile's wall time.
         parts.add("loader" + (" (beside the sweep)" if overlap else ""), loader_job.elapsed_s)
         if overlap:

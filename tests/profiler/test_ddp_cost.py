@@ -111,3 +111,28 @@ def test_a_launch_variant_is_timed_only_where_a_rank_waits_and_cheaply() -> None
     assert waiting.some_rank_waits
     assert waiting.cost_s(warmup=1, rounds=2, repeats=3) == pytest.approx((0.16 + 0.09) * 7)
     assert not dataclasses.replace(waiting, wait_factors=(1.02, 1.02)).some_rank_waits
+
+
+def _per_host_worker(rank: int, world: int) -> None:
+    from planner.profile import LoaderProfile
+    from profiler.run import measure_rank
+    from profiler.sweep import SweepOptions
+
+    workload = build_workload("mlp", "fake")
+    ran: list[int] = []
+
+    def loader() -> tuple[LoaderProfile, dict[str, float]]:
+        ran.append(rank)
+        return LoaderProfile(sec_per_sample=0.001 * (rank + 1)), {"loader_cpu_sec_per_sample": 0.001}
+
+    rp = measure_rank(lambda dev: StepRunner(workload, dev), "cpu", sweep=SweepOptions.quick(total_budget_s=0.5),
+                      measure_loader=loader, overlap_loader=True, loader_per_host=True)
+    # Both ranks share one host: rank 0 measured it once, rank 1 holds rank 0's numbers.
+    assert ran == ([0] if rank == 0 else [])
+    assert rp.loader is not None and rp.loader.sec_per_sample == 0.001
+    assert rp.meta["loader_measured_by_rank"] == 0
+
+
+@pytest.mark.distributed
+def test_one_loader_measurement_per_host_serves_every_rank() -> None:
+    run_distributed(_per_host_worker, 2, timeout_s=120)
