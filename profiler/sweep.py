@@ -14,7 +14,8 @@ profiler.compute, or a fake in tests) and a ``clock() -> seconds`` (time.perf_co
     ``min_points`` are in, when the next point (predicted as linear in the batch) would overrun
     ``total_budget_s``; a device so slow that it stops before ``min_points`` gets smaller batches instead
     (start/2, start/4, ..), which cost less than the points already taken;
-  * (issue 16, to profile faster) a point's repeats stop early once ``min_repeats`` agree within
+  * (issue 16, to profile faster) points after the first warm up with ``warmup_next`` steps; a point's repeats
+    stop early once ``min_repeats`` agree within
     ``spread_stop``, and the series stops growing once its last points are linear within ``linear_stop_tol``
     (``SweepOptions.thorough()`` turns both off);
   * then suspects are re-measured: a point slower than the next larger batch, or more than ``suspect_tol`` above
@@ -66,6 +67,9 @@ class SweepOptions:
     linear parts, and a chord across a factor of 2 over-estimates there by up to ~10% (seen on H200)."""
     max_batch: int = 4096
     warmup: int = 2
+    warmup_next: int | None = 1
+    """Warm-up steps of every point after the first (None: ``warmup``): the model, optimizer state and kernels are
+    loaded by then; a new shape needs one step for the allocator (cuDNN does not autotune unless asked)."""
     min_repeats: int = 3
     max_repeats: int = 15
     point_budget_s: float = 1.0
@@ -105,7 +109,7 @@ class SweepOptions:
     @classmethod
     def thorough(cls, **overrides: object) -> SweepOptions:
         """The pre-#16 sweep: every point's full repeats, growing until budget/limit/memory (for comparison)."""
-        base: dict[str, object] = dict(linear_stop_tol=None, spread_stop=None)
+        base: dict[str, object] = dict(linear_stop_tol=None, spread_stop=None, warmup_next=None)
         base.update(overrides)
         return cls(**base)  # type: ignore[arg-type]
 
@@ -210,7 +214,8 @@ def run_sweep(measure: Measure, opts: SweepOptions, *, clock: Callable[[], float
                 reason = "time budget"
                 break
         try:
-            probe = measure(b, opts.warmup, 1)
+            warm = opts.warmup if not points or opts.warmup_next is None else opts.warmup_next
+            probe = measure(b, warm, 1)
             n = repeats_for(probe.times_s[0], opts)
             parts = [probe]
             if opts.spread_stop is not None and n > opts.min_repeats:

@@ -213,3 +213,6 @@ def test_repeats_stop_early_when_the_first_steps_agree() -> None:
     noisy = FakeDevice(flat_s=0.001, per_sample_s=0.0, spikes={8: [[0.001], [0.001, 0.002]]})
     run_sweep(noisy.measure, SweepOptions(batch_sizes=(8,), min_repeats=3, max_repeats=15), clock=noisy.clock)
     assert noisy.calls == [(8, 2, 1), (8, 0, 2), (8, 0, 12)]  # they disagree: the point's full repeats
+    two = FakeDevice(flat_s=0.001, per_sample_s=0.0)
+    run_sweep(two.measure, SweepOptions(batch_sizes=(8, 16), min_repeats=3, max_repeats=15), clock=two.clock)
+    assert [c for c in two.calls if c[2] == 1] == [(8, 2, 1), (16, 1, 1)]  # one warm-up after the first point
