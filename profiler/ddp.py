@@ -32,6 +32,9 @@ from planner.curves import fit_envelope
 from planner.profile import RankProfile
 from profiler.compute import TimedSteps
 
+BALANCED_MAX_STEPS = 4.0
+"""The balanced split's step is at most this many times the equal split's (its cost stays near the equal one's)."""
+
 
 def common_batch(ranks: Sequence[RankProfile]) -> int:
     """A batch every rank has measured near: the smallest of the ranks' median measured batch sizes."""
@@ -49,12 +52,15 @@ def safe_batch(rank: RankProfile) -> int:
 
 def balanced_batches(ranks: Sequence[RankProfile], *, min_batch: int = 1) -> list[int]:
     """The largest balanced split within what every rank ran safely: the common time T = min_i t_i(cap_i), at
-    which the first rank reaches its largest safe batch, and each rank's batch at T.  A plan's regime (the wait
+    which the first rank reaches its largest safe batch (at most BALANCED_MAX_STEPS equal steps), and each rank's
+    batch at T.  A plan's regime (the wait
     a fast rank sees is a share of its SMs, small while a small batch leaves the GPU half idle), never a batch
     beyond what the rank was seen to run."""
     caps = [safe_batch(r) for r in ranks]
     curves = [fit_envelope(r.compute) for r in ranks]
-    t = min(c(cap) for c, cap in zip(curves, caps, strict=True))
+    b = common_batch(ranks)
+    # At most BALANCED_MAX_STEPS equal steps long: a long sweep must not make the DDP measurement long.
+    t = min(min(c(cap) for c, cap in zip(curves, caps, strict=True)), BALANCED_MAX_STEPS * max(c(b) for c in curves))
     lo = min(min_batch, min(caps))
     total = sum(max(lo, min(cap, int(c.max_batch_within(t)))) for c, cap in zip(curves, caps, strict=True))
     return balanced_split(curves, total, min_batch=lo, caps=caps)
