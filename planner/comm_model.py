@@ -4,9 +4,9 @@ A synchronous DDP step is predicted as
 
     T(split) = max_i  f_i * t_i(b_i)  +  e
 
-with t_i the rank's standalone curve, f_i >= 1 the rank's *wait factor* and e = comm.exposed_s, the tail after
-the last rank's last gradient bucket (its all-reduce, DDP's per-step work), measured at an equal split with the
-factors applied: e = T_DDP(equal) - max_i f_i t_i(b).  Why f_i: DDP launches a bucket's all-reduce as soon as
+with t_i the rank's standalone curve, f_i >= 1 the rank's *wait factor* and e = comm.exposed_s, what DDP adds
+to every step (the all-reduce tail after the last bucket, DDP's own per-step work), measured at an equal split
+with the factors applied: e = T_DDP(equal) - max_i f_i t_i(b).  Why f_i: DDP launches a bucket's all-reduce as soon as
 backward produces it.  When a peer produces its buckets later in the step (a slower device whose extra work comes
 before its backward -- the emulated skew -- or a co-tenant), the early rank's NCCL kernels sit on its SMs, waiting,
 while its own backward still runs; that backward slows down by the share of SMs they hold (~ channels / SMs:
@@ -76,17 +76,20 @@ def balanced_split(curves: Sequence[Envelope], total: int, *, min_batch: int = 1
 
 
 def wait_factors(ddp_compute_s: Sequence[float], alone_compute_s: Sequence[float], *, noise: float) -> tuple[float, ...]:
-    """f_i = rank i's compute under DDP (step start to last bucket) over its compute alone, both at the same batch.
+    """f_i = rank i's compute under DDP (step start to last bucket) over its compute alone, both at the same batch,
+    divided by the least such ratio.
 
-    Every rank's backward overlaps its own all-reduce kernels (DDP's normal overlap: f a few percent above 1
-    everywhere, which leaves the split alone); a rank whose kernels also wait for a later peer reads higher.
-    A ratio within ``noise`` (relative) of the smallest one is snapped to it, so noise never moves a split; none
-    is below 1 or above MAX_WAIT_FACTOR.
+    Every rank pays DDP's own work (hooks, bucket copies, its all-reduce kernels overlapping its backward): on a
+    small or launch-bound model that is a constant of milliseconds per step, not a share of the compute, and the
+    exposed term counts it (measured at the equal split with these factors applied).  What is left after the
+    division is the waiting: a rank whose kernels wait for a later peer reads higher.  A factor within ``noise``
+    (relative) of 1 is 1, so noise never moves a split; none is above MAX_WAIT_FACTOR.
     """
     assert len(ddp_compute_s) == len(alone_compute_s) and ddp_compute_s
-    ratios = [max(1.0, d / a) if a > 0 else 1.0 for d, a in zip(ddp_compute_s, alone_compute_s, strict=True)]
+    ratios = [d / a if a > 0 else 1.0 for d, a in zip(ddp_compute_s, alone_compute_s, strict=True)]
     base = min(ratios)
-    return tuple(round(min(base if r - base <= noise * base else r, MAX_WAIT_FACTOR), 4) for r in ratios)
+    factors = [r / base if base > 0 else 1.0 for r in ratios]
+    return tuple(1.0 if f - 1.0 <= noise else round(min(f, MAX_WAIT_FACTOR), 4) for f in factors)
 
 
 def rank_factors(factors: Sequence[float] | None, world_size: int) -> tuple[float, ...]:

@@ -62,7 +62,8 @@ def balanced_batches(ranks: Sequence[RankProfile], *, min_batch: int = 1) -> lis
     # At most BALANCED_MAX_STEPS equal steps long: a long sweep must not make the DDP measurement long.
     t = min(min(c(cap) for c, cap in zip(curves, caps, strict=True)), BALANCED_MAX_STEPS * max(c(b) for c in curves))
     lo = min(min_batch, min(caps))
-    total = sum(max(lo, min(cap, int(c.max_batch_within(t)))) for c, cap in zip(curves, caps, strict=True))
+    # A flat curve fits any batch within T (inf): its cap bounds it.
+    total = sum(max(lo, int(min(float(cap), c.max_batch_within(t)))) for c, cap in zip(curves, caps, strict=True))
     return balanced_split(curves, total, min_batch=lo, caps=caps)
 
 
@@ -190,8 +191,8 @@ class DDPCost:
     """What the profile records from the two splits (planner.comm_model)."""
 
     exposed_s: float
-    """Median over rounds of the equal split's step minus max_i f_i t_i(b) (>= 0): the tail after the last
-    rank's compute."""
+    """Median over rounds of the equal split's step minus max_i f_i t_i(b) (>= 0): what DDP adds to a step (the
+    all-reduce tail, its own per-step work)."""
     exposed_rounds_s: tuple[float, ...]
     """The same per round."""
     wait_factors: tuple[float, ...]
@@ -225,7 +226,7 @@ def measure_ddp_cost(make_runner: Callable[[], TimedSteps], ranks: Sequence[Rank
     # Alone, the marked part of a step is all of it but the optimizer step (it runs after the last bucket).
     alone = [max(1e-9, c(bi) - (r.optimizer_step_s or 0.0)) for c, bi, r in zip(curves, bal, ranks, strict=True)]
     factors = wait_factors(bal_r.compute_s, alone, noise=max(0.01, bal_r.compute_spread))
-    # The tail after the last rank's compute, with the factors applied (planner.comm_model's T(split)).
+    # What DDP adds to a step, with the factors applied (planner.comm_model's T(split)).
     slowest = max(f * c(b) for f, c in zip(factors, curves, strict=True))
     rounds_s = tuple(max(0.0, x - slowest) for x in eq_r.step_s)
     exposed = statistics.median(rounds_s)
