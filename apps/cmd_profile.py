@@ -212,8 +212,9 @@ def format_profile(profile: Profile) -> str:
             lines.append(f"DDP overhead per step, measured (all-reduce tail + DDP's own work): "
                          f"{1000 * profile.comm.exposed_s:.2f} ms{shown}")
         if profile.comm.wait_factors is not None:
-            # planner.comm_model: a rank's compute under DDP at a balanced split over its compute alone.
-            lines.append("compute under DDP / alone, by rank (all-reduce kernels waiting for later peers): "
+            # planner.comm_model: a rank's compute under DDP at a balanced split over alone, relative to the
+            # least-waiting rank.
+            lines.append("wait factors by rank (compute under DDP over alone, relative to the least-waiting rank): "
                          + ", ".join(f"{f:.3f}" for f in profile.comm.wait_factors))
         if profile.comm.launch_env:
             lines.append("launch setting measured faster than NCCL's default (recorded; `planner train` applies it): "
