@@ -15,9 +15,10 @@ profiler.compute, or a fake in tests) and a ``clock() -> seconds`` (time.perf_co
     ``total_budget_s``; a device so slow that it stops before ``min_points`` gets smaller batches instead
     (start/2, start/4, ..), which cost less than the points already taken;
   * (issue 16, to profile faster) points after the first warm up with ``warmup_next`` steps; a point's repeats
-    stop early once ``min_repeats`` agree within
-    ``spread_stop``, and the series stops growing once its last points are linear within ``linear_stop_tol``
-    (``SweepOptions.thorough()`` turns both off);
+    stop early once ``min_repeats`` agree within ``spread_stop``; and the series stops growing once its last
+    points are linear within ``linear_stop_tol`` and one check point ``linear_check_factor`` times further out
+    lies on the same line (where it does not, the sweep goes on as before); ``SweepOptions.thorough()`` turns
+    all three off;
   * then suspects are re-measured: a point slower than the next larger batch, or more than ``suspect_tol`` above
     the chord of its neighbours (a concave bump).  Interference from other processes only ever slows a step,
     so of the two medians the lower one is kept.  This repairs the few points a busy host spoils without
@@ -88,6 +89,9 @@ class SweepOptions:
     None: grow until the series end, the budget, the step limit or out of memory (the pre-#16 sweep)."""
     linear_points: int = 4
     """Points that must be collinear (with midpoints: a factor 3 of batch, e.g. 128..384)."""
+    linear_check_factor: int = 8
+    """Before stopping on a linear tail, one point this many times further out must lie on its line too (within
+    the budget and max_batch); where it does not, the sweep goes on as a full one would."""
     spread_stop: float | None = 0.02
     """Stop a point's repeats once ``min_repeats`` steps agree within this relative spread ((max - min) / median);
     None: always the repeats ``point_budget_s`` asks for (the pre-#16 sweep)."""
@@ -204,44 +208,62 @@ def run_sweep(measure: Measure, opts: SweepOptions, *, clock: Callable[[], float
     t0 = clock()
     points: list[SweepPoint] = []
     reason, oom = "series end", None
+    linear_stop = not explicit and opts.linear_stop_tol is not None
+    far: SweepPoint | None = None  # a check beyond a linear tail that found a bend: placed when the series gets there
+
+    def cost_s(b: int) -> float:
+        """Predicted cost of a point at b: linear in b from the last point (an over-estimate in a flat region)."""
+        last = points[-1]
+        step_pred = last.median_s * b / last.batch_size
+        return step_pred * (opts.warmup + 1 + repeats_for(step_pred, opts))
+
+    def emit(p: SweepPoint) -> None:
+        if on_point is not None:
+            on_point(p)
+
     for b in series:
-        if not explicit and len(points) >= opts.min_points:
-            last = points[-1]
-            # Predicted cost of the next point: linear in b (an over-estimate in a GPU's flat region).
-            step_pred = last.median_s * b / last.batch_size
-            cost = step_pred * (opts.warmup + 1 + repeats_for(step_pred, opts))
-            if clock() - t0 + cost > opts.total_budget_s:
-                reason = "time budget"
-                break
+        if far is not None and b >= far.batch_size:
+            points.append(far)
+            far = None
+            if b == points[-1].batch_size:
+                continue
+        if not explicit and len(points) >= opts.min_points and clock() - t0 + cost_s(b) > opts.total_budget_s:
+            reason = "time budget"
+            break
         try:
-            warm = opts.warmup if not points or opts.warmup_next is None else opts.warmup_next
-            probe = measure(b, warm, 1)
-            n = repeats_for(probe.times_s[0], opts)
-            parts = [probe]
-            if opts.spread_stop is not None and n > opts.min_repeats:
-                # Enough steps to judge the noise first; the rest only where they disagree.
-                parts.append(measure(b, 0, opts.min_repeats - 1))
-                times = [t for m in parts for t in m.times_s]
-                if (max(times) - min(times)) / statistics.median(times) > opts.spread_stop:
-                    parts.append(measure(b, 0, n - opts.min_repeats))
-            elif n > 1:
-                parts.append(measure(b, 0, n - 1))
+            point = _measure_point(measure, b, opts, first=not points)
         except DoesNotFit:
             reason, oom = "does not fit", b
             break
-        peaks = [m.peak_bytes for m in parts if m.peak_bytes is not None]
-        point = SweepPoint(batch_size=b, times_s=tuple(t for m in parts for t in m.times_s),
-                           peak_bytes=max(peaks) if peaks else None)
         points.append(point)
-        if on_point is not None:
-            on_point(point)
+        emit(point)
         if not explicit and point.median_s > opts.step_limit_s:
             reason = "step limit"
             break
-        if not explicit and opts.linear_stop_tol is not None and linear_tail(points, opts.linear_stop_tol,
-                                                                              opts.linear_points):
-            reason = "linear"
-            break
+        if linear_stop and opts.linear_stop_tol is not None and linear_tail(points, opts.linear_stop_tol,
+                                                                            opts.linear_points):
+            # Linear so far; one check far out (linear_check_factor x) before trusting the line beyond: a CPU's
+            # caches or a GPU near its memory limit bend the curve up later.
+            check = min(opts.max_batch, b * opts.linear_check_factor)
+            if check <= b or clock() - t0 + cost_s(check) > opts.total_budget_s:
+                reason = "linear"
+                break
+            try:
+                fp = _measure_point(measure, check, opts, first=False)
+            except DoesNotFit:
+                reason, oom = "does not fit", check
+                break
+            emit(fp)
+            tail = points[-opts.linear_points:]
+            slope = (tail[-1].median_s - tail[0].median_s) / (tail[-1].batch_size - tail[0].batch_size)
+            line = tail[-1].median_s + slope * (check - tail[-1].batch_size)
+            if abs(fp.median_s - line) <= opts.linear_stop_tol * fp.median_s:
+                points.append(fp)
+                reason = "linear"
+                break
+            far, linear_stop = fp, False  # it bends: the series goes on as a full sweep would
+    if far is not None:
+        points.append(far)
     if not explicit and points and len(points) < opts.min_points and reason in ("step limit", "time budget"):
         # A slow device hit the limit early: smaller batches are cheaper and still pin the curve's shape.
         b = points[0].batch_size // opts.growth
@@ -251,11 +273,30 @@ def run_sweep(measure: Measure, opts: SweepOptions, *, clock: Callable[[], float
             except DoesNotFit:  # cannot happen below a batch that ran; keep what we have
                 break
             points.insert(0, SweepPoint(batch_size=b, times_s=probe.times_s, peak_bytes=probe.peak_bytes))
-            if on_point is not None:
-                on_point(points[0])
+            emit(points[0])
             b //= opts.growth
     points = remeasure_suspects(measure, points, opts)
     return SweepResult(points=tuple(points), stop_reason=reason, oom_batch=oom, elapsed_s=clock() - t0)
+
+
+def _measure_point(measure: Measure, b: int, opts: SweepOptions, *, first: bool) -> SweepPoint:
+    """One point: warm-up and a timed probe that sets the repeats, then the repeats (early-stopped when the first
+    min_repeats agree within spread_stop).  Raises DoesNotFit."""
+    warm = opts.warmup if first or opts.warmup_next is None else opts.warmup_next
+    probe = measure(b, warm, 1)
+    n = repeats_for(probe.times_s[0], opts)
+    parts = [probe]
+    if opts.spread_stop is not None and n > opts.min_repeats:
+        # Enough steps to judge the noise first; the rest only where they disagree.
+        parts.append(measure(b, 0, opts.min_repeats - 1))
+        times = [t for m in parts for t in m.times_s]
+        if (max(times) - min(times)) / statistics.median(times) > opts.spread_stop:
+            parts.append(measure(b, 0, n - opts.min_repeats))
+    elif n > 1:
+        parts.append(measure(b, 0, n - 1))
+    peaks = [m.peak_bytes for m in parts if m.peak_bytes is not None]
+    return SweepPoint(batch_size=b, times_s=tuple(t for m in parts for t in m.times_s),
+                      peak_bytes=max(peaks) if peaks else None)
 
 
 def linear_tail(points: list[SweepPoint], tol: float, n: int = 4) -> bool:

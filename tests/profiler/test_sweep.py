@@ -216,3 +216,25 @@ def test_repeats_stop_early_when_the_first_steps_agree() -> None:
     two = FakeDevice(flat_s=0.001, per_sample_s=0.0)
     run_sweep(two.measure, SweepOptions(batch_sizes=(8, 16), min_repeats=3, max_repeats=15), clock=two.clock)
     assert [c for c in two.calls if c[2] == 1] == [(8, 2, 1), (16, 1, 1)]  # one warm-up after the first point
+
+
+class BendingDevice(FakeDevice):
+    """Linear to 128 samples, then steeper (a CPU's caches, seen with cifar_cnn on this box: 2x at 512)."""
+
+    def t(self, b: int) -> float:
+        return 0.001 * b + (0.002 * (b - 128) if b > 128 else 0.0)
+
+
+def test_a_check_point_past_a_linear_tail_finds_a_bend_and_the_sweep_goes_on() -> None:
+    dev = BendingDevice()
+    res = run_sweep(dev.measure, SweepOptions(start_batch=8, max_batch=512, total_budget_s=1e9), clock=dev.clock)
+    sizes = [p.batch_size for p in res.points]
+    assert sizes == sorted(sizes) and len(set(sizes)) == len(sizes)  # the check point took its place in order
+    assert res.stop_reason == "series end" and sizes[-1] == 512  # went on as a full sweep would
+    fit = fit_envelope(res.compute_points())
+    for b in (64, 256, 512):
+        assert fit(b) == pytest.approx(dev.t(b), rel=0.01)
+    straight = FakeDevice(flat_s=0.0, per_sample_s=0.001)
+    ok = run_sweep(straight.measure, SweepOptions(start_batch=8, max_batch=4096, total_budget_s=1e9),
+                   clock=straight.clock)
+    assert ok.stop_reason == "linear" and ok.points[-1].batch_size == 8 * ok.points[-2].batch_size  # checked far out
