@@ -54,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-s", type=real(0.0, lo_open=True), default=None, metavar="SEC",
                    help="seconds of compute sweep per device (default 30; 6 with --quick)")
     p.add_argument("--quick", action="store_true", help="CI-sized run: fewer repeats, small budget (seconds per device)")
+    p.add_argument("--thorough", action="store_true",
+                   help="the slower profile of before issue 16: every sweep point's full repeats, the sweep growing "
+                        "to its budget, step limit or memory even once linear, the loader after the sweep (to compare)")
     p.add_argument("--amp", action="store_true", help="bf16 autocast for forward and loss (as in training with --amp)")
     p.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto",
                    help="channels_last memory format for image models (auto: on for CUDA)")
@@ -105,18 +108,25 @@ def run(args: argparse.Namespace) -> int:
         overrides["max_batch"] = args.max_batch
     if args.budget_s is not None:
         overrides["total_budget_s"] = args.budget_s
+    if args.thorough:
+        overrides.update(linear_stop_tol=None, spread_stop=None)
     sweep = SweepOptions.quick(**overrides) if args.quick else SweepOptions(**overrides)
     channels_last = {"auto": None, "on": True, "off": False}[args.channels_last]
     # The command line, when we were started as `planner profile ...` (not when called in-process).
     command = "planner " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["profile"] else None
     meta = {"command": command,
             "quick": bool(args.quick),
+            "thorough": bool(args.thorough) or None,
             "emulate_slowdown": {str(k): v for k, v in slowdowns.items()} or None,
             "emulate_loader": {str(k): v for k, v in loader_caps.items()} or None,
             "emulate_memory_gib": {str(k): v for k, v in memory_caps.items()} or None}
     meta = {k: v for k, v in meta.items() if v is not None}
     common: dict[str, Any] = dict(quick=args.quick, batch_sizes=batch_sizes, amp=args.amp,
-                                  channels_last=channels_last, measure_loader=not args.no_loader, sweep=sweep)
+                                  channels_last=channels_last, measure_loader=not args.no_loader, sweep=sweep,
+                                  overlap_loader=False if args.thorough else None,
+                                  # Every rank runs the same pipeline unless --emulate-loader caps some: then one
+                                  # measurement per host serves all of them (the same flag on every rank).
+                                  loader_per_host=not loader_caps and not args.thorough)
 
     # Rank 0 only (under torchrun): one line per phase and point, a heartbeat while a phase runs long.
     rank = int(os.environ.get("RANK", "0"))
@@ -201,4 +211,12 @@ def format_profile(profile: Profile) -> str:
                      if isinstance(rounds, list) and len(rounds) > 1 else "")
             lines.append(f"DDP overhead per step, measured (all-reduce tail + DDP's own work): "
                          f"{1000 * profile.comm.exposed_s:.2f} ms{shown}")
+        if profile.comm.wait_factors is not None:
+            # planner.comm_model: a rank's compute under DDP at a balanced split over alone, relative to the
+            # least-waiting rank.
+            lines.append("wait factors by rank (compute under DDP over alone, relative to the least-waiting rank): "
+                         + ", ".join(f"{f:.3f}" for f in profile.comm.wait_factors))
+        if profile.comm.launch_env:
+            lines.append("launch setting measured faster than NCCL's default (recorded; `planner train` applies it): "
+                         + " ".join(f"{k}={v}" for k, v in sorted(profile.comm.launch_env.items())))
     return "\n".join([*out, "", *lines])

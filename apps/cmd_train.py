@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from collections.abc import Mapping
 from typing import Any
 
 from planner.argcheck import ALLOW_RESUME_FLAG, count, real
@@ -129,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
     profile = Profile.load(args.profile) if args.profile else None
     if pre.plan is not None and args.replan and profile is None:
         raise ValidationError("--replan with --plan needs --profile PATH (the profile the plan came from)")
+    if pre.plan is not None:  # NCCL reads its environment when the process group's communicator is made
+        apply_launch_env(pre.plan.launch_env)
     env = init_from_env(args.device, args.rank_devices)
     cap_device_memory(env.device, memory_caps.get(env.rank))
     finished = False
@@ -167,6 +172,18 @@ def run(args: argparse.Namespace) -> int:
         if finished:
             shutdown(env)
     return 0
+
+
+def apply_launch_env(launch_env: Mapping[str, str]) -> None:
+    """Set the plan's measured launch setting (Plan.launch_env) in this process's environment, before the
+    process group starts; a variable the user set already is kept, and said so."""
+    for name, value in sorted(launch_env.items()):
+        have = os.environ.get(name)
+        if have is None:
+            os.environ[name] = value
+        elif have != value:
+            print(f"note: the plan's {name}={value} is not applied: {name}={have} is set in the environment",
+                  file=sys.stderr, flush=True)
 
 
 def auto_plan_out(plan_out: str | None) -> str:

@@ -23,6 +23,7 @@ import copy
 import dataclasses
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -159,9 +160,11 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
         ddp = fully_shard_blocks(model, env)
         scale_loss = hetero is not None  # n_ij * W / n: exact under FSDP2's division by W (runtime/accumulate.py)
     elif env.distributed:
-        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        group = launch_group(plan, env)
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, process_group=group)
         if hetero is not None and cfg.weighting == "hook":
-            register_weighted_hook(ddp, hetero, on_last_bucket=timer.compute_end)  # type: ignore[arg-type]
+            register_weighted_hook(ddp, hetero, on_last_bucket=timer.compute_end,  # type: ignore[arg-type]
+                                   process_group=group)
         elif hetero is not None:
             scale_loss = True
             close_compute_on_last_gradient(model, timer, when=lambda: micro.last)
@@ -174,6 +177,17 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
                optimizer=torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9), timer=timer, hetero=hetero,
                batch_sampler=batch_sampler, dsampler=dsampler, scale_loss=scale_loss, channels_last=cl,
                replanner=replanner, log=RunLogWriter(None), start_plan=plan, micro=micro)
+
+
+def launch_group(plan: Plan, env: DistEnv) -> Any:
+    """The process group DDP reduces over: the default one, unless the plan records a launch setting that the
+    default group was not started with (`--auto`, `planner bench`: the plan came after the group) -- then a new
+    NCCL group configured as that setting (profiler.comm.nccl_group_for: the same communicator config)."""
+    if not plan.launch_env or env.backend != "nccl" or all(os.environ.get(k) == v for k, v in plan.launch_env.items()):
+        return None
+    from profiler.comm import nccl_group_for
+
+    return nccl_group_for(plan.launch_env)
 
 
 def resume(run: Run) -> ResizeRecord | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.comm_model import rank_factors
 from planner.curves import Envelope, fit_envelope, memory_cap
 from planner.loader import loader_costs_s, worker_budgets
 from planner.options import SolveOptions
@@ -71,7 +72,9 @@ class RankModel:
 def build_models(profile: Profile, opts: SolveOptions) -> list[RankModel]:
     budgets = worker_budgets(profile, opts)
     per_host = Counter(r.host for r in profile.ranks)
-    envelopes = [fit_envelope(r.compute) for r in profile.by_rank]
+    # f_i: rank i's curve under DDP, slowed by all-reduce kernels waiting for later peers (planner.comm_model).
+    wait = rank_factors(profile.comm.wait_factors if profile.comm else None, len(profile.ranks))
+    envelopes = [fit_envelope(r.compute).scaled(wait[r.rank]) for r in profile.by_rank]
     loader_costs = loader_costs_s(profile, opts, envelopes)
     models = []
     for r, env, p_eff in zip(profile.by_rank, envelopes, loader_costs, strict=True):

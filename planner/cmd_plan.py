@@ -8,6 +8,7 @@ import sys
 from dataclasses import replace
 
 from planner.argcheck import MAX_COUNT, count
+from planner.comm_model import export_lines
 from planner.errors import ValidationError
 from planner.options import DEFAULT_MIN_GAIN, MODES, SolveOptions
 from planner.paths import Output, check_outputs
@@ -24,6 +25,7 @@ examples:
   planner plan --profile profile.json --global-batch 512 --min-batch 2      # BatchNorm models
   planner plan --profile profile.json --global-batch 512 --from-batches 256,256   # evaluate a given split
   planner plan --profile profile.json --global-batch 4096 --mode fsdp     # same micro-steps on every rank
+  eval "$(planner plan --profile profile.json --global-batch 512 --print-env)"   # the measured NCCL setting
 
 The global batch is your convergence choice: the planner never changes it.  Where it exceeds what the ranks'
 memory holds in one step, or where a fast rank is held back by its memory, ranks run gradient accumulation
@@ -46,6 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "says which rank will run out of memory)")
     p.add_argument("--out", default=None, metavar="PATH", help="write the plan JSON here (atomically)")
     p.add_argument("--json", action="store_true", help="print the plan JSON to stdout instead of the table")
+    p.add_argument("--print-env", action="store_true",
+                   help="print only the plan's launch setting as `export NAME=VALUE` lines (none when the profile "
+                        "measured nothing better than NCCL's defaults), for `eval \"$(planner plan ... --print-env)\"` "
+                        "before torchrun; `planner train --plan` applies it itself")
 
 
 def add_solve_arguments(p: argparse.ArgumentParser, *, from_plan: bool = False) -> None:
@@ -166,7 +172,10 @@ def run(args: argparse.Namespace) -> int:
         plan.save(args.out)
     for w in warnings:  # after the work: a warning never precedes an error line
         print(w, file=sys.stderr)
-    if args.json:
+    if args.print_env:
+        for line in export_lines(plan.launch_env):
+            print(line)
+    elif args.json:
         json.dump(plan.to_dict(), sys.stdout, indent=1)
         print()
     else:
@@ -213,6 +222,9 @@ def format_plan(plan: Plan, profile: Profile | None = None, quality: ProfileQual
     note = accumulation_note(plan)
     if note is not None:
         lines.append(f"  {note}")
+    if plan.launch_env:  # measured to help by the profile; `planner train` applies it, other launchers need it
+        lines.append(f"  launch with {' '.join(f'{k}={v}' for k, v in sorted(plan.launch_env.items()))} (measured "
+                     "faster than NCCL's default; `planner train` sets it, --print-env prints it for scripts)")
     noisy = noise_line(plan, quality) if quality is not None else None
     kept = kept_equal_split(plan)
     if noisy is not None:

@@ -144,6 +144,10 @@ class Plan:
     version: int = PLAN_VERSION
     mode: str = "ddp"
     """"ddp": every rank runs its own number of micro-steps; "fsdp": all run the same (each forward all-gathers)."""
+    launch_env: Mapping[str, str] = field(default_factory=dict)
+    """Environment the job is to be launched with (e.g. {"NCCL_MAX_CTAS": "2"}): only a setting the profile
+    measured to help on this cluster (profile.comm.launch_env).  `planner train` applies it before the process
+    group starts; `planner plan --print-env` prints it as export lines.  Empty: NCCL's defaults."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -216,6 +220,8 @@ class Plan:
                                 for r in self.ranks]
         if self.mode != "ddp":
             content["mode"] = self.mode
+        if self.launch_env:  # ranks launched with different NCCL settings would build mismatched communicators
+            content["launch_env"] = dict(sorted(self.launch_env.items()))
         return fingerprint(content)
 
     def with_batch_sizes(self, batch_sizes: Sequence[int], accumulation_steps: Sequence[int] | None = None) -> Plan:
@@ -244,6 +250,7 @@ class Plan:
 
         p = self.predicted
         mode: JSONDict = {} if self.mode == "ddp" else {"mode": self.mode}
+        launch: JSONDict = {"launch_env": dict(self.launch_env)} if self.launch_env else {}
         return {
             "version": self.version,
             "kind": "plan",
@@ -254,6 +261,7 @@ class Plan:
             "fingerprint": self.fingerprint,
             "ranks": [rank(r) for r in self.ranks],
             "predicted": {k: v for k in p.__slots__ if (v := getattr(p, k)) is not None},
+            **launch,
             "solver": dict(self.solver),
             "meta": dict(self.meta),
         }
@@ -265,7 +273,7 @@ class Plan:
             data,
             path,
             required=("version", "kind", "world_size", "global_batch", "fingerprint", "ranks", "predicted"),
-            allowed=("min_batch", "solver", "meta", "mode"),
+            allowed=("min_batch", "solver", "meta", "mode", "launch_env"),
         )
         ranks = tuple(
             _rank_from(r, f"{path}.ranks[{i}]") for i, r in enumerate(as_list(d["ranks"], f"{path}.ranks", non_empty=True))
@@ -289,6 +297,10 @@ class Plan:
         solver = as_obj(d["solver"], f"{path}.solver", allowed=tuple(d["solver"])) if opt(d, "solver") is not None else {}
         meta = as_obj(d["meta"], f"{path}.meta", allowed=tuple(d["meta"])) if opt(d, "meta") is not None else {}
         mode = as_str(d.get("mode", "ddp"), f"{path}.mode")
+        launch_env = {}
+        if opt(d, "launch_env") is not None:
+            env = as_obj(d["launch_env"], f"{path}.launch_env", allowed=tuple(d["launch_env"]))
+            launch_env = {k: as_str(v, f"{path}.launch_env.{k}") for k, v in env.items()}
         if mode not in MODES:
             raise ValidationError(f"{path}.mode: {mode!r} is not one of {', '.join(MODES)}")
         plan = cls(
@@ -300,6 +312,7 @@ class Plan:
             solver=solver,
             meta=meta,
             mode=mode,
+            launch_env=launch_env,
         )
         got = as_str(d["fingerprint"], f"{path}.fingerprint")
         if got != plan.fingerprint:

@@ -143,6 +143,12 @@ class CommProfile:
     exposed_s: float | None = None
     """Part of a synchronous step's communication not hidden behind backward, plus the optimizer tail.
     When absent it is estimated from allreduce_s (see planner.solve)."""
+    wait_factors: tuple[float, ...] | None = None
+    """f_i by rank (>= 1): rank i's compute under DDP at a balanced split over its standalone compute, i.e. how
+    much the all-reduce kernels waiting for a later peer slow its backward (planner.comm_model).  None: 1."""
+    launch_env: Mapping[str, str] | None = None
+    """A launch setting the profile measured to help (e.g. {"NCCL_MAX_CTAS": "2"}); wait_factors and exposed_s
+    were measured under it.  None: NCCL's defaults (nothing measured better)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -235,7 +241,7 @@ class Profile:
                 "hosts": [_drop_none(_asdict(h)) for h in self.hosts],
                 "ranks": [_rank_to_dict(r) for r in self.ranks],
                 "model": _drop_none(_asdict(self.model)) if self.model else None,
-                "comm": _drop_none(_asdict(self.comm)) if self.comm else None,
+                "comm": _comm_to_dict(self.comm) if self.comm else None,
                 "meta": dict(self.meta) or None,
             }
         )
@@ -284,6 +290,15 @@ def _asdict(obj: Any) -> JSONDict:
 
 def _drop_none(d: JSONDict) -> JSONDict:
     return {k: v for k, v in d.items() if v is not None}
+
+
+def _comm_to_dict(c: CommProfile) -> JSONDict:
+    d = _drop_none(_asdict(c))
+    if c.wait_factors is not None:
+        d["wait_factors"] = list(c.wait_factors)
+    if c.launch_env is not None:
+        d["launch_env"] = dict(c.launch_env)
+    return d
 
 
 def _rank_to_dict(r: RankProfile) -> JSONDict:
@@ -416,10 +431,21 @@ def _model_from(v: Any, path: str) -> ModelInfo:
 
 
 def _comm_from(v: Any, path: str) -> CommProfile:
-    d = as_obj(v, path, allowed=("backend", "allreduce_s", "exposed_s"))
+    d = as_obj(v, path, allowed=("backend", "allreduce_s", "exposed_s", "wait_factors", "launch_env"))
     b, a, e = opt(d, "backend"), opt(d, "allreduce_s"), opt(d, "exposed_s")
+    w, env = opt(d, "wait_factors"), opt(d, "launch_env")
+    factors = None
+    if w is not None:
+        factors = tuple(as_num(x, f"{path}.wait_factors[{i}]", positive=True)
+                        for i, x in enumerate(as_list(w, f"{path}.wait_factors", non_empty=True)))
+    launch = None
+    if env is not None:
+        obj = as_obj(env, f"{path}.launch_env", allowed=tuple(env) if isinstance(env, dict) else ())
+        launch = {k: as_str(x, f"{path}.launch_env.{k}") for k, x in obj.items()}
     return CommProfile(
         backend=None if b is None else as_str(b, f"{path}.backend"),
         allreduce_s=None if a is None else _time(a, f"{path}.allreduce_s", positive=False),
         exposed_s=None if e is None else _time(e, f"{path}.exposed_s", positive=False),
+        wait_factors=factors,
+        launch_env=launch,
     )

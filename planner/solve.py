@@ -377,4 +377,6 @@ def _make_plan(
         predicted=predicted,
         solver=solver,
         mode=opts.mode,
+        # Recorded only when the profile measured it to help (planner.comm_model.choose_launch_env).
+        launch_env=dict(profile.comm.launch_env) if profile.comm and profile.comm.launch_env else {},
     )

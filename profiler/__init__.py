@@ -7,8 +7,10 @@ Kept light on purpose: importing ``profiler`` does not import torch.  What it me
     profiler.compute   TimedSteps (timed full training steps of any step on one device); StepRunner, a workload's
     profiler.memory    peak bytes, capacity, largest batch that fits
     profiler.loader    seconds per sample of one loader worker, scaling over workers
-    profiler.comm      gradient all-reduce time, bucketed like DDP
-    profiler.ddp       DDP's measured per-step overhead (real DDP steps minus the slowest standalone step)
+    profiler.comm      gradient all-reduce time, bucketed like DDP; NCCL groups configured as a launch setting
+    profiler.ddp       DDP's cost: real DDP steps at the equal and the balanced split -> exposed time, wait factors
+    profiler.comm_cost the communication part of a profile: all-reduce, DDP cost, launch variants (NCCL)
+    profiler.parts     each part of a profile timed; the loader beside the GPU sweep
     profiler.inventory device / host / software facts (NVML guarded)
     profiler.run       measure_rank / gather_ranks (the one measuring path), profile_this_rank, gather_profile,
                        profile_devices

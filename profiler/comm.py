@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
@@ -56,3 +57,31 @@ def measure_allreduce(grad_bytes: int, *, repeats: int = 10, warmup: int = 2,
     worst = torch.tensor([mine], dtype=torch.float64, device=device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
     return CommProfile(backend=backend, allreduce_s=float(worst.item()))
+
+
+NCCL_CTA_VARIANTS: tuple[dict[str, str], ...] = ({"NCCL_MIN_CTAS": "2", "NCCL_MAX_CTAS": "2"},)
+"""Launch settings the profile tries beside NCCL's default (issue 16: two channels took F = 3 on 2 H200s from
+1.84x to 1.94x equal).  Each costs one more set of DDP rounds, so the list stays short."""
+
+_CTA_FIELDS = {"NCCL_MIN_CTAS": "min_ctas", "NCCL_MAX_CTAS": "max_ctas"}
+
+
+def nccl_group_for(env: Mapping[str, str]) -> dist.ProcessGroup | None:
+    """Collective: a new NCCL group over every rank configured as `env` would configure a communicator at
+    launch (NCCL_MIN_CTAS / NCCL_MAX_CTAS are the environment's names for ncclConfig_t's minCTAs / maxCTAs),
+    or None when `env` names something else or this torch/NCCL build cannot set it per communicator.
+
+    NCCL reads its environment once per process, so a setting is compared in-process through the
+    communicator's config; a launched job gets the same through the environment (apps/cmd_train.py).
+    """
+    if set(env) - set(_CTA_FIELDS) or not dist.is_nccl_available():
+        return None
+    try:
+        opts = dist.ProcessGroupNCCL.Options()
+        for name, value in env.items():
+            setattr(opts.config, _CTA_FIELDS[name], int(value))
+    except (AttributeError, ValueError):  # built without NCCL_HAS_COMM_CTA_CGA: no per-communicator CTAs
+        return None
+    group = dist.new_group(backend="nccl", pg_options=opts)
+    assert isinstance(group, dist.ProcessGroup)  # every rank is a member
+    return group

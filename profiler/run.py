@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -30,16 +29,20 @@ import torch.distributed as dist
 
 from collectives import all_gather_json
 from planner import __version__
-from planner.profile import CommProfile, HostProfile, LoaderProfile, ModelInfo, Profile, RankProfile
+from planner.profile import CommProfile, ComputePoint, HostProfile, LoaderProfile, ModelInfo, Profile, RankProfile
 from profiler import inventory
+from profiler.comm_cost import measure_comm
 from profiler.compute import StepRunner, TimedSteps
 from profiler.devstate import DeviceStateSampler
 from profiler.loader import LoaderOptions, host_consensus, loader_to_json, profile_loader
 from profiler.memory import find_max_batch, memory_profile
+from profiler.parts import Background, Parts
 from profiler.sweep import SweepOptions, SweepPoint, run_sweep
 from workloads.specs import Workload
 
 T = TypeVar("T")
+OVERLAP_FROM_STEP_S = 0.05
+"""A sweep step this long is GPU-bound: from here on the loader measurement may run beside it (profiler.parts)."""
 Progress = Callable[[str], None]
 """Receives one line per phase or measured point ("rank 0 (cpu): compute sweep, batch 16: 12.3 ms")."""
 
@@ -79,6 +82,26 @@ def in_turn(fn: Callable[[], T], layout: tuple[int, int, int]) -> T:
     return result
 
 
+def _nothing() -> None:
+    return None
+
+
+def _share_loader(mine: tuple[LoaderProfile, dict[str, Any]] | None) -> tuple[LoaderProfile, dict[str, Any]]:
+    """Collective: the loader numbers of this host's measuring rank (the lowest rank of the host that has some)."""
+    # A LoaderProfile travels inside a minimal RankProfile: its JSON form and its checks, no second codec.
+    carrier = None if mine is None else RankProfile(rank=0, host="-", device="-", loader=mine[0],
+                                                     compute=(ComputePoint(batch_size=1, step_time_s=1.0),))
+    entry = None if mine is None or carrier is None else {"rank": carrier.to_dict(), "meta": mine[1]}
+    host = inventory.host_name()
+    gathered = all_gather_json({"host": host, "measured": entry})
+    for r, g in enumerate(gathered):
+        if g["host"] == host and g["measured"] is not None:
+            lp = RankProfile.from_dict(g["measured"]["rank"], path=f"rank {r}'s loader").loader
+            assert lp is not None
+            return lp, {**g["measured"]["meta"], "loader_measured_by_rank": r}
+    raise RuntimeError(f"no rank on host {host} measured the dataloader")
+
+
 def profile_this_rank(
     workload: Workload,
     device: torch.device | str,
@@ -95,11 +118,14 @@ def profile_this_rank(
     loader: LoaderOptions | None = None,
     on_point: Callable[[SweepPoint], None] | None = None,
     progress: Progress | None = None,
+    overlap_loader: bool | None = None,
+    loader_per_host: bool = False,
 ) -> RankProfile:
     """Measure this rank: compute curve, memory, loader cost, device facts.
 
-    Collective when torch.distributed is initialized with several ranks (the loader is measured in turns), so
-    every rank must call it.  ``slowdown`` emulates a slower device (workloads.emulate.Slowdown) exactly as the
+    Collective when torch.distributed is initialized with several ranks (the loader is measured in turns, or
+    with ``loader_per_host`` once per host), so every rank must call it with the same ``loader_per_host`` --
+    which only a job without per-rank loader caps may set (one measurement then serves every rank's pipeline).  ``slowdown`` emulates a slower device (workloads.emulate.Slowdown) exactly as the
     trainer applies it; ``loader_workers_cap`` is recorded and bounds the loader scaling run.
     """
     sopts = sweep_options(quick, batch_sizes, sweep, min_batch=2 if workload.has_batchnorm else 1)
@@ -116,7 +142,8 @@ def profile_this_rank(
     return measure_rank(
         lambda dev: StepRunner(workload, dev, amp=amp, channels_last=channels_last, slowdown=slowdown), device,
         sweep=sopts, rank=rank, measure_loader=measure_loader_fn if measure_loader else None, on_point=on_point,
-        meta={"emulate_loader_workers": loader_workers_cap}, progress=progress, loader_key=workload.name)
+        meta={"emulate_loader_workers": loader_workers_cap}, progress=progress, loader_key=workload.name,
+        overlap_loader=overlap_loader, loader_per_host=loader_per_host)
 
 
 def sweep_options(quick: bool, batch_sizes: Sequence[int] | None, sweep: SweepOptions | None, *,
@@ -141,12 +168,16 @@ def measure_rank(
     meta: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
     loader_key: str | None = None,
+    overlap_loader: bool | None = None,
+    loader_per_host: bool = False,
 ) -> RankProfile:
     """Sweep ``make_runner(device)``'s training step, find its memory cap, measure the loader: one RankProfile.
 
     The one measuring path of `planner profile` (a workload's step) and profiler.api (a user's own step).
-    Collective under torch.distributed: the loader is measured one local rank at a time, then the ranks of a
-    host that name the same ``loader_key`` (the dataset; None: this rank's own) agree on one loader profile.
+    ``overlap_loader``: measure the loader beside the sweep (profiler.parts); None = on CUDA ranks only.
+    ``loader_per_host``: one rank per host measures the loader and shares it (every rank must pass the same: it
+    changes the collectives); else every rank measures in its turn, then the ranks of a host that name the same
+    ``loader_key`` (the dataset; None: this rank's own) agree on one loader profile.
     """
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
@@ -156,10 +187,29 @@ def measure_rank(
     layout = host_layout()
 
     who = f"rank {rank} ({dev})"
+    parts = Parts(lambda line: _say(progress, f"{who}: {line}"))
+    # The loader is CPU work: on a CUDA rank it runs beside the sweep once the steps are GPU-bound
+    # (profiler.parts), in its turns with the host's other ranks; elsewhere after the sweep, as before.
+    # One local rank per host may measure the host's pipeline for all of them (loader_per_host): the others take
+    # its numbers after the join (_share_loader), with no turns and no barriers in the thread.
+    per_host = measure_loader is not None and loader_per_host and _dist_on()
+    loader_job: Background[tuple[LoaderProfile, dict[str, Any]] | None] | None = None
+    if measure_loader is not None:
+        measure = measure_loader
+        job_fn: Callable[[], tuple[LoaderProfile, dict[str, Any]] | None]
+        if per_host:
+            job_fn = measure if layout[0] == 0 else _nothing
+        else:
+            job_fn = lambda: in_turn(measure, layout)  # noqa: E731 -- one line, the thread's whole job
+        loader_job = Background(job_fn, name=f"loader-rank{rank}")
+    overlap = (dev.type == "cuda" if overlap_loader is None else overlap_loader) and loader_job is not None
 
     def point_done(p: SweepPoint) -> None:
         _say(progress, f"{who}: compute sweep, batch {p.batch_size}: {1000 * p.median_s:.1f} ms "
                        f"({len(p.times_s)} steps)")
+        if overlap and loader_job is not None and not loader_job.started and p.median_s >= OVERLAP_FROM_STEP_S:
+            _say(progress, f"{who}: dataloader cost per sample (beside the sweep)")
+            loader_job.start()
         if on_point is not None:
             on_point(p)
 
@@ -169,19 +219,24 @@ def measure_rank(
     # The device's state while it is measured (#17): a GPU sample after each point, host deltas over the sweep.
     states = DeviceStateSampler(dev)
     try:
-        result = run_sweep(runner.measure, sweep, clock=time.perf_counter, on_point=states.chain(point_done))
+        with parts.part("compute sweep"):
+            result = run_sweep(runner.measure, sweep, clock=time.perf_counter, on_point=states.chain(point_done))
         device_state = states.collect()
         if not result.points:
             raise RuntimeError(f"rank {rank}: no batch size ran on {dev} (smallest tried: {result.oom_batch})")
-        if dev.type == "cuda":
+        if overlap and loader_job is not None:
+            loader_job.start()  # the sweep ended before its steps grew long: the memory search still overlaps
+        if dev.type == "cuda" and result.oom_batch is not None:
             _say(progress, f"{who}: searching the largest batch that fits")
-        max_batch = find_max_batch(result, runner.fits) if dev.type == "cuda" else None
+        with parts.part("memory search"):
+            max_batch = find_max_batch(result, runner.fits) if dev.type == "cuda" else None
         num_params, grad_bytes, step_meta = runner.num_params, runner.grad_bytes, runner.meta()
         # Charged once per optimizer step when a rank accumulates (planner/_accumulation.py); batch-independent.
         # Timed alone it can read above a whole small step (clock noise on microsecond steps): never more than
         # half of the smallest measured step, which it is part of.
-        optimizer_s = min(runner.optimizer_step_s(result.points[0].batch_size),
-                          0.5 * min(p.median_s for p in result.points))
+        with parts.part("optimizer step"):
+            optimizer_s = min(runner.optimizer_step_s(result.points[0].batch_size),
+                              0.5 * min(p.median_s for p in result.points))
     finally:
         states.close()
         runner.close()
@@ -189,11 +244,22 @@ def measure_rank(
 
     loader_meta: dict[str, Any] = {}
     loader_profile = None
-    if measure_loader is not None:
-        _say(progress, f"{who}: dataloader cost per sample")
-        loader_profile, loader_meta = in_turn(measure_loader, layout)
-        loader_profile, shared_meta = share_on_host(loader_profile, loader_key)
-        loader_meta = {**loader_meta, **shared_meta}
+    if loader_job is not None:
+        if not loader_job.started:
+            _say(progress, f"{who}: dataloader cost per sample")
+        waited = time.perf_counter()
+        got = loader_job.result()  # joined before any other collective
+        if per_host:
+            got = _share_loader(got)
+        assert got is not None
+        loader_profile, loader_meta = got
+        if not per_host:  # measured by every rank in turn: identical ranks of a host agree on one answer
+            loader_profile, shared_meta = share_on_host(loader_profile, loader_key)
+            loader_meta = {**loader_meta, **shared_meta}
+        # Its own seconds; the wait after the sweep is what it added to the profile's wall time.
+        parts.add("loader" + (" (beside the sweep)" if overlap else ""), loader_job.elapsed_s)
+        if overlap:
+            parts.seconds["loader wait after sweep"] = round(time.perf_counter() - waited, 3)
 
     name, facts = inventory.device_facts(dev)
     info: dict[str, Any] = {
@@ -211,6 +277,7 @@ def measure_rank(
         "sweep_repeats": [len(p.times_s) for p in result.points],
         "fit_max_rel_residual": round(result.fit_residual() or 0.0, 4),
         "compute_profile_s": round(compute_s, 3),
+        "profile_parts_s": dict(parts.seconds),
         "ranks_on_host": layout[1],
         "hostname": inventory.machine_name(),
     }
@@ -272,53 +339,18 @@ def gather_ranks(rank_profile: RankProfile, *, model_name: str, make_runner: Cal
     grad_bytes = int(rank_profile.meta.get("grad_bytes") or 0)
     ranks = [RankProfile.from_dict(g["rank"], path=f"rank {i}'s profile") for i, g in enumerate(gathered)]
     hosts = [HostProfile.from_dict(g["host"], path=f"rank {i}'s host") for i, g in enumerate(gathered)]
-    comm, comm_meta = _measure_comm(grad_bytes, ranks, make_runner, comm_repeats, progress)
+    t0 = time.perf_counter()
+    comm, comm_meta = measure_comm(grad_bytes, ranks, make_runner, comm_repeats,
+                                   lambda line: _say(progress, line))
+    comm_s = time.perf_counter() - t0
     if dist.get_rank() != 0:
         return None
+    # The budget per part (issue 16): rank 0's parts, the slowest rank's sweep, and the communication.
+    mine = dict(rank_profile.meta.get("profile_parts_s") or {})
+    _say(progress, "profile parts (rank 0): " + ", ".join(f"{k} {v:.1f} s" for k, v in mine.items())
+         + f"; all-reduce and DDP cost {comm_s:.1f} s")
+    comm_meta = {**comm_meta, "comm_profile_s": round(comm_s, 3)}
     return assemble_profile(ranks, hosts, model_name, comm, {**(meta or {}), **comm_meta})
-
-
-def _measure_comm(grad_bytes: int, ranks: list[RankProfile], make_runner: Callable[[], TimedSteps] | None,
-                  repeats: int, progress: Progress | None = None) -> tuple[CommProfile, dict[str, Any]]:
-    """All-reduce time and the measured DDP overhead (profiler.ddp), on the backend training will use; the
-    overhead's rounds go to the profile's meta."""
-    import statistics
-
-    from profiler.comm import measure_allreduce
-    from profiler.ddp import common_batch, measure_exposed_rounds_s
-
-    # All-CUDA jobs train over NCCL: time NCCL even when the default group is gloo (mixed jobs stay on gloo).
-    group: dist.ProcessGroup | None = None
-    if all(r.device.startswith("cuda") for r in ranks) and dist.get_backend() != "nccl" and dist.is_nccl_available():
-        new = dist.new_group(backend="nccl")
-        assert isinstance(new, dist.ProcessGroup)  # every rank is a member, so never the non-member sentinel
-        group = new
-    try:
-        _say(progress, f"all-reduce of {grad_bytes / 2**20:.1f} MiB of gradient ({repeats} repeats)")
-        comm = measure_allreduce(grad_bytes, repeats=repeats, group=group)
-        exposed: float | None = None
-        rounds: list[float] = []
-        b = common_batch(ranks)
-        if make_runner is not None:
-            _say(progress, f"DDP overhead: 3 rounds of DDP steps at batch {b} on every rank")
-            try:
-                rounds = measure_exposed_rounds_s(make_runner, ranks, group=group)
-                exposed = float(statistics.median(rounds))
-            except Exception as e:
-                warnings.warn(f"could not time DDP steps ({type(e).__name__}: {e}); the plan will estimate the "
-                              "exposed communication from the all-reduce time instead", stacklevel=2)
-        # Every rank keeps the measurement only if every rank got one (a failure is usually the same everywhere).
-        ok = torch.tensor([0.0 if exposed is None else 1.0],
-                          device=torch.device("cuda", torch.cuda.current_device())
-                          if str(dist.get_backend(group)) == "nccl" else torch.device("cpu"))
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
-        if ok.item() <= 0:
-            return dataclasses.replace(comm, exposed_s=None), {}
-        return (dataclasses.replace(comm, exposed_s=exposed),
-                {"ddp_overhead_rounds_s": [round(x, 6) for x in rounds], "ddp_overhead_batch": b})
-    finally:
-        if group is not None:
-            dist.destroy_process_group(group)
 
 
 def profile_devices(workload: Workload, devices: Sequence[str], *, quick: bool,

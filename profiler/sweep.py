@@ -20,6 +20,11 @@ profiler.compute, or a fake in tests) and a ``clock() -> seconds`` (time.perf_co
     the last segment measures the per-sample slope (not a chord across the knee), a batch does not fit, or
     ``max_flat_jumps`` are spent.  Seen on 2 H100s: a
     ResNet-50 profile stopped at batch 32 (every point 15-18 ms) and the plan extrapolated rank 0 to 476;
+  * (issue 16, to profile faster) points after the first warm up with ``warmup_next`` steps; a point's repeats
+    stop early once ``min_repeats`` agree within ``spread_stop``; and the series stops growing once its last
+    points are linear within ``linear_stop_tol`` and one check point ``linear_check_factor`` times further out
+    lies on the same line (where it does not, the sweep goes on as before); ``SweepOptions.thorough()`` turns
+    all three off;
   * then suspects are re-measured: a point slower than the next larger batch, or more than ``suspect_tol`` above
     the chord of its neighbours (a concave bump).  Interference from other processes only ever slows a step,
     so of the two medians the lower one is kept.  This repairs the few points a busy host spoils without
@@ -69,6 +74,9 @@ class SweepOptions:
     linear parts, and a chord across a factor of 2 over-estimates there by up to ~10% (seen on H200)."""
     max_batch: int = 4096
     warmup: int = 2
+    warmup_next: int | None = 1
+    """Warm-up steps of every point after the first (None: ``warmup``): the model, optimizer state and kernels are
+    loaded by then; a new shape needs one step for the allocator (cuDNN does not autotune unless asked)."""
     min_repeats: int = 3
     max_repeats: int = 15
     point_budget_s: float = 1.0
@@ -80,6 +88,19 @@ class SweepOptions:
     min_points: int = 3
     min_batch: int = 1
     """Smallest batch the slow-device extension may try (2 for BatchNorm models: batch 1 cannot normalize)."""
+    linear_stop_tol: float | None = 0.03
+    """Stop growing once the last ``linear_points`` points lie on one line within this relative distance, with
+    repeats that agree as closely and an intercept under a quarter of the last step: the device is compute-bound
+    there and further points only extend the line the planner extrapolates anyway (issue 16: profile faster).
+    None: grow until the series end, the budget, the step limit or out of memory (the pre-#16 sweep)."""
+    linear_points: int = 4
+    """Points that must be collinear (with midpoints: a factor 3 of batch, e.g. 128..384)."""
+    linear_check_factor: int = 8
+    """Before stopping on a linear tail, one point this many times further out must lie on its line too (within
+    the budget and max_batch); where it does not, the sweep goes on as a full one would."""
+    spread_stop: float | None = 0.02
+    """Stop a point's repeats once ``min_repeats`` steps agree within this relative spread ((max - min) / median);
+    None: always the repeats ``point_budget_s`` asks for (the pre-#16 sweep)."""
     suspect_tol: float = 0.25
     """Relative excess over the neighbours' chord (or over the next batch) that triggers a re-measurement."""
     remeasure_rounds: int = 2
@@ -98,6 +119,13 @@ class SweepOptions:
             )
         if not 1 <= self.min_repeats <= self.max_repeats:
             raise ValidationError(f"sweep: need 1 <= min_repeats <= max_repeats, got {self.min_repeats}, {self.max_repeats}")
+
+    @classmethod
+    def thorough(cls, **overrides: object) -> SweepOptions:
+        """The pre-#16 sweep: every point's full repeats, growing until budget/limit/memory (for comparison)."""
+        base: dict[str, object] = dict(linear_stop_tol=None, spread_stop=None, warmup_next=None)
+        base.update(overrides)
+        return cls(**base)  # type: ignore[arg-type]
 
     @classmethod
     def quick(cls, **overrides: object) -> SweepOptions:
@@ -131,7 +159,7 @@ class SweepPoint:
 class SweepResult:
     points: tuple[SweepPoint, ...]
     stop_reason: str
-    """"series end" | "does not fit" | "step limit" | "time budget"."""
+    """"series end" | "does not fit" | "step limit" | "time budget" | "linear"."""
     oom_batch: int | None = None
     """Smallest batch seen not to fit (None when none failed)."""
     elapsed_s: float = 0.0
@@ -190,30 +218,62 @@ def run_sweep(measure: Measure, opts: SweepOptions, *, clock: Callable[[], float
     t0 = clock()
     points: list[SweepPoint] = []
     reason, oom = "series end", None
+    linear_stop = not explicit and opts.linear_stop_tol is not None
+    far: SweepPoint | None = None  # a check beyond a linear tail that found a bend: placed when the series gets there
+
+    def cost_s(b: int) -> float:
+        """Predicted cost of a point at b: linear in b from the last point (an over-estimate in a flat region)."""
+        last = points[-1]
+        step_pred = last.median_s * b / last.batch_size
+        return step_pred * (opts.warmup + 1 + repeats_for(step_pred, opts))
+
+    def emit(p: SweepPoint) -> None:
+        if on_point is not None:
+            on_point(p)
+
     for b in series:
-        if not explicit and len(points) >= opts.min_points:
-            last = points[-1]
-            # Predicted cost of the next point: linear in b (an over-estimate in a GPU's flat region).
-            step_pred = last.median_s * b / last.batch_size
-            cost = step_pred * (opts.warmup + 1 + repeats_for(step_pred, opts))
-            if clock() - t0 + cost > opts.total_budget_s:
-                reason = "time budget"
-                break
+        if far is not None and b >= far.batch_size:
+            points.append(far)
+            far = None
+            if b == points[-1].batch_size:
+                continue
+        if not explicit and len(points) >= opts.min_points and clock() - t0 + cost_s(b) > opts.total_budget_s:
+            reason = "time budget"
+            break
         try:
-            probe = measure(b, opts.warmup, 1)
-            n = repeats_for(probe.times_s[0], opts)
-            rest = measure(b, 0, n - 1) if n > 1 else Measurement(times_s=())
+            point = _measure_point(measure, b, opts, first=not points)
         except DoesNotFit:
             reason, oom = "does not fit", b
             break
-        peaks = [p for p in (probe.peak_bytes, rest.peak_bytes) if p is not None]
-        point = SweepPoint(batch_size=b, times_s=probe.times_s + rest.times_s, peak_bytes=max(peaks) if peaks else None)
         points.append(point)
-        if on_point is not None:
-            on_point(point)
+        emit(point)
         if not explicit and point.median_s > opts.step_limit_s:
             reason = "step limit"
             break
+        if linear_stop and opts.linear_stop_tol is not None and linear_tail(points, opts.linear_stop_tol,
+                                                                            opts.linear_points):
+            # Linear so far; one check far out (linear_check_factor x) before trusting the line beyond: a CPU's
+            # caches or a GPU near its memory limit bend the curve up later.
+            check = min(opts.max_batch, b * opts.linear_check_factor)
+            if check <= b or clock() - t0 + cost_s(check) > opts.total_budget_s:
+                reason = "linear"
+                break
+            try:
+                fp = _measure_point(measure, check, opts, first=False)
+            except DoesNotFit:
+                reason, oom = "does not fit", check
+                break
+            emit(fp)
+            tail = points[-opts.linear_points:]
+            slope = (tail[-1].median_s - tail[0].median_s) / (tail[-1].batch_size - tail[0].batch_size)
+            line = tail[-1].median_s + slope * (check - tail[-1].batch_size)
+            if abs(fp.median_s - line) <= opts.linear_stop_tol * fp.median_s:
+                points.append(fp)
+                reason = "linear"
+                break
+            far, linear_stop = fp, False  # it bends: the series goes on as a full sweep would
+    if far is not None:
+        points.append(far)
     if not explicit and reason == "time budget":
         reason, oom = _leave_flat_part(measure, points, opts, on_point)
     if not explicit and points and len(points) < opts.min_points and reason in ("step limit", "time budget"):
@@ -225,8 +285,7 @@ def run_sweep(measure: Measure, opts: SweepOptions, *, clock: Callable[[], float
             except DoesNotFit:  # cannot happen below a batch that ran; keep what we have
                 break
             points.insert(0, SweepPoint(batch_size=b, times_s=probe.times_s, peak_bytes=probe.peak_bytes))
-            if on_point is not None:
-                on_point(points[0])
+            emit(points[0])
             b //= opts.growth
     points = remeasure_suspects(measure, points, opts)
     return SweepResult(points=tuple(points), stop_reason=reason, oom_batch=oom, elapsed_s=clock() - t0)
@@ -262,6 +321,43 @@ def _leave_flat_part(measure: Measure, points: list[SweepPoint], opts: SweepOpti
         if points[-1].median_s > opts.step_limit_s:
             break
     return reason, None
+
+
+def _measure_point(measure: Measure, b: int, opts: SweepOptions, *, first: bool) -> SweepPoint:
+    """One point: warm-up and a timed probe that sets the repeats, then the repeats (early-stopped when the first
+    min_repeats agree within spread_stop).  Raises DoesNotFit."""
+    warm = opts.warmup if first or opts.warmup_next is None else opts.warmup_next
+    probe = measure(b, warm, 1)
+    n = repeats_for(probe.times_s[0], opts)
+    parts = [probe]
+    if opts.spread_stop is not None and n > opts.min_repeats:
+        # Enough steps to judge the noise first; the rest only where they disagree.
+        parts.append(measure(b, 0, opts.min_repeats - 1))
+        times = [t for m in parts for t in m.times_s]
+        if (max(times) - min(times)) / statistics.median(times) > opts.spread_stop:
+            parts.append(measure(b, 0, n - opts.min_repeats))
+    elif n > 1:
+        parts.append(measure(b, 0, n - 1))
+    peaks = [m.peak_bytes for m in parts if m.peak_bytes is not None]
+    return SweepPoint(batch_size=b, times_s=tuple(t for m in parts for t in m.times_s),
+                      peak_bytes=max(peaks) if peaks else None)
+
+
+def linear_tail(points: list[SweepPoint], tol: float, n: int = 4) -> bool:
+    """True when the last n points are compute-bound and linear: each within `tol` of the line through the first
+    and last of them, their repeats within `tol` too, and that line's intercept in [-10%, 25%] of the last step."""
+    if n < 3 or len(points) < n:
+        return False
+    tail = points[-n:]
+    (b0, t0), (b1, t1) = (tail[0].batch_size, tail[0].median_s), (tail[-1].batch_size, tail[-1].median_s)
+    if b1 <= b0 or t1 <= 0:
+        return False
+    slope = (t1 - t0) / (b1 - b0)
+    intercept = t0 - slope * b0
+    if not -0.1 * t1 <= intercept <= 0.25 * t1:
+        return False
+    return all(abs(p.median_s - (intercept + slope * p.batch_size)) <= tol * p.median_s and p.spread <= tol
+               for p in tail)
 
 
 def suspects(points: list[SweepPoint], tol: float) -> list[int]:

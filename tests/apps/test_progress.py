@@ -139,7 +139,7 @@ def test_bench_reports_every_phase(tmp_path: Path) -> None:
     lines = _lines(proc.stderr, "bench")
     texts = [t for _, t in lines]
     assert "profile: rank 0 (cpu): compute sweep (budget 6 s)" in texts
-    assert any(t.startswith("profile: DDP overhead: 3 rounds") for t in texts)
+    assert any(t.startswith("profile: DDP cost: 3 rounds") for t in texts)
     for k, name in enumerate(("equal", "plan"), 1):
         assert any(t.startswith(f"strategy {name} ({k}/2, batches [") and "epoch 1: 3 steps of 32 samples" in t
                    for t in texts), texts

@@ -71,7 +71,7 @@ def test_repeats_follow_the_point_budget() -> None:
 
 def test_auto_sweep_runs_the_series_and_hands_medians_to_the_fit() -> None:
     dev = FakeDevice()
-    opts = SweepOptions(max_batch=256, total_budget_s=1e9, midpoints=False)
+    opts = SweepOptions.thorough(max_batch=256, total_budget_s=1e9, midpoints=False)
     res = run_sweep(dev.measure, opts, clock=dev.clock)
     assert [p.batch_size for p in res.points] == [8, 16, 32, 64, 128, 256]
     assert res.stop_reason == "series end" and res.oom_batch is None
@@ -105,7 +105,7 @@ def test_stops_at_the_first_batch_that_does_not_fit() -> None:
 
 def test_stops_when_a_step_exceeds_the_limit() -> None:
     dev = FakeDevice(per_sample_s=0.01)  # 0.01 s per sample: b=256 -> 2.56 s
-    res = run_sweep(dev.measure, SweepOptions(step_limit_s=2.0, total_budget_s=1e9), clock=dev.clock)
+    res = run_sweep(dev.measure, SweepOptions.thorough(step_limit_s=2.0, total_budget_s=1e9), clock=dev.clock)
     assert res.points[-1].batch_size == 256 and res.stop_reason == "step limit"
 
 
@@ -137,7 +137,7 @@ def test_explicit_batches_ignore_limits_but_not_memory() -> None:
 def test_interference_spike_is_remeasured_and_the_lower_median_kept() -> None:
     # Both measurements of b=32 in the sweep (probe + repeats) are slowed 10x; the re-measurement is clean.
     dev = FakeDevice(flat_s=0.0, per_sample_s=0.001, spikes={32: [[0.32], [0.32, 0.32]]})
-    opts = SweepOptions(max_batch=128, total_budget_s=1e9, min_repeats=3, max_repeats=3)
+    opts = SweepOptions.thorough(max_batch=128, total_budget_s=1e9, min_repeats=3, max_repeats=3)
     res = run_sweep(dev.measure, opts, clock=dev.clock)
     assert {p.batch_size: p.median_s for p in res.points}[32] == pytest.approx(0.032)
     assert [c for c in dev.calls if c[0] == 32][-1] == (32, opts.warmup, 3)  # one re-measurement, warmed up
@@ -208,3 +208,65 @@ def test_flat_jumps_stop_at_memory_and_at_max_batch() -> None:
                                                          max_batch=1024), clock=never_bends.clock)
     assert capped.points[-1].batch_size == 1024 and capped.stop_reason == "time budget, then past the flat part"
     assert max(b for b, _, _ in never_bends.calls) == 1024
+
+
+def test_linear_tail_stops_growth_and_the_fit_matches_the_full_sweep() -> None:
+    """Issue 16: once the last points are compute-bound and collinear the sweep stops; the planner's fitted curve
+    is the full sweep's within 1% over the full sweep's whole range (it extrapolates the same line)."""
+    dev = FakeDevice(flat_s=0.010, per_sample_s=0.0002)
+    full = run_sweep(dev.measure, SweepOptions.thorough(max_batch=4096, total_budget_s=1e9), clock=dev.clock)
+    fast_dev = FakeDevice(flat_s=0.010, per_sample_s=0.0002)
+    fast = run_sweep(fast_dev.measure, SweepOptions(max_batch=4096, total_budget_s=1e9), clock=fast_dev.clock)
+    assert fast.stop_reason == "linear" and full.stop_reason == "series end"
+    assert fast.points[-1].batch_size < full.points[-1].batch_size and fast.elapsed_s < full.elapsed_s / 4
+    f_full, f_fast = fit_envelope(full.compute_points()), fit_envelope(fast.compute_points())
+    for b in (8, 50, 100, 384, 1000, 4096):
+        assert f_fast(b) == pytest.approx(f_full(b), rel=0.01)
+
+
+def test_a_flat_or_bending_tail_is_not_linear() -> None:
+    from profiler.sweep import linear_tail
+
+    def pts(times: list[float]) -> list[SweepPoint]:
+        return [SweepPoint(batch_size=b, times_s=(t, t, t)) for b, t in zip((64, 96, 128, 192), times, strict=True)]
+
+    assert linear_tail(pts([0.064, 0.096, 0.128, 0.192]), 0.03)  # t proportional to b
+    assert not linear_tail(pts([0.02, 0.02, 0.02, 0.02]), 0.03)  # flat: launch-bound, the knee is still ahead
+    assert not linear_tail(pts([0.03, 0.04, 0.06, 0.10]), 0.03)  # still bending
+    noisy = [SweepPoint(batch_size=b, times_s=(t, 1.2 * t, t)) for b, t in ((64, 0.064), (96, 0.096), (128, 0.128),
+                                                                             (192, 0.192))]
+    assert not linear_tail(noisy, 0.03)  # repeats that disagree cannot certify a line
+
+
+def test_repeats_stop_early_when_the_first_steps_agree() -> None:
+    dev = FakeDevice(flat_s=0.001, per_sample_s=0.0)  # identical steps: min_repeats are enough
+    run_sweep(dev.measure, SweepOptions(batch_sizes=(8,), min_repeats=3, max_repeats=15), clock=dev.clock)
+    assert dev.calls == [(8, 2, 1), (8, 0, 2)]
+    noisy = FakeDevice(flat_s=0.001, per_sample_s=0.0, spikes={8: [[0.001], [0.001, 0.002]]})
+    run_sweep(noisy.measure, SweepOptions(batch_sizes=(8,), min_repeats=3, max_repeats=15), clock=noisy.clock)
+    assert noisy.calls == [(8, 2, 1), (8, 0, 2), (8, 0, 12)]  # they disagree: the point's full repeats
+    two = FakeDevice(flat_s=0.001, per_sample_s=0.0)
+    run_sweep(two.measure, SweepOptions(batch_sizes=(8, 16), min_repeats=3, max_repeats=15), clock=two.clock)
+    assert [c for c in two.calls if c[2] == 1] == [(8, 2, 1), (16, 1, 1)]  # one warm-up after the first point
+
+
+class BendingDevice(FakeDevice):
+    """Linear to 128 samples, then steeper (a CPU's caches, seen with cifar_cnn on this box: 2x at 512)."""
+
+    def t(self, b: int) -> float:
+        return 0.001 * b + (0.002 * (b - 128) if b > 128 else 0.0)
+
+
+def test_a_check_point_past_a_linear_tail_finds_a_bend_and_the_sweep_goes_on() -> None:
+    dev = BendingDevice()
+    res = run_sweep(dev.measure, SweepOptions(start_batch=8, max_batch=512, total_budget_s=1e9), clock=dev.clock)
+    sizes = [p.batch_size for p in res.points]
+    assert sizes == sorted(sizes) and len(set(sizes)) == len(sizes)  # the check point took its place in order
+    assert res.stop_reason == "series end" and sizes[-1] == 512  # went on as a full sweep would
+    fit = fit_envelope(res.compute_points())
+    for b in (64, 256, 512):
+        assert fit(b) == pytest.approx(dev.t(b), rel=0.01)
+    straight = FakeDevice(flat_s=0.0, per_sample_s=0.001)
+    ok = run_sweep(straight.measure, SweepOptions(start_batch=8, max_batch=4096, total_budget_s=1e9),
+                   clock=straight.clock)
+    assert ok.stop_reason == "linear" and ok.points[-1].batch_size == 8 * ok.points[-2].batch_size  # checked far out

@@ -1,0 +1,136 @@
+"""Communication under heterogeneity: what a rank's step costs under DDP when its peers run late.
+
+A synchronous DDP step is predicted as
+
+    T(split) = max_i  f_i * t_i(b_i)  +  e
+
+with t_i the rank's standalone curve, f_i >= 1 the rank's *wait factor* and e = comm.exposed_s, what DDP adds
+to every step (the all-reduce tail after the last bucket, DDP's own per-step work), measured at an equal split
+with the factors applied: e = T_DDP(equal) - max_i f_i t_i(b).  Why f_i: DDP launches a bucket's all-reduce as soon as
+backward produces it.  When a peer produces its buckets later in the step (a slower device whose extra work comes
+before its backward -- the emulated skew -- or a co-tenant), the early rank's NCCL kernels sit on its SMs, waiting,
+while its own backward still runs; that backward slows down by the share of SMs they hold (~ channels / SMs:
+32 CTAs of 132 SMs on an H100/H200, the +7-14% prediction error of issue 16 at F = 3).  The effect is
+proportional to the overlapped backward, which at a balanced split is a fixed share of the step, so a factor on
+the rank's curve models it, and the program stays linear: f_i * t_i(b_i) <= T - e for every affine piece.
+
+The profiler measures f_i directly (profiler.ddp): a few DDP steps at the split the plan will be near -- the
+balanced split of ``balanced_split`` -- timing each rank from its step start to its last gradient bucket, over
+its standalone compute at that batch.  ``wait_factors`` turns those times into factors; a rank whose factor is
+within the measurement's noise of the least-waiting rank's gets that rank's, so a homogeneous job's split is
+unchanged.  Recorded at F = 3 on 2 H200s (docs/results/h200x2_resnet50_F3_s3_after_layout.json, plan row): rank 0
+computed 88.2 ms under DDP against 81.7 ms alone (f = 1.08), the emulated rank 81.2 against 81.3 (f = 1).
+
+Launch settings (``choose_launch_env``): the profile may time the same steps with another NCCL setting (fewer
+CTAs); a setting is recorded only when it beats the default by more than the rounds' spread at the balanced split
+and costs no more than that spread at the equal split.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+
+from planner.curves import Envelope
+
+MAX_WAIT_FACTOR = 2.0
+"""A factor above this is a measurement gone wrong (a stall, a co-tenant burst), never a model: clipped."""
+
+
+def balanced_split(curves: Sequence[Envelope], total: int, *, min_batch: int = 1,
+                   caps: Sequence[int | None] | None = None) -> list[int]:
+    """Integer batches summing to `total` that make the ranks' standalone times as equal as the curves allow.
+
+    Bisection on the common time T: rank i takes the largest b with t_i(b) <= T (clamped to [min_batch, cap]);
+    then the remainder goes, one sample at a time, to the rank whose time after taking it is the smallest.
+    ``caps`` bound each rank (the largest batch the profile saw run, so the measurement cannot run out of memory).
+    """
+    n = len(curves)
+    caps = list(caps) if caps is not None else [None] * n
+    assert n >= 1 and total >= n * min_batch, (n, total, min_batch)
+
+    def take(t: float) -> list[int]:
+        out = []
+        for c, cap in zip(curves, caps, strict=True):
+            b = c.max_batch_within(t)
+            b = min(b, float(cap if cap is not None else total))
+            out.append(max(min_batch, int(min(b, total))))
+        return out
+
+    lo, hi = 0.0, max(c(total) for c in curves)
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if sum(take(mid)) > total:
+            hi = mid
+        else:
+            lo = mid
+    b = take(lo)
+    while sum(b) > total:  # min_batch clamps can overshoot: take back from the slowest rank that can give
+        i = max((j for j in range(n) if b[j] > min_batch), key=lambda j: curves[j](b[j]))
+        b[i] -= 1
+    while sum(b) < total:
+        room = [j for j in range(n) if (cap := caps[j]) is None or b[j] < cap] or list(range(n))
+        i = min(room, key=lambda j: curves[j](b[j] + 1))
+        b[i] += 1
+    return b
+
+
+def wait_factors(ddp_compute_s: Sequence[float], alone_compute_s: Sequence[float], *, noise: float) -> tuple[float, ...]:
+    """f_i = rank i's compute under DDP (step start to last bucket) over its compute alone, both at the same batch,
+    divided by the least such ratio.
+
+    Every rank pays DDP's own work (hooks, bucket copies, its all-reduce kernels overlapping its backward): on a
+    small or launch-bound model that is a constant of milliseconds per step, not a share of the compute, and the
+    exposed term counts it (measured at the equal split with these factors applied).  What is left after the
+    division is the waiting: a rank whose kernels wait for a later peer reads higher.  A factor within ``noise``
+    (relative) of 1 is 1, so noise never moves a split; none is above MAX_WAIT_FACTOR.
+    """
+    assert len(ddp_compute_s) == len(alone_compute_s) and ddp_compute_s
+    ratios = [d / a if a > 0 else 1.0 for d, a in zip(ddp_compute_s, alone_compute_s, strict=True)]
+    base = min(ratios)
+    factors = [r / base if base > 0 else 1.0 for r in ratios]
+    return tuple(1.0 if f - 1.0 <= noise else round(min(f, MAX_WAIT_FACTOR), 4) for f in factors)
+
+
+def rank_factors(factors: Sequence[float] | None, world_size: int) -> tuple[float, ...]:
+    """The factors the solver applies (1 per rank where the profile has none or they do not fit its ranks)."""
+    if factors is None or len(factors) != world_size:
+        return (1.0,) * world_size
+    return tuple(max(1.0, float(f)) for f in factors)
+
+
+def relative_spread(values: Sequence[float]) -> float:
+    """(max - min) / median of a few rounds: the noise a difference must beat."""
+    if len(values) < 2:
+        return 0.0
+    med = statistics.median(values)
+    return (max(values) - min(values)) / med if med > 0 else 0.0
+
+
+def choose_launch_env(default: tuple[Sequence[float], Sequence[float]],
+                      variants: Mapping[str, tuple[Mapping[str, str], Sequence[float], Sequence[float]]]
+                      ) -> tuple[str, Mapping[str, str]] | None:
+    """The variant to record, or None (keep the default).
+
+    ``default`` = (balanced-split step times, equal-split step times) of the rounds under the default setting;
+    ``variants[name]`` = (env, balanced rounds, equal rounds).  A variant wins when its median balanced step is
+    below the default's by more than both spreads together, and its median equal step is no more than that
+    margin above the default's (it must not cost the homogeneous case).  Of the winners the fastest is taken.
+    """
+    d_bal, d_eq = default
+    best: tuple[float, str, Mapping[str, str]] | None = None
+    for name, (env, v_bal, v_eq) in variants.items():
+        if not v_bal or not v_eq or not d_bal or not d_eq:
+            continue
+        margin = relative_spread(d_bal) + relative_spread(v_bal)
+        gain = 1.0 - statistics.median(v_bal) / statistics.median(d_bal)
+        eq_cost = statistics.median(v_eq) / statistics.median(d_eq) - 1.0
+        eq_margin = max(margin, relative_spread(d_eq) + relative_spread(v_eq))
+        if gain > margin and eq_cost <= eq_margin and (best is None or statistics.median(v_bal) < best[0]):
+            best = (statistics.median(v_bal), name, env)
+    return None if best is None else (best[1], best[2])
+
+
+def export_lines(env: Mapping[str, str]) -> list[str]:
+    """``export NAME=VALUE`` lines for a shell script (names sorted, so the output is stable)."""
+    return [f"export {k}={v}" for k, v in sorted(env.items())]

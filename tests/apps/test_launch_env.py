@@ -1,0 +1,36 @@
+"""`planner train` applies a plan's measured launch setting before the process group starts (apps/cmd_train.py),
+never over a value the user set; without one (or off NCCL) DDP keeps the default group (apps/train.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from apps.cmd_train import apply_launch_env
+from apps.distenv import DistEnv
+from apps.train import launch_group
+from planner.plan import Plan, Predicted, RankPlan
+
+
+def _plan(launch_env: dict[str, str]) -> Plan:
+    ranks = tuple(RankPlan(rank=i, batch_size=4, share=0.5, num_workers=0, predicted_step_time_s=0.1,
+                           bottleneck="compute") for i in range(2))
+    pred = Predicted(step_time_s=0.1, samples_per_s=80.0, equal_split_samples_per_s=80.0, ideal_samples_per_s=80.0)
+    return Plan(world_size=2, global_batch=8, ranks=ranks, predicted=pred, launch_env=launch_env)
+
+
+def test_apply_sets_what_is_unset_and_keeps_the_users(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("NCCL_MIN_CTAS", raising=False)
+    monkeypatch.setenv("NCCL_MAX_CTAS", "8")
+    apply_launch_env({"NCCL_MIN_CTAS": "2", "NCCL_MAX_CTAS": "2"})
+    import os
+
+    assert os.environ["NCCL_MIN_CTAS"] == "2" and os.environ["NCCL_MAX_CTAS"] == "8"
+    assert "NCCL_MAX_CTAS=8 is set in the environment" in capsys.readouterr().err
+
+
+def test_launch_group_is_the_default_off_nccl_or_without_a_setting() -> None:
+    env = DistEnv(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    assert launch_group(_plan({}), env) is None
+    assert launch_group(_plan({"NCCL_MAX_CTAS": "2"}), env) is None  # gloo: nothing to configure

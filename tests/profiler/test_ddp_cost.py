@@ -1,0 +1,140 @@
+"""profiler.ddp on 2 CPU gloo ranks: the DDP cost (exposed tail, wait factors) from steps at the equal and the
+balanced split, the same on every rank; profiler.comm's launch variants are NCCL-only."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch.distributed as dist
+
+from planner.profile import ComputePoint, RankProfile
+from profiler.compute import StepRunner, TimedSteps
+from profiler.ddp import balanced_batches, common_batch, measure_ddp_cost
+from tests._dist import run_distributed
+from workloads.specs import build_workload
+
+
+def _rank(rank: int, times_ms: list[float]) -> RankProfile:
+    return RankProfile(rank=rank, host="h", device="cpu",
+                       compute=tuple(ComputePoint(batch_size=b, step_time_s=t / 1000)
+                                     for b, t in zip([8, 16, 32, 64], times_ms)))
+
+
+def test_balanced_batches_give_the_slow_rank_less_and_stay_within_measured_sizes() -> None:
+    ranks = [_rank(0, [2, 3, 5, 9]), _rank(1, [6, 9, 15])]  # rank 1: 3x slower, its sweep stopped at 32
+    assert common_batch(ranks) == 16
+    # The fast rank reaches its largest batch (64, 9 ms) first; the slow one runs as long at 15 (8.6 ms).
+    assert balanced_batches(ranks) == [64, 15]
+    near_oom = dataclasses.replace(ranks[0], meta={"sweep_stop": "does not fit"})
+    assert balanced_batches([near_oom, ranks[1]])[0] == 32  # the batch under the memory limit is not used
+    assert balanced_batches([ranks[0], ranks[0]]) == [64, 64]  # equal ranks: the equal split
+    flat = _rank(0, [5, 5, 5, 5])  # launch-bound: any batch fits in the same time
+    assert balanced_batches([flat, dataclasses.replace(flat, rank=1)]) == [64, 64]
+
+
+def _worker(rank: int, world: int, slowdowns: list[float]) -> None:
+    workload = build_workload("mlp", "fake")
+
+    def make_runner() -> TimedSteps:
+        return StepRunner(workload, "cpu", slowdown=slowdowns[rank])
+
+    # Standalone curves as a profile would hold them: measured here, same runner.
+    r = make_runner()
+    sizes = (8, 16, 32, 64) if rank == 0 else (8, 16, 32)  # the fast rank's sweep ran further
+    pts = tuple(ComputePoint(batch_size=b, step_time_s=sorted(r.measure(b, 1, 5).times_s)[2]) for b in sizes)
+    r.close()
+    mine = RankProfile(rank=rank, host="h", device="cpu", compute=pts)
+    from collectives import all_gather_json
+
+    ranks = [RankProfile.from_dict(d) for d in all_gather_json(mine.to_dict())]
+    cost = measure_ddp_cost(make_runner, ranks, rounds=2, repeats=2)
+    got = all_gather_json([cost.exposed_s, list(cost.wait_factors), list(cost.balanced.batch_sizes)])
+    assert all(g == got[0] for g in got), got  # every rank holds the same numbers
+    assert cost.equal.batch_sizes == (16, 16)
+    assert cost.balanced.batch_sizes[1] <= 32 and cost.balanced.batch_sizes[0] <= 64
+    assert cost.exposed_s >= 0 and len(cost.exposed_rounds_s) == 2
+    assert len(cost.wait_factors) == world and min(cost.wait_factors) == 1.0 and max(cost.wait_factors) <= 2.0
+    assert all(c > 0 for c in cost.balanced.compute_s) and cost.predicted_balanced_s > 0
+    if slowdowns[1] > 1:  # the emulated rank gets the smaller batch
+        assert cost.balanced.batch_sizes[1] < cost.balanced.batch_sizes[0]
+    assert dist.get_backend() == "gloo"
+
+
+@pytest.mark.distributed
+def test_ddp_cost_on_two_gloo_ranks() -> None:
+    run_distributed(_worker, 2, [1.0, 3.0], timeout_s=120)
+
+
+def test_nccl_group_for_refuses_what_it_cannot_set() -> None:
+    from profiler.comm import nccl_group_for
+
+    assert nccl_group_for({"NCCL_ALGO": "ring"}) is None  # not a per-communicator CTA setting: never tried
+
+
+def _overlap_worker(rank: int, world: int) -> None:
+    import time
+
+    from planner.profile import LoaderProfile
+    from profiler.run import measure_rank
+    from profiler.sweep import SweepOptions
+
+    workload = build_workload("mlp", "fake")
+    seen: list[str] = []
+
+    def loader() -> tuple[LoaderProfile, dict[str, float]]:
+        seen.append("loader")
+        time.sleep(0.2)  # the loader's own work, in its turn with the other rank (barriers in the thread)
+        return LoaderProfile(sec_per_sample=0.001), {"loader_cpu_sec_per_sample": 0.001}
+
+    # Forced beside the sweep on CPU: the loader's turns run in a thread while the sweep runs here.
+    rp = measure_rank(lambda dev: StepRunner(workload, dev), "cpu", sweep=SweepOptions.quick(total_budget_s=1.0),
+                      measure_loader=loader, overlap_loader=True)
+    parts = rp.meta["profile_parts_s"]
+    assert seen == ["loader"] and rp.loader is not None and rp.loader.sec_per_sample == 0.001
+    assert {"compute sweep", "memory search", "optimizer step", "loader (beside the sweep)"} <= set(parts)
+    from collectives import all_gather_json
+
+    assert all_gather_json(rank) == list(range(world))  # the collectives after it still line up
+
+
+@pytest.mark.distributed
+def test_loader_beside_the_sweep_keeps_the_collectives_in_order() -> None:
+    run_distributed(_overlap_worker, 2, timeout_s=120)
+
+
+def test_a_launch_variant_is_timed_only_where_a_rank_waits_and_cheaply() -> None:
+    from profiler.ddp import DDPCost, SplitRounds
+
+    eq = SplitRounds(batch_sizes=(16, 16), step_s=(0.16, 0.17, 0.16), compute_s=(0.05, 0.15), compute_spread=0.01)
+    bal = SplitRounds(batch_sizes=(24, 8), step_s=(0.09, 0.09, 0.10), compute_s=(0.088, 0.081), compute_spread=0.01)
+    waiting = DDPCost(exposed_s=0.001, exposed_rounds_s=(0.001,) * 3, wait_factors=(1.08, 1.0), equal=eq,
+                      balanced=bal, predicted_balanced_s=0.09)
+    assert waiting.some_rank_waits
+    assert waiting.cost_s(warmup=1, rounds=2, repeats=3) == pytest.approx((0.16 + 0.09) * 7)
+    assert not dataclasses.replace(waiting, wait_factors=(1.02, 1.02)).some_rank_waits
+
+
+def _per_host_worker(rank: int, world: int) -> None:
+    from planner.profile import LoaderProfile
+    from profiler.run import measure_rank
+    from profiler.sweep import SweepOptions
+
+    workload = build_workload("mlp", "fake")
+    ran: list[int] = []
+
+    def loader() -> tuple[LoaderProfile, dict[str, float]]:
+        ran.append(rank)
+        return LoaderProfile(sec_per_sample=0.001 * (rank + 1)), {"loader_cpu_sec_per_sample": 0.001}
+
+    rp = measure_rank(lambda dev: StepRunner(workload, dev), "cpu", sweep=SweepOptions.quick(total_budget_s=0.5),
+                      measure_loader=loader, overlap_loader=True, loader_per_host=True)
+    # Both ranks share one host: rank 0 measured it once, rank 1 holds rank 0's numbers.
+    assert ran == ([0] if rank == 0 else [])
+    assert rp.loader is not None and rp.loader.sec_per_sample == 0.001
+    assert rp.meta["loader_measured_by_rank"] == 0
+
+
+@pytest.mark.distributed
+def test_one_loader_measurement_per_host_serves_every_rank() -> None:
+    run_distributed(_per_host_worker, 2, timeout_s=120)
