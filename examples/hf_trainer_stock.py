@@ -82,6 +82,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     out = train(get_args_parser().parse_args(argv))
     print(f"rank {out['rank']}: {len(out['batch_sizes'])} steps, batch sizes {sorted(set(out['batch_sizes']))}")
+    if torch.distributed.is_initialized():  # the Trainer started it; leaving it to interpreter exit can abort gloo
+        torch.distributed.destroy_process_group()
     return 0
 
 

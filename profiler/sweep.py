@@ -84,7 +84,9 @@ class SweepOptions:
     step_limit_s: float = 2.0
     """Stop growing once a median step is slower than this (the curve is linear by then)."""
     total_budget_s: float = 30.0
-    """Stop growing when the next point would end after this many seconds (once min_points are measured)."""
+    """Stop growing when the next point would end after this many seconds (once min_points are measured).  Warm-up
+    steps do not count: with cudnn.benchmark a new shape's autotuning takes seconds (ResNet-50 bf16 on H100), and
+    counting it stopped a sweep at batch 16-32 -- the points that matter, not the budget, were lost."""
     min_points: int = 3
     min_batch: int = 1
     """Smallest batch the slow-device extension may try (2 for BatchNorm models: batch 1 cannot normalize)."""
@@ -217,6 +219,7 @@ def run_sweep(measure: Measure, opts: SweepOptions, *, clock: Callable[[], float
         opts.start_batch, opts.max_batch, opts.growth, midpoints=opts.midpoints)
     t0 = clock()
     points: list[SweepPoint] = []
+    warm = [0.0]  # seconds spent in warm-up steps (not charged to the budget)
     reason, oom = "series end", None
     linear_stop = not explicit and opts.linear_stop_tol is not None
     far: SweepPoint | None = None  # a check beyond a linear tail that found a bend: placed when the series gets there
@@ -237,11 +240,11 @@ def run_sweep(measure: Measure, opts: SweepOptions, *, clock: Callable[[], float
             far = None
             if b == points[-1].batch_size:
                 continue
-        if not explicit and len(points) >= opts.min_points and clock() - t0 + cost_s(b) > opts.total_budget_s:
+        if not explicit and len(points) >= opts.min_points and clock() - t0 - warm[0] + cost_s(b) > opts.total_budget_s:
             reason = "time budget"
             break
         try:
-            point = _measure_point(measure, b, opts, first=not points)
+            point = _measure_point(measure, b, opts, first=not points, clock=clock, warm=warm)
         except DoesNotFit:
             reason, oom = "does not fit", b
             break
@@ -255,11 +258,11 @@ def run_sweep(measure: Measure, opts: SweepOptions, *, clock: Callable[[], float
             # Linear so far; one check far out (linear_check_factor x) before trusting the line beyond: a CPU's
             # caches or a GPU near its memory limit bend the curve up later.
             check = min(opts.max_batch, b * opts.linear_check_factor)
-            if check <= b or clock() - t0 + cost_s(check) > opts.total_budget_s:
+            if check <= b or clock() - t0 - warm[0] + cost_s(check) > opts.total_budget_s:
                 reason = "linear"
                 break
             try:
-                fp = _measure_point(measure, check, opts, first=False)
+                fp = _measure_point(measure, check, opts, first=False, clock=clock, warm=warm)
             except DoesNotFit:
                 reason, oom = "does not fit", check
                 break
@@ -291,12 +294,18 @@ def run_sweep(measure: Measure, opts: SweepOptions, *, clock: Callable[[], float
     return SweepResult(points=tuple(points), stop_reason=reason, oom_batch=oom, elapsed_s=clock() - t0)
 
 
+def _floor_s(points: list[SweepPoint]) -> float:
+    """The flat part's step time: the median of the three smallest batches' medians (launch-bound points are noisy,
+    +-30% on H100 with a loader beside the sweep; their minimum made a noisy 2x look like a bend)."""
+    return statistics.median(p.median_s for p in points[:3])
+
+
 def _slope_pinned(points: list[SweepPoint], opts: SweepOptions) -> bool:
     """The last point is past the flat part (median >= flat_ratio x the smallest) and the last segment is
     nearly proportional (d log t / d log b >= 0.75), i.e. it measures the per-sample slope, not a chord across
     the knee -- a 32..128 chord under-predicted batch 412 by ~10% (H100, ResNet-50 bf16)."""
     last, prev = points[-1], points[-2]
-    if last.median_s < opts.flat_ratio * min(p.median_s for p in points) or prev.median_s <= 0:
+    if last.median_s < opts.flat_ratio * _floor_s(points) or prev.median_s <= 0:
         return False
     return math.log(last.median_s / prev.median_s) >= 0.75 * math.log(last.batch_size / prev.batch_size)
 
@@ -308,7 +317,7 @@ def _leave_flat_part(measure: Measure, points: list[SweepPoint], opts: SweepOpti
     for _ in range(opts.max_flat_jumps):
         if len(points) < 2 or _slope_pinned(points, opts) or points[-1].batch_size >= opts.max_batch:
             break
-        past_bend = points[-1].median_s >= opts.flat_ratio * min(p.median_s for p in points)
+        past_bend = points[-1].median_s >= opts.flat_ratio * _floor_s(points)
         b = min(opts.max_batch, points[-1].batch_size * (2 if past_bend else 4))
         try:
             m = measure(b, opts.warmup, opts.min_repeats)
@@ -323,11 +332,15 @@ def _leave_flat_part(measure: Measure, points: list[SweepPoint], opts: SweepOpti
     return reason, None
 
 
-def _measure_point(measure: Measure, b: int, opts: SweepOptions, *, first: bool) -> SweepPoint:
+def _measure_point(measure: Measure, b: int, opts: SweepOptions, *, first: bool,
+                   clock: Callable[[], float] | None = None, warm: list[float] | None = None) -> SweepPoint:
     """One point: warm-up and a timed probe that sets the repeats, then the repeats (early-stopped when the first
-    min_repeats agree within spread_stop).  Raises DoesNotFit."""
-    warm = opts.warmup if first or opts.warmup_next is None else opts.warmup_next
-    probe = measure(b, warm, 1)
+    min_repeats agree within spread_stop).  Adds the warm-up's seconds to ``warm[0]``.  Raises DoesNotFit."""
+    n_warm = opts.warmup if first or opts.warmup_next is None else opts.warmup_next
+    started = clock() if clock is not None else 0.0
+    probe = measure(b, n_warm, 1)
+    if clock is not None and warm is not None:
+        warm[0] += max(0.0, clock() - started - probe.times_s[0])
     n = repeats_for(probe.times_s[0], opts)
     parts = [probe]
     if opts.spread_stop is not None and n > opts.min_repeats:

@@ -8,9 +8,10 @@ import dataclasses
 import pytest
 import torch.distributed as dist
 
+from planner.curves import fit_envelope
 from planner.profile import ComputePoint, RankProfile
 from profiler.compute import StepRunner, TimedSteps
-from profiler.ddp import balanced_batches, common_batch, measure_ddp_cost
+from profiler.ddp import balanced_batches, common_batch, ddp_equal_batch, measure_ddp_cost
 from tests._dist import run_distributed
 from workloads.specs import build_workload
 
@@ -51,7 +52,7 @@ def _worker(rank: int, world: int, slowdowns: list[float]) -> None:
     cost = measure_ddp_cost(make_runner, ranks, rounds=2, repeats=2)
     got = all_gather_json([cost.exposed_s, list(cost.wait_factors), list(cost.balanced.batch_sizes)])
     assert all(g == got[0] for g in got), got  # every rank holds the same numbers
-    assert cost.equal.batch_sizes == (16, 16)
+    assert cost.equal.batch_sizes == (ddp_equal_batch(ranks),) * 2 and cost.equal.batch_sizes[0] >= 16
     assert cost.balanced.batch_sizes[1] <= 32 and cost.balanced.batch_sizes[0] <= 64
     assert cost.exposed_s >= 0 and len(cost.exposed_rounds_s) == 2
     assert len(cost.wait_factors) == world and min(cost.wait_factors) == 1.0 and max(cost.wait_factors) <= 2.0
@@ -138,3 +139,17 @@ def _per_host_worker(rank: int, world: int) -> None:
 @pytest.mark.distributed
 def test_one_loader_measurement_per_host_serves_every_rank() -> None:
     run_distributed(_per_host_worker, 2, timeout_s=120)
+
+
+def test_the_equal_ddp_split_runs_where_plans_run_not_at_the_median_batch() -> None:
+    # H100-like: launch-bound to ~48, then linear; the slow rank 3x. The median measured batch (48) is in the flat
+    # part where DDP's reducer work shows (15 ms there vs ~1-6 ms compute-bound); the largest batch every rank ran
+    # with its slowest step under 0.25 s is used instead.
+    sizes = [8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
+    fast, slow = (RankProfile(rank=i, host="h", device=f"cuda:{i}", compute=tuple(
+        ComputePoint(batch_size=b, step_time_s=t / 1000) for b, t in zip(sizes, ms, strict=True)))
+        for i, ms in enumerate([[16, 16, 16, 16, 16, 17, 22, 27, 34, 50, 64],
+                                [48, 48, 48, 48, 48, 51, 66, 81, 102, 150, 192]]))
+    assert common_batch([fast, slow]) <= 64
+    b = ddp_equal_batch([fast, slow])
+    assert b > common_batch([fast, slow]) and fit_envelope(slow.compute)(b) <= 0.25
