@@ -90,6 +90,21 @@ def torchrun(script: Path, args: list[str], *, timeout_s: float, nproc: int = 2)
     return rc, out, err
 
 
+def run_scenarios(script: Path, out: Path) -> Path:
+    """Run a framework's scenarios script once on 2 gloo ranks with a [7, 3] and an [8, 8] plan written into
+    ``out`` (the module-scoped fixture of tests/frameworks/test_<framework>.py); its results land in ``out``."""
+    plan73 = write_plan(out / "plan73.json", [7, 3])
+    plan88 = write_plan(out / "plan88.json", [8, 8])
+    rc, _, err = torchrun(script, [str(out), str(plan73), str(plan88)], timeout_s=240)
+    assert rc == 0, err[-4000:]
+    return out
+
+
+def load_result(out: Path, name: str) -> Any:
+    """What a scenarios script saved as ``name`` (save_rank0)."""
+    return torch.load(out / f"{name}.pt", weights_only=True)
+
+
 def in_repo() -> None:
     """Make the repository importable in a script torchrun started (as tests/reliability/_launch.py does)."""
     if str(REPO) not in sys.path:

@@ -15,11 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from planner.errors import ValidationError
 from planner.runlog import read_run_log
-from tests.frameworks._common import DictData, max_diff, reference_params, torchrun, write_plan
+from tests.frameworks._common import DictData, load_result, max_diff, reference_params, run_scenarios, write_plan
 
 pytest.importorskip("accelerate")
 SCENARIOS = Path(__file__).with_name("_accelerate_scenarios.py")
@@ -27,22 +26,13 @@ SCENARIOS = Path(__file__).with_name("_accelerate_scenarios.py")
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("accelerate")
-    plan73 = write_plan(out / "plan73.json", [7, 3])
-    plan88 = write_plan(out / "plan88.json", [8, 8])
-    rc, _, err = torchrun(SCENARIOS, [str(out), str(plan73), str(plan88)], timeout_s=240)
-    assert rc == 0, err[-4000:]
-    return out
-
-
-def _load(out: Path, name: str) -> dict:
-    return torch.load(out / f"{name}.pt", weights_only=True)
+    return run_scenarios(SCENARIOS, tmp_path_factory.mktemp("accelerate"))
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize(("name", "windows"), [("exact", [10, 10, 10]), ("accumulate", [20, 10])])
 def test_planned_uneven_batches_equal_one_process(runs: Path, name: str, windows: list[int]) -> None:
-    res = _load(runs, name)
+    res = load_result(runs, name)
     assert res["seen"] == [7, 7, 7] and res["steps"] == len(windows)
     assert res["prepare_kept_loader"]  # accelerator.prepare left the planned loader as it is
     assert max_diff(res["params"], reference_params(30, windows)) < 1e-9
@@ -50,7 +40,7 @@ def test_planned_uneven_batches_equal_one_process(runs: Path, name: str, windows
 
 @pytest.mark.distributed
 def test_plain_averaging_of_uneven_batches_is_not_exact(runs: Path) -> None:
-    assert max_diff(_load(runs, "plain")["params"], reference_params(30, [10, 10, 10])) > 1e-3
+    assert max_diff(load_result(runs, "plain")["params"], reference_params(30, [10, 10, 10])) > 1e-3
 
 
 @pytest.mark.distributed
@@ -62,13 +52,13 @@ def test_a_slow_rank_is_replanned_between_epochs(runs: Path) -> None:
     # The epoch after the adoption trains with the adopted batches. (Whether they stay is the measurement's call:
     # on a busy 2-core box these ~10 ms steps are overhead-bound, and a trial that measures slower is reverted.)
     assert log.epochs[0].batch_sizes == (8, 8) and log.epochs[adopted[0].epoch + 1].batch_sizes == adopted[0].new_batch_sizes
-    seen = _load(runs, "replan")["seen"]
+    seen = load_result(runs, "replan")["seen"]
     assert seen[:12] == [8] * 12 and seen[-1] == log.epochs[-1].batch_sizes[0]
 
 
 @pytest.mark.distributed
 def test_every_rank_got_the_same_gathered_profile(runs: Path) -> None:
-    res = _load(runs, "profile")
+    res = load_result(runs, "profile")
     assert res["fingerprints"][0] == res["fingerprints"][1] and res["ranks"] == [0, 1]
     assert res["allreduce_s"] is not None and res["exposed_s"] is not None
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from planner.runlog import read_run_log
-from tests.frameworks._common import max_diff, torchrun, write_plan
+from tests.frameworks._common import load_result, max_diff, run_scenarios
 
 pytest.importorskip("transformers")
 SCENARIOS = Path(__file__).with_name("_hf_scenarios.py")
@@ -22,12 +22,7 @@ SCENARIOS = Path(__file__).with_name("_hf_scenarios.py")
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("hf")
-    plan73 = write_plan(out / "plan73.json", [7, 3])
-    plan88 = write_plan(out / "plan88.json", [8, 8])
-    rc, _, err = torchrun(SCENARIOS, [str(out), str(plan73), str(plan88)], timeout_s=240)
-    assert rc == 0, err[-4000:]
-    return out
+    return run_scenarios(SCENARIOS, tmp_path_factory.mktemp("hf"))
 
 
 def reference(n: int) -> list[torch.Tensor]:
@@ -45,13 +40,13 @@ def reference(n: int) -> list[torch.Tensor]:
 @pytest.mark.distributed
 @pytest.mark.parametrize(("name", "n"), [("gpt2", 10), ("gpt2_accum2", 20), ("loss_only_accum2", 20)])
 def test_planned_trainer_gives_the_one_process_token_mean_step(runs: Path, name: str, n: int) -> None:
-    got = torch.load(runs / f"{name}.pt", weights_only=True)
+    got = load_result(runs, name)
     assert max_diff(got, reference(n)) <= 1e-9
 
 
 @pytest.mark.distributed
 def test_sample_count_weighting_is_wrong_on_the_same_data(runs: Path) -> None:
-    got = torch.load(runs / "samples.pt", weights_only=True)
+    got = load_result(runs, "samples")
     assert max_diff(got, reference(10)) > 1e-4
 
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from planner.runlog import read_run_log
-from tests.frameworks._common import max_diff, reference_params, torchrun, write_plan
+from tests.frameworks._common import load_result, max_diff, reference_params, run_scenarios, write_plan
 
 pytest.importorskip("lightning")
 SCENARIOS = Path(__file__).with_name("_lightning_scenarios.py")
@@ -24,21 +23,12 @@ SCENARIOS = Path(__file__).with_name("_lightning_scenarios.py")
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("lightning")
-    plan73 = write_plan(out / "plan73.json", [7, 3])
-    plan88 = write_plan(out / "plan88.json", [8, 8])
-    rc, _, err = torchrun(SCENARIOS, [str(out), str(plan73), str(plan88)], timeout_s=240)
-    assert rc == 0, err[-4000:]
-    return out
-
-
-def _load(out: Path, name: str) -> dict:
-    return torch.load(out / f"{name}.pt", weights_only=True)
+    return run_scenarios(SCENARIOS, tmp_path_factory.mktemp("lightning"))
 
 
 @pytest.mark.distributed
 def test_planned_uneven_batches_equal_one_process(runs: Path) -> None:
-    exact = _load(runs, "exact")
+    exact = load_result(runs, "exact")
     assert exact["seen"] == [7, 7, 7]  # rank 0's planned batch, 3 optimizer steps of the framework's loop
     assert max_diff(exact["params"], reference_params(30, [10, 10, 10])) < 1e-9
 
@@ -46,7 +36,7 @@ def test_planned_uneven_batches_equal_one_process(runs: Path) -> None:
 @pytest.mark.distributed
 def test_framework_averaging_is_exact_only_for_equal_batches(runs: Path) -> None:
     reference = reference_params(30, [10, 10, 10])
-    stock, plain = _load(runs, "stock"), _load(runs, "plain")
+    stock, plain = load_result(runs, "stock"), load_result(runs, "plain")
     assert stock["seen"] == [5, 5, 5] and max_diff(stock["params"], reference) < 1e-9
     assert plain["seen"] == [7, 7, 7] and max_diff(plain["params"], reference) > 1e-3
 
@@ -64,7 +54,7 @@ def test_a_slow_rank_is_replanned_between_epochs(runs: Path) -> None:
     # reverted afterwards: that is the measurement's call, not the adapter's).
     assert len(epochs) == 3 and epochs[0].batch_sizes == (8, 8) and epochs[first.epoch + 1].batch_sizes == first.new_batch_sizes
     # the ranks really trained with the adopted batches (sum 16 every step, rank 0 larger after the re-plan)
-    seen0, seen1 = _load(runs, "replan")["seen"], torch.load(runs / "replan_rank1.pt", weights_only=True)["seen"]
+    seen0, seen1 = load_result(runs, "replan")["seen"], load_result(runs, "replan_rank1")["seen"]
     assert all(a + b == 16 for a, b in zip(seen0, seen1, strict=True))
     assert seen0[:12] == [8] * 12 and seen0[-1] == epochs[-1].batch_sizes[0]
 
