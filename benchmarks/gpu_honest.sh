@@ -11,10 +11,8 @@
 # into docs/results/ under a name starting with the card (e.g. h100x2_) and run
 #   python benchmarks/summarize_bench.py --write docs/BENCHMARKS.md README.md
 set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=4
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT"
+PART_TAIL=12
+source "$(dirname "$0")/_gpu_common.sh"
 PY=${PYTHON:-python3}
 if [ -n "${TINY:-}" ]; then  # the script's logic on CPU in seconds: TINY=1 benchmarks/gpu_honest.sh f1 f3
   CARD=cpu; DEV=cpu
@@ -26,15 +24,6 @@ else
   COMMON=(--device cuda --nproc 2 --model resnet50 --amp --global-batch 512 --steps 30 --rounds 5
           --strategies equal,proportional,plan --quiet)
 fi
-
-part() {
-  local name=$1; shift
-  echo "=== $name: $*"
-  local t0=$SECONDS
-  "$@" > "$OUT/$name.log" 2>&1; local rc=$?
-  grep -v -E "^\s*$|Warning|warn\(|^\[" "$OUT/$name.log" | tail -12
-  echo "=== $name rc=$rc in $((SECONDS - t0)) s"
-}
 
 bench() {  # bench NAME ARGS...: one launch, its JSON and profile under $OUT
   local name=$1; shift

@@ -7,20 +7,7 @@
 #   lightning / accelerate   planned twin vs the framework's default, rank 1 3x slower, 3 rounds, #14
 # Raw JSON and logs land in $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=4
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT"
-TR="python3 -m torch.distributed.run --standalone --nproc-per-node 2"
-
-part() {
-  local name=$1; shift
-  echo "=== $name: $*"
-  local t0=$SECONDS
-  "$@" > "$OUT/$name.log" 2>&1; local rc=$?
-  grep -v -E "^\s*$|Warning|warn\(|^\[" "$OUT/$name.log" | tail -25
-  echo "=== $name rc=$rc in $((SECONDS - t0)) s"
-}
+source "$(dirname "$0")/_gpu_common.sh"
 
 for p in "$@"; do
   case $p in

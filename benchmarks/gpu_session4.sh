@@ -6,20 +6,7 @@
 #   bench-F3                planner bench ResNet-50 bf16 B=512, rank 1 3x slower, default NCCL env, 3 rounds, #16
 # Raw JSON and logs land in $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=4
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT"
-TR="python3 -m torch.distributed.run --standalone --nproc-per-node 2"
-
-part() {
-  local name=$1; shift
-  echo "=== $name: $*"
-  local t0=$SECONDS
-  "$@" > "$OUT/$name.log" 2>&1; local rc=$?
-  grep -v -E "^\s*$|Warning|warn\(|^\[" "$OUT/$name.log" | tail -25
-  echo "=== $name rc=$rc in $((SECONDS - t0)) s"
-}
+source "$(dirname "$0")/_gpu_common.sh"
 
 for p in "$@"; do
   case $p in
