@@ -363,7 +363,7 @@ class StepTimer:
         """Step indices whose compute a late peer may have stretched: a peer waited for data more than the
         threshold longer than this rank in that step; the step after it is included (a late all-reduce also
         delays what this rank launches next)."""
-        own = [s.data_wait_s for s in self._steps]
+        own = self.step_data_waits_s()
         computes = [float(s.compute_s) for s in self._steps if _valid(s.compute_s)]  # type: ignore[arg-type]
         if not peers or not computes:
             return set()
