@@ -72,7 +72,8 @@ class RankModel:
 def build_models(profile: Profile, opts: SolveOptions) -> list[RankModel]:
     budgets = worker_budgets(profile, opts)
     per_host = Counter(r.host for r in profile.ranks)
-    # f_i: rank i's curve under DDP, slowed by all-reduce kernels waiting for later peers (planner.comm_model).
+    # f_i: rank i's curve under DDP, slowed by all-reduce kernels waiting for later peers (planner.comm_model);
+    # 1 for every rank unless the profile carries factors (profiler.comm_cost keeps its own in the meta).
     wait = rank_factors(profile.comm.wait_factors if profile.comm else None, len(profile.ranks))
     envelopes = [fit_envelope(r.compute).scaled(wait[r.rank]) for r in profile.by_rank]
     loader_costs = loader_costs_s(profile, opts, envelopes)

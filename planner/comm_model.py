@@ -21,6 +21,12 @@ within the measurement's noise of the least-waiting rank's gets that rank's, so 
 unchanged.  Recorded at F = 3 on 2 H200s (docs/results/h200x2_resnet50_F3_s3_after_layout.json, plan row): rank 0
 computed 88.2 ms under DDP against 81.7 ms alone (f = 1.08), the emulated rank 81.2 against 81.3 (f = 1).
 
+Status: the factors the profiler measures at its small balanced split were wrong on 2 H100s (f = 1.14 on the
+*slow* rank of an F = 3 pair; the plan then trailed the proportional split, docs/BENCHMARKS.md section 12), so
+profiler.comm_cost records them in the profile's meta and leaves ``comm.wait_factors`` empty: this model applies
+to profiles that carry factors (measured at the plan's own split, or written by hand) and is the tested basis
+for measuring them there.
+
 Launch settings (``choose_launch_env``): the profile may time the same steps with another NCCL setting (fewer
 CTAs); a setting is recorded only when it beats the default by more than the rounds' spread at the balanced split
 and costs no more than that spread at the equal split.

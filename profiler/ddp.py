@@ -210,16 +210,16 @@ class DDPCost:
     """What the profile records from the two splits (planner.comm_model)."""
 
     exposed_s: float
-    """Median over rounds of the equal split's step minus max_i f_i t_i(b) (>= 0): what DDP adds to a step (the
+    """Median over rounds of the equal split's step minus max_i t_i(b) (>= 0): what DDP adds to a step (the
     all-reduce tail, its own per-step work)."""
     exposed_rounds_s: tuple[float, ...]
     """The same per round."""
     wait_factors: tuple[float, ...]
-    """f_i by rank (1 within noise)."""
+    """f_i by rank (1 within noise): evidence in the profile's meta, not in the plan's model (comm_cost)."""
     equal: SplitRounds
     balanced: SplitRounds
     predicted_balanced_s: float
-    """max_i f_i t_i(b_i) + exposed at the balanced split: the model's check against balanced.step_s."""
+    """max_i t_i(b_i) + exposed at the balanced split: the plan's model checked against balanced.step_s."""
 
     @property
     def some_rank_waits(self) -> bool:
@@ -250,7 +250,7 @@ def measure_ddp_cost(make_runner: Callable[[], TimedSteps], ranks: Sequence[Rank
     slowest = max(c(b) for c in curves)
     rounds_s = tuple(max(0.0, x - slowest) for x in eq_r.step_s)
     exposed = statistics.median(rounds_s)
-    predicted = max(f * c(bi) for f, c, bi in zip(factors, curves, bal, strict=True)) + exposed
+    predicted = max(c(bi) for c, bi in zip(curves, bal, strict=True)) + exposed
     return DDPCost(exposed_s=exposed, exposed_rounds_s=rounds_s, wait_factors=factors, equal=eq_r, balanced=bal_r,
                    predicted_balanced_s=predicted)
 
