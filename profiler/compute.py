@@ -186,12 +186,12 @@ class StepRunner(TimedSteps):
     """A workload's model + SGD on one device, fed synthetic inputs: the step `planner profile` times."""
 
     def __init__(self, workload: Workload, device: torch.device | str, *, amp: bool = False,
-                 channels_last: bool | None = None, slowdown: float = 1.0, lr: float = 1e-4,
+                 channels_last: bool | None = None, slowdown: float | Slowdown = 1.0, lr: float = 1e-4,
                  timer: Callable[[], float] = time.perf_counter) -> None:
         self.workload = workload
         dev = torch.device(device)
         self.channels_last = use_channels_last(workload, dev, channels_last)
-        self.slowdown = Slowdown(slowdown)
+        self.slowdown = slowdown if isinstance(slowdown, Slowdown) else Slowdown(slowdown)
         model = workload.model_fn().to(dev)
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
@@ -219,4 +219,5 @@ class StepRunner(TimedSteps):
 
     def meta(self) -> dict[str, Any]:
         return {**super().meta(), "channels_last": self.channels_last,
-                "emulate_slowdown": self.slowdown.factor if self.slowdown.enabled else None}
+                "emulate_slowdown": self.slowdown.factor if self.slowdown.enabled else None,
+                "emulate_mode": self.slowdown.mode if self.slowdown.enabled else None}

@@ -3,26 +3,42 @@
 Our machines have identical cards, so compute skew is produced on purpose (DESIGN.md section 7a):
 
 ``Slowdown(factor)`` makes a rank's training step take about ``factor`` times its real compute by repeating
-real work.  Each step, before (or after) the real forward/backward, ``apply`` runs
+real work, ``factor - 1`` extra forward+backward passes' worth per step.  Every extra pass runs on the
+*unwrapped* module and takes its gradients with ``torch.autograd.grad(loss, params)``, so nothing reaches
+``.grad`` nor DDP's reducer (DDP only sees the real pass).  BatchNorm running statistics are left untouched
+(momentum set to 0 during the extra passes, ``num_batches_tracked`` restored), so an emulated rank trains exactly
+like a real one.  The passes run in the autocast state of the ``apply`` call, so bf16/fp16 steps are slowed by the
+same kind of work.
 
-  * ``floor(factor - 1)`` extra forward+backward passes on the whole batch, and
-  * one extra pass on the first ``round(frac * b)`` samples of the batch for the fractional part
-    ``frac = factor - 1 - floor(factor - 1)``.
+Where the extra work goes (``mode``):
 
-Every extra pass runs on the *unwrapped* module and takes its gradients with ``torch.autograd.grad(loss,
-params)``, so nothing reaches ``.grad`` nor DDP's reducer (DDP only sees the real pass).  BatchNorm running
-statistics are left untouched (momentum set to 0 during the extra passes, ``num_batches_tracked`` restored), so
-an emulated rank trains exactly like a real one.  The passes run inside whatever ``torch.autocast`` context the
-caller is in, so bf16/fp16 steps are slowed by the same kind of work.
+  * ``"interleave"`` (default) -- the same passes, placed through the step the way a slower card's extra time
+    is spread: ``apply`` runs the passes that belong before the backward and arms one-shot gradient hooks that run
+    the others when the *real* backward reaches a given fraction of the parameters (``place_passes``: F = 2 runs
+    its pass a quarter into the backward; F = 3 one pass at once and one 5/8 into the backward).  So the slow
+    rank's gradient buckets become ready spread over its step, closer to where a uniformly slower GPU's would.
+    Measured against block mode in the same launch on 2x H100 (docs/BENCHMARKS.md section 13): the same curve
+    (rank 1 / rank 0 = 3.00-3.01 at b = 128-256 in both), and the plan's measured step within +0.9% of its
+    prediction at F = 3 (block: +5.7%) and +0.6% at F = 4 (block: +5.9%).  Passes are whole: cutting them into
+    small slices was tried and costs a GPU in its flat, launch-bound region nearly a full pass per slice (F = 3
+    gave 4.2-4.7x at b = 48-96 on H200).
+  * ``"block"`` -- all the extra work at once inside ``apply``: ``floor(factor - 1)`` passes on the whole batch and
+    one on the first ``round(frac * b)`` samples.  This is what every number published before session 5 used.  Its
+    flaw: the slow rank's whole backward -- and so every gradient bucket -- comes in the last ``1/factor`` of its
+    step, while a fast peer's buckets are ready from a third of the way through its own; the fast rank's NCCL
+    all-reduce kernels are launched early and spin on SMs while its backward still runs, and at a balanced split
+    (the plan's) that costs the step 5-9% the model does not know of (session 4 measured the fast rank 7-9% slower
+    beside the "slow" one; proportional splits, which leave the fast rank slack, hid it).  A real slower card
+    spreads its extra time over the whole step, so the emulation, not the cluster, produced most of that cost.
 
 Why repeated work rather than a calibrated stall (sleep): a sleep releases the device and the CPU, so it neither
 loads the GPU like a slower card nor shows up in CUDA-event timing of backward; repeated passes do, scale with
-the batch size exactly like the real step (the curve's shape is kept, t(b) -> f * t(b)), and need no calibration
-that could drift.  The fractional slice is proportional only where t(b) is linear in b; on a GPU in its flat
-region (tiny batches) a half-batch pass costs nearly a full one, so the fractional part over-slows there.
-Integer factors are exact in work.  Measured on H100 (ResNet-50, bf16): factor 3 gave 3.01-3.03x the rank's own
-fwd+bwd time at batch 48-432; on CPU see tests/profiler/test_emulate.py.  The optimizer step is not repeated, so
-a full step is slowed by slightly less than ``factor`` (by the optimizer's share of the step).
+the batch size like the real step (t(b) -> f * t(b) where t is linear in b), and need no calibration that could
+drift.  A slice pass in the GPU's flat region (tiny batches) costs nearly a full one, so slices over-slow there;
+the profiler measures the emulated rank as it trains, so the plan sees what the emulation really costs.  Measured
+on H100 (ResNet-50, bf16, block mode): factor 3 gave 3.01-3.03x the rank's own fwd+bwd time at batch 48-432; on
+CPU see tests/workloads/test_emulate.py.  The optimizer step is not repeated, so a full step is slowed by
+slightly less than ``factor`` (by the optimizer's share of the step).
 
 ``--emulate-loader RANK=W`` caps a rank's dataloader workers; the trainer applies the cap and the profiler
 records it (``RankProfile.meta["emulate_loader_workers"]``) and measures loader scaling only up to it.
@@ -31,8 +47,10 @@ records it (``RankProfile.meta["emulate_loader_workers"]``) and measures loader 
 from __future__ import annotations
 
 import math
+import os
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import ValidationError
@@ -132,29 +150,60 @@ def parse_rank_ints(text: str | None, *, flag: str = "--emulate-loader") -> dict
     return out
 
 
+MODES = ("interleave", "block")
+MODE_ENV = "PLANNER_EMULATE_MODE"
+BACKWARD_SHARE = 2.0 / 3.0
+"""The backward's share of a forward+backward pass (backward ~ 2 x forward), used to place interleave mode's passes."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SlowdownPlan:
-    """How a factor is turned into work: full extra passes plus one pass on a slice of the batch."""
+    """How a factor is turned into work: ``full_passes`` forward+backward passes on the batch plus one on
+    ``slice_samples`` samples (the fractional part), and -- interleave mode -- where each pass runs."""
 
     full_passes: int
     slice_samples: int
     """Samples in the fractional pass (0: none)."""
+    at_backward: tuple[float, ...] = ()
+    """Interleave mode, one per pass (full passes first, then the slice): the fraction of the real backward (by
+    parameters, in backward order) reached when the pass runs; 0 = at ``apply``, before the backward."""
+
+
+def place_passes(work: list[float]) -> tuple[float, ...]:
+    """Where interleave mode runs passes of relative sizes ``work``: the midpoint rule against a uniformly
+    slower card.  A card ``factor`` x slower has done ``(factor - 1) * (F + u * B)`` extra work when its backward
+    is a fraction ``u`` through, F and B the real forward and backward (``BACKWARD_SHARE`` = B / (F + B)); pass j
+    runs where that line crosses the middle of pass j.  F = 3: one pass before the backward, one at u = 5/8."""
+    total = sum(work)
+    out, before = [], 0.0
+    for w in work:
+        mid = (before + w / 2) / total  # share of the extra work done at pass j's middle
+        out.append(min(1.0, max(0.0, (mid - (1 - BACKWARD_SHARE)) / BACKWARD_SHARE)))
+        before += w
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
 class Slowdown:
     """Run about ``factor`` times the real forward+backward work per step (see the module docstring).
 
-    Call ``apply(module, loss_fn, x, y)`` once per training step, inside the same autocast context as the real
-    forward.  ``factor == 1`` is a no-op.
+    Call ``apply(module, loss_fn, x, y)`` once per training step (per micro-batch), inside the same autocast
+    context as the real forward and before its backward.  ``factor == 1`` is a no-op.
     """
 
     factor: float = 1.0
     """Target step-time multiplier (>= 1)."""
+    mode: str = field(default_factory=lambda: os.environ.get(MODE_ENV, "interleave") or "interleave")
+    """``"interleave"`` (extra work spread over forward and backward, like a slower card) or ``"block"``; the
+    default comes from the environment variable ``PLANNER_EMULATE_MODE`` (so every process of a launch -- profile,
+    train, bench -- emulates alike), else interleave (block reproduces the numbers published before session 5)."""
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.factor) or self.factor < 1.0:
             raise ValidationError(f"slowdown factor must be >= 1 (1 = real speed), got {self.factor}")
+        if self.mode not in MODES:
+            raise ValidationError(f"slowdown mode must be one of {', '.join(MODES)} (set by {MODE_ENV}), "
+                                  f"got {self.mode!r}")
 
     @property
     def enabled(self) -> bool:
@@ -164,21 +213,91 @@ class Slowdown:
         extra = self.factor - 1.0
         full = math.floor(extra + 1e-9)
         frac = max(0.0, extra - full)
-        return SlowdownPlan(full_passes=full, slice_samples=min(batch_size, round(frac * batch_size)))
+        piece = min(batch_size, round(frac * batch_size))
+        placed: tuple[float, ...] = ()
+        if self.mode == "interleave":
+            placed = place_passes([1.0] * full + ([piece / batch_size] if piece else []))
+        return SlowdownPlan(full_passes=full, slice_samples=piece, at_backward=placed)
 
     def apply(self, module: torch.nn.Module, loss_fn: Callable[..., Any], x: torch.Tensor, y: torch.Tensor) -> None:
-        """Do the extra passes; gradients are computed and dropped, model state is left as it was."""
+        """Do the extra work (block) or its forward share and arm the hooks for its backward share (interleave).
+
+        Gradients of extra passes are computed and dropped; model state is left as it was.
+        """
+        inner = getattr(module, "module", module) if _is_ddp(module) else module
+        _disarm(inner)  # hooks of an earlier apply whose backward never ran must not fire in this one
         if not self.enabled:
             return
         # DDP's forward would touch its reducer; the wrapped module never does.
-        inner = getattr(module, "module", module) if _is_ddp(module) else module
         params = [p for p in inner.parameters() if p.requires_grad]
         work = self.plan(int(x.shape[0]))
+        passes = [(x, y)] * work.full_passes + ([(x[: work.slice_samples], y[: work.slice_samples])]
+                                                 if work.slice_samples > 0 else [])
+        at = work.at_backward if self.mode == "interleave" and params and not _is_sharded(params) else ()
+        now = [xy for i, xy in enumerate(passes) if not at or at[i] <= 0.0]
         with _frozen_batchnorm(inner):
-            for _ in range(work.full_passes):
-                _extra_pass(inner, loss_fn, x, y, params)
-            if work.slice_samples > 0:
-                _extra_pass(inner, loss_fn, x[: work.slice_samples], y[: work.slice_samples], params)
+            for xs, ys in now:
+                _extra_pass(inner, loss_fn, xs, ys, params)
+        later = [(at[i], xy) for i, xy in enumerate(passes) if at and at[i] > 0.0]
+        if later:
+            _arm(inner, loss_fn, params, later)
+
+
+_ARMED: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+
+
+def _disarm(inner: Any) -> None:
+    for handle in _ARMED.pop(inner, []):
+        handle.remove()
+
+
+def _arm(inner: Any, loss_fn: Callable[..., Any], params: list[Any], later: list[tuple[float, Any]]) -> None:
+    """One-shot hooks: the pass placed at backward fraction u runs from the gradient hook of the parameter a
+    fraction u through ``params`` in backward (reverse registration) order, in the caller's autocast state, on the
+    autograd thread while the real backward waits.  Passes placed at one parameter run in order."""
+    import torch
+
+    dev = later[0][1][0].device.type
+    amp_on, amp_dtype = _autocast_state(dev)
+    n = len(params)
+    state: dict[str, Any] = {"busy": False}
+    groups: dict[int, list[Any]] = {}
+    for u, xy in later:
+        groups.setdefault(max(0, min(n - 1, round((n - 1) * (1.0 - u)))), []).append(xy)
+
+    def make_hook(work: list[Any]) -> Callable[[Any], None]:
+        def hook(_grad: Any) -> None:
+            if not work or state["busy"]:  # one-shot; and silent inside our own extra passes
+                return
+            state["busy"] = True
+            try:
+                with torch.enable_grad(), torch.autocast(dev, dtype=amp_dtype, enabled=amp_on), \
+                        _frozen_batchnorm(inner):
+                    while work:  # popped, so the batch is not held after the step
+                        xs, ys = work.pop(0)
+                        _extra_pass(inner, loss_fn, xs, ys, params)
+            finally:
+                state["busy"] = False
+
+        return hook
+
+    _ARMED[inner] = [params[i].register_hook(make_hook(work)) for i, work in groups.items()]
+
+
+def _autocast_state(device_type: str) -> tuple[bool, Any]:
+    import torch
+
+    try:
+        return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+    except TypeError:  # torch < 2.4 spelling
+        if device_type == "cuda":
+            return torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
+        return torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+
+
+def _is_sharded(params: list[Any]) -> bool:
+    """FSDP2 (DTensor) parameters: its own hooks run per forward; keep the extra work in one block there."""
+    return any(type(p).__name__ == "DTensor" for p in params)
 
 
 def _extra_pass(module: Any, loss_fn: Callable[..., Any], x: Any, y: Any, params: list[Any]) -> None:

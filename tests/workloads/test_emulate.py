@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -12,7 +13,7 @@ from torch import nn
 from planner.errors import ValidationError
 from profiler.compute import StepRunner
 from tests._dist import run_distributed
-from workloads.emulate import Slowdown, parse_rank_floats, parse_rank_ints
+from workloads.emulate import Slowdown, SlowdownPlan, parse_rank_floats, parse_rank_ints
 from workloads.specs import build_workload, synthetic_batch
 
 
@@ -33,12 +34,20 @@ def test_parse_rank_floats_and_ints() -> None:
 
 
 def test_plan_splits_factor_into_full_passes_and_a_slice() -> None:
-    assert Slowdown(3.0).plan(64) == Slowdown(3.0).plan(64).__class__(full_passes=2, slice_samples=0)
-    p = Slowdown(2.25).plan(64)
-    assert (p.full_passes, p.slice_samples) == (1, 16)
+    assert Slowdown(3.0, "block").plan(64) == SlowdownPlan(full_passes=2, slice_samples=0)
+    p = Slowdown(2.25, "block").plan(64)
+    assert (p.full_passes, p.slice_samples, p.at_backward) == (1, 16, ())
+    # Interleave: the same passes, placed by the midpoint rule against a uniformly slower card.
+    il = functools.partial(Slowdown, mode="interleave")
+    assert il(3.0).plan(64) == SlowdownPlan(full_passes=2, slice_samples=0, at_backward=(0.0, 0.625))
+    assert il(4.0).plan(10).at_backward == pytest.approx((0.0, 0.25, 0.75))
+    assert il(2.5).plan(64) == SlowdownPlan(full_passes=1, slice_samples=32, at_backward=(0.0, 0.75))
+    assert il(1.5).plan(4).at_backward == pytest.approx((0.25,))
     assert not Slowdown(1.0).enabled
     with pytest.raises(ValidationError):
         Slowdown(0.9)
+    with pytest.raises(ValidationError, match="interleave, block"):
+        Slowdown(2.0, "sleep")
 
 
 def test_apply_leaves_grads_and_batchnorm_state_untouched() -> None:
@@ -69,20 +78,73 @@ def test_apply_works_under_autocast_and_for_factor_one() -> None:
     Slowdown(1.0).apply(net, nn.functional.cross_entropy, x, y)
     assert calls == []  # no-op
     with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
-        Slowdown(2.5).apply(net, nn.functional.cross_entropy, x, y)
+        Slowdown(2.5, "block").apply(net, nn.functional.cross_entropy, x, y)
     assert calls == [torch.bfloat16, torch.bfloat16]  # one full pass + one slice pass, both in bf16
     assert all(p.grad is None for p in net.parameters())
 
 
+def _net() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(8, 4))
+
+
+def test_interleave_runs_its_backward_share_inside_the_real_backward() -> None:
+    """apply runs the passes placed before the backward; the other passes run only when the real backward reaches the
+    hooked parameters, in the caller's autocast dtype, and leave the real gradients and BatchNorm state exact."""
+    net = _net()
+    x, y = torch.randn(6, 3, 8, 8), torch.randint(0, 4, (6,))
+    start = {k: v.clone() for k, v in net.state_dict().items()}
+    seen: list[tuple[bool, int, torch.dtype]] = []
+    net.register_forward_hook(lambda m, i, o: seen.append((torch.is_grad_enabled(), int(o.shape[0]), o.dtype)))
+
+    def step(factor: float) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+        net.load_state_dict(start)
+        net.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = nn.functional.cross_entropy(net(x), y)
+            Slowdown(factor, "interleave").apply(net, nn.functional.cross_entropy, x, y)
+        seen.append((False, -1, torch.float32))  # marks "backward starts"
+        loss.backward()
+        return [p.grad.clone() for p in net.parameters()], {k: v.clone() for k, v in net.state_dict().items()}
+
+    grads1, state1 = step(1.0)
+    seen.clear()
+    grads3, state3 = step(3.0)
+    # F = 3: the real forward, one whole pass at once, the other inside the backward.
+    bf = torch.bfloat16
+    assert seen == [(True, 6, bf), (True, 6, bf), (False, -1, torch.float32), (True, 6, bf)]
+    assert all(torch.equal(a, b) for a, b in zip(grads1, grads3, strict=True))
+    assert all(torch.equal(state1[k], state3[k]) for k in state1)
+
+
+def test_interleave_hooks_of_an_unfinished_step_do_not_fire_later() -> None:
+    """An apply whose backward never ran (e.g. a skipped step) is disarmed by the next apply: one set of slices."""
+    net = _net()
+    x, y = torch.randn(6, 3, 8, 8), torch.randint(0, 4, (6,))
+    slices: list[int] = []
+    net.register_forward_hook(lambda m, i, o: slices.append(int(o.shape[0])) if torch.is_grad_enabled() else None)
+    Slowdown(3.0, "interleave").apply(net, nn.functional.cross_entropy, x, y)  # no backward follows
+    Slowdown(3.0, "interleave").apply(net, nn.functional.cross_entropy, x, y)
+    slices.clear()
+    nn.functional.cross_entropy(net(x), y).backward()
+    assert slices == [6, 6]  # the real forward, then the pass placed inside the backward (the other ran at apply)
+    slices.clear()
+    net.zero_grad()
+    nn.functional.cross_entropy(net(x), y).backward()  # the hooks were one-shot
+    assert slices == [6]
+
+
+@pytest.mark.parametrize("mode", ["interleave", "block"])
 @pytest.mark.parametrize("factor", [1.5, 2.5, 3.0])
-def test_emulated_step_does_factor_times_the_work(factor: float) -> None:
-    """Counted, not timed: the FLOPs of one emulated training step are factor x the real step's."""
+def test_emulated_step_does_factor_times_the_work(factor: float, mode: str) -> None:
+    """Counted, not timed: the FLOPs of one emulated training step are factor x the real step's, in both modes."""
     from torch.utils.flop_counter import FlopCounterMode
 
     w = build_workload("cifar_cnn", "fake", image_size=16, num_samples=16)
     flops = {}
     for f in (1.0, factor):
-        runner = StepRunner(w, "cpu", slowdown=f)
+        runner = StepRunner(w, "cpu", slowdown=Slowdown(f, mode))
         x, y = synthetic_batch(w, 32, "cpu")
         with FlopCounterMode(display=False) as counter:
             runner.step(x, y)
@@ -101,9 +163,11 @@ def _pair_ratio(real: StepRunner, slow: StepRunner, b: int, pairs: int) -> float
     return float(statistics.median(ratios))
 
 
-@pytest.mark.parametrize(("factor", "batches"), [(3.0, (16, 32)), (2.5, (32,))])
-def test_profiled_curve_scales_by_factor(factor: float, batches: tuple[int, ...]) -> None:
-    """The emulated rank's step time is factor x the real one within 10% at each batch.
+@pytest.mark.parametrize(("factor", "batches", "mode"),
+                         [(3.0, (16, 32), "interleave"), (2.5, (32,), "interleave"), (3.0, (32,), "block")])
+def test_profiled_curve_scales_by_factor(factor: float, batches: tuple[int, ...], mode: str) -> None:
+    """The emulated rank's step time is factor x the real one within 10% at each batch, in both modes (the same
+    passes; interleave mode runs some from gradient hooks inside the backward).
 
     Why this is a fair measurement on a shared 2-core CI box: one torch thread; a conv model whose compute
     dominates the step (the optimizer, which the slowdown does not repeat, is <2% of it); each emulated step
@@ -119,7 +183,7 @@ def test_profiled_curve_scales_by_factor(factor: float, batches: tuple[int, ...]
     try:
         w = build_workload("cifar_cnn", "fake", image_size=16, num_samples=16)
         real = StepRunner(w, "cpu", timer=time.thread_time)
-        slow = StepRunner(w, "cpu", slowdown=factor, timer=time.thread_time)
+        slow = StepRunner(w, "cpu", slowdown=Slowdown(factor, mode), timer=time.thread_time)
         for b in batches:
             real.measure(b, 1, 0)
             slow.measure(b, 1, 0)
@@ -143,13 +207,16 @@ def _ddp_worker(rank: int, world_size: int) -> None:
     ddp, ddp_ref = DDP(net), DDP(ref)
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g)
-    for _ in range(2):  # two steps: the reducer must be ready for the second one after the extra passes
+    # Two steps per mode: the reducer must be ready for the next step after the extra passes; in interleave mode
+    # they run inside DDP's own backward, from gradient hooks.
+    for mode in ("block", "interleave", "block", "interleave"):
         for model, factor in ((ddp, 3.0 if rank == 1 else 1.0), (ddp_ref, 1.0)):
             model.zero_grad(set_to_none=True)
-            Slowdown(factor).apply(model, nn.functional.cross_entropy, x, y)  # DDP is unwrapped inside
+            Slowdown(factor, mode).apply(model, nn.functional.cross_entropy, x, y)  # DDP is unwrapped inside
             nn.functional.cross_entropy(model(x), y).backward()
-    for a, b in zip(ddp.parameters(), ddp_ref.parameters(), strict=True):
-        assert a.grad is not None and b.grad is not None and torch.allclose(a.grad, b.grad), "extra passes leaked into DDP's gradient"
+        for a, b in zip(ddp.parameters(), ddp_ref.parameters(), strict=True):
+            assert a.grad is not None and b.grad is not None and torch.equal(a.grad, b.grad), (
+                f"{mode}: extra passes leaked into DDP's gradient")
 
 
 @pytest.mark.distributed
