@@ -216,6 +216,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     from planner.quality import check_profile, extrapolation_lines, keep_equal_within_noise
     from planner.solve import equal_accumulation_split
     from profiler.run import gather_profile, profile_this_rank
+    from workloads.emulate import Slowdown
     from workloads.specs import build_workload
 
     on_device = opts["data"] == "device"
@@ -331,6 +332,8 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
         "devices": all_gather_json(_device_name(env.device)),
         "emulate_slowdown": opts["emulate_slowdown"], "emulate_loader": opts["emulate_loader"],
         "emulate_memory": opts.get("emulate_memory"),
+        # workloads.emulate's mode (PLANNER_EMULATE_MODE): where a slowed rank's extra passes run in its step.
+        "emulate_mode": Slowdown().mode if opts["emulate_slowdown"] or opts["late_slowdown"] else None,
         "late_slowdown": opts["late_slowdown"], "heterogeneity": opts.get("label") or _label(opts),
         "steps_per_strategy": opts["steps"], "profile_s": round(profile_s, 2), "torch": _torch_version(),
         # Which batches the profile measured on each rank: a prediction there is in-sample (summarize_bench.py).

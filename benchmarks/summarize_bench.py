@@ -45,18 +45,28 @@ SETTINGS = {
     "nccl2ch": "NCCL_MAX_NCHANNELS=2",
     "_s2_no_min_gain": "solver without min_gain",
     "resnet18_cifar_F1_s2_loss_scale": "loss-scale weighting",
+    "_interleave_": "interleaved emulation",
+    "_block_": "block emulation",
+    "_slices_": "sliced emulation (abandoned)",
 }
-"""File-name part -> a setting the file's meta does not record (environment, solver option), from the run's
-notes: such launches are not pooled with the default ones (benchmarks/gpu_honest.sh names its files so)."""
+"""File-name part -> a setting the file's meta does not record (environment, solver option, the emulation mode
+of workloads.emulate before bench recorded it as meta.emulate_mode), from the run's notes: such launches are not
+pooled with the default ones (benchmarks/gpu_honest.sh and gpu_session5.sh name their files so).  Launches before
+session 5 all used the block emulation."""
+MODES = {"interleave": "interleaved emulation", "block": "block emulation"}
 WINDOW = "synchronized window"
 HEADLINES = (
     ("2x NVIDIA", "resnet50", "emulated compute skew 1=1", ""),
     ("2x NVIDIA", "resnet50", "emulated compute skew 1=3", ""),
+    ("2x NVIDIA", "resnet50", "emulated compute skew 1=3", "interleaved emulation"),
+    ("2x NVIDIA", "resnet50", "emulated compute skew 1=3", "block emulation"),
     ("2x NVIDIA", "resnet50", "emulated compute skew 1=3", "NCCL_MAX_NCHANNELS=2"),
     ("2x NVIDIA", "resnet50", "real loader skew (workers capped 1=2)", ""),
     ("2x NVIDIA", "resnet50", "real co-tenant: a duty-0.5 bf16 matmul loop on GPU 1", ""),
     ("1x NVIDIA", "resnet18", "real device mix cuda:0,cpu", ""),
     ("4x NVIDIA", "resnet50", "emulated compute skew 2=2,3=4", ""),
+    ("4x NVIDIA", "resnet50", "emulated compute skew 2=2,3=4", "interleaved emulation"),
+    ("4x NVIDIA", "resnet50", "real co-tenants: one full-duty bf16 matmul loop on GPU 2, two on GPU 3", ""),
 )
 """The groups the README's headline sentence names: (hardware prefix, model, heterogeneity, setting); every
 card that matches gets a line, from its window-timed launches once it has any."""
@@ -111,7 +121,11 @@ def launch_from(file: str, r: dict[str, Any]) -> Launch:
     m = r["meta"]
     workload = (f"{m['model']}{' bf16' if m.get('amp') else ''}, global batch {m['global_batch']}, "
                 f"{m.get('data', '')}")
-    setting = "; ".join(v for k, v in SETTINGS.items() if k in file)
+    named = [v for k, v in SETTINGS.items() if k in file]
+    mode = MODES.get(str(m.get("emulate_mode")))
+    if mode and mode not in named:
+        named.append(mode)
+    setting = "; ".join(named)
     if any(isinstance(r.get(n), dict) and "window" in r[n] for n in ORDER):
         # Timed over the synchronized window (apps/bench_window.py); older files averaged the step timer's
         # step-to-step intervals: two methods, so two groups.

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Session 5 on a 4-GPU host (docs/BENCHMARKS.md section 13).  Parts, in the order given:
+#   ab      two 2-rank launches at once, ResNet-50 bf16 B=512, rank 1 emulated 3x slower: GPUs 0,1 with the
+#           interleaved emulation (the default), GPUs 2,3 with the old block emulation (PLANNER_EMULATE_MODE=block)
+#   f4      4 ranks, F = [1, 1, 2, 4], B = 1024 (emulation mode $F4_MODE, default block)
+#   cot4    4 ranks, real co-tenants (benchmarks/cotenant.py) on GPU 2 (duty 0.3) and GPU 3 (duty 0.6), B = 1024
+#   cot4h   the same with heavy co-tenants: one full-duty loop on GPU 2, two on GPU 3
+#   prof4   wall time of a 4-rank `planner profile --model resnet50 --dataset fake` (fp32 224), and its loader spread
+#   sweep   2 ranks, F = 1.5, 2, 4 (one launch each); loader  2 ranks, --data loader --emulate-loader 1=2
+#   sweep2  F = 1.5 (GPUs 0,1) beside F = 2 (GPUs 2,3), then F = 4 beside the loader skew, two launches at a time
+# Result names end in $TAG (default s5).
+#   hf      benchmarks/hf_gpu.py (HF Trainer, 110M LM) on GPUs 0,1
+# Every part writes under $WORK (default /tmp/s5) and $OUT/s5.tar is refreshed after each part, so a run cut
+# short still returns what it finished.   TINY=1 runs the logic on CPU with an MLP in seconds.
+set -uo pipefail
+source "$(dirname "$0")/_gpu_common.sh"
+WORK=${WORK:-/tmp/s5}; mkdir -p "$WORK"
+PY=${PYTHON:-python3}
+LIMIT=${LIMIT:-200}  # seconds per part
+TAG=${TAG:-s5}
+if [ -n "${TINY:-}" ]; then
+  CARD=cpu
+  B2=(--device cpu --nproc 2 --model mlp --quick --global-batch 16 --steps 4 --rounds 1 --quiet --timeout 120)
+  B4=(--device cpu --nproc 4 --model mlp --quick --global-batch 32 --steps 4 --rounds 1 --quiet --timeout 120)
+  COT_DEV=(cpu cpu)
+else
+  CARD=$($PY -c "import torch; n=torch.cuda.get_device_name(0).split(); print((n[1] if len(n) > 1 else n[0]).lower())")
+  B2=(--device cuda --nproc 2 --model resnet50 --amp --global-batch 512 --steps 20 --rounds 3 --quiet)
+  B4=(--device cuda --nproc 4 --model resnet50 --amp --global-batch 1024 --steps 15 --rounds 3 --quiet)
+  COT_DEV=(cuda:2 cuda:3)
+fi
+S=(--strategies equal,proportional,plan)
+OUT_SAVE=$OUT
+pack() { tar -cf "$OUT_SAVE/s5.tar" -C "$WORK" . 2>/dev/null; }
+b2() { local name=$1; shift; part "$name" timeout "$LIMIT" $PY -m planner bench "${B2[@]}" "${S[@]}" "$@" \
+         --json "$WORK/${CARD}x2_${name}.json" --profile-out "$WORK/${CARD}x2_${name}_profile.json"; }
+b4() { local name=$1; shift; part "$name" timeout "$LIMIT" $PY -m planner bench "${B4[@]}" "${S[@]}" "$@" \
+         --json "$WORK/${CARD}x4_${name}.json" --profile-out "$WORK/${CARD}x4_${name}_profile.json"; }
+OUT=$WORK  # part() writes NAME.log under $OUT: keep the logs with the results
+
+for p in "$@"; do
+  case $p in
+    ab) CUDA_VISIBLE_DEVICES=0,1 b2 resnet50_F3_interleave_$TAG --emulate-slowdown 1=3 > "$WORK/ab_interleave.txt" 2>&1 &
+        a=$!
+        CUDA_VISIBLE_DEVICES=2,3 PLANNER_EMULATE_MODE=block b2 resnet50_F3_block_$TAG --emulate-slowdown 1=3 \
+          > "$WORK/ab_block.txt" 2>&1 &
+        b=$!
+        wait $a $b; cat "$WORK/ab_interleave.txt" "$WORK/ab_block.txt" ;;
+    f4) PLANNER_EMULATE_MODE=${F4_MODE:-block} b4 resnet50_F1124_${F4_MODE:-block}_$TAG --emulate-slowdown 2=2,3=4 ;;
+    cot4) $PY benchmarks/cotenant.py --device "${COT_DEV[0]}" --duty 0.3 > "$WORK/cotenant_gpu2.log" 2>&1 &
+          c1=$!
+          $PY benchmarks/cotenant.py --device "${COT_DEV[1]}" --duty 0.6 > "$WORK/cotenant_gpu3.log" 2>&1 &
+          c2=$!
+          sleep 5
+          b4 resnet50_cotenant_$TAG --label "real co-tenants: duty-0.3 bf16 matmul loop on GPU 2, duty-0.6 on GPU 3"
+          kill $c1 $c2 2>/dev/null; wait $c1 $c2 2>/dev/null ;;
+    prof4) t0=$(date +%s.%N)
+           part prof4 timeout "$LIMIT" $PY -m torch.distributed.run --standalone --nproc-per-node "${NPROC4:-4}" \
+             -m planner profile --model resnet50 --dataset fake ${TINY:+--device cpu --model mlp --quick} \
+             --out "$WORK/${CARD}x4_profile_speed_$TAG.json"
+           $PY -c "import sys; print('prof4 wall', round(float(sys.argv[2]) - float(sys.argv[1]), 1), 's')" \
+             "$t0" "$(date +%s.%N)" | tee "$WORK/prof4.wall" ;;
+    cot4h) pids=()
+           $PY benchmarks/cotenant.py --device "${COT_DEV[0]}" --duty 1 > "$WORK/cotenant_gpu2.log" 2>&1 & pids+=($!)
+           for i in 1 2; do
+             $PY benchmarks/cotenant.py --device "${COT_DEV[1]}" --duty 1 > "$WORK/cotenant_gpu3_$i.log" 2>&1 & pids+=($!)
+           done
+           sleep 5
+           b4 resnet50_cotenant_heavy_$TAG --label "real co-tenants: one full-duty bf16 matmul loop on GPU 2, two on GPU 3"
+           kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null ;;
+    sweep2) CUDA_VISIBLE_DEVICES=0,1 b2 "resnet50_F1.5_$TAG" --emulate-slowdown 1=1.5 > "$WORK/sw1.txt" 2>&1 & a=$!
+            CUDA_VISIBLE_DEVICES=2,3 b2 "resnet50_F2_$TAG" --emulate-slowdown 1=2 > "$WORK/sw2.txt" 2>&1 & b=$!
+            wait $a $b; cat "$WORK/sw1.txt" "$WORK/sw2.txt"; pack
+            CUDA_VISIBLE_DEVICES=0,1 b2 "resnet50_F4_$TAG" --emulate-slowdown 1=4 > "$WORK/sw3.txt" 2>&1 & a=$!
+            CUDA_VISIBLE_DEVICES=2,3 b2 "resnet50_loader_skew_$TAG" --data loader --emulate-loader 1=2 > "$WORK/sw4.txt" 2>&1 & b=$!
+            wait $a $b; cat "$WORK/sw3.txt" "$WORK/sw4.txt" ;;
+    pair-*)  # pair-F: F with the interleaved emulation on GPUs 0,1 beside the block emulation on GPUs 2,3
+            f=${p#pair-}
+            CUDA_VISIBLE_DEVICES=0,1 PLANNER_EMULATE_MODE=interleave b2 "resnet50_F${f}_interleave_$TAG" \
+              --emulate-slowdown "1=$f" > "$WORK/p1.txt" 2>&1 & a=$!
+            CUDA_VISIBLE_DEVICES=2,3 PLANNER_EMULATE_MODE=block b2 "resnet50_F${f}_block_$TAG" \
+              --emulate-slowdown "1=$f" > "$WORK/p2.txt" 2>&1 & b=$!
+            wait $a $b; cat "$WORK/p1.txt" "$WORK/p2.txt" ;;
+    sweep-interleave) export PLANNER_EMULATE_MODE=interleave
+            CUDA_VISIBLE_DEVICES=0,1 b2 "resnet50_F1.5_interleave_$TAG" --emulate-slowdown 1=1.5 > "$WORK/sw1.txt" 2>&1 & a=$!
+            CUDA_VISIBLE_DEVICES=2,3 b2 "resnet50_F2_interleave_$TAG" --emulate-slowdown 1=2 > "$WORK/sw2.txt" 2>&1 & b=$!
+            wait $a $b; cat "$WORK/sw1.txt" "$WORK/sw2.txt"; unset PLANNER_EMULATE_MODE ;;
+    sweep) for f in 1.5 2 4; do b2 "resnet50_F${f}_s5" --emulate-slowdown "1=$f"; done ;;
+    loader) b2 resnet50_loader_skew_$TAG --data loader --emulate-loader 1=2 ;;
+    hf) CUDA_VISIBLE_DEVICES=0,1 part hf timeout "$LIMIT" $TR benchmarks/hf_gpu.py --factors "${HF_FACTORS:-2,3}" \
+          --json "$WORK/${CARD}x2_hf_trainer_$TAG.json" ;;
+    hf-loader)  # the HF Trainer bench (F = 3) on GPUs 2,3 beside the loader-skew bench on GPUs 0,1
+        CUDA_VISIBLE_DEVICES=2,3 part hf timeout "$LIMIT" $TR benchmarks/hf_gpu.py --factors "${HF_FACTORS:-3}" \
+          --json "$WORK/${CARD}x2_hf_trainer_$TAG.json" > "$WORK/hf.txt" 2>&1 & a=$!
+        CUDA_VISIBLE_DEVICES=0,1 b2 "resnet50_loader_skew_$TAG" --data loader --emulate-loader 1=2 > "$WORK/ld.txt" 2>&1 & b=$!
+        wait $a $b; cat "$WORK/hf.txt" "$WORK/ld.txt" ;;
+    *) echo "unknown part $p"; exit 2 ;;
+  esac
+  pack
+done
