@@ -185,9 +185,25 @@ def launch_group(plan: Plan, env: DistEnv) -> Any:
     NCCL group configured as that setting (profiler.comm.nccl_group_for: the same communicator config)."""
     if not plan.launch_env or env.backend != "nccl" or all(os.environ.get(k) == v for k, v in plan.launch_env.items()):
         return None
+    import torch.distributed as dist
+
     from profiler.comm import nccl_group_for
 
-    return nccl_group_for(plan.launch_env)
+    # One group per setting and default group: `planner bench` trains once per strategy and round in one process,
+    # and a communicator per call was never destroyed.  Every rank asks in the same order (the same plan), so the
+    # collective new_group runs on all of them or on none.
+    key = tuple(sorted(plan.launch_env.items()))
+    world, groups = _LAUNCH_GROUPS.get("world"), _LAUNCH_GROUPS.setdefault("groups", {})
+    if world is not dist.group.WORLD:
+        groups.clear()
+        _LAUNCH_GROUPS["world"] = dist.group.WORLD
+    if key not in groups:
+        groups[key] = nccl_group_for(plan.launch_env)
+    return groups[key]
+
+
+_LAUNCH_GROUPS: dict[str, Any] = {}
+"""launch_group's cache: "world" -> the default group it was built under, "groups" -> setting -> group."""
 
 
 def resume(run: Run) -> ResizeRecord | None:

@@ -3,6 +3,8 @@ never over a value the user set; without one (or off NCCL) DDP keeps the default
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -34,3 +36,27 @@ def test_launch_group_is_the_default_off_nccl_or_without_a_setting() -> None:
     env = DistEnv(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="gloo")
     assert launch_group(_plan({}), env) is None
     assert launch_group(_plan({"NCCL_MAX_CTAS": "2"}), env) is None  # gloo: nothing to configure
+
+
+def test_launch_group_is_made_once_per_setting_and_default_group(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Any) -> None:
+    """`planner bench` trains once per strategy and round in one process: the configured group is reused, not
+    made (and leaked) per call; a new default group (a re-initialized job) gets its own."""
+    import torch.distributed as dist
+
+    import profiler.comm
+
+    made: list[dict[str, str]] = []
+    monkeypatch.setattr(profiler.comm, "nccl_group_for", lambda e: made.append(dict(e)) or object())
+    monkeypatch.delenv("NCCL_MAX_CTAS", raising=False)
+    env = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="nccl")
+    for attempt in range(2):
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store{attempt}", rank=0, world_size=1)
+        try:
+            a = launch_group(_plan({"NCCL_MAX_CTAS": "2"}), env)
+            assert launch_group(_plan({"NCCL_MAX_CTAS": "2"}), env) is a
+            b = launch_group(_plan({"NCCL_MAX_CTAS": "4"}), env)
+            assert b is not a
+        finally:
+            dist.destroy_process_group()
+        assert made == [{"NCCL_MAX_CTAS": "2"}, {"NCCL_MAX_CTAS": "4"}] * (attempt + 1)
