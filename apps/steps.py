@@ -4,7 +4,7 @@ FSDP2 sharding, and the batches (a DataLoader over the plan's sampler, or synthe
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -15,6 +15,7 @@ from apps.distenv import DistEnv
 from apps.train_config import TrainConfig
 from planner.errors import ValidationError
 from profiler.compute import use_channels_last
+from runtime.loader_timing import TimedBatches, TimedLoader
 from workloads.specs import Workload, synthetic_batch
 
 
@@ -81,18 +82,21 @@ class DeviceBatches:
 
 
 def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_workers: int,
-                device: torch.device) -> Any:
+                device: torch.device, on_batch: Callable[[float], None] | None = None) -> Any:
+    """The rank's batches: synthetic ones on the device, or a DataLoader over the sampler whose workers time each
+    batch they build (runtime.loader_timing; ``on_batch`` gets the seconds, the loop gets the batch)."""
     if cfg.data_on_device:
         return DeviceBatches(batch_sampler, workload, device, channels_last_for(workload, device, cfg.mixed_devices))
     if cfg.loader_workers_cap is not None:
         num_workers = min(num_workers, cfg.loader_workers_cap)
-    return DataLoader(
-        workload.dataset,
-        batch_sampler=batch_sampler,
+    return TimedLoader(DataLoader(
+        TimedBatches(workload.dataset),
+        sampler=batch_sampler,
+        batch_size=None,  # the sampler yields index lists; the worker builds (and times) the whole batch
         num_workers=num_workers,
         pin_memory=device.type == "cuda",
         persistent_workers=num_workers > 0,
         prefetch_factor=4 if num_workers > 0 else None,
-    )
+    ), on_batch=on_batch)
 
 

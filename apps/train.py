@@ -403,7 +403,7 @@ def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
             run.hetero.set_batch_sizes(run.plan.batch_sizes, accumulation_steps=run.plan.accumulation_steps)
             if run.plan.ranks[env.rank].num_workers != old_workers:
                 run.loader = make_loader(cfg, run.workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers,
-                                         env.device)
+                                         env.device, on_batch=run.timer.loader_batch)
     _log_epoch(run, res, epoch_plan)
     _checkpoint(run, res.epoch + 1, 0)
     if env.distributed:
@@ -468,7 +468,8 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
                 f"at global step {run.start_step} with batches {list(run.plan.batch_sizes)}")
     run.trace = open(cfg.trace_path, "a", encoding="utf-8") if cfg.trace_path else None
     early, late = Slowdown(cfg.slowdown), Slowdown(cfg.slowdown_late or cfg.slowdown)
-    run.loader = make_loader(cfg, workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers, env.device)
+    run.loader = make_loader(cfg, workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers, env.device,
+                             on_batch=run.timer.loader_batch)
     run.device_state = DeviceStateSampler(env.device)
     if on_start is not None:
         on_start(run)

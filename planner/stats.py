@@ -46,6 +46,10 @@ class StepStats:
     interference_s: float = 0.0
     """Mean seconds per step the peer-late steps added to the compute span (the mean over every step minus
     ``compute_s``): time lost to peers, shown beside the rank's own."""
+    loader_s: float | None = None
+    """Median seconds per step the loader's workers spent building the step's batches (samples' fetch and
+    transforms plus the collate, timed in the worker: runtime.loader_timing); None when not measured (synthetic
+    batches on the device, an adapter's own loader, an older log)."""
 
     def to_dict(self) -> JSONDict:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -58,7 +62,7 @@ class StepStats:
             required=("rank", "epoch", "num_steps", "batch_size", "num_workers", "data_wait_s", "compute_s",
                       "step_time_s"),
             allowed=("compute_s_std", "compute_s_median", "compute_s_mad", "num_outliers", "step_time_s_std",
-                     "num_peer_late", "interference_s"),
+                     "num_peer_late", "interference_s", "loader_s"),
         )
         return cls(
             rank=as_int(d["rank"], f"{path}.rank", min_value=0),
@@ -76,6 +80,7 @@ class StepStats:
             step_time_s_std=_opt_num(d, "step_time_s_std", path),
             num_peer_late=as_int(d.get("num_peer_late", 0), f"{path}.num_peer_late", min_value=0),
             interference_s=as_num(d.get("interference_s", 0.0), f"{path}.interference_s", non_negative=True),
+            loader_s=_opt_num(d, "loader_s", path),
         )
 
     @property
@@ -84,14 +89,25 @@ class StepStats:
         return self.step_time_s > 0 and self.data_wait_s > LOADER_WAIT_FRAC * self.step_time_s
 
     @property
+    def loader_period_s(self) -> float | None:
+        """Seconds per step the loader needs on its own: ``loader_s`` over the workers building batches in
+        parallel (the loop itself with 0 workers); None when not measured."""
+        if self.loader_s is None:
+            return None
+        return self.loader_s / max(1, self.num_workers)
+
+    @property
     def busy_s(self) -> float:
         """This rank's own time per step, the counterpart of the plan's per-rank step time: compute + data wait,
         or the whole step when the loader paced the rank -- its workers keep loading through the all-reduce and
         optimizer tail after the last bucket, so the loader's period is the step (2x H100, ResNet-50: compute
-        92 + wait 52 = 144 ms of a 179 ms step whose 341 samples the 8 workers delivered at 1.9k samples/s)."""
-        if self.loader_paced:
-            return self.step_time_s
-        return self.compute_s + self.data_wait_s
+        92 + wait 52 = 144 ms of a 179 ms step whose 341 samples the 8 workers delivered at 1.9k samples/s).
+        Where the workers' build time was measured, never less than the loader's own period: a loader that keeps
+        up only because a late peer paces the step still costs its time (2x H200, rank capped at 2 workers: 31 ms
+        of compute, no wait, and ~190 ms of loading per step)."""
+        own = self.step_time_s if self.loader_paced else self.compute_s + self.data_wait_s
+        period = self.loader_period_s
+        return own if period is None else max(own, period)
 
     @property
     def compute_s_sigma(self) -> float:

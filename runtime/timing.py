@@ -13,6 +13,9 @@ Three numbers per step, averaged per epoch into a ``planner.StepStats`` (the re-
   the host runs ahead of the device, so a single step's host interval is not its device time; over an epoch the
   queue depth is bounded, so the *mean* is honest while single steps and the std are not.
 
+And, where the DataLoader reports it (runtime.loader_timing), the seconds its workers spent building each step's
+batches (``loader_batch``): the loader's own cost, which the data wait shows only when the loader falls behind.
+
 Usage (the reference trainer wires exactly this)::
 
     timer = StepTimer(device)
@@ -112,6 +115,8 @@ class _Step:
     """One step's raw numbers (mutable while the step is open)."""
 
     data_wait_s: float = 0.0
+    loader_s: float | None = None
+    """Seconds the loader's workers spent building this step's batches (None: not reported)."""
     compute_s: float | None = None
     step_time_s: float | None = None
     start_event: DeviceEvent | None = None
@@ -188,6 +193,12 @@ class StepTimer:
             return
         self._cur.data_wait_s += self._clock() - self._data_t0
         self._data_t0 = None
+
+    def loader_batch(self, seconds: float) -> None:
+        """Add the seconds a worker spent building the batch just fetched (runtime.loader_timing.TimedLoader's
+        ``on_batch``; called inside ``next()``, so it belongs to the step that consumes the batch)."""
+        if math.isfinite(seconds) and seconds >= 0.0:
+            self._cur.loader_s = (self._cur.loader_s or 0.0) + seconds
 
     def iter_data(self, iterable: Iterable[T]) -> Iterator[T]:
         """Yield from `iterable`, timing each ``next()`` as data wait."""
@@ -341,6 +352,9 @@ class StepTimer:
         std_c = math.sqrt(math.fsum((c - mean_c) ** 2 for c in inliers) / (k - 1)) if k > 1 else 0.0
         # Interference: the mean compute over every step minus this rank's own (the peer-late steps' excess).
         interference = max(0.0, math.fsum(all_compute) / n - math.fsum(compute) / len(compute)) if num_late else 0.0
+        loads = [s.loader_s for s in good if s.loader_s is not None and _valid(s.loader_s)]
+        # The loader's build time per step, median: an epoch's first batches carry the workers' start-up.
+        loader_s = statistics.median(loads) if len(loads) >= max(1.0, MIN_CLEAN_FRACTION * n) else None
         return StepStats(
             rank=rank,
             epoch=epoch,
@@ -357,6 +371,7 @@ class StepTimer:
             step_time_s_std=statistics.stdev(step_times) if n > 1 else 0.0,
             num_peer_late=num_late,
             interference_s=interference,
+            loader_s=loader_s,
         )
 
     def _peer_late(self, peers: Sequence[Sequence[float]]) -> set[int]:

@@ -30,8 +30,10 @@ after the last bucket runs while the workers keep loading -- on 2x H100 that tai
 
     p_i = s_i * w_i / b_i      (w_i >= 1)        p_i = d_i / b_i      (w_i = 0: loaded in the loop)
 
-smoothed the same way and only ever raised (a loader that keeps up hides its true cost, so a small wait is no
-evidence that it got faster).  The corrected compute points and loader costs form a new ``planner.Profile``
+smoothed the same way and only ever raised by it (a loader that keeps up hides its true cost, so a small wait
+is no evidence that it got faster).  Where the workers timed their own batches (``StepStats.loader_s``,
+runtime.loader_timing) that time is the cost itself, p_i = loader_s_i / b_i, and moves p_i both ways (smoothed
+alike) before the wait rule above may still raise it: their timing misses the main process's share.  The corrected compute points and loader costs form a new ``planner.Profile``
 (``CorrectionModel.corrected_profile``; a loader p_i times its starting value has its sec_per_sample and its
 measured rates scaled by that factor, ``planner.loader.scaled_loader``): the profile in use stays the one source
 of truth for the solver.
@@ -120,7 +122,8 @@ class RankCorrection:
     scale: float = 1.0
     """EMA of raw_i: compute time relative to the original profile (1.0 = the profile as measured)."""
     loader_sec_per_sample: float = 0.0
-    """The loader cost in use: the profile's, raised when the loader did not keep up."""
+    """The loader cost in use: the profile's, moved to the workers' measured cost, raised when the loader did not
+    keep up."""
     observations: tuple[Observation, ...] = ()
     """The latest observation at each of the two most recent batch sizes, oldest first."""
 
@@ -137,6 +140,9 @@ class RankCorrection:
             others = [o for o in self.observations if o.batch_size != b]
             obs = (*others[-1:], Observation(batch_size=b, ratio=raw))
         spp = self.loader_sec_per_sample
+        if s.loader_s is not None and s.batch_size > 0 and s.loader_s > 0:
+            # Measured in the workers: the cost itself, up or down (runtime.loader_timing).
+            spp = (1.0 - a) * spp + a * s.loader_s / s.batch_size
         if s.step_time_s > 0 and s.data_wait_s / s.step_time_s > loader_wait_frac:
             if s.num_workers > 0:
                 seen = s.step_time_s * s.num_workers / s.batch_size
