@@ -9,7 +9,9 @@
 #   sweep   2 ranks, F = 1.5, 2, 4 (one launch each); loader  2 ranks, --data loader --emulate-loader 1=2
 #   sweep2  F = 1.5 (GPUs 0,1) beside F = 2 (GPUs 2,3), then F = 4 beside the loader skew, two launches at a time
 # Result names end in $TAG (default s5).
-#   hf      benchmarks/hf_gpu.py (HF Trainer, 110M LM) on GPUs 0,1
+#   hf      benchmarks/hf_gpu.py (HF Trainer, 110M LM) on GPUs 0,1 (factors $HF_FACTORS, default 2,3)
+#   hf-loader  hf (F = 3) on GPUs 2,3 beside the loader-skew bench on GPUs 0,1
+#   train18 benchmarks/loader_gpu.sh: the skew case on GPUs 0,1 beside the loader case on GPUs 2,3
 # Every part writes under $WORK (default /tmp/s5) and $OUT/s5.tar is refreshed after each part, so a run cut
 # short still returns what it finished.   TINY=1 runs the logic on CPU with an MLP in seconds.
 set -uo pipefail
@@ -85,7 +87,13 @@ for p in "$@"; do
             CUDA_VISIBLE_DEVICES=0,1 b2 "resnet50_F1.5_interleave_$TAG" --emulate-slowdown 1=1.5 > "$WORK/sw1.txt" 2>&1 & a=$!
             CUDA_VISIBLE_DEVICES=2,3 b2 "resnet50_F2_interleave_$TAG" --emulate-slowdown 1=2 > "$WORK/sw2.txt" 2>&1 & b=$!
             wait $a $b; cat "$WORK/sw1.txt" "$WORK/sw2.txt"; unset PLANNER_EMULATE_MODE ;;
-    sweep) for f in 1.5 2 4; do b2 "resnet50_F${f}_s5" --emulate-slowdown "1=$f"; done ;;
+    train18)  # #18: `planner train --auto --replan` with the real DataLoader, the skew case on GPUs 0,1 beside
+              # the loader case on GPUs 2,3 (benchmarks/loader_gpu.sh; LAUNCHES, EPOCHS, BUDGET_S pass through)
+        mkdir -p "$WORK/train18_skew" "$WORK/train18_loader"
+        CUDA_VISIBLE_DEVICES=0,1 OUT="$WORK/train18_skew" CASES=skew bash benchmarks/loader_gpu.sh > "$WORK/t18a.txt" 2>&1 & a=$!
+        CUDA_VISIBLE_DEVICES=2,3 OUT="$WORK/train18_loader" CASES=loader bash benchmarks/loader_gpu.sh > "$WORK/t18b.txt" 2>&1 & b=$!
+        wait $a $b; cat "$WORK/t18a.txt" "$WORK/t18b.txt" ;;
+    sweep) for f in 1.5 2 4; do b2 "resnet50_F${f}_$TAG" --emulate-slowdown "1=$f"; done ;;
     loader) b2 resnet50_loader_skew_$TAG --data loader --emulate-loader 1=2 ;;
     hf) CUDA_VISIBLE_DEVICES=0,1 part hf timeout "$LIMIT" $TR benchmarks/hf_gpu.py --factors "${HF_FACTORS:-2,3}" \
           --json "$WORK/${CARD}x2_hf_trainer_$TAG.json" ;;
