@@ -4,6 +4,7 @@ FSDP2 sharding, and the batches (a DataLoader over the plan's sampler, or synthe
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,6 +15,7 @@ from torch.utils.data import DataLoader
 from apps.distenv import DistEnv
 from apps.train_config import TrainConfig
 from planner.errors import ValidationError
+from planner.plan import Plan
 from profiler.compute import use_channels_last
 from runtime.loader_timing import TimedBatches, TimedLoader
 from workloads.specs import Workload, synthetic_batch
@@ -100,3 +102,28 @@ def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_wo
     ), on_batch=on_batch)
 
 
+def launch_group(plan: Plan, env: DistEnv) -> Any:
+    """The process group DDP reduces over: the default one, unless the plan records a launch setting that the
+    default group was not started with (`--auto`, `planner bench`: the plan came after the group) -- then a new
+    NCCL group configured as that setting (profiler.comm.nccl_group_for: the same communicator config)."""
+    if not plan.launch_env or env.backend != "nccl" or all(os.environ.get(k) == v for k, v in plan.launch_env.items()):
+        return None
+    import torch.distributed as dist
+
+    from profiler.comm import nccl_group_for
+
+    # One group per setting and default group: `planner bench` trains once per strategy and round in one process,
+    # and a communicator per call was never destroyed.  Every rank asks in the same order (the same plan), so the
+    # collective new_group runs on all of them or on none.
+    key = tuple(sorted(plan.launch_env.items()))
+    world, groups = _LAUNCH_GROUPS.get("world"), _LAUNCH_GROUPS.setdefault("groups", {})
+    if world is not dist.group.WORLD:
+        groups.clear()
+        _LAUNCH_GROUPS["world"] = dist.group.WORLD
+    if key not in groups:
+        groups[key] = nccl_group_for(plan.launch_env)
+    return groups[key]
+
+
+_LAUNCH_GROUPS: dict[str, Any] = {}
+"""launch_group's cache: "world" -> the default group it was built under, "groups" -> setting -> group."""

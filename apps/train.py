@@ -14,7 +14,9 @@ fingerprint, dataset length, seed): ranks launched inconsistently fail with one 
 The pieces: ``TrainConfig`` (what the user asked, checked on construction; apps/train_config.py), ``Run``
 (everything one run holds: model, optimizer, sampler, loader, timer, re-planner, log), ``setup`` builds it,
 ``run_epoch`` trains one epoch, ``end_epoch`` re-plans, logs and checkpoints, ``train`` loops; what a step needs
-around the model (precision, memory format, gradient sync per micro-batch, FSDP2, the loader) is apps/steps.py.
+around the model (precision, memory format, gradient sync per micro-batch, FSDP2, the loader, the process group
+of a measured launch setting) is apps/steps.py, checkpoint and resume (elastic restarts included) is
+apps/train_resume.py.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import copy
 import dataclasses
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -35,19 +36,18 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import BatchSampler, DistributedSampler
 
 import planner
-from apps.checkpoint import load_checkpoint, save_checkpoint
 from apps.distenv import DistEnv, sync_device
 from apps.divergence import DivergenceWatch, divergence_error
-from apps.preflight import check_weights_fit, run_meta
 from apps.progress import Progress, no_progress
-from apps.steps import autocast_for, channels_last_for, fully_shard_blocks, make_loader, sync_only_if
+from apps.steps import autocast_for, channels_last_for, fully_shard_blocks, launch_group, make_loader, sync_only_if
 from apps.train_config import EpochResult, TrainConfig
+from apps.train_resume import checkpoint, resume
 from collectives import all_gather_json, decide_on_rank0
 from planner.devstate import DeviceState
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
-from planner.runlog import EndRecord, EpochRecord, ResizeRecord, RunLogWriter, StartRecord
+from planner.runlog import EndRecord, EpochRecord, RunLogWriter, StartRecord
 from profiler.devstate import DeviceStateSampler
 from runtime.accumulate import MicroStep, micro_steps
 from runtime.replan import Replanner
@@ -179,110 +179,6 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
                replanner=replanner, log=RunLogWriter(None), start_plan=plan, micro=micro)
 
 
-def launch_group(plan: Plan, env: DistEnv) -> Any:
-    """The process group DDP reduces over: the default one, unless the plan records a launch setting that the
-    default group was not started with (`--auto`, `planner bench`: the plan came after the group) -- then a new
-    NCCL group configured as that setting (profiler.comm.nccl_group_for: the same communicator config)."""
-    if not plan.launch_env or env.backend != "nccl" or all(os.environ.get(k) == v for k, v in plan.launch_env.items()):
-        return None
-    import torch.distributed as dist
-
-    from profiler.comm import nccl_group_for
-
-    # One group per setting and default group: `planner bench` trains once per strategy and round in one process,
-    # and a communicator per call was never destroyed.  Every rank asks in the same order (the same plan), so the
-    # collective new_group runs on all of them or on none.
-    key = tuple(sorted(plan.launch_env.items()))
-    world, groups = _LAUNCH_GROUPS.get("world"), _LAUNCH_GROUPS.setdefault("groups", {})
-    if world is not dist.group.WORLD:
-        groups.clear()
-        _LAUNCH_GROUPS["world"] = dist.group.WORLD
-    if key not in groups:
-        groups[key] = nccl_group_for(plan.launch_env)
-    return groups[key]
-
-
-_LAUNCH_GROUPS: dict[str, Any] = {}
-"""launch_group's cache: "world" -> the default group it was built under, "groups" -> setting -> group."""
-
-
-def resume(run: Run) -> ResizeRecord | None:
-    """Continue from the checkpoint in ``cfg.checkpoint_dir`` when it holds one; a resize record when the world
-    size changed (an elastic restart)."""
-    cfg, env = run.cfg, run.env
-    if not (cfg.resume and cfg.checkpoint_dir):
-        return None
-    state = load_checkpoint(cfg.checkpoint_dir, env.device)
-    if state is None:
-        return None
-    saved = Plan.from_dict(state["plan"])
-    check_weights_fit(run.model.state_dict(), state["model"], cfg.checkpoint_dir)
-    resize = None
-    if saved.world_size != run.plan.world_size:
-        run.plan = _elastic_plan(saved, run.plan, run.hetero, state)
-        resize = ResizeRecord(time=time.time(), epoch=int(state["epoch"]), step=int(state["step"]),
-                              old_world_size=saved.world_size, new_world_size=run.plan.world_size,
-                              old_batch_sizes=saved.batch_sizes, new_batch_sizes=run.plan.batch_sizes, plan=run.plan)
-    elif "plan" in cfg.resume_changes:
-        # Another plan of the same global batch, allowed by the user: the position carries over as in an elastic
-        # restart (global step s covers the same samples whatever the split); the re-planner starts afresh.
-        run.plan = _elastic_plan(saved, run.plan, run.hetero, state)
-    else:
-        run.plan = saved
-        if run.hetero is not None:
-            run.hetero.load_state_dict(state["sampler"])
-        if run.replanner is not None and state.get("replanner"):
-            run.replanner.load_state_dict(state["replanner"])
-    run.model.load_state_dict(state["model"])
-    run.optimizer.load_state_dict(state["optimizer"])
-    if "lr" in cfg.resume_changes:  # the optimizer state carries the old rate; the user asked for this one
-        for group in run.optimizer.param_groups:
-            group["lr"] = cfg.lr
-    run.start_epoch, run.start_step = int(state["epoch"]), int(state["step"])
-    run.last_saved = (run.start_epoch, run.start_step)
-    run.say(f"resumed from {cfg.checkpoint_dir} at epoch {run.start_epoch} step {run.start_step}")
-    return resize
-
-
-def _elastic_plan(saved: Plan, plan: Plan, hetero: HeteroBatchSampler | None, state: dict[str, Any]) -> Plan:
-    """Resume a checkpoint taken with another world size: keep the global batch, use this run's split.
-
-    Coverage of the interrupted epoch stays exactly-once: global step s always covers P[s*B:(s+1)*B] of the
-    epoch's permutation whatever the split, so continuing at the saved global step with the new ranks processes
-    exactly the samples the old ranks had left (split differently).  The re-planner starts afresh (its
-    corrections were per old rank).
-    """
-    if saved.global_batch != plan.global_batch:
-        raise ValidationError(
-            f"the checkpoint was trained with global batch {saved.global_batch} on {saved.world_size} rank(s); this "
-            f"run's plan has global batch {plan.global_batch} for {plan.world_size}: an elastic restart keeps the "
-            f"global batch -- re-plan with --global-batch {saved.global_batch}"
-        )
-    if hetero is None:
-        raise ValidationError("an elastic restart needs the planned sampler (strategy 'plan')")
-    sampler_state = dict(state["sampler"])
-    sampler_state.update(world_size=plan.world_size, batch_sizes=list(plan.batch_sizes), pending_batch_sizes=None,
-                         min_batch=hetero.min_batch, accumulation_steps=list(plan.accumulation_steps),
-                         pending_accumulation_steps=None)
-    hetero.load_state_dict(sampler_state)
-    return plan
-
-
-def _checkpoint(run: Run, epoch: int, step: int) -> None:
-    """Rank 0 saves where training resumes: ``epoch`` and ``step`` are the next step to run (and records it as
-    ``run.last_saved``; the epoch-end gather tells the other ranks)."""
-    cfg = run.cfg
-    if cfg.checkpoint_dir and run.env.is_main:
-        start = run.start_plan or run.plan
-        meta = run_meta(model=cfg.model, dataset=cfg.dataset, image_size=cfg.image_size, num_samples=cfg.num_samples,
-                        seed=cfg.seed, lr=cfg.lr, plan=start)
-        save_checkpoint(cfg.checkpoint_dir, epoch=epoch, step=step, model=run.model, optimizer=run.optimizer,
-                        plan=run.plan, sampler_state=run.hetero.state_dict(step) if run.hetero else None,
-                        replanner=run.replanner, run=meta)
-        run.last_saved = (epoch, step)
-
-
-
 # -- one epoch ----------------------------------------------------------------------------------------------
 def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer: Iterator[Any] | None) -> EpochResult:
     """Train one epoch from global step ``first_step``; collective (every rank's stats are gathered at the end)."""
@@ -361,7 +257,7 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
             # Never save a diverged state over the last finite one. Only rank 0 saves, so only its view counts:
             # a peer's NaN reaches rank 0's weights through the gradient all-reduce.
             if run.env.is_main and watch.clean(run.model):
-                _checkpoint(run, epoch, step)
+                checkpoint(run, epoch, step)
     sync_device(device)
     # One small all-gather of the per-step data waits: a step a peer reached late is not this rank's own speed.
     stats = run.timer.epoch_summary(rank=env.rank, epoch=epoch, batch_size=batch_sizes[env.rank],
@@ -405,7 +301,7 @@ def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
                 run.loader = make_loader(cfg, run.workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers,
                                          env.device, on_batch=run.timer.loader_batch)
     _log_epoch(run, res, epoch_plan)
-    _checkpoint(run, res.epoch + 1, 0)
+    checkpoint(run, res.epoch + 1, 0)
     if env.distributed:
         dist.barrier()
     run.say(f"epoch {res.epoch}: {res.samples_per_s:9.1f} samples/s  step {1000 * res.step_time_s:7.2f} ms  "

@@ -10,7 +10,7 @@ import torch
 
 from apps.cmd_train import apply_launch_env
 from apps.distenv import DistEnv
-from apps.train import launch_group
+from apps.steps import launch_group
 from planner.plan import Plan, Predicted, RankPlan
 
 
