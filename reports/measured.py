@@ -76,8 +76,9 @@ def measured_splits(log: RunLog, comm_s: float) -> list[MeasuredSplit]:
     return out
 
 
-def _rank_ratios(log: RunLog, split: MeasuredSplit) -> list[tuple[int, float, float, float]]:
-    """(rank, measured busy, predicted busy, measured data wait) per rank, medians over the split's epochs."""
+def _rank_ratios(log: RunLog, split: MeasuredSplit) -> list[tuple[int, float, float, float, float | None]]:
+    """(rank, measured busy, predicted busy, measured data wait, loader period or None) per rank, medians over
+    the split's epochs (the loader period where its workers timed their batches in every one of them)."""
     epochs = [e for e in log.epochs if e.epoch in split.epochs and tuple(e.batch_sizes) == split.batch_sizes]
     if not epochs or not all(len(e.ranks) == len(e.predicted_step_time_s) for e in epochs):
         return []
@@ -86,7 +87,9 @@ def _rank_ratios(log: RunLog, split: MeasuredSplit) -> list[tuple[int, float, fl
         busy = statistics.median(e.measured_busy_s[i] for e in epochs)
         wait = statistics.median(e.measured_data_wait_s[i] for e in epochs)
         pred = statistics.median(e.predicted_step_time_s[i] for e in epochs)
-        out.append((i, float(busy), float(pred), float(wait)))
+        periods = [e.ranks[i].loader_period_s for e in epochs]
+        period = None if None in periods else float(statistics.median(p for p in periods if p is not None))
+        out.append((i, float(busy), float(pred), float(wait), period))
     return out
 
 
@@ -99,7 +102,13 @@ def likely_cause(log: RunLog, split: MeasuredSplit, profile: Profile, quality: P
     ranks = [r for r in _rank_ratios(log, split) if r[2] > 0]
     off = [r for r in ranks if abs(r[1] / r[2] - 1.0) > PREDICTION_TOL]
     if off:
-        i, busy, pred, wait = max(off, key=lambda r: abs(r[1] / r[2] - 1.0))
+        i, busy, pred, wait, period = max(off, key=lambda r: abs(r[1] / r[2] - 1.0))
+        if period is not None and period >= 0.9 * busy:
+            return (f"rank {i}'s loader needs {1000 * period:.1f} ms per step (its workers' own build time) against "
+                    f"{1000 * pred:.1f} ms predicted for the rank: the loader is "
+                    f"{'slower' if period > pred else 'faster'} than profiled (host contention, transforms); train "
+                    "with --replan, which takes the measured loader cost, or give it more workers "
+                    "(--max-workers-per-rank)")
         if wait > 0.5 * busy:
             return (f"rank {i} waits {1000 * wait:.1f} ms per step for data ({1000 * busy:.1f} ms busy against "
                     f"{1000 * pred:.1f} ms predicted): its loader is slower than profiled; give it more workers "

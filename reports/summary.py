@@ -43,12 +43,15 @@ def format_summary(rep: Report) -> str:
     if rep.log is not None and rep.log.epochs:
         last = rep.log.epochs[-1]
         measured = last.measured_busy_s
+        periods = [float("nan") if s.loader_period_s is None else s.loader_period_s for s in last.ranks]
         rows = [(i, _ms(p), _ms(measured[i]) if i < len(measured) else "-",
                  f"{100 * (measured[i] - p) / p:+.1f}%" if i < len(measured) and math.isfinite(measured[i])
-                 and math.isfinite(p) and p > 0 else "-")
+                 and math.isfinite(p) and p > 0 else "-",
+                 _ms(periods[i]) if i < len(periods) else "-")
                 for i, p in enumerate(last.predicted_step_time_s)]
         if rows:
             out.append(f"Run log, epoch {last.epoch} (busy = compute + data wait; the whole step where "
-                       "the loader paced the rank):\n"
-                       + table(["rank", "predicted ms", "measured ms", "error"], rows))
+                       "the loader paced the rank; never below the loader's own time, its workers' build time "
+                       "per step over the workers):\n"
+                       + table(["rank", "predicted ms", "measured ms", "error", "loader ms"], rows))
     return "\n\n".join(out)

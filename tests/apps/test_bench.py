@@ -77,6 +77,13 @@ def test_the_json_records_the_profiles_measured_batches(bench: dict[str, Any]) -
     assert len(measured) == 2 and all(len(m) >= 2 for m in measured)
 
 
+def test_the_json_records_the_emulation_mode(bench: dict[str, Any]) -> None:
+    """Where the slowed rank's extra passes ran (workloads.emulate): summarize_bench.py groups launches by it."""
+    from workloads.emulate import Slowdown
+
+    assert bench["meta"]["emulate_mode"] == Slowdown().mode  # "interleave" unless PLANNER_EMULATE_MODE says otherwise
+
+
 def test_steps_below_two_are_refused_before_any_rank_starts(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--device", "cpu", "--nproc", "2", "--model", "mlp", "--steps", "1"]) == 2
     err = capsys.readouterr().err

@@ -24,15 +24,18 @@ B = 700
 
 
 def _epoch(plan: Plan, epoch: int, *, slow: float = 1.0, busy: tuple[float, ...] | None = None,
-           wait: tuple[float, ...] | None = None, steps: int = 10) -> EpochRecord:
-    """An epoch of `plan` whose synchronous step measured `slow` x the prediction; per-rank busy/wait as given."""
+           wait: tuple[float, ...] | None = None, steps: int = 10,
+           loader: tuple[float | None, ...] | None = None) -> EpochRecord:
+    """An epoch of `plan` whose synchronous step measured `slow` x the prediction; per-rank busy/wait as given,
+    and the loader's worker-timed build time per step (``StepStats.loader_s``) where given."""
     pred = [r.predicted_step_time_s for r in plan.ranks]
     busy = busy or tuple(pred)
     wait = wait or tuple(0.0 for _ in pred)
     step = (max(pred) + plan.predicted.comm_s) * slow
+    loads = loader or tuple(None for _ in pred)
     ranks = tuple(StepStats(rank=i, epoch=epoch, num_steps=steps, batch_size=r.batch_size, num_workers=r.num_workers,
-                            data_wait_s=w, compute_s=b - w, step_time_s=step)
-                  for i, (r, b, w) in enumerate(zip(plan.ranks, busy, wait, strict=True)))
+                            data_wait_s=w, compute_s=b - w, step_time_s=step, loader_s=ld)
+                  for i, (r, b, w, ld) in enumerate(zip(plan.ranks, busy, wait, loads, strict=True)))
     return EpochRecord(epoch=epoch, plan_fingerprint=plan.fingerprint, samples_per_s=plan.global_batch / step,
                        step_time_s=step, loss=1.0, batch_sizes=plan.batch_sizes, predicted_step_time_s=tuple(pred),
                        ranks=ranks)
@@ -85,6 +88,8 @@ def test_a_log_on_its_prediction_gives_no_miss(tmp_path: Path) -> None:
     ("data wait", "rank 1 waits 300.0 ms per step for data"),
     ("synchronization", "every rank's own work is within 15% of its prediction, so the 120.0 ms extra per step is "
                         "synchronization"),
+    ("loader timed", "rank 1's loader needs 520.0 ms per step (its workers' own build time) against 400.0 ms "
+                     "predicted for the rank: the loader is slower than profiled"),
 ])
 def test_a_miss_over_15_percent_is_a_finding_with_its_likely_cause(case: str, cause: str, tmp_path: Path) -> None:
     prof = three_rank_profile()
@@ -95,7 +100,11 @@ def test_a_miss_over_15_percent_is_a_finding_with_its_likely_cause(case: str, ca
         busy = (0.4, 0.4, 0.52)
     elif case == "data wait":
         busy, wait = (0.4, 0.52, 0.4), (0.0, 0.3, 0.0)
-    epochs = [_epoch(plan, e, slow=1.3, busy=busy, wait=wait) for e in range(3)]
+    loader: tuple[float | None, ...] | None = None
+    if case == "loader timed":  # no data wait (a peer paced the step), but its workers needed 520 ms a step
+        busy = (0.4, 0.1, 0.4)
+        loader = (None, 0.52 * max(1, plan.ranks[1].num_workers), None)
+    epochs = [_epoch(plan, e, slow=1.3, busy=busy, wait=wait, loader=loader) for e in range(3)]
     log = read_run_log(_log(tmp_path / "r.jsonl", plan, epochs))
     (line,) = log_findings(log, plan, prof, check_profile(prof))
     assert line.startswith(f"Prediction miss: the split {list(plan.batch_sizes)} measured 520.0 ms per step "
@@ -158,3 +167,20 @@ def test_adding_a_cpu_rank_respects_the_hosts_cores() -> None:
 def test_gpu_what_ifs_are_unchanged() -> None:
     labels = [w.label for w in what_if_add(three_rank_profile(), B, 1750.0, SolveOptions())]
     assert labels[0] == "add a cuda like rank 0 on node0"
+
+
+def test_the_terminal_run_log_table_shows_the_loaders_own_time(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    prof = three_rank_profile()
+    plan = solve(prof, global_batch=B)
+    w = max(1, plan.ranks[1].num_workers)
+    log = _log(tmp_path / "r.jsonl", plan, [_epoch(plan, 0, busy=(0.4, 0.1, 0.4), loader=(None, 0.45 * w, None))])
+    prof_path = tmp_path / "p.json"
+    prof.save(prof_path)
+    assert main(["report", "--profile", str(prof_path), "--log", str(log), "--out", str(tmp_path / "r.html")]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("Run log, epoch 0"):]
+    assert "loader ms" in table.splitlines()[1]
+    rank1 = next(line.split() for line in table.splitlines() if line.split()[:1] == ["1"])
+    # busy is the loader's 450 ms, not the 100 ms of compute the rank spent before its peer paced it
+    assert rank1[2:] == ["450.00", f"{100 * (0.45 / plan.ranks[1].predicted_step_time_s - 1):+.1f}%", "450.00"]
