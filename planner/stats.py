@@ -104,7 +104,7 @@ class StepStats:
         92 + wait 52 = 144 ms of a 179 ms step whose 341 samples the 8 workers delivered at 1.9k samples/s).
         Where the workers' build time was measured, never less than the loader's own period: a loader that keeps
         up only because a late peer paces the step still costs its time (2x H200, rank capped at 2 workers: 31 ms
-        of compute, no wait, and ~190 ms of loading per step)."""
+        of compute, no wait, and ~190 ms of loading per step by the host's measured per-worker rate)."""
         own = self.step_time_s if self.loader_paced else self.compute_s + self.data_wait_s
         period = self.loader_period_s
         return own if period is None else max(own, period)

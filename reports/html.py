@@ -220,11 +220,13 @@ def _log_section(rep: Report, pngs: dict[str, bytes]) -> str:
             pred = e.predicted_step_time_s[i] if i < len(e.predicted_step_time_s) else None
             ok = pred is not None and math.isfinite(pred) and pred > 0 and math.isfinite(busy)
             err = f"{100 * (busy - pred) / pred:+.1f}%" if ok and pred else "-"
+            period = e.ranks[i].loader_period_s if i < len(e.ranks) else None
             rows.append((e.epoch, i, e.batch_sizes[i] if i < len(e.batch_sizes) else "-",
                          _ms(pred) if pred is not None else "-", _ms(busy), _ms(e.measured_compute_s[i]),
-                         _ms(e.measured_data_wait_s[i]), _ms(e.measured_step_time_s[i]), err))
+                         _ms(e.measured_data_wait_s[i]), _ms(period) if period is not None else "-",
+                         _ms(e.measured_step_time_s[i]), err))
     parts.append(_table(["epoch", "rank", "batch", "predicted ms", "measured busy ms", "compute ms", "data wait ms",
-                         "step ms", "error"], rows, [True] * 8 + [True]))
+                         "loader ms", "step ms", "error"], rows, [True] * 10))
     if log.replans:
         parts.append("<p>Re-plan decisions at epoch boundaries:</p>")
         parts.append(_table(

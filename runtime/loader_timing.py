@@ -4,7 +4,7 @@ The step timer sees only the training loop's side of the loader: how long ``next
 up shows no wait at all, however close it runs to its limit, and a rank paced by a late peer looks "fast" -- so the
 re-planner could only ever *raise* a loader cost (runtime/replan/model.py) and the run log called a loader-bound
 rank that its peers paced 84% faster than predicted (2x H200, `--emulate-loader 1=2`: compute 31 ms of a 192 ms
-step, while its two workers needed ~190 ms a batch).
+step, while its two workers needed ~190 ms per step between them, by the host's measured per-worker rate).
 
 ``TimedBatches`` makes every batch carry the seconds the worker spent producing it (the samples' ``__getitem__``
 -- decode, transforms -- and the collate), measured in the worker process with its wall clock, so host contention

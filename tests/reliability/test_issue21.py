@@ -285,8 +285,9 @@ def test_a_log_with_missing_times_reports_dashes_not_nan(work: Path, capsys: pyt
     page = (work / "r.html").read_text()
     assert "nan" not in out.lower() and ">nan<" not in page.lower() and "nan%" not in page.lower()
     rows = [line.split() for line in out[out.index("Run log, epoch 0"):].splitlines()[3:5]]
-    assert rows[0] == ["0", "-", "51.00", "-"]  # rank 0's prediction was null: "-", not rank 1's 60.00
-    assert rows[1] == ["1", "60.00", "-", "-"]  # rank 1 keeps its own prediction; its compute time was null
+    # rank, predicted, measured, error, loader (not timed in this log: "-")
+    assert rows[0] == ["0", "-", "51.00", "-", "-"]  # rank 0's prediction was null: "-", not rank 1's 60.00
+    assert rows[1] == ["1", "60.00", "-", "-", "-"]  # rank 1 keeps its own prediction; its compute time was null
 
 
 def test_a_3_rank_log_on_a_2_rank_profile_is_refused_and_a_warning_never_precedes_the_error(

@@ -169,7 +169,7 @@ def test_gpu_what_ifs_are_unchanged() -> None:
     assert labels[0] == "add a cuda like rank 0 on node0"
 
 
-def test_the_terminal_run_log_table_shows_the_loaders_own_time(tmp_path: Path,
+def test_the_run_log_tables_show_the_loaders_own_time(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     prof = three_rank_profile()
     plan = solve(prof, global_batch=B)
@@ -184,3 +184,5 @@ def test_the_terminal_run_log_table_shows_the_loaders_own_time(tmp_path: Path,
     rank1 = next(line.split() for line in table.splitlines() if line.split()[:1] == ["1"])
     # busy is the loader's 450 ms, not the 100 ms of compute the rank spent before its peer paced it
     assert rank1[2:] == ["450.00", f"{100 * (0.45 / plan.ranks[1].predicted_step_time_s - 1):+.1f}%", "450.00"]
+    page = (tmp_path / "r.html").read_text()
+    assert '<th class="n">loader ms</th>' in page and '<td class="n">450.00</td>' in page
