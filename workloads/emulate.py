@@ -17,7 +17,8 @@ Where the extra work goes (``mode``):
     the others when the *real* backward reaches a given fraction of the parameters (``place_passes``: F = 2 runs
     its pass a quarter into the backward; F = 3 one pass at once and one 5/8 into the backward).  So the slow
     rank's gradient buckets become ready spread over its step, closer to where a uniformly slower GPU's would.
-    Measured against block mode in the same launch on 2x H100 (docs/BENCHMARKS.md section 13): the same curve
+    (A hooked parameter the real backward does not reach -- unused in that step -- leaves its pass undone for the
+    step; FSDP2's sharded parameters fall back to block mode.)  Measured against block mode in the same launch on 2x H100 (docs/BENCHMARKS.md section 13): the same curve
     (rank 1 / rank 0 = 3.00-3.01 at b = 128-256 in both), and the plan's measured step within +0.9% of its
     prediction at F = 3 (block: +5.7%) and +0.6% at F = 4 (block: +5.9%).  Passes are whole: cutting them into
     small slices was tried and costs a GPU in its flat, launch-bound region nearly a full pass per slice (F = 3
