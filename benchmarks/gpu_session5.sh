@@ -8,10 +8,13 @@
 #   prof4   wall time of a 4-rank `planner profile --model resnet50 --dataset fake` (fp32 224), and its loader spread
 #   sweep   2 ranks, F = 1.5, 2, 4 (one launch each); loader  2 ranks, --data loader --emulate-loader 1=2
 #   sweep2  F = 1.5 (GPUs 0,1) beside F = 2 (GPUs 2,3), then F = 4 beside the loader skew, two launches at a time
-# Result names end in $TAG (default s5).
+#   pair-F  2 ranks at F: interleaved emulation on GPUs 0,1 beside block emulation on GPUs 2,3 (e.g. pair-3)
+#   sweep-interleave  F = 1.5 (GPUs 0,1) beside F = 2 (GPUs 2,3), interleaved emulation
 #   hf      benchmarks/hf_gpu.py (HF Trainer, 110M LM) on GPUs 0,1 (factors $HF_FACTORS, default 2,3)
 #   hf-loader  hf (F = 3) on GPUs 2,3 beside the loader-skew bench on GPUs 0,1
 #   train18 benchmarks/loader_gpu.sh: the skew case on GPUs 0,1 beside the loader case on GPUs 2,3
+# Result names end in $TAG (default s5).  Session 5's "ab" and "f4" ran before the interleaved mode took its final
+# form: their "interleave" files are the abandoned sliced variant (renamed *_slices_s5 in docs/results).
 # Every part writes under $WORK (default /tmp/s5) and $OUT/s5.tar is refreshed after each part, so a run cut
 # short still returns what it finished.   TINY=1 runs the logic on CPU with an MLP in seconds.
 set -uo pipefail
