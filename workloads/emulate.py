@@ -221,7 +221,8 @@ class Slowdown:
         return SlowdownPlan(full_passes=full, slice_samples=piece, at_backward=placed)
 
     def apply(self, module: torch.nn.Module, loss_fn: Callable[..., Any], x: torch.Tensor, y: torch.Tensor) -> None:
-        """Do the extra work (block) or its forward share and arm the hooks for its backward share (interleave).
+        """Run the extra passes placed before the backward -- all of them in block mode -- and arm one-shot hooks
+        that run the others inside the real backward (interleave mode).
 
         Gradients of extra passes are computed and dropped; model state is left as it was.
         """
@@ -234,7 +235,7 @@ class Slowdown:
         work = self.plan(int(x.shape[0]))
         passes = [(x, y)] * work.full_passes + ([(x[: work.slice_samples], y[: work.slice_samples])]
                                                  if work.slice_samples > 0 else [])
-        at = work.at_backward if self.mode == "interleave" and params and not _is_sharded(params) else ()
+        at = work.at_backward if params and not _is_sharded(params) else ()  # empty in block mode
         now = [xy for i, xy in enumerate(passes) if not at or at[i] <= 0.0]
         with _frozen_batchnorm(inner):
             for xs, ys in now:
@@ -288,12 +289,7 @@ def _arm(inner: Any, loss_fn: Callable[..., Any], params: list[Any], later: list
 def _autocast_state(device_type: str) -> tuple[bool, Any]:
     import torch
 
-    try:
-        return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
-    except TypeError:  # torch < 2.4 spelling
-        if device_type == "cuda":
-            return torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
-        return torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+    return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
 
 
 def _is_sharded(params: list[Any]) -> bool:

@@ -50,10 +50,14 @@ def test_plan_splits_factor_into_full_passes_and_a_slice() -> None:
         Slowdown(2.0, "sleep")
 
 
-def test_apply_leaves_grads_and_batchnorm_state_untouched() -> None:
+def _net() -> nn.Sequential:
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                        nn.Linear(8, 4))
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(8, 4))
+
+
+def test_apply_leaves_grads_and_batchnorm_state_untouched() -> None:
+    net = _net()
     x, y = torch.randn(6, 3, 8, 8), torch.randint(0, 4, (6,))
     bn = net[1]
     assert isinstance(bn, nn.BatchNorm2d)
@@ -81,12 +85,6 @@ def test_apply_works_under_autocast_and_for_factor_one() -> None:
         Slowdown(2.5, "block").apply(net, nn.functional.cross_entropy, x, y)
     assert calls == [torch.bfloat16, torch.bfloat16]  # one full pass + one slice pass, both in bf16
     assert all(p.grad is None for p in net.parameters())
-
-
-def _net() -> nn.Sequential:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                         nn.Linear(8, 4))
 
 
 def test_interleave_runs_its_backward_share_inside_the_real_backward() -> None:
