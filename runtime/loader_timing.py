@@ -49,10 +49,8 @@ class TimedBatches(Dataset[tuple[Any, float]]):
 
 
 class TimedLoader:
-    """Iterate a DataLoader over ``TimedBatches``: report each batch's seconds to ``on_batch`` and yield the batch.
-
-    ``len()`` and the loader's other attributes are the DataLoader's.
-    """
+    """Iterate a DataLoader over ``TimedBatches``: report each batch's seconds to ``on_batch`` and yield the batch;
+    ``len()`` is the DataLoader's."""
 
     def __init__(self, loader: Any, on_batch: Callable[[float], None] | None = None) -> None:
         self.loader = loader
@@ -60,11 +58,6 @@ class TimedLoader:
 
     def __len__(self) -> int:
         return len(self.loader)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "loader":  # not set yet (e.g. while unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.loader, name)
 
     def __iter__(self) -> Iterator[Any]:
         # iter() of the DataLoader now, not at the first next(): it starts the sampler's pass, whose start position

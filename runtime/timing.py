@@ -197,7 +197,7 @@ class StepTimer:
     def loader_batch(self, seconds: float) -> None:
         """Add the seconds a worker spent building the batch just fetched (runtime.loader_timing.TimedLoader's
         ``on_batch``; called inside ``next()``, so it belongs to the step that consumes the batch)."""
-        if math.isfinite(seconds) and seconds >= 0.0:
+        if _valid(seconds):
             self._cur.loader_s = (self._cur.loader_s or 0.0) + seconds
 
     def iter_data(self, iterable: Iterable[T]) -> Iterator[T]:
