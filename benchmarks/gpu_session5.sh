@@ -42,15 +42,21 @@ b2() { local name=$1; shift; part "$name" timeout "$LIMIT" $PY -m planner bench 
 b4() { local name=$1; shift; part "$name" timeout "$LIMIT" $PY -m planner bench "${B4[@]}" "${S[@]}" "$@" \
          --json "$WORK/${CARD}x4_${name}.json" --profile-out "$WORK/${CARD}x4_${name}_profile.json"; }
 OUT=$WORK  # part() writes NAME.log under $OUT: keep the logs with the results
+PIDS=(); LOGS=()
+beside() {  # beside GPUS LOG CMD...: CMD in the background on GPUS (a 2-rank launch per GPU pair), output in $WORK/LOG
+  local gpus=$1 log=$2; shift 2
+  CUDA_VISIBLE_DEVICES=$gpus "$@" > "$WORK/$log" 2>&1 &
+  PIDS+=($!); LOGS+=("$WORK/$log")
+}
+together() {  # wait for every `beside` command, then print their outputs in the order they were started
+  wait "${PIDS[@]}"; cat "${LOGS[@]}"; PIDS=(); LOGS=()
+}
 
 for p in "$@"; do
   case $p in
-    ab) CUDA_VISIBLE_DEVICES=0,1 b2 resnet50_F3_interleave_$TAG --emulate-slowdown 1=3 > "$WORK/ab_interleave.txt" 2>&1 &
-        a=$!
-        CUDA_VISIBLE_DEVICES=2,3 PLANNER_EMULATE_MODE=block b2 resnet50_F3_block_$TAG --emulate-slowdown 1=3 \
-          > "$WORK/ab_block.txt" 2>&1 &
-        b=$!
-        wait $a $b; cat "$WORK/ab_interleave.txt" "$WORK/ab_block.txt" ;;
+    ab) beside 0,1 ab_interleave.txt b2 resnet50_F3_interleave_$TAG --emulate-slowdown 1=3
+        PLANNER_EMULATE_MODE=block beside 2,3 ab_block.txt b2 resnet50_F3_block_$TAG --emulate-slowdown 1=3
+        together ;;
     f4) PLANNER_EMULATE_MODE=${F4_MODE:-block} b4 resnet50_F1124_${F4_MODE:-block}_$TAG --emulate-slowdown 2=2,3=4 ;;
     cot4) $PY benchmarks/cotenant.py --device "${COT_DEV[0]}" --duty 0.3 > "$WORK/cotenant_gpu2.log" 2>&1 &
           c1=$!
@@ -73,38 +79,36 @@ for p in "$@"; do
            sleep 5
            b4 resnet50_cotenant_heavy_$TAG --label "real co-tenants: one full-duty bf16 matmul loop on GPU 2, two on GPU 3"
            kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null ;;
-    sweep2) CUDA_VISIBLE_DEVICES=0,1 b2 "resnet50_F1.5_$TAG" --emulate-slowdown 1=1.5 > "$WORK/sw1.txt" 2>&1 & a=$!
-            CUDA_VISIBLE_DEVICES=2,3 b2 "resnet50_F2_$TAG" --emulate-slowdown 1=2 > "$WORK/sw2.txt" 2>&1 & b=$!
-            wait $a $b; cat "$WORK/sw1.txt" "$WORK/sw2.txt"; pack
-            CUDA_VISIBLE_DEVICES=0,1 b2 "resnet50_F4_$TAG" --emulate-slowdown 1=4 > "$WORK/sw3.txt" 2>&1 & a=$!
-            CUDA_VISIBLE_DEVICES=2,3 b2 "resnet50_loader_skew_$TAG" --data loader --emulate-loader 1=2 > "$WORK/sw4.txt" 2>&1 & b=$!
-            wait $a $b; cat "$WORK/sw3.txt" "$WORK/sw4.txt" ;;
+    sweep2) beside 0,1 sw1.txt b2 "resnet50_F1.5_$TAG" --emulate-slowdown 1=1.5
+            beside 2,3 sw2.txt b2 "resnet50_F2_$TAG" --emulate-slowdown 1=2
+            together; pack
+            beside 0,1 sw3.txt b2 "resnet50_F4_$TAG" --emulate-slowdown 1=4
+            beside 2,3 sw4.txt b2 "resnet50_loader_skew_$TAG" --data loader --emulate-loader 1=2
+            together ;;
     pair-*)  # pair-F: F with the interleaved emulation on GPUs 0,1 beside the block emulation on GPUs 2,3
             f=${p#pair-}
-            CUDA_VISIBLE_DEVICES=0,1 PLANNER_EMULATE_MODE=interleave b2 "resnet50_F${f}_interleave_$TAG" \
-              --emulate-slowdown "1=$f" > "$WORK/p1.txt" 2>&1 & a=$!
-            CUDA_VISIBLE_DEVICES=2,3 PLANNER_EMULATE_MODE=block b2 "resnet50_F${f}_block_$TAG" \
-              --emulate-slowdown "1=$f" > "$WORK/p2.txt" 2>&1 & b=$!
-            wait $a $b; cat "$WORK/p1.txt" "$WORK/p2.txt" ;;
-    sweep-interleave) export PLANNER_EMULATE_MODE=interleave
-            CUDA_VISIBLE_DEVICES=0,1 b2 "resnet50_F1.5_interleave_$TAG" --emulate-slowdown 1=1.5 > "$WORK/sw1.txt" 2>&1 & a=$!
-            CUDA_VISIBLE_DEVICES=2,3 b2 "resnet50_F2_interleave_$TAG" --emulate-slowdown 1=2 > "$WORK/sw2.txt" 2>&1 & b=$!
-            wait $a $b; cat "$WORK/sw1.txt" "$WORK/sw2.txt"; unset PLANNER_EMULATE_MODE ;;
+            PLANNER_EMULATE_MODE=interleave beside 0,1 p1.txt b2 "resnet50_F${f}_interleave_$TAG" --emulate-slowdown "1=$f"
+            PLANNER_EMULATE_MODE=block beside 2,3 p2.txt b2 "resnet50_F${f}_block_$TAG" --emulate-slowdown "1=$f"
+            together ;;
+    sweep-interleave)
+            PLANNER_EMULATE_MODE=interleave beside 0,1 sw1.txt b2 "resnet50_F1.5_interleave_$TAG" --emulate-slowdown 1=1.5
+            PLANNER_EMULATE_MODE=interleave beside 2,3 sw2.txt b2 "resnet50_F2_interleave_$TAG" --emulate-slowdown 1=2
+            together ;;
     train18)  # #18: `planner train --auto --replan` with the real DataLoader, the skew case on GPUs 0,1 beside
               # the loader case on GPUs 2,3 (benchmarks/loader_gpu.sh; LAUNCHES, EPOCHS, BUDGET_S pass through)
         mkdir -p "$WORK/train18_skew" "$WORK/train18_loader"
-        CUDA_VISIBLE_DEVICES=0,1 OUT="$WORK/train18_skew" CASES=skew bash benchmarks/loader_gpu.sh > "$WORK/t18a.txt" 2>&1 & a=$!
-        CUDA_VISIBLE_DEVICES=2,3 OUT="$WORK/train18_loader" CASES=loader bash benchmarks/loader_gpu.sh > "$WORK/t18b.txt" 2>&1 & b=$!
-        wait $a $b; cat "$WORK/t18a.txt" "$WORK/t18b.txt" ;;
+        OUT="$WORK/train18_skew" CASES=skew beside 0,1 t18a.txt bash benchmarks/loader_gpu.sh
+        OUT="$WORK/train18_loader" CASES=loader beside 2,3 t18b.txt bash benchmarks/loader_gpu.sh
+        together ;;
     sweep) for f in 1.5 2 4; do b2 "resnet50_F${f}_$TAG" --emulate-slowdown "1=$f"; done ;;
     loader) b2 resnet50_loader_skew_$TAG --data loader --emulate-loader 1=2 ;;
     hf) CUDA_VISIBLE_DEVICES=0,1 part hf timeout "$LIMIT" $TR benchmarks/hf_gpu.py --factors "${HF_FACTORS:-2,3}" \
           --json "$WORK/${CARD}x2_hf_trainer_$TAG.json" ;;
     hf-loader)  # the HF Trainer bench (F = 3) on GPUs 2,3 beside the loader-skew bench on GPUs 0,1
-        CUDA_VISIBLE_DEVICES=2,3 part hf timeout "$LIMIT" $TR benchmarks/hf_gpu.py --factors "${HF_FACTORS:-3}" \
-          --json "$WORK/${CARD}x2_hf_trainer_$TAG.json" > "$WORK/hf.txt" 2>&1 & a=$!
-        CUDA_VISIBLE_DEVICES=0,1 b2 "resnet50_loader_skew_$TAG" --data loader --emulate-loader 1=2 > "$WORK/ld.txt" 2>&1 & b=$!
-        wait $a $b; cat "$WORK/hf.txt" "$WORK/ld.txt" ;;
+        beside 2,3 hf.txt part hf timeout "$LIMIT" $TR benchmarks/hf_gpu.py --factors "${HF_FACTORS:-3}" \
+          --json "$WORK/${CARD}x2_hf_trainer_$TAG.json"
+        beside 0,1 ld.txt b2 "resnet50_loader_skew_$TAG" --data loader --emulate-loader 1=2
+        together ;;
     *) echo "unknown part $p"; exit 2 ;;
   esac
   pack
