@@ -12,7 +12,8 @@
 #   sweep-interleave  F = 1.5 (GPUs 0,1) beside F = 2 (GPUs 2,3), interleaved emulation
 #   hf      benchmarks/hf_gpu.py (HF Trainer, 110M LM) on GPUs 0,1 (factors $HF_FACTORS, default 2,3)
 #   hf-loader  hf (F = 3) on GPUs 2,3 beside the loader-skew bench on GPUs 0,1
-#   train18 benchmarks/loader_gpu.sh: the skew case on GPUs 0,1 beside the loader case on GPUs 2,3
+#   train18 benchmarks/loader_gpu.sh: the skew and mid-run cases on GPUs 0,1 beside the loader case, then a
+#           10-epoch skew launch, on GPUs 2,3 (CPUSPLIT=1 gives each pair half the cores)
 # Result names end in $TAG (default s5).  Session 5's "ab" and "f4" ran before the interleaved mode took its final
 # form: their "interleave" files are the abandoned sliced variant (renamed *_slices_s5 in docs/results).
 # Every part writes under $WORK (default /tmp/s5) and $OUT/s5.tar is refreshed after each part, so a run cut
@@ -43,9 +44,17 @@ b4() { local name=$1; shift; part "$name" timeout "$LIMIT" $PY -m planner bench 
          --json "$WORK/${CARD}x4_${name}.json" --profile-out "$WORK/${CARD}x4_${name}_profile.json"; }
 OUT=$WORK  # part() writes NAME.log under $OUT: keep the logs with the results
 PIDS=(); LOGS=()
+# CPUSPLIT=1: each side-by-side launch gets its own half of the host's cores (GPUs 0,1 the first half, 2,3 the
+# second), so two launches with real DataLoaders do not share loader cores; the profiler reads the affinity.
+pin() {  # pin GPUS: the taskset prefix for GPUS under CPUSPLIT=1, else nothing
+  [ -n "${CPUSPLIT:-}" ] && command -v taskset > /dev/null || return 0
+  local n; n=$(nproc --all); local h=$(( n / 2 ))
+  case $1 in 0,1) echo "taskset -c 0-$(( h - 1 ))" ;; 2,3) echo "taskset -c $h-$(( n - 1 ))" ;; esac
+}
 beside() {  # beside GPUS LOG CMD...: CMD in the background on GPUS (a 2-rank launch per GPU pair), output in $WORK/LOG
   local gpus=$1 log=$2; shift 2
-  CUDA_VISIBLE_DEVICES=$gpus "$@" > "$WORK/$log" 2>&1 &
+  local -a pre; read -r -a pre <<< "$(pin "$gpus")"
+  CUDA_VISIBLE_DEVICES=$gpus "${pre[@]}" "$@" > "$WORK/$log" 2>&1 &
   PIDS+=($!); LOGS+=("$WORK/$log")
 }
 together() {  # wait for every `beside` command, then print their outputs in the order they were started
@@ -94,11 +103,15 @@ for p in "$@"; do
             PLANNER_EMULATE_MODE=interleave beside 0,1 sw1.txt b2 "resnet50_F1.5_interleave_$TAG" --emulate-slowdown 1=1.5
             PLANNER_EMULATE_MODE=interleave beside 2,3 sw2.txt b2 "resnet50_F2_interleave_$TAG" --emulate-slowdown 1=2
             together ;;
-    train18)  # #18: `planner train --auto --replan` with the real DataLoader, the skew case on GPUs 0,1 beside
-              # the loader case on GPUs 2,3 (benchmarks/loader_gpu.sh; LAUNCHES, EPOCHS, BUDGET_S pass through)
-        mkdir -p "$WORK/train18_skew" "$WORK/train18_loader"
-        OUT="$WORK/train18_skew" CASES=skew beside 0,1 t18a.txt bash benchmarks/loader_gpu.sh
-        OUT="$WORK/train18_loader" CASES=loader beside 2,3 t18b.txt bash benchmarks/loader_gpu.sh
+    train18)  # #18: `planner train --auto --replan` with the real DataLoader (benchmarks/loader_gpu.sh): the skew
+              # and mid-run cases on GPUs 0,1 beside the loader case and then one 10-epoch skew launch (the
+              # churn check) on GPUs 2,3.  Budgets: BUDGET_A (default 500 s), BUDGET_B (330 s) + BUDGET_C (190 s)
+        mkdir -p "$WORK/train18_a" "$WORK/train18_b" "$WORK/train18_churn"
+        OUT="$WORK/train18_a" CASES="skew midrun" BUDGET_S=${BUDGET_A:-500} beside 0,1 t18a.txt \
+          bash benchmarks/loader_gpu.sh
+        OUT="$WORK/train18_b" CASES=loader BUDGET_S=${BUDGET_B:-330} beside 2,3 t18b.txt bash -c \
+          'bash benchmarks/loader_gpu.sh; OUT=$0 CASES=skew LAUNCHES=1 EPOCHS=10 NUM_SAMPLES=20480 \
+             BUDGET_S=$1 bash benchmarks/loader_gpu.sh' "$WORK/train18_churn" "${BUDGET_C:-190}"
         together ;;
     sweep) for f in 1.5 2 4; do b2 "resnet50_F${f}_$TAG" --emulate-slowdown "1=$f"; done ;;
     loader) b2 resnet50_loader_skew_$TAG --data loader --emulate-loader 1=2 ;;

@@ -4,6 +4,8 @@
 # 224 bf16, global batch 512, in two cases interleaved launch by launch:
 #   skew    rank 1 emulated 3x slower (--emulate-slowdown 1=3)
 #   loader  rank 1 capped at 2 loader workers (--emulate-loader 1=2), real loader skew
+#   midrun  rank 1 turns 3x slower from epoch 1 on (--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1): the
+#           profile and start plan see no skew, so the Replanner must find and adopt a real gain (one epoch more)
 # Every launch profiles afresh (--auto), so the robust loader profile is checked each time.  Raw files per launch
 # in $OUT (<case>_r<i>_{profile,plan}.json, _run.jsonl, _report.{json,html,txt}, _train.log), then
 # $OUT/loader_summary.json (benchmarks/loader_summary.py): per epoch measured / predicted samples/s of the plan in
@@ -30,8 +32,9 @@ t0=$(date +%s)
 for i in $(seq 1 "$LAUNCHES"); do
   for case in $CASES; do
     case $case in
-      skew) emulate=(--emulate-slowdown 1=3) ;;
-      loader) emulate=(--emulate-loader 1=2) ;;
+      skew) emulate=(--emulate-slowdown 1=3); epochs=$EPOCHS ;;
+      loader) emulate=(--emulate-loader 1=2); epochs=$EPOCHS ;;
+      midrun) emulate=(--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1); epochs=$(( EPOCHS + 1 )) ;;
       *) echo "unknown case $case" >&2; exit 2 ;;
     esac
     tag="${case}_r${i}"; rm -f "$OUT/${tag}_run.jsonl"
@@ -40,10 +43,10 @@ for i in $(seq 1 "$LAUNCHES"); do
     echo "[$(( $(date +%s) - t0 )) s] $tag: planner train --auto --replan ${emulate[*]}"
     # A launch that hangs must not eat the others' time: 4 minutes each at most, never past the budget.
     timeout -k 10 $(( left < 240 ? left : 240 )) "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m planner train --auto \
-      --global-batch "$GLOBAL_BATCH" --model "$MODEL" $AMP --epochs "$EPOCHS" --num-samples "$NUM_SAMPLES" \
+      --global-batch "$GLOBAL_BATCH" --model "$MODEL" $AMP --epochs "$epochs" --num-samples "$NUM_SAMPLES" \
       --replan "${emulate[@]}" "${extra[@]}" --quiet --log-file "$OUT/${tag}_run.jsonl" --plan-out "$OUT/${tag}_plan.json" \
       --profile-out "$OUT/${tag}_profile.json" > "$OUT/${tag}_train.log" 2>&1
-    echo "  train rc=$?"; grep -E "^epoch" "$OUT/${tag}_train.log" | tail -"$EPOCHS"
+    echo "  train rc=$?"; grep -E "^epoch" "$OUT/${tag}_train.log" | tail -"$epochs"
     if [ -s "$OUT/${tag}_run.jsonl" ] && [ -s "$OUT/${tag}_plan.json" ]; then
       "$PY" -m planner report --profile "$OUT/${tag}_profile.json" --plan "$OUT/${tag}_plan.json" \
         --log "$OUT/${tag}_run.jsonl" --out "$OUT/${tag}_report.html" --json "$OUT/${tag}_report.json" \
