@@ -46,15 +46,15 @@ OUT=$WORK  # part() writes NAME.log under $OUT: keep the logs with the results
 PIDS=(); LOGS=()
 # CPUSPLIT=1: each side-by-side launch gets its own half of the host's cores (GPUs 0,1 the first half, 2,3 the
 # second), so two launches with real DataLoaders do not share loader cores; the profiler reads the affinity.
-pin() {  # pin GPUS: the taskset prefix for GPUS under CPUSPLIT=1, else nothing
+pin() {  # pin GPUS: under CPUSPLIT=1, restrict this (sub)shell and so its children to GPUS' half of the cores
   [ -n "${CPUSPLIT:-}" ] && command -v taskset > /dev/null || return 0
-  local n; n=$(nproc --all); local h=$(( n / 2 ))
-  case $1 in 0,1) echo "taskset -c 0-$(( h - 1 ))" ;; 2,3) echo "taskset -c $h-$(( n - 1 ))" ;; esac
+  local n; n=$(nproc --all); local h=$(( n / 2 )) cores
+  case $1 in 0,1) cores=0-$(( h - 1 )) ;; 2,3) cores=$h-$(( n - 1 )) ;; *) return 0 ;; esac
+  taskset -cp "$cores" "$BASHPID" > /dev/null
 }
 beside() {  # beside GPUS LOG CMD...: CMD in the background on GPUS (a 2-rank launch per GPU pair), output in $WORK/LOG
   local gpus=$1 log=$2; shift 2
-  local -a pre; read -r -a pre <<< "$(pin "$gpus")"
-  CUDA_VISIBLE_DEVICES=$gpus "${pre[@]}" "$@" > "$WORK/$log" 2>&1 &
+  ( pin "$gpus"; CUDA_VISIBLE_DEVICES=$gpus "$@" ) > "$WORK/$log" 2>&1 &
   PIDS+=($!); LOGS+=("$WORK/$log")
 }
 together() {  # wait for every `beside` command, then print their outputs in the order they were started

@@ -9,7 +9,8 @@ because a worker that waits on disk is just as busy for the planner's purpose --
 the thread CPU time is recorded beside it in the rank's meta.
 
 ``scaling`` runs a real ``DataLoader`` with 1..k workers (k = usable cores, or the emulated cap) for a short,
-fixed time after its first batch and records samples/s: the curve planner.loader models host contention with.
+fixed time after each worker's first batch and records samples/s from the build times its workers measured: the
+curve planner.loader models host contention with.
 
 Ranks of one host that load the same dataset agree on one answer (``host_consensus``): each measures in its turn,
 then they share -- the lowest sec_per_sample and, per worker count, the highest rate any of them measured (a
@@ -20,7 +21,6 @@ loader-bound with 20 fewer samples.
 
 from __future__ import annotations
 
-import itertools
 import os
 import statistics
 import time
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, default_collate
 
 from planner.profile import LoaderPoint, LoaderProfile
 
@@ -120,26 +120,55 @@ def _spread(xs: list[float]) -> float:
     return float((max(xs) - lo) / lo) if lo > 0 else 0.0
 
 
+class _BuildTimed:
+    """``dataset[indices] -> (collated batch, seconds the worker spent building it)``: one whole batch per index
+    list, built and timed inside the DataLoader worker.  (The same idea as runtime.loader_timing.TimedBatches,
+    which the profiler may not import: DESIGN.md section 2.)"""
+
+    def __init__(self, dataset: Any, collate_fn: Callable[[list[Any]], Any]) -> None:
+        self.dataset, self.collate_fn = dataset, collate_fn
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, indices: list[int]) -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        batch = self.collate_fn([self.dataset[i] for i in indices])
+        return batch, time.perf_counter() - t0
+
+
 def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, seconds: float,
                     collate_fn: Callable[[list[Any]], Any] | None = None) -> list[LoaderPoint]:
-    """samples/s of a DataLoader with each worker count, timed for `seconds` after its first batch."""
+    """samples/s of a DataLoader with each worker count: ``w * batch / median build time`` of the batches its
+    workers built in ``seconds`` of iteration, each worker's first batch (start-up, first touch) left out.
+
+    Timed in the workers, not by how fast this process drew batches: the profile runs this beside the compute
+    sweep in a thread, and a sweep step that holds the GIL (a cuDNN autotune, the memory search) stalls the
+    drawing -- 2x H200, session 6: 4 workers "measured" 15 samples/s beside 564 for 2 and 1,585 for 16, and the
+    plan predicted 4.7x the real loader time.  The build times still carry what the workers share (the host's
+    cores, memory bandwidth, clocks), which is what the curve is for."""
     out = []
+    timed = _BuildTimed(dataset, collate_fn or default_collate)
     for w in workers:
-        loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=w, collate_fn=collate_fn,
-                            persistent_workers=False, drop_last=True)
+        batches = BatchSampler(RandomSampler(range(len(dataset))), batch_size, drop_last=True)
+        loader = DataLoader(timed, sampler=batches, batch_size=None, num_workers=w, persistent_workers=False)
+        builds: list[float] = []
         it = iter(loader)
         try:
-            next(it)  # worker start-up is not throughput
-            count, t0 = 0, time.perf_counter()
-            for _batch in itertools.islice(it, 10_000):
-                count += batch_size  # drop_last: every batch is full, whatever its structure (tuple, dict, ..)
+            t0 = None
+            for i, (_batch, build_s) in enumerate(it):
+                if i < w:  # each worker's first batch: start-up is not throughput
+                    continue
+                if t0 is None:
+                    t0 = time.perf_counter()
+                builds.append(float(build_s))
                 if time.perf_counter() - t0 >= seconds:
                     break
-            elapsed = time.perf_counter() - t0
         finally:
             del it  # shuts the workers down
-        if count and elapsed > 0:
-            out.append(LoaderPoint(num_workers=w, samples_per_s=count / elapsed))
+        typical = statistics.median(builds) if builds else 0.0
+        if typical > 0:
+            out.append(LoaderPoint(num_workers=w, samples_per_s=w * batch_size / typical))
     return out
 
 
