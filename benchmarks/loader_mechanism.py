@@ -1,0 +1,105 @@
+"""Why the profiled loader cost misses the training loader's (#16 item 3, #18): CPU only, no GPU needed.
+
+Session 6, 2x H200, `planner bench --data loader --emulate-loader 1=2` (ResNet-50 fake 224, PIL transforms): the
+profile's worker-timed scaling curve put 10 concurrent workers at 315 samples/s each, so the plan [410, 102] was
+predicted at 168 ms a step; it ran 133.5 ms, every worker at ~383 samples/s -- faster than the curve's own one-worker
+point (298) and as fast as the in-process reading (2.69 ms a sample, 372/s).  The equal split's 2 workers at batch
+256 ran at ~343/s each.  Candidate causes, each measured here on the same pipeline:
+
+  warm-up   a fresh worker is slow for a while (copy-on-write faults, allocator): the scaling run times 1 s right
+            after each worker's first batch, training runs for minutes with persistent workers
+  batch     per-sample cost depends on the batch a worker builds (32 in the scaling run, 102..410 in training)
+  together  two loaders at once, 8 workers x 410 and 2 workers x 102 (the plan's), each worker timed
+
+    python benchmarks/loader_mechanism.py [--json out.json] [--seconds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+from profiler.loader import LoaderOptions, _BuildTimed, measure_sample_cost, measure_scaling, usable_cores
+from workloads.specs import build_workload
+
+
+def run_loader(dataset: Any, workers: int, batch: int, seconds: float, out: dict[str, Any],
+               persistent: bool = True) -> None:
+    """Iterate a worker-timed DataLoader for ``seconds``; per-sample build seconds of every batch, in order."""
+    timed = _BuildTimed(dataset, __import__("torch").utils.data.default_collate)
+    sampler = BatchSampler(RandomSampler(range(len(dataset))), batch, drop_last=True)
+    loader = DataLoader(timed, sampler=sampler, batch_size=None, num_workers=workers,
+                        persistent_workers=persistent, prefetch_factor=4)
+    per_sample: list[float] = []
+    t0 = time.perf_counter()
+    stamps: list[float] = []
+    it = iter(loader)
+    try:
+        for _b, s in it:
+            per_sample.append(float(s) / batch)
+            stamps.append(time.perf_counter() - t0)
+            if stamps[-1] >= seconds:
+                break
+    finally:
+        del it
+    first = [x for x, t in zip(per_sample, stamps, strict=True) if t < 1.0]
+    last = [x for x, t in zip(per_sample, stamps, strict=True) if t >= seconds / 2]
+    out.update(workers=workers, batch=batch, batches=len(per_sample),
+               delivered_samples_per_s=batch * len(per_sample) / max(stamps[-1], 1e-9) if stamps else 0.0,
+               ms_per_sample_first_s=1e3 * statistics.median(first) if first else None,
+               ms_per_sample_second_half=1e3 * statistics.median(last) if last else None,
+               ms_per_sample_all=1e3 * statistics.median(per_sample) if per_sample else None)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "loader_mechanism.json"))
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--num-samples", type=int, default=25600)
+    args = ap.parse_args()
+    ds = build_workload("resnet50", "fake", num_samples=args.num_samples).dataset
+    res: dict[str, Any] = {"cores": usable_cores(), "seconds": args.seconds}
+    t = time.perf_counter()
+    cost = measure_sample_cost(ds, LoaderOptions())
+    res["in_process_ms_per_sample"] = 1e3 * cost.sec_per_sample
+    res["scaling_1s"] = [{"workers": p.num_workers, "per_worker_ms": 1e3 * p.num_workers / p.samples_per_s}
+                         for p in measure_scaling(ds, [1, 2, 4, 8], batch_size=32, seconds=1.0)]
+    print(json.dumps(res), flush=True)
+    res["warmup"] = []
+    for w in (1, 2, 8):
+        r: dict[str, Any] = {}
+        run_loader(ds, w, 32, args.seconds, r)
+        res["warmup"].append(r)
+        print("warmup", json.dumps(r), flush=True)
+    res["batch"] = []
+    for b in (32, 102, 256):
+        r = {}
+        run_loader(ds, 2, b, args.seconds, r)
+        res["batch"].append(r)
+        print("batch", json.dumps(r), flush=True)
+    a: dict[str, Any] = {}
+    b2: dict[str, Any] = {}
+    ta = threading.Thread(target=run_loader, args=(ds, 8, 410, args.seconds + 1, a))
+    tb = threading.Thread(target=run_loader, args=(ds, 2, 102, args.seconds + 1, b2))
+    ta.start(); tb.start(); ta.join(); tb.join()  # noqa: E702
+    res["together"] = {"8x410": a, "2x102": b2}
+    print("together", json.dumps(res["together"]), flush=True)
+    res["wall_s"] = time.perf_counter() - t
+    Path(args.json).write_text(json.dumps(res, indent=1))
+    print("wrote", args.json, f"({res['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
