@@ -210,8 +210,10 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
                 progress: Any) -> dict[str, Any]:
     import planner
     from apps.bench_window import TimedWindow
+    from apps.steps import loader_drain_steps
     from apps.train import TrainConfig, channels_last_for, train
     from collectives import all_gather_json, broadcast_json
+    from planner.errors import ValidationError
     from planner.profile import Profile
     from planner.quality import check_profile, extrapolation_lines, keep_equal_within_noise
     from planner.solve import equal_accumulation_split
@@ -220,8 +222,9 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     from workloads.specs import build_workload
 
     on_device = opts["data"] == "device"
+    # Fake data is made per index on demand: a long dataset costs nothing and leaves room for a loader-fed window.
     workload = build_workload(opts["model"], opts["dataset"], image_size=opts["image_size"],
-                              num_samples=opts["num_samples"] or (1_000_000 if on_device else None))
+                              num_samples=opts["num_samples"] or 1_000_000)
     B, W = int(opts["global_batch"]), env.world_size
     t0 = time.perf_counter()
     mixed = bool(opts["rank_devices"]) and "cpu" in opts["rank_devices"] and "cuda" in opts["rank_devices"]
@@ -263,6 +266,20 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
                                               min_gain=0.0), base)
         except planner.PlanError as e:  # no split without accumulation fits: recorded as such
             out["no-accum"] = {"infeasible": str(e)}
+    # A loader-fed window opens once the batches the workers built ahead are spent (apps.steps.loader_drain_steps),
+    # in one long epoch: the same steps for every strategy, set by the most workers any of them gives a rank.
+    open_after = 1
+    if not on_device:
+        most = max(r.num_workers for p, _ in runs.values() for r in p.ranks)
+        open_after = loader_drain_steps(most)
+        need, n = open_after + int(opts["steps"]), len(workload.dataset)  # type: ignore[arg-type]
+        if n // B < need:
+            raise ValidationError(
+                f"--data loader: the timed window opens after {open_after} steps (the batches {most} workers "
+                f"prefetch) and runs {opts['steps']} more, but {n} samples give {n // B} steps of {B}; give "
+                f"--num-samples {need * B} or more")
+        runs = {k: (p, replace(c, epochs=1, max_steps_per_epoch=need)) for k, (p, c) in runs.items()}
+        base = replace(base, max_steps_per_epoch=need)
     rounds = int(opts.get("rounds") or 1)
     per_round: dict[str, list[dict[str, Any]]] = {}
     for r in range(rounds):  # interleaved: every strategy once per round, so drift hits them alike
@@ -272,7 +289,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
             p, cfg = runs[name]
             prefix = f"round {r + 1}/{rounds}: " if rounds > 1 else ""
             progress.phase(f"{prefix}strategy {name} ({k}/{len(opts['strategies'])}, batches {list(p.batch_sizes)})")
-            window = TimedWindow(env.device)
+            window = TimedWindow(env.device, open_after)
             epochs = train(cfg, env, p, profile, workload, progress=progress, on_start=window.on_start,
                            on_step=window.on_step)
             # The first epoch warms up (allocator, cudnn autotune, workers); plain DDP has no hook to time compute.
@@ -287,7 +304,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
         cfg = replace(base, epochs=int(opts["replan_epochs"]), replan=True, slowdown_late=late or slow,
                       slowdown_from_epoch=1)
         progress.phase(f"strategy plan+replan ({len(opts['strategies'])}/{len(opts['strategies'])})")
-        window = TimedWindow(env.device)
+        window = TimedWindow(env.device, open_after)
         epochs = train(cfg, env, plan, profile, workload, progress=progress, on_start=window.on_start,
                        on_step=window.on_step)
         s = _summary(epochs[-1], plan, window)
@@ -395,14 +412,15 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
     import torch
     from torch.utils.data import DataLoader, RandomSampler
 
+    from apps.steps import LOADER_PREFETCH, loader_drain_steps
     from profiler.compute import StepRunner
 
     runner = StepRunner(workload, device, amp=opts["amp"], slowdown=slow, channels_last=cl)
-    # Workers start on the first batch and need a few batches to fill their prefetch queues.
-    steps, warmup = max(5, min(int(opts["steps"]), 20)), max(3, workers + 2)
+    # Timed once the workers' start-up and the batches they build ahead are spent, as the strategies' windows are.
+    steps, warmup = max(5, min(int(opts["steps"]), 20)), max(3, loader_drain_steps(workers))
     sampler = RandomSampler(workload.dataset, replacement=True, num_samples=(steps + warmup) * b)
     loader = DataLoader(workload.dataset, batch_size=b, sampler=sampler, num_workers=workers,
-                        pin_memory=device.type == "cuda", prefetch_factor=4 if workers else None)
+                        pin_memory=device.type == "cuda", prefetch_factor=LOADER_PREFETCH if workers else None)
     try:
         t0 = 0.0
         for i, (x, y) in enumerate(loader):

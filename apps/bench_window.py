@@ -2,7 +2,8 @@
 
 Every strategy is timed the same way (MLPerf's rule, torch.utils.benchmark's habit): the earlier epochs and the
 first step of the last one are warm-up (allocator, cudnn autotune, loader workers, the sampler's epoch start);
-the window opens after that first step and closes after the epoch's last step, and at both ends every rank
+the window opens after that first step (a loader-fed run: after apps.steps.loader_drain_steps, once the batches
+its workers built ahead are spent) and closes after the epoch's last step, and at both ends every rank
 first waits for its device (``sync_device``) and then for every other rank (``barrier``) before the clock is
 read.  So the window starts with every rank idle and ends when the slowest rank's last kernel is done, and no
 epoch-boundary work (a sampler's shuffle, the stats gather) falls inside it -- in a bench epoch of 30 steps that
@@ -22,8 +23,13 @@ from typing import Any
 class TimedWindow:
     """``on_start``/``on_step`` callbacks for ``apps.train.train`` (collective: every rank passes one)."""
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: Any, open_after: int = 1) -> None:
+        """``open_after``: steps of the last epoch before the window opens (1: the epoch's first step; loader-fed
+        runs pass apps.steps.loader_drain_steps, so the workers' ready batches are spent first)."""
+        if open_after < 1:
+            raise ValueError(f"open_after={open_after}: the window opens after at least one step")
         self.device = device
+        self.open_after = open_after
         self.marks: list[tuple[int, float, list[str]]] = []
         """(steps done, clock, what was done before reading it) at the window's two ends."""
         self.setup: dict[str, Any] = {}
@@ -55,7 +61,7 @@ class TimedWindow:
         }
 
     def on_step(self, epoch: int, done: int) -> None:
-        if epoch == self.last_epoch and done in (1, self.last_step) and len(self.marks) < 2:
+        if epoch == self.last_epoch and done in (self.open_after, self.last_step) and len(self.marks) < 2:
             self._mark(done)
 
     def _mark(self, done: int) -> None:
@@ -77,7 +83,8 @@ class TimedWindow:
     def result(self, global_batch: int) -> dict[str, Any]:
         """The window: seconds, steps, samples/s and what synchronized each end."""
         if len(self.marks) != 2 or self.marks[1][0] <= self.marks[0][0]:
-            raise RuntimeError(f"the timed window needs 2 or more steps in the last epoch, got {self.last_step}")
+            raise RuntimeError(f"the timed window opens after step {self.open_after} of the last epoch and needs "
+                               f"at least one more, got {self.last_step} steps")
         (s0, t0, start), (s1, t1, end) = self.marks
         return {"seconds": t1 - t0, "steps": s1 - s0, "samples_per_s": (s1 - s0) * global_batch / (t1 - t0),
                 "start": start, "end": end, "warmup_epochs": self.last_epoch, "warmup_steps": s0}

@@ -83,6 +83,21 @@ class DeviceBatches:
             yield self._cache[n]
 
 
+LOADER_PREFETCH = 4
+"""Batches each DataLoader worker keeps ready (``prefetch_factor``) in `planner train` and `planner bench`."""
+
+
+def loader_drain_steps(workers: int, prefetch: int = LOADER_PREFETCH) -> int:
+    """Steps after which a loader-bound rank no longer runs on batches its workers built ahead of time.
+
+    At an epoch start (or whenever the loop paused) each of ``workers`` workers holds up to ``prefetch`` ready
+    batches, and all of them are mid-build: ``workers * (prefetch + 1)`` batches the rank can take faster than its
+    loader delivers them.  A timed window that opens before they are spent measures the buffer, not the loader:
+    session 6, 2x H200, `--data loader --emulate-loader 1=2`: the 2-worker rank never waited for data in a 15-step
+    window right after the epoch boundary, and the plan "ran" 21% faster than its loader allows."""
+    return max(1, workers * (prefetch + 1))
+
+
 def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_workers: int,
                 device: torch.device, on_batch: Callable[[float], None] | None = None) -> Any:
     """The rank's batches: synthetic ones on the device, or a DataLoader over the sampler whose workers time each
@@ -98,7 +113,7 @@ def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_wo
         num_workers=num_workers,
         pin_memory=device.type == "cuda",
         persistent_workers=num_workers > 0,
-        prefetch_factor=4 if num_workers > 0 else None,
+        prefetch_factor=LOADER_PREFETCH if num_workers > 0 else None,
     ), on_batch=on_batch)
 
 

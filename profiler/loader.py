@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, default_collate
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, default_collate
 
 from planner.profile import LoaderPoint, LoaderProfile
 
@@ -120,7 +120,7 @@ def _spread(xs: list[float]) -> float:
     return float((max(xs) - lo) / lo) if lo > 0 else 0.0
 
 
-class _BuildTimed:
+class _BuildTimed(Dataset[tuple[Any, float]]):
     """``dataset[indices] -> (collated batch, seconds the worker spent building it)``: one whole batch per index
     list, built and timed inside the DataLoader worker.  (The same idea as runtime.loader_timing.TimedBatches,
     which the profiler may not import: DESIGN.md section 2.)"""
@@ -131,7 +131,7 @@ class _BuildTimed:
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, indices: list[int]) -> tuple[Any, float]:
+    def __getitem__(self, indices: list[int]) -> tuple[Any, float]:  # type: ignore[override]
         t0 = time.perf_counter()
         batch = self.collate_fn([self.dataset[i] for i in indices])
         return batch, time.perf_counter() - t0
@@ -151,7 +151,8 @@ def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, second
     timed = _BuildTimed(dataset, collate_fn or default_collate)
     for w in workers:
         batches = BatchSampler(RandomSampler(range(len(dataset))), batch_size, drop_last=True)
-        loader = DataLoader(timed, sampler=batches, batch_size=None, num_workers=w, persistent_workers=False)
+        loader: DataLoader[tuple[Any, float]] = DataLoader(timed, sampler=batches, batch_size=None, num_workers=w,
+                                                            persistent_workers=False)
         builds: list[float] = []
         it = iter(loader)
         try:

@@ -99,3 +99,23 @@ def test_a_rounds_result_feeds_the_summary(bench: dict[str, Any], tmp_path: Path
     out = capsys.readouterr().out
     assert f"1 launch x {ROUNDS} rounds" in out and "plan / proportional:" in out
     assert "| equal | 8 / 8 |" in out and "| yes |" in out  # 8 per rank is a measured profile point
+
+
+def test_a_loader_fed_window_opens_once_the_prefetched_batches_are_spent(tmp_path: Path) -> None:
+    """--data loader: one long epoch per strategy, the window opening after apps.steps.loader_drain_steps of the
+    most workers any strategy gives a rank -- the same steps for every strategy (tests/apps/test_loader_drain.py
+    shows what an earlier window measures)."""
+    from apps.steps import loader_drain_steps
+
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--device", "cpu", "--nproc", "2", "--model", "mlp", "--quick", "--global-batch", str(B),
+               "--steps", str(STEPS), "--strategies", "equal,proportional,plan", "--data", "loader",
+               "--emulate-loader", "1=1", "--timeout", "150", "--quiet", "--json", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    most = max(r["num_workers"] for name in COMPARED for r in res[name]["ranks"])
+    drain = loader_drain_steps(most)
+    for name in COMPARED:
+        w, setup = res[name]["window"], res[name]["setup"]
+        assert (w["warmup_epochs"], w["warmup_steps"], w["steps"]) == (0, drain, STEPS), (name, w)
+        assert setup["epochs"] == 1 and setup["steps_per_epoch"] == drain + STEPS and not setup["data_on_device"]
