@@ -48,6 +48,7 @@ SETTINGS = {
     "_interleave_": "interleaved emulation",
     "_block_": "block emulation",
     "_slices_": "sliced emulation (abandoned)",
+    "_mainscaling_": "loader scaling curve timed by the drawing thread",
 }
 """File-name part -> a setting the file's meta does not record (environment, solver option, the emulation mode
 of workloads.emulate before bench recorded it as meta.emulate_mode), from the run's notes: such launches are not
@@ -55,6 +56,9 @@ pooled with the default ones (benchmarks/gpu_honest.sh and gpu_session5.sh name 
 session 5 all used the block emulation."""
 MODES = {"interleave": "interleaved emulation", "block": "block emulation"}
 WINDOW = "synchronized window"
+PREFETCH = "window inside the loader's prefetch"
+"""A DataLoader-fed launch whose window opened after one step of its epoch, before the batches the workers had
+built ahead were spent (apps.steps.loader_drain_steps): a loader-bound rank ran on them, not at its loader's pace."""
 HEADLINES = (
     ("2x NVIDIA", "resnet50", "emulated compute skew 1=1", ""),
     ("2x NVIDIA", "resnet50", "emulated compute skew 1=3", ""),
@@ -130,6 +134,9 @@ def launch_from(file: str, r: dict[str, Any]) -> Launch:
         # Timed over the synchronized window (apps/bench_window.py); older files averaged the step timer's
         # step-to-step intervals: two methods, so two groups.
         setting = f"{setting}; {WINDOW}" if setting else WINDOW
+        if "DataLoader" in str(m.get("data", "")) and any(
+                isinstance(r.get(n), dict) and r[n].get("window", {}).get("warmup_steps") == 1 for n in ORDER):
+            setting = f"{setting}; {PREFETCH}"
     key = (_hardware(m.get("devices", [])), workload, str(m.get("heterogeneity")), setting)
     rounds, pred, batches, ins = {}, {}, {}, {}
     for name in ORDER:
