@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="samples per step over all ranks (required with --auto; must match --plan)")
     g.add_argument("--min-batch", type=count(), default=1, metavar="M", help="--auto: smallest local batch (default 1)")
     g.add_argument("--quick", action="store_true", help="--auto: a short profile (CI-sized)")
+    g.add_argument("--max-workers-per-rank", type=count(), default=None, metavar="W",
+                   help="--auto: most loader workers the plan gives one rank (default: `planner plan`'s, 16; the "
+                        "host's cores bound them all)")
     g.add_argument("--plan-out", default=None, metavar="PATH",
                    help=f"--auto: where rank 0 writes the plan (default {AUTO_PLAN_OUT}, which is only replaced if an "
                         "earlier --auto wrote it; name it here to overwrite any file)")
@@ -117,6 +120,9 @@ def run(args: argparse.Namespace) -> int:
 
     # Every path, number, rank map and the resume's consistency, on every rank, before the process group starts
     # (numbers were already range-checked while parsing).
+    if not args.auto and args.max_workers_per_rank is not None:
+        raise ValidationError("--max-workers-per-rank applies to --auto, which solves the plan; with --plan the plan's "
+                              "workers are used: re-plan with `planner plan --max-workers-per-rank W`")
     pre = preflight(args)
     plan_out = None
     if args.auto:
@@ -150,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
                                        why=" (a BatchNorm model needs 2 per rank)")
                 plan, profile = auto_plan(cfg, env, global_batch=args.global_batch, quick=args.quick,
                                           workload=workload, plan_out=plan_out, profile_out=args.profile_out,
-                                          min_batch=args.min_batch, progress=progress)
+                                          min_batch=args.min_batch, progress=progress,
+                                          max_workers_per_rank=args.max_workers_per_rank)
                 if env.is_main:
                     from planner.cmd_plan import format_plan
                     from planner.quality import check_profile

@@ -418,7 +418,8 @@ def _end_on_error(run: Run, epochs_done: int, error: BaseException) -> None:
 
 def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool, workload: Workload,
               plan_out: str | None, profile_out: str | None, min_batch: int = 1,
-              progress: Progress | None = None) -> tuple[Plan, Profile | None]:
+              progress: Progress | None = None,
+              max_workers_per_rank: int | None = None) -> tuple[Plan, Profile | None]:
     """Profile every rank in-process, solve on rank 0, share the plan (collective; a PlanError reaches every rank).
 
     Rank 0 prints the profile's quality warnings, keeps the equal split when the optimum's gain is inside the
@@ -442,9 +443,11 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool,
         quality = check_profile(profile)
         for line in quality.warning_lines():
             print(line, file=sys.stderr, flush=True)
-        plan = planner.solve(profile, global_batch=global_batch,
-                             min_batch=max(min_batch, 2) if workload.has_batchnorm else min_batch,
-                             mode="fsdp" if cfg.fsdp else "ddp")  # FSDP2: the same micro-step count on every rank
+        options = planner.SolveOptions(
+            min_batch=max(min_batch, 2) if workload.has_batchnorm else min_batch,
+            mode="fsdp" if cfg.fsdp else "ddp",  # FSDP2: the same micro-step count on every rank
+            **({} if max_workers_per_rank is None else {"max_workers_per_rank": max_workers_per_rank}))
+        plan = planner.solve(profile, global_batch=global_batch, options=options)
         plan = record_workload(keep_equal_within_noise(profile, plan, quality), profile)
         plan = dataclasses.replace(plan, meta={**plan.meta, "written_by": AUTO_WRITER})
         if plan_out:

@@ -39,8 +39,11 @@ class SolveOptions:
     """Fraction of device memory kept free when deriving the memory cap from the fit."""
     cpu_reserve_per_rank: int = 1
     """Cores per rank kept for the training process itself (not given to loader workers)."""
-    max_workers_per_rank: int = 8
-    """Upper bound on loader workers per rank when spare cores are handed out."""
+    max_workers_per_rank: int = 16
+    """Upper bound on loader workers per rank when spare cores are handed out (the host's cores, less
+    ``cpu_reserve_per_rank`` per rank, bound them all).  16 is torchvision's reference ImageNet recipe's default;
+    8 left a loader-bound rank starved on hosts with cores to spare (docs/BENCHMARKS.md section 14: "rank 0 needs 22
+    workers, has 8; the host can give 30")."""
     time_limit_s: float = 20.0
     """HiGHS time limit per MILP call."""
     min_gain: float = DEFAULT_MIN_GAIN

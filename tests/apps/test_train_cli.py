@@ -23,8 +23,12 @@ def test_replan_moves_work_off_a_rank_slowed_mid_run(tmp_path: Path) -> None:
     log = tmp_path / "run.jsonl"
     rc, out = run_planner_torchrun(2, [*COMMON, "--epochs", "4", "--emulate-slowdown", "1=3",
                                        "--emulate-slowdown-from-epoch", "1", "--plan-out", str(tmp_path / "plan.json"),
-                                       "--log-file", str(log)])
+                                       "--log-file", str(log), "--max-workers-per-rank", "3"])
     assert rc == 0, out[-3000:]
+    # --auto solves with the worker cap it was given, and the plan records it for the Replanner's re-solves
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["solver"]["options"]["max_workers_per_rank"] == 3
+    assert all(r["num_workers"] <= 3 for r in plan["ranks"])
     epochs = _events(log, "epoch")
     assert [e["epoch"] for e in epochs] == [0, 1, 2, 3]
     slowed, after = epochs[1], epochs[2:]
@@ -45,3 +49,11 @@ def test_steady_state_changes_the_plan_at_most_once_in_10_epochs(tmp_path: Path)
     decisions = _events(log, "replan")
     assert len(decisions) == 9  # one decision after every epoch but the last, each logged with its reason
     assert sum(d["adopted"] for d in decisions) <= 1, [d["reason"] for d in decisions]
+
+
+def test_the_worker_cap_is_refused_without_auto(capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import main
+
+    assert main(["train", "--plan", "plan.json", "--max-workers-per-rank", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max-workers-per-rank" in err and "Traceback" not in err

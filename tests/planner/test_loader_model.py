@@ -71,10 +71,10 @@ def test_ranks_on_other_hosts_do_not_contend() -> None:
 
 def test_the_worker_cap_limits_the_capped_ranks_load_and_feed() -> None:
     profile = _with_curve(linear_profile([0.00001, 0.00001], cores=18), max_workers=(None, 2))
-    costs = loader_costs_s(profile, SolveOptions())
+    costs = loader_costs_s(profile, SolveOptions(max_workers_per_rank=8))
     n = 8 + 2 + 1
     assert costs == pytest.approx([n / rate_at(profile.rank(0).loader, n)] * 2)  # type: ignore[arg-type]
-    plan = planner.solve(profile, global_batch=512)
+    plan = planner.solve(profile, global_batch=512, max_workers_per_rank=8)
     assert plan.ranks[1].num_workers == 2 and plan.batch_sizes[1] < plan.batch_sizes[0]
     # The capped rank is fed at 2 workers at the contended cost: the plan's loader time says so.
     rp = plan.ranks[1]
@@ -95,7 +95,8 @@ def test_the_recorded_h100_run_is_explained() -> None:
     profile = planner.Profile.load(RESULTS / f"{S3}_profile.json")
     steps = [json.loads(line) for line in (RESULTS / f"{S3}_run.jsonl").read_text().splitlines()]
     measured = [e["step_time_s"] for e in steps if e["event"] == "epoch" and e["epoch"] >= 1]
-    plan = planner.evaluate(profile, [341, 171], num_workers=[8, 8], min_batch=2)
+    # the run's own solver setting (its plan records it): the host load the model prices follows the worker cap
+    plan = planner.evaluate(profile, [341, 171], num_workers=[8, 8], min_batch=2, max_workers_per_rank=8)
     assert plan.ranks[0].bottleneck == "loader"
     assert plan.predicted.step_time_s == pytest.approx(statistics.median(measured), rel=0.05)
 
@@ -107,7 +108,7 @@ def test_a_loader_paced_rank_is_busy_for_its_whole_step() -> None:
 
     log = read_run_log(RESULTS / f"{S3}_run.jsonl")
     profile = planner.Profile.load(RESULTS / f"{S3}_profile.json")
-    plan = planner.evaluate(profile, [341, 171], num_workers=[8, 8], min_batch=2)
+    plan = planner.evaluate(profile, [341, 171], num_workers=[8, 8], min_batch=2, max_workers_per_rank=8)
     steady = [e for e in log.epochs if e.epoch >= 1]
     assert all(e.ranks[0].loader_paced and not e.ranks[1].loader_paced for e in steady)
     busy0 = statistics.median(e.measured_busy_s[0] for e in steady)
