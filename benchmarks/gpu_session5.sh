@@ -12,6 +12,8 @@
 #   sweep-interleave  F = 1.5 (GPUs 0,1) beside F = 2 (GPUs 2,3), interleaved emulation
 #   hf      benchmarks/hf_gpu.py (HF Trainer, 110M LM) on GPUs 0,1 (factors $HF_FACTORS, default 2,3)
 #   hf-loader  hf (F = 3) on GPUs 2,3 beside the loader-skew bench on GPUs 0,1
+#   mech    benchmarks/loader_mechanism.py (CPU only); hf-mech-loader  hf, then mech, on GPUs 2,3 beside the
+#           loader-skew bench on GPUs 0,1 (with CPUSPLIT=1 each side has its own half of the cores)
 #   train18 benchmarks/loader_gpu.sh: the skew and mid-run cases on GPUs 0,1 beside the loader case, then a
 #           10-epoch skew launch, on GPUs 2,3 (CPUSPLIT=1 gives each pair half the cores)
 # Result names end in $TAG (default s5).  Session 5's "ab" and "f4" ran before the interleaved mode took its final
@@ -120,6 +122,15 @@ for p in "$@"; do
     hf-loader)  # the HF Trainer bench (F = 3) on GPUs 2,3 beside the loader-skew bench on GPUs 0,1
         beside 2,3 hf.txt part hf timeout "$LIMIT" $TR benchmarks/hf_gpu.py --factors "${HF_FACTORS:-3}" \
           --json "$WORK/${CARD}x2_hf_trainer_$TAG.json"
+        beside 0,1 ld.txt b2 "resnet50_loader_skew_$TAG" --data loader --emulate-loader 1=2
+        together ;;
+    mech)  # benchmarks/loader_mechanism.py (CPU only): why the profiled loader cost misses training's
+        part mech timeout "$LIMIT" $PY benchmarks/loader_mechanism.py --json "$WORK/${CARD}_loader_mechanism_$TAG.json" ;;
+    hf-mech-loader)  # hf then mech on GPUs 2,3 (their half of the cores) beside the loader-skew bench on GPUs 0,1
+        beside 2,3 hf.txt bash -c "$(declare -f part); OUT=$WORK; \
+          part hf timeout $LIMIT $TR benchmarks/hf_gpu.py --factors ${HF_FACTORS:-2,3} \
+            --json $WORK/${CARD}x2_hf_trainer_$TAG.json; \
+          part mech timeout 150 $PY benchmarks/loader_mechanism.py --json $WORK/${CARD}_loader_mechanism_$TAG.json"
         beside 0,1 ld.txt b2 "resnet50_loader_skew_$TAG" --data loader --emulate-loader 1=2
         together ;;
     *) echo "unknown part $p"; exit 2 ;;
