@@ -10,7 +10,9 @@ In one launch (same processes, same warm-up for every variant):
      planner.solve at the global batch -> the plan; gathered profile and plan land in the JSON;
   2. rounds (default 3), interleaved: for each F, ``default`` -- the HF Trainer as shipped: its own
      DistributedSampler through accelerator.prepare, ``per_device_train_batch_size`` = B / 2 on both ranks -- then
-     ``planned`` -- runtime.adapters.hf.planned_trainer (the plan's per-rank batches, exact token weighting);
+     ``planned`` -- runtime.adapters.hf.planned_trainer (the plan's per-rank batches, exact token weighting) --
+     then ``planned-equal`` -- the planned trainer on the equal split, so the adapter's own cost shows apart from
+     the split's (its prediction is the profile's equal split; ``--variants default,planned`` leaves it out);
   3. each run is one epoch of ``--steps`` optimizer steps through ``Trainer.train()``; the timed window runs from
      the end of step ``--warmup`` to the end of the last step, synchronized (cuda.synchronize + barrier) at both
      ends (a TrainerCallback); samples/s = B x timed steps / window, tokens/s = samples/s x sequence length.
@@ -18,8 +20,8 @@ Reports per F the median speed-up planned / default over rounds with min-max (go
 prediction error (measured planned samples/s vs the plan's prediction; goal within 5%), and writes the raw
 per-round numbers, profiles and plans to $OUT/hf_gpu.json (or --json).
 
-Expected wall time on 2x H100 with the defaults: about 3-4 minutes (start-up and 2 profiles ~1.5 min, 3 rounds of
-4 runs ~2 min); not measured here (no GPU where it was written) -- the run prints its own total.
+Wall time: 108 s on 2x H200 for F = 2, 3 with the default and planned variants (session 6; 2 profiles ~37 s);
+planned-equal adds a third run to every round (about 40 s more). The run prints its own total.
 """
 
 from __future__ import annotations
@@ -180,6 +182,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=30, help="optimizer steps per run (one epoch)")
     p.add_argument("--warmup", type=int, default=8, help="steps before the timed window")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--variants", default="default,planned,planned-equal",
+                   help="what each round runs per F, in this order (default, planned are required)")
     p.add_argument("--workers", type=int, default=2, help="loader workers per rank (both variants)")
     p.add_argument("--no-amp", dest="amp", action="store_false", help="float32 instead of bf16")
     p.add_argument("--tiny", action="store_true",
@@ -206,11 +210,16 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")  # the Trainer's accelerate state reuses it
     rank = dist.get_rank()
     factors = [float(f) for f in args.factors.split(",")]
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not {"default", "planned"} <= set(variants) or not set(variants) <= {"default", "planned", "planned-equal"}:
+        raise SystemExit(f"--variants {args.variants}: default and planned, and optionally planned-equal")
 
     setups: dict[float, dict[str, Any]] = {}
     for f in factors:
         profile, plan, profile_s = profile_and_plan(f, args, dev)
-        setups[f] = {"profile": profile, "plan": plan, "profile_s": profile_s}
+        equal = planner.evaluate(profile, planner.equal_split(args.global_batch, dist.get_world_size()),
+                                 method="equal")
+        setups[f] = {"profile": profile, "plan": plan, "equal": equal, "profile_s": profile_s}
         if rank == 0:
             pred = plan.predicted
             print(f"F={f:g}: profiled in {profile_s:.0f} s; plan {list(plan.batch_sizes)}, predicted "
@@ -221,14 +230,16 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for f in factors:
             res: dict[str, Any] = {"round": r, "factor": f}
-            for variant in ("default", "planned"):
-                sps = run(variant, f, setups[f]["plan"], args, dev)
+            for variant in variants:
+                plan = setups[f]["equal" if variant == "planned-equal" else "plan"]
+                sps = run("default" if variant == "default" else "planned", f, plan, args, dev)
                 res[variant] = {"samples_per_s": sps, "tokens_per_s": sps * args.seq_len}
             res["speedup"] = res["planned"]["samples_per_s"] / res["default"]["samples_per_s"]
             rounds.append(res)
             if rank == 0:
+                eq = f"  planned-equal {res['planned-equal']['samples_per_s']:.1f}" if "planned-equal" in res else ""
                 print(f"round {r} F={f:g}: default {res['default']['samples_per_s']:.1f}  planned "
-                      f"{res['planned']['samples_per_s']:.1f} samples/s  {res['speedup']:.3f}x", flush=True)
+                      f"{res['planned']['samples_per_s']:.1f}{eq} samples/s  {res['speedup']:.3f}x", flush=True)
 
     if rank == 0:
         summary = {}
@@ -245,8 +256,15 @@ def main(argv: list[str] | None = None) -> int:
                 "predicted_samples_per_s": pred.samples_per_s,
                 "predicted_equal_split_samples_per_s": pred.equal_split_samples_per_s,
                 "prediction_error": planned_sps / pred.samples_per_s - 1.0,
+                "default_vs_equal_prediction": default_sps / pred.equal_split_samples_per_s - 1.0,
                 "plan_batch_sizes": list(setups[f]["plan"].batch_sizes)}
             s = summary[f"{f:g}"]
+            if "planned-equal" in variants:  # the adapter at the default's split: its own cost, and its prediction
+                pe_sps = statistics.median(x["planned-equal"]["samples_per_s"] for x in mine)
+                s["median_planned_equal_samples_per_s"] = pe_sps
+                s["planned_equal_vs_default"] = statistics.median(
+                    x["planned-equal"]["samples_per_s"] / x["default"]["samples_per_s"] for x in mine)
+                s["planned_equal_prediction_error"] = pe_sps / pred.equal_split_samples_per_s - 1.0
             print(f"F={f:g}: planned / HF default = {s['median_speedup']:.3f}x (min {s['min_speedup']:.3f}, max "
                   f"{s['max_speedup']:.3f}) over {len(ups)} rounds; planned {planned_sps * args.seq_len:.0f} tokens/s;"
                   f" prediction error {100 * s['prediction_error']:+.1f}%", flush=True)
@@ -259,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
             "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
             "transformers": __import__("transformers").__version__, "total_s": total_s,
             "setups": {f"{f:g}": {"profile_s": s["profile_s"], "plan": s["plan"].to_dict(),
-                                  "profile": s["profile"].to_dict()} for f, s in setups.items()},
+                                  "equal_plan": s["equal"].to_dict(), "profile": s["profile"].to_dict()}
+                       for f, s in setups.items()},
             "rounds": rounds, "summary": summary}, indent=1))
         print(f"wrote {out} ({total_s:.0f} s in all)", flush=True)
     dist.barrier()

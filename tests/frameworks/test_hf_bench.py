@@ -25,9 +25,12 @@ def test_hf_gpu_benchmark_runs_tiny_on_cpu(tmp_path: Path) -> None:
     sizes = [r["batch_size"] for r in plan["ranks"]]
     assert sum(sizes) == 8 and sizes[0] > sizes[1]  # the profile saw rank 1 as the slow one
     (row,) = res["rounds"]
-    for variant in ("default", "planned"):
+    for variant in ("default", "planned", "planned-equal"):
         assert row[variant]["samples_per_s"] > 0
         assert row[variant]["tokens_per_s"] == pytest.approx(64 * row[variant]["samples_per_s"])
+    # the planned trainer also runs the equal split, to show the adapter's cost apart from the split's
+    assert [r["batch_size"] for r in res["setups"]["3"]["equal_plan"]["ranks"]] == [4, 4]
     summary = res["summary"]["3"]
     assert summary["plan_batch_sizes"] == sizes and "prediction_error" in summary
+    assert summary["planned_equal_vs_default"] > 0 and "planned_equal_prediction_error" in summary
     assert "planned / HF default" in text
