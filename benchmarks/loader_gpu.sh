@@ -13,7 +13,7 @@
 #
 # Trade-off: the acceptance speaks of 10 steady epochs; 6 launches x 10 epochs does not fit ~8 minutes, so the
 # default is EPOCHS=3 of 15360 samples (30 steps of 512): epoch 2 is the steady epoch read, after the Replanner's
-# two chances (epochs 0 and 1).  Estimated ~75 s a launch (start ~15 s, full profile ~50 s, epochs ~10 s), ~8 min
+# two chances (epochs 0 and 1).  Measured 76-108 s a launch (session 6, 4x H100 pairs; profile ~50 s), ~9 min for 6
 # in all; BUDGET_S (default 500) stops starting launches once spent, so the summary is always written.  For the
 # 10-epoch churn check run, e.g., `EPOCHS=10 NUM_SAMPLES=20480 LAUNCHES=1 CASES=skew BUDGET_S=560`.
 #   usage: OUT=/tmp/out bash benchmarks/loader_gpu.sh
