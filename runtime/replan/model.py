@@ -235,4 +235,6 @@ def _raised(loader: LoaderProfile | None, start: float, spp: float) -> LoaderPro
     """The loader whose modelled cost moved from ``start`` to ``spp`` (its scaling and worker cap kept)."""
     if loader is None or start <= 0:
         return LoaderProfile(sec_per_sample=spp) if loader is None else replace(loader, sec_per_sample=spp)
+    if not loader.scaling:  # no curve: the cost is sec_per_sample itself (set, not scaled: no rounding on the way)
+        return replace(loader, sec_per_sample=spp)
     return scaled_loader(loader, spp / start)
