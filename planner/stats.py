@@ -47,9 +47,10 @@ class StepStats:
     """Mean seconds per step the peer-late steps added to the compute span (the mean over every step minus
     ``compute_s``): time lost to peers, shown beside the rank's own."""
     loader_s: float | None = None
-    """Median seconds per step the loader's workers spent building the step's batches (samples' fetch and
-    transforms plus the collate, timed in the worker: runtime.loader_timing); None when not measured (synthetic
-    batches on the device, an adapter's own loader, an older log)."""
+    """Mean seconds per step the loader's workers spent building the step's batches, each worker's first batch
+    left out (samples' fetch and transforms plus the collate, timed in the worker: runtime.loader_timing; logs
+    before session 6 hold the median); None when not measured (synthetic batches on the device, an adapter's own
+    loader, an older log)."""
 
     def to_dict(self) -> JSONDict:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -104,10 +105,11 @@ class StepStats:
         92 + wait 52 = 144 ms of a 179 ms step whose 341 samples the 8 workers delivered at 1.9k samples/s).
         Where the workers' build time was measured, never less than the loader's own period: a loader that keeps
         up only because a late peer paces the step still costs its time (2x H200, rank capped at 2 workers: 31 ms
-        of compute, no wait, and ~190 ms of loading per step by the host's measured per-worker rate)."""
+        of compute, no wait, and ~190 ms of loading per step by the host's measured per-worker rate).  Never more
+        than the step itself by way of the loader: it cannot need longer per step than the steps it fed took."""
         own = self.step_time_s if self.loader_paced else self.compute_s + self.data_wait_s
         period = self.loader_period_s
-        return own if period is None else max(own, period)
+        return own if period is None else max(own, min(period, self.step_time_s))
 
     @property
     def compute_s_sigma(self) -> float:

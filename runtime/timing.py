@@ -123,6 +123,20 @@ class _Step:
     end_event: DeviceEvent | None = None
 
 
+def _mean_build_s(steps: Sequence[Any], workers: int, *, need: float) -> float | None:
+    """The workers' mean build seconds per step over an epoch, each worker's first batch left out (start-up);
+    None when fewer than ``need`` steps report one.
+
+    The mean, not the median: ``workers`` workers building in parallel deliver one step per ``mean / workers``
+    seconds, whatever the spread, so the mean is what the loader's throughput is.  The median missed it both ways
+    when the host's contention changed within an epoch (2x H100, session 6, a rank capped at 2 workers: median
+    541 ms a batch, while the rank took one every 196 ms -- at most 392 ms a batch for its two workers)."""
+    loads = [float(s.loader_s) for s in steps if s.loader_s is not None and _valid(s.loader_s)]
+    if len(loads) > 2 * workers:
+        loads = loads[workers:]
+    return math.fsum(loads) / len(loads) if loads and len(loads) >= need else None
+
+
 def _valid(x: float | None) -> bool:
     return x is not None and math.isfinite(x) and x >= 0.0
 
@@ -352,9 +366,7 @@ class StepTimer:
         std_c = math.sqrt(math.fsum((c - mean_c) ** 2 for c in inliers) / (k - 1)) if k > 1 else 0.0
         # Interference: the mean compute over every step minus this rank's own (the peer-late steps' excess).
         interference = max(0.0, math.fsum(all_compute) / n - math.fsum(compute) / len(compute)) if num_late else 0.0
-        loads = [s.loader_s for s in good if s.loader_s is not None and _valid(s.loader_s)]
-        # The loader's build time per step, median: an epoch's first batches carry the workers' start-up.
-        loader_s = statistics.median(loads) if len(loads) >= max(1.0, MIN_CLEAN_FRACTION * n) else None
+        loader_s = _mean_build_s(self._steps, num_workers, need=max(1.0, MIN_CLEAN_FRACTION * n))
         return StepStats(
             rank=rank,
             epoch=epoch,

@@ -174,7 +174,9 @@ def test_the_run_log_tables_show_the_loaders_own_time(tmp_path: Path,
     prof = three_rank_profile()
     plan = solve(prof, global_batch=B)
     w = max(1, plan.ranks[1].num_workers)
-    log = _log(tmp_path / "r.jsonl", plan, [_epoch(plan, 0, busy=(0.4, 0.1, 0.4), loader=(None, 0.45 * w, None))])
+    slow = 0.5 / (max(r.predicted_step_time_s for r in plan.ranks) + plan.predicted.comm_s)  # a 500 ms step
+    log = _log(tmp_path / "r.jsonl", plan, [_epoch(plan, 0, slow=slow, busy=(0.5, 0.1, 0.5),
+                                                   loader=(None, 0.45 * w, None))])
     prof_path = tmp_path / "p.json"
     prof.save(prof_path)
     assert main(["report", "--profile", str(prof_path), "--log", str(log), "--out", str(tmp_path / "r.html")]) == 0

@@ -106,6 +106,26 @@ def test_a_loader_rank_paced_by_its_peer_is_as_busy_as_its_loader() -> None:
     assert StepStats.from_dict({k: v for k, v in unmeasured.to_dict().items() if k != "loader_s"}) == unmeasured
 
 
+def test_the_loader_never_makes_a_rank_busier_than_its_step() -> None:
+    """A loader period above the step the rank ran cannot be its steady cost (it fed those steps)."""
+    assert _stats(loader_s=0.5).busy_s == pytest.approx(0.192)
+
+
+def test_the_epochs_build_time_is_the_mean_after_each_workers_first_batch() -> None:
+    """Two workers, 8 steps: their first batches (start-up) are left out, then the mean -- W workers deliver a
+    step per mean / W seconds, so a median would misread a loader whose contention changed in the epoch."""
+    timer = StepTimer(torch.device("cpu"))
+    for s in (2.0, 1.5, 0.2, 0.2, 0.2, 0.6, 0.6, 0.6):
+        timer.data_start()
+        timer.data_end()
+        timer.loader_batch(s)
+        timer.compute_start()
+        timer.compute_end()
+        timer.step_end()
+    stats = timer.epoch_summary(rank=0, epoch=0, batch_size=2, num_workers=2)
+    assert stats.loader_s == pytest.approx(0.4)  # (3 x 0.2 + 3 x 0.6) / 6; the median of all 8 would be 0.6
+
+
 def test_the_replanner_moves_a_measured_loader_cost_both_ways() -> None:
     """Only a starving loader could raise the cost before; measured in the workers it also comes down."""
     start = RankCorrection(loader_sec_per_sample=0.005)
