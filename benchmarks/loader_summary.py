@@ -7,7 +7,8 @@ the plan in effect (the start plan or the last adopted re-plan, matched by finge
 the measured samples/s and their ratio, and each rank's error (own busy time, ``StepStats.busy_s``, against the
 plan's per-rank step time: the report's run-log table).  Per launch: the median ratio over epochs >= 2, the worst
 rank's median error over epochs >= 2, the epoch of the first adopted re-plan and its predicted gain, how many times
-the plan changed, and the profile's loader costs (each rank's own reading and the spread its host saw).  Per case:
+the plan changed, the profile's loader costs (each rank's own reading and the spread its host saw), and per epoch
+(from epoch 1) the measured step against the model fed with that epoch's own measurements (``_inputs_model``).  Per case:
 medians with min-max over the launches, the issue's acceptance numbers.
 """
 
@@ -50,9 +51,11 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
             "rank_errors": errors, "loader_paced": [s.loader_paced for s in e.ranks],
             "data_wait_s": list(e.measured_data_wait_s), "compute_s": list(e.measured_compute_s),
             "step_time_s": list(e.measured_step_time_s),
+            **_inputs_model(e),
         })
     steady = [x for x in epochs if x["epoch"] >= STEADY_FROM_EPOCH]
     ratios = [x["ratio"] for x in steady if x["ratio"] is not None]
+    inputs = [x["inputs_model_error"] for x in epochs if x["epoch"] >= 1 and x["inputs_model_error"] is not None]
     per_rank = list(zip(*[x["rank_errors"] for x in steady], strict=False)) if steady else []
     rank_err = [statistics.median(abs(v) for v in errs if v is not None) for errs in per_rank
                 if any(v is not None for v in errs)]
@@ -65,6 +68,7 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
         "start_batch_sizes": list(log.start_plan.batch_sizes) if log.start_plan is not None else None,
         "start_bottlenecks": [r.bottleneck for r in log.start_plan.ranks] if log.start_plan is not None else None,
         "steady_ratio_median": statistics.median(ratios) if ratios else None,
+        "inputs_model_errors": inputs,
         "steady_rank_error_max": max(rank_err) if rank_err else None,
         "steady_rank_errors": rank_err,
         "first_adoption_epoch": adopted[0].epoch if adopted else None,
@@ -85,6 +89,16 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
     return out
 
 
+def _inputs_model(e: Any) -> dict[str, Any]:
+    """The model fed with the epoch's own measurements: the step as the largest over ranks of the median compute
+    and the loader's period (build time over the workers), and the measured step against it (measured / that - 1).
+    Near 0 while the plan's own prediction misses: the inputs (a drifting loader) moved, not the model's structure."""
+    own = [max(s.compute_s_median or s.compute_s, s.loader_period_s or 0.0) for s in e.ranks]
+    step = max(own) if own else 0.0
+    return {"inputs_model_step_s": step or None,
+            "inputs_model_error": e.step_time_s / step - 1.0 if step > 0 and e.step_time_s else None}
+
+
 def _spread(xs: list[float]) -> dict[str, float] | None:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)} if xs else None
 
@@ -100,6 +114,7 @@ def case_summary(launches: list[dict[str, Any]]) -> dict[str, Any]:
         "first_adoption_epoch": [x["first_adoption_epoch"] for x in launches],
         "first_adoption_gain": [x["first_adoption_gain"] for x in launches],
         "plan_changes": [x["plan_changes"] for x in launches],
+        "inputs_model_error": _spread([v for x in launches for v in x.get("inputs_model_errors", [])]),
         "loader_own_spread": _spread([float(x["loader"]["own_spread"]) for x in launches
                                       if x.get("loader") and x["loader"].get("own_spread") is not None]),
     }
