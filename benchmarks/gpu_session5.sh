@@ -10,7 +10,8 @@
 #   sweep2  F = 1.5 (GPUs 0,1) beside F = 2 (GPUs 2,3), then F = 4 beside the loader skew, two launches at a time
 #   pair-F  2 ranks at F: interleaved emulation on GPUs 0,1 beside block emulation on GPUs 2,3 (e.g. pair-3)
 #   sweep-interleave  F = 1.5 (GPUs 0,1) beside F = 2 (GPUs 2,3), interleaved emulation
-#   hf      benchmarks/hf_gpu.py (HF Trainer, 110M LM) on GPUs 0,1 (factors $HF_FACTORS, default 2,3)
+#   hf      benchmarks/hf_gpu.py (HF Trainer, 110M LM) on GPUs 0,1 (factors $HF_FACTORS, default 2,3; $HF_ARGS
+#           passes through, e.g. HF_ARGS=--tiny for a CPU dry run)
 #   hf-loader  hf (F = 3) on GPUs 2,3 beside the loader-skew bench on GPUs 0,1
 #   mech    benchmarks/loader_mechanism.py (CPU only); hf-mech-loader  hf, then mech, on GPUs 2,3 beside the
 #           loader-skew bench on GPUs 0,1 (with CPUSPLIT=1 each side has its own half of the cores)
@@ -117,7 +118,7 @@ for p in "$@"; do
         together ;;
     sweep) for f in 1.5 2 4; do b2 "resnet50_F${f}_$TAG" --emulate-slowdown "1=$f"; done ;;
     loader) b2 resnet50_loader_skew_$TAG --data loader --emulate-loader 1=2 ;;
-    hf) CUDA_VISIBLE_DEVICES=0,1 part hf timeout "$LIMIT" $TR benchmarks/hf_gpu.py --factors "${HF_FACTORS:-2,3}" \
+    hf) CUDA_VISIBLE_DEVICES=0,1 part hf timeout "$LIMIT" $TR benchmarks/hf_gpu.py --factors "${HF_FACTORS:-2,3}" ${HF_ARGS:-} \
           --json "$WORK/${CARD}x2_hf_trainer_$TAG.json" ;;
     hf-loader)  # the HF Trainer bench (F = 3) on GPUs 2,3 beside the loader-skew bench on GPUs 0,1
         beside 2,3 hf.txt part hf timeout "$LIMIT" $TR benchmarks/hf_gpu.py --factors "${HF_FACTORS:-3}" \
@@ -128,7 +129,7 @@ for p in "$@"; do
         part mech timeout "$LIMIT" $PY benchmarks/loader_mechanism.py --json "$WORK/${CARD}_loader_mechanism_$TAG.json" ;;
     hf-mech-loader)  # hf then mech on GPUs 2,3 (their half of the cores) beside the loader-skew bench on GPUs 0,1
         beside 2,3 hf.txt bash -c "$(declare -f part); OUT=$WORK; \
-          part hf timeout $LIMIT $TR benchmarks/hf_gpu.py --factors ${HF_FACTORS:-2,3} \
+          part hf timeout $LIMIT $TR benchmarks/hf_gpu.py --factors ${HF_FACTORS:-2,3} ${HF_ARGS:-} \
             --json $WORK/${CARD}x2_hf_trainer_$TAG.json; \
           part mech timeout 150 $PY benchmarks/loader_mechanism.py --json $WORK/${CARD}_loader_mechanism_$TAG.json"
         beside 0,1 ld.txt b2 "resnet50_loader_skew_$TAG" --data loader --emulate-loader 1=2
