@@ -232,7 +232,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     progress.phase("profile")
     rp = profile_this_rank(workload, env.device, quick=opts["quick"], slowdown=slow, loader_workers_cap=cap,
                            amp=opts["amp"], rank=env.rank, measure_loader=not on_device, channels_last=cl,
-                           progress=progress)
+                           progress=progress, loader_per_host=True)  # every rank loads the same dataset
     prof = gather_profile(rp, workload=workload, progress=progress)
     profile = Profile.from_dict(broadcast_json(prof.to_dict() if prof else None))
     quality = check_profile(profile)

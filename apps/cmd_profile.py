@@ -124,9 +124,9 @@ def run(args: argparse.Namespace) -> int:
     common: dict[str, Any] = dict(quick=args.quick, batch_sizes=batch_sizes, amp=args.amp,
                                   channels_last=channels_last, measure_loader=not args.no_loader, sweep=sweep,
                                   overlap_loader=False if args.thorough else None,
-                                  # Every rank runs the same pipeline unless --emulate-loader caps some: then one
-                                  # measurement per host serves all of them (the same flag on every rank).
-                                  loader_per_host=not loader_caps and not args.thorough)
+                                  # Every rank runs the same pipeline: one measurement per host serves all of
+                                  # them, each keeping its own --emulate-loader cap (the same flag on every rank).
+                                  loader_per_host=not args.thorough)
 
     # Rank 0 only (under torchrun): one line per phase and point, a heartbeat while a phase runs long.
     rank = int(os.environ.get("RANK", "0"))

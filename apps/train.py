@@ -435,7 +435,7 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool,
     rank_profile = profile_this_rank(workload, env.device, quick=quick, slowdown=cfg.slowdown,
                                      loader_workers_cap=cfg.loader_workers_cap, amp=cfg.amp, rank=env.rank,
                                      channels_last=channels_last_for(workload, env.device, cfg.mixed_devices),
-                                     progress=progress)
+                                     progress=progress, loader_per_host=True)  # every rank: the same dataset
     profile = gather_profile(rank_profile, workload=workload, progress=progress)
 
     def decide() -> dict[str, Any]:

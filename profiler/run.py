@@ -124,26 +124,29 @@ def profile_this_rank(
     """Measure this rank: compute curve, memory, loader cost, device facts.
 
     Collective when torch.distributed is initialized with several ranks (the loader is measured in turns, or
-    with ``loader_per_host`` once per host), so every rank must call it with the same ``loader_per_host`` --
-    which only a job without per-rank loader caps may set (one measurement then serves every rank's pipeline).  ``slowdown`` emulates a slower device (workloads.emulate.Slowdown) exactly as the
-    trainer applies it; ``loader_workers_cap`` is recorded and bounds the loader scaling run.
+    with ``loader_per_host`` once per host: one measurement serves every rank of the host, which loads the same
+    dataset), so every rank must call it with the same ``loader_per_host``.  ``slowdown`` emulates a slower device
+    (workloads.emulate.Slowdown) exactly as the trainer applies it; ``loader_workers_cap`` is this rank's worker
+    cap: recorded as its loader's ``max_workers``, and the bound of its scaling run when it measures its own
+    (in turns).  Once per host the measuring rank scans up to the host's cores whatever its own cap, since every
+    rank needs the host's curve (the contention model reads it at the training load).
     """
     sopts = sweep_options(quick, batch_sizes, sweep, min_batch=2 if workload.has_batchnorm else 1)
     lopts = loader or (LoaderOptions.quick() if quick else LoaderOptions())
-    if loader_workers_cap is not None:
+    if loader_workers_cap is not None and not loader_per_host:
         lopts = dataclasses.replace(lopts, max_workers=max(1, loader_workers_cap))
 
     def measure_loader_fn() -> tuple[LoaderProfile, dict[str, Any]]:
-        lp, meta = profile_loader(workload.dataset, lopts)
-        if loader_workers_cap is not None:
-            lp = dataclasses.replace(lp, max_workers=max(1, loader_workers_cap))
-        return lp, meta
+        return profile_loader(workload.dataset, lopts)
 
-    return measure_rank(
+    rp = measure_rank(
         lambda dev: StepRunner(workload, dev, amp=amp, channels_last=channels_last, slowdown=slowdown), device,
         sweep=sopts, rank=rank, measure_loader=measure_loader_fn if measure_loader else None, on_point=on_point,
         meta={"emulate_loader_workers": loader_workers_cap}, progress=progress, loader_key=workload.name,
         overlap_loader=overlap_loader, loader_per_host=loader_per_host)
+    if loader_workers_cap is not None and rp.loader is not None:  # this rank's own cap, however it was measured
+        rp = dataclasses.replace(rp, loader=dataclasses.replace(rp.loader, max_workers=max(1, loader_workers_cap)))
+    return rp
 
 
 def sweep_options(quick: bool, batch_sizes: Sequence[int] | None, sweep: SweepOptions | None, *,

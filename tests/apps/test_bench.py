@@ -110,9 +110,15 @@ def test_a_loader_fed_window_opens_once_the_prefetched_batches_are_spent(tmp_pat
     out = tmp_path / "bench.json"
     rc = main(["bench", "--device", "cpu", "--nproc", "2", "--model", "mlp", "--quick", "--global-batch", str(B),
                "--steps", str(STEPS), "--strategies", "equal,proportional,plan", "--data", "loader",
-               "--emulate-loader", "1=1", "--timeout", "150", "--quiet", "--json", str(out)])
+               "--emulate-loader", "1=1", "--timeout", "150", "--quiet", "--json", str(out),
+               "--profile-out", str(tmp_path / "profile.json")])
     assert rc == 0
     res = json.loads(out.read_text())
+    # The loader was measured once on the host (rank 0) and shared; the capped rank keeps its own cap.
+    ranks = json.loads((tmp_path / "profile.json").read_text())["ranks"]
+    assert [r["meta"]["loader_measured_by_rank"] for r in ranks] == [0, 0]
+    assert ranks[0]["loader"]["sec_per_sample"] == ranks[1]["loader"]["sec_per_sample"]
+    assert ranks[0]["loader"].get("max_workers") is None and ranks[1]["loader"]["max_workers"] == 1
     most = max(r["num_workers"] for name in COMPARED for r in res[name]["ranks"])
     drain = loader_drain_steps(most)
     for name in COMPARED:
