@@ -62,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--global-batch", type=count(), default=None, metavar="B",
                    help="global batch (default 512 on CUDA, 64 on CPU); a multiple of the rank count")
     p.add_argument("--steps", type=count(), default=None, metavar="N",
-                   help="timed steps per strategy and epoch (default 30 on CUDA, 15 on CPU)")
+                   help="timed steps per strategy and epoch (default 30 on CUDA, 15 on CPU); with --data loader "
+                        "one epoch, timed after workers x 5 steps spend the batches the workers built ahead")
     p.add_argument("--rounds", type=count(), default=1, metavar="N",
                    help="run the strategies N times, interleaved, and report each one's median round (default 1)")
     p.add_argument("--replan-epochs", type=count(), default=4, metavar="E", help="epochs of plan+replan (default 4)")
