@@ -103,7 +103,8 @@ class EpochRecord:
     @property
     def measured_busy_s(self) -> tuple[float, ...]:
         """Per-rank own time (``StepStats.busy_s``: compute + data wait, the whole step where the loader paced the
-        rank, never below the loader's measured period): the measured counterpart of the predicted per-rank step time (no peer waiting)."""
+        rank; never below the loader's measured period, up to the step itself): the measured counterpart of the
+        predicted per-rank step time (no peer waiting)."""
         return tuple(s.busy_s for s in self.ranks)
 
     def to_dict(self) -> JSONDict:

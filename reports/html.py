@@ -213,7 +213,7 @@ def _log_section(rep: Report, pngs: dict[str, bytes]) -> str:
                          "the data wait is over 10% of the step the loader paced the rank and busy is the whole step "
                          "(its workers keep loading through the all-reduce tail); where the workers timed their "
                          "batches, busy is never below the loader's own time per step (a loader that kept up only "
-                         "because a peer paced the step still costs it)."))
+                         "because a peer paced the step still costs it), up to the step itself."))
     rows = []
     for e in log.epochs:
         for i, busy in enumerate(e.measured_busy_s):

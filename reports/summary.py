@@ -52,6 +52,6 @@ def format_summary(rep: Report) -> str:
         if rows:
             out.append(f"Run log, epoch {last.epoch} (busy = compute + data wait; the whole step where "
                        "the loader paced the rank; never below the loader's own time, its workers' build time "
-                       "per step over the workers):\n"
+                       "per step over the workers, up to the step):\n"
                        + table(["rank", "predicted ms", "measured ms", "error", "loader ms"], rows))
     return "\n\n".join(out)

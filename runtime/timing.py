@@ -123,7 +123,7 @@ class _Step:
     end_event: DeviceEvent | None = None
 
 
-def _mean_build_s(steps: Sequence[Any], workers: int, *, need: float) -> float | None:
+def _mean_build_s(steps: Sequence[_Step], workers: int, *, need: float) -> float | None:
     """The workers' mean build seconds per step over an epoch, each worker's first batch left out (start-up);
     None when fewer than ``need`` steps report one.
 
