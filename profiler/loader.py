@@ -139,8 +139,10 @@ class _BuildTimed(Dataset[tuple[Any, float]]):
 
 def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, seconds: float,
                     collate_fn: Callable[[list[Any]], Any] | None = None) -> list[LoaderPoint]:
-    """samples/s of a DataLoader with each worker count: ``w * batch / median build time`` of the batches its
-    workers built in ``seconds`` of iteration, each worker's first batch (start-up, first touch) left out.
+    """samples/s of a DataLoader with each worker count: ``w * batch / mean build time`` of the batches its
+    workers built in ``seconds`` of iteration, each worker's first batch (start-up, first touch) left out.  The
+    mean, not the median: W workers deliver a batch per mean build time / W, slow batches included, and the run's
+    epoch cost (runtime.timing) is read the same way, so profile and run measure one quantity.
 
     Timed in the workers, not by how fast this process drew batches: the profile runs this beside the compute
     sweep in a thread, and a sweep step that holds the GIL (a cuDNN autotune, the memory search) stalls the
@@ -167,7 +169,7 @@ def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, second
                     break
         finally:
             del it  # shuts the workers down
-        typical = statistics.median(builds) if builds else 0.0
+        typical = statistics.fmean(builds) if builds else 0.0
         if typical > 0:
             out.append(LoaderPoint(num_workers=w, samples_per_s=w * batch_size / typical))
     return out
