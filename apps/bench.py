@@ -63,7 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="global batch (default 512 on CUDA, 64 on CPU); a multiple of the rank count")
     p.add_argument("--steps", type=count(), default=None, metavar="N",
                    help="timed steps per strategy and epoch (default 30 on CUDA, 15 on CPU); with --data loader "
-                        "one epoch, timed after workers x 5 steps spend the batches the workers built ahead")
+                        "one epoch, timed after workers x 5 steps spend the batches built ahead by any rank whose "
+                        "loader is predicted at half its step or more")
     p.add_argument("--rounds", type=count(), default=1, metavar="N",
                    help="run the strategies N times, interleaved, and report each one's median round (default 1)")
     p.add_argument("--replan-epochs", type=count(), default=4, metavar="E", help="epochs of plan+replan (default 4)")
@@ -207,11 +208,22 @@ def _worker(rank: int, nproc: int, store_path: str, opts: dict[str, Any], out_pa
     os._exit(0)
 
 
+def window_drain_steps(plan: Any, near: float = 0.5) -> int:
+    """Steps before a loader-fed window opens for this split: apps.steps.loader_drain_steps of the most workers of
+    any rank whose predicted loader time is at least ``near`` x the predicted step.  Such a rank may be loader-bound
+    (the prediction can be off by tens of percent), and its prefetched batches would hide its loader; a rank whose
+    loader needs under half the step never spends its buffer, so its workers need no drain."""
+    from apps.steps import loader_drain_steps
+
+    step = plan.predicted.step_time_s
+    bound = [r.num_workers for r in plan.ranks if r.num_workers > 0 and r.predicted_loader_s >= near * step]
+    return loader_drain_steps(max(bound)) if bound else 1
+
+
 def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None, cap: int | None,
                 progress: Any) -> dict[str, Any]:
     import planner
     from apps.bench_window import TimedWindow
-    from apps.steps import loader_drain_steps
     from apps.train import TrainConfig, channels_last_for, train
     from collectives import all_gather_json, broadcast_json
     from planner.errors import ValidationError
@@ -268,18 +280,21 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
         except planner.PlanError as e:  # no split without accumulation fits: recorded as such
             out["no-accum"] = {"infeasible": str(e)}
     # A loader-fed window opens once the batches the workers built ahead are spent (apps.steps.loader_drain_steps),
-    # in one long epoch: the same steps for every strategy, set by the most workers any of them gives a rank.
-    open_after = 1
+    # in one long epoch per strategy: after the prefetch of every rank that split's prediction puts near its loader's
+    # pace (window_drain_steps; session 7 on 2x H100: draining every strategy for the plan's 16-worker rank put
+    # the equal split's 2-worker rank through 80 extra 0.7 s steps a round, and the bench past 9 minutes).
+    open_after = {k: 1 for k in runs}
     if not on_device:
-        most = max(r.num_workers for p, _ in runs.values() for r in p.ranks)
-        open_after = loader_drain_steps(most)
-        need, n = open_after + int(opts["steps"]), len(workload.dataset)  # type: ignore[arg-type]
+        open_after = {k: window_drain_steps(p) for k, (p, _) in runs.items()}
+        most = max(open_after.values())
+        need, n = most + int(opts["steps"]), len(workload.dataset)  # type: ignore[arg-type]
         if n // B < need:
             raise ValidationError(
-                f"--data loader: the timed window opens after {open_after} steps (the batches {most} workers "
+                f"--data loader: the timed window opens after up to {most} steps (the batches the workers "
                 f"prefetch) and runs {opts['steps']} more, but {n} samples give {n // B} steps of {B}; give "
                 f"--num-samples {need * B} or more")
-        runs = {k: (p, replace(c, epochs=1, max_steps_per_epoch=need)) for k, (p, c) in runs.items()}
+        runs = {k: (p, replace(c, epochs=1, max_steps_per_epoch=open_after[k] + int(opts["steps"])))
+                for k, (p, c) in runs.items()}
         base = replace(base, max_steps_per_epoch=need)
     rounds = int(opts.get("rounds") or 1)
     per_round: dict[str, list[dict[str, Any]]] = {}
@@ -290,7 +305,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
             p, cfg = runs[name]
             prefix = f"round {r + 1}/{rounds}: " if rounds > 1 else ""
             progress.phase(f"{prefix}strategy {name} ({k}/{len(opts['strategies'])}, batches {list(p.batch_sizes)})")
-            window = TimedWindow(env.device, open_after)
+            window = TimedWindow(env.device, open_after[name])
             epochs = train(cfg, env, p, profile, workload, progress=progress, on_start=window.on_start,
                            on_step=window.on_step)
             # The first epoch warms up (allocator, cudnn autotune, workers); plain DDP has no hook to time compute.
@@ -305,7 +320,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
         cfg = replace(base, epochs=int(opts["replan_epochs"]), replan=True, slowdown_late=late or slow,
                       slowdown_from_epoch=1)
         progress.phase(f"strategy plan+replan ({len(opts['strategies'])}/{len(opts['strategies'])})")
-        window = TimedWindow(env.device, open_after)
+        window = TimedWindow(env.device, open_after.get("plan", max(open_after.values())))
         epochs = train(cfg, env, plan, profile, workload, progress=progress, on_start=window.on_start,
                        on_step=window.on_step)
         s = _summary(epochs[-1], plan, window)
@@ -454,7 +469,7 @@ def _summary(e: Any, plan: Any, window: TimedWindow, *, timed: bool = True) -> d
             "data_wait_s": s["data_wait_s"],
             "idle_fraction": max(0.0, 1.0 - (s["compute_s"] + s["data_wait_s"]) / s["step_time_s"])
             if s["step_time_s"] and timed else None,
-            "predicted_busy_s": rp.predicted_step_time_s,
+            "predicted_busy_s": rp.predicted_step_time_s, "predicted_loader_s": rp.predicted_loader_s,
         })
     return {
         "samples_per_s": sps, "step_time_s": step_s, "steptimer_step_time_s": e.step_time_s,

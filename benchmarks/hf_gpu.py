@@ -7,7 +7,10 @@ In one launch (same processes, same warm-up for every variant):
   1. per slowdown F (default 2 and 3): profiler.api.profile_job of the very step both variants run (workloads.lm
      ``tiny_lm:125m`` -- GPT-2-small shape, 110M parameters, packed sequences of 1024 tokens, bf16 autocast,
      AdamW; rank 1 repeats forward+backward to take F x its compute, workloads.emulate.Slowdown), then
-     planner.solve at the global batch -> the plan; gathered profile and plan land in the JSON;
+     then the Trainer's own per-step overhead (runtime.adapters.hf.measure_trainer_overhead: a scratch stock
+     Trainer at the equal split, --warmup + --calibrate-steps steps, planner.calibrate_overhead), then
+     planner.solve at the global batch -> the plan; the profile, the plan and the uncalibrated plan land in the
+     JSON (the default's and planned-equal's predictions are at the calibrated split: in-sample);
   2. rounds (default 3), interleaved: for each F, ``default`` -- the HF Trainer as shipped: its own
      DistributedSampler through accelerator.prepare, ``per_device_train_batch_size`` = B / 2 on both ranks -- then
      ``planned`` -- runtime.adapters.hf.planned_trainer (the plan's per-rank batches, exact token weighting) --
@@ -47,7 +50,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 import planner
 from profiler.api import batches_from, profile_job
 from profiler.sweep import SweepOptions
-from runtime.adapters.hf import planned_trainer
+from runtime.adapters.hf import measure_trainer_overhead, planned_trainer
 from workloads.emulate import Slowdown
 from workloads.lm import FakeText, TinyLM, lm_config, lm_loss
 
@@ -122,38 +125,53 @@ class Window(TrainerCallback):  # type: ignore[misc]
             self.t1 = sync(self.device)
 
 
-def run(variant: str, factor: float, plan: planner.Plan, args: argparse.Namespace, dev: torch.device) -> float:
-    """One epoch of ``args.steps`` steps through Trainer.train(); returns the timed window's samples/s."""
+def make_trainer(variant: str, factor: float, plan: planner.Plan, args: argparse.Namespace, dev: torch.device,
+                 callbacks: list[Any]) -> Any:
+    """The Trainer of one run: ``default`` (stock) or ``planned``, a fresh model, one epoch of ``args.steps`` steps."""
     torch.manual_seed(0)
     model = LMWithLoss(args.size, args.seq_len)
     data = Tokens(args.steps * args.global_batch, args.seq_len, lm_config(f"tiny_lm:{args.size}").vocab_size)
-    window = Window(dev, args.warmup, args.steps)
     targs = TrainingArguments(
         output_dir=str(Path(args.tmp) / "trainer"), per_device_train_batch_size=args.global_batch // 2,
         num_train_epochs=1, learning_rate=1e-4, warmup_steps=0, bf16=args.amp, use_cpu=dev.type == "cpu",
         ddp_backend="nccl" if dev.type == "cuda" else "gloo", ddp_find_unused_parameters=False,
         dataloader_num_workers=args.workers, dataloader_pin_memory=dev.type == "cuda", report_to="none",
         save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0)
-    kw: dict[str, Any] = {"model": model, "args": targs, "train_dataset": data, "callbacks": [window]}
+    kw: dict[str, Any] = {"model": model, "args": targs, "train_dataset": data, "callbacks": callbacks}
     if variant == "planned":
         trainer = planned_trainer(plan, trainer_cls=SlowTrainer, num_workers=args.workers, **kw)
     else:
         trainer = SlowTrainer(**kw)
     trainer.slow = Slowdown(factor if dist.get_rank() == SLOW_RANK else 1.0)
     trainer.amp = args.amp
-    trainer.train()
-    assert trainer.state.global_step == args.steps, (variant, trainer.state.global_step)
-    sps = args.global_batch * (args.steps - args.warmup) / (window.t1 - window.t0)
-    # Each run builds its own 110M model and AdamW state: free them before the next one allocates.
-    del trainer, kw, model
+    return trainer
+
+
+def free(dev: torch.device) -> None:
+    """Each run builds its own 110M model and AdamW state: free them before the next one allocates."""
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def run(variant: str, factor: float, plan: planner.Plan, args: argparse.Namespace, dev: torch.device) -> float:
+    """One epoch of ``args.steps`` steps through Trainer.train(); returns the timed window's samples/s."""
+    window = Window(dev, args.warmup, args.steps)
+    trainer = make_trainer(variant, factor, plan, args, dev, [window])
+    trainer.train()
+    assert trainer.state.global_step == args.steps, (variant, trainer.state.global_step)
+    sps = args.global_batch * (args.steps - args.warmup) / (window.t1 - window.t0)
+    del trainer
+    free(dev)
     return sps
 
 
-def profile_and_plan(factor: float, args: argparse.Namespace, dev: torch.device) -> tuple[Any, planner.Plan, float]:
-    """profiler.api on the step the runs train (rank 1 F x slower), solved at the global batch on every rank."""
+def profile_and_plan(factor: float, args: argparse.Namespace, dev: torch.device
+                     ) -> tuple[Any, planner.Plan, float, Any, planner.Plan]:
+    """profiler.api on the step the runs train (rank 1 F x slower), then -- unless --no-calibrate -- the stock
+    Trainer's own loop overhead (runtime.adapters.hf.measure_trainer_overhead: a scratch Trainer at the equal
+    split, its own short run, before any measured run), solved at the global batch on every rank.  Returns the
+    calibrated profile and plan, the seconds, and the profiler's own profile and plan (the uncalibrated model)."""
     slow = Slowdown(factor if dist.get_rank() == SLOW_RANK else 1.0)
     data = Tokens(1024, args.seq_len, lm_config(f"tiny_lm:{args.size}").vocab_size)
 
@@ -168,8 +186,16 @@ def profile_and_plan(factor: float, args: argparse.Namespace, dev: torch.device)
     profile = profile_job(lambda: LMWithLoss(args.size, args.seq_len), batches_from(data), loss_fn, dev,
                           optimizer_fn=lambda m: torch.optim.AdamW(m.parameters(), lr=1e-4), amp=args.amp,
                           model_name=f"tiny_lm:{args.size}", sweep=sweep)
-    plan = planner.solve(profile, global_batch=args.global_batch, min_gain=0.0)
-    return profile, plan, time.perf_counter() - t0
+    raw_plan = planner.solve(profile, global_batch=args.global_batch, min_gain=0.0)
+    calibrated = profile
+    if args.calibrate:
+        scratch = make_trainer("default", factor, raw_plan, args, dev, [])
+        calibrated = measure_trainer_overhead(profile, scratch, steps=args.calibrate_steps,
+                                              warmup=args.warmup)
+        del scratch
+        free(dev)
+    plan = planner.solve(calibrated, global_batch=args.global_batch, min_gain=0.0)
+    return calibrated, plan, time.perf_counter() - t0, profile, raw_plan
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -186,6 +212,9 @@ def get_args_parser() -> argparse.ArgumentParser:
                    help="what each round runs per F, in this order (default, planned are required)")
     p.add_argument("--workers", type=int, default=2, help="loader workers per rank (both variants)")
     p.add_argument("--no-amp", dest="amp", action="store_false", help="float32 instead of bf16")
+    p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                   help="predict from the profiler's own DDP loop only (no Trainer overhead calibration)")
+    p.add_argument("--calibrate-steps", type=int, default=12, help="timed steps of the calibration run")
     p.add_argument("--tiny", action="store_true",
                    help="CPU dry run of the logic: tiny_lm:tiny, 64 tokens, B 8, 5 steps, 1 round, quick profile")
     p.add_argument("--json", default=None, help="output JSON (default $OUT/hf_gpu.json)")
@@ -198,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         args.device, args.size, args.seq_len, args.global_batch = "cpu", "tiny", 64, 8
         args.steps, args.warmup, args.rounds, args.workers, args.amp = 5, 2, 1, 0, False
+        args.calibrate_steps = 2
     if args.tmp is None:
         import tempfile
 
@@ -216,10 +246,11 @@ def main(argv: list[str] | None = None) -> int:
 
     setups: dict[float, dict[str, Any]] = {}
     for f in factors:
-        profile, plan, profile_s = profile_and_plan(f, args, dev)
+        profile, plan, profile_s, raw_profile, raw_plan = profile_and_plan(f, args, dev)
         equal = planner.evaluate(profile, planner.equal_split(args.global_batch, dist.get_world_size()),
                                  method="equal")
-        setups[f] = {"profile": profile, "plan": plan, "equal": equal, "profile_s": profile_s}
+        setups[f] = {"profile": profile, "plan": plan, "equal": equal, "profile_s": profile_s,
+                     "raw_profile": raw_profile, "raw_plan": raw_plan}
         if rank == 0:
             pred = plan.predicted
             print(f"F={f:g}: profiled in {profile_s:.0f} s; plan {list(plan.batch_sizes)}, predicted "
@@ -256,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
                 "predicted_samples_per_s": pred.samples_per_s,
                 "predicted_equal_split_samples_per_s": pred.equal_split_samples_per_s,
                 "prediction_error": planned_sps / pred.samples_per_s - 1.0,
+                "step_prediction_error": pred.samples_per_s / planned_sps - 1.0,
+                "uncalibrated_prediction_error": planned_sps / setups[f]["raw_plan"].predicted.samples_per_s - 1.0,
+                "calibration": setups[f]["profile"].meta.get("exposed_calibration"),
                 "default_vs_equal_prediction": default_sps / pred.equal_split_samples_per_s - 1.0,
                 "plan_batch_sizes": list(setups[f]["plan"].batch_sizes)}
             s = summary[f"{f:g}"]
@@ -267,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
                 s["planned_equal_prediction_error"] = pe_sps / pred.equal_split_samples_per_s - 1.0
             print(f"F={f:g}: planned / HF default = {s['median_speedup']:.3f}x (min {s['min_speedup']:.3f}, max "
                   f"{s['max_speedup']:.3f}) over {len(ups)} rounds; planned {planned_sps * args.seq_len:.0f} tokens/s;"
-                  f" prediction error {100 * s['prediction_error']:+.1f}%", flush=True)
+                  f" prediction error {100 * s['prediction_error']:+.1f}% (uncalibrated "
+                  f"{100 * s['uncalibrated_prediction_error']:+.1f}%)", flush=True)
         total_s = time.perf_counter() - t_start
         out = Path(args.json or Path(os.environ.get("OUT", ".")) / "hf_gpu.json")
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -277,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
             "transformers": __import__("transformers").__version__, "total_s": total_s,
             "setups": {f"{f:g}": {"profile_s": s["profile_s"], "plan": s["plan"].to_dict(),
-                                  "equal_plan": s["equal"].to_dict(), "profile": s["profile"].to_dict()}
+                                  "equal_plan": s["equal"].to_dict(), "profile": s["profile"].to_dict(),
+                                  "uncalibrated_plan": s["raw_plan"].to_dict()}
                        for f, s in setups.items()},
             "rounds": rounds, "summary": summary}, indent=1))
         print(f"wrote {out} ({total_s:.0f} s in all)", flush=True)

@@ -27,7 +27,7 @@ from planner.profile import (
     Profile,
     RankProfile,
 )
-from planner.solve import equal_split, evaluate, solve
+from planner.solve import calibrate_overhead, equal_split, evaluate, solve
 from planner.stats import StepStats
 
 __version__ = "0.1.0"
@@ -51,6 +51,7 @@ __all__ = [
     "SolveOptions",
     "StepStats",
     "ValidationError",
+    "calibrate_overhead",
     "equal_split",
     "evaluate",
     "fit_envelope",

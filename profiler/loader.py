@@ -138,7 +138,8 @@ class _BuildTimed(Dataset[tuple[Any, float]]):
 
 
 def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, seconds: float,
-                    collate_fn: Callable[[list[Any]], Any] | None = None) -> list[LoaderPoint]:
+                    collate_fn: Callable[[list[Any]], Any] | None = None,
+                    walls: dict[int, float] | None = None) -> list[LoaderPoint]:
     """samples/s of a DataLoader with each worker count: ``w * batch / mean build time`` of the batches its
     workers built in ``seconds`` of iteration, each worker's first batch (start-up, first touch) left out.  The
     mean, not the median: W workers deliver a batch per mean build time / W, slow batches included, and the run's
@@ -148,10 +149,12 @@ def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, second
     sweep in a thread, and a sweep step that holds the GIL (a cuDNN autotune, the memory search) stalls the
     drawing -- 2x H200, session 6: 4 workers "measured" 15 samples/s beside 564 for 2 and 1,585 for 16, and the
     plan predicted 4.7x the real loader time.  The build times still carry what the workers share (the host's
-    cores, memory bandwidth, clocks), which is what the curve is for."""
+    cores, memory bandwidth, clocks), which is what the curve is for.  ``walls``, when given, gets each worker
+    count's wall seconds (start-up, timing and shut-down: what the scan costs)."""
     out = []
     timed = _BuildTimed(dataset, collate_fn or default_collate)
     for w in workers:
+        t_point = time.perf_counter()
         batches = BatchSampler(RandomSampler(range(len(dataset))), batch_size, drop_last=True)
         loader: DataLoader[tuple[Any, float]] = DataLoader(timed, sampler=batches, batch_size=None, num_workers=w,
                                                             persistent_workers=False)
@@ -169,6 +172,8 @@ def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, second
                     break
         finally:
             del it  # shuts the workers down
+            if walls is not None:
+                walls[w] = round(time.perf_counter() - t_point, 3)
         typical = statistics.fmean(builds) if builds else 0.0
         if typical > 0:
             out.append(LoaderPoint(num_workers=w, samples_per_s=w * batch_size / typical))
@@ -187,14 +192,18 @@ def profile_loader(dataset: Any, opts: LoaderOptions,
 
     ``collate_fn``: the user's DataLoader's (default: torch's ``default_collate``), so any batch structure works.
     """
+    t0 = time.perf_counter()
     cost = measure_sample_cost(dataset, opts, collate_fn=collate_fn or default_collate)
+    cost_s = time.perf_counter() - t0
     scaling: list[LoaderPoint] = []
+    walls: dict[int, float] = {}
     k = usable_cores() if opts.max_workers is None else min(opts.max_workers, usable_cores())
     if opts.scaling_s > 0 and k >= 1:
         scaling = measure_scaling(dataset, worker_counts(k), batch_size=opts.chunk, seconds=opts.scaling_s,
-                                  collate_fn=collate_fn)
+                                  collate_fn=collate_fn, walls=walls)
     meta = {"loader_cpu_sec_per_sample": cost.cpu_sec_per_sample, "loader_samples_timed": cost.samples_timed,
-            "loader_chunk_spread": round(cost.spread, 4)}
+            "loader_chunk_spread": round(cost.spread, 4), "loader_cost_wall_s": round(cost_s, 3),
+            "loader_scaling_wall_s": {str(w): t for w, t in walls.items()}}
     return LoaderProfile(sec_per_sample=cost.sec_per_sample, scaling=tuple(scaling)), meta
 
 

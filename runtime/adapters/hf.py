@@ -39,6 +39,7 @@ when a trainer is built; a missing one is one line naming ``pip install ddp-plan
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -236,3 +237,80 @@ def planned_trainer(plan: Plan | str | os.PathLike[str], *, trainer_cls: type[An
     trainer._init_planned(run, count_tokens, None if num_workers is None else int(num_workers))
     trainer.add_callback(_callback(transformers)(run))
     return trainer
+
+
+def measure_trainer_overhead(profile: Profile, trainer: Any, *, steps: int = 12, warmup: int = 4) -> Profile:
+    """``profile`` calibrated to the Trainer's own loop: ``planner.calibrate_overhead`` with the mean step of
+    ``steps`` Trainer steps at the Trainer's own split (``per_device_train_batch_size`` on every rank).
+
+    The profiler times the model's step in its own DDP loop; the Trainer adds host work, synchronizations and
+    callbacks to every step -- 7-8 ms on 2 H100s for a 110M LM, the same at the equal and at the planned split
+    (docs/BENCHMARKS.md, issue 15) -- which moves every prediction and never the split.  Plans solved from the
+    returned profile predict the Trainer's steps; call it on every rank (collective), before ``planner.solve``:
+
+        profile = measure_trainer_overhead(profile, Trainer(model=scratch_model, args=args, train_dataset=data))
+        plan = planner.solve(profile, global_batch=B)
+
+    ``trainer`` is trained for ``warmup + steps`` optimizer steps (``max_steps`` is set for the call): give it a
+    scratch model.  The window runs from the end of step ``warmup`` to the end of the last, synchronized at both
+    ends (device and a barrier); every rank takes the slowest rank's mean.  Gradient accumulation 1.
+
+    Raises:
+        ValidationError: accumulation above 1, a world size other than the profile's, or fewer than 1 timed
+            or warm-up step.  A Trainer faster than the profile's compute sets no overhead (a warning says so).
+    """
+    import torch.distributed as dist
+
+    from planner.solve import calibrate_overhead
+
+    try:
+        import transformers
+    except ImportError:
+        raise ValidationError(f"transformers is not installed: {INSTALL_HINT}") from None
+    args = trainer.args
+    if steps < 1 or warmup < 1:
+        raise ValidationError(f"measure_trainer_overhead: steps {steps} and warmup {warmup} must be >= 1")
+    if args.gradient_accumulation_steps != 1:
+        raise ValidationError("measure_trainer_overhead: use gradient_accumulation_steps 1 (the profile's step is "
+                              f"one micro-batch), got {args.gradient_accumulation_steps}")
+    distributed = dist.is_available() and dist.is_initialized()
+    world = dist.get_world_size() if distributed else 1
+    if world != profile.world_size:
+        raise ValidationError(f"measure_trainer_overhead: {world} processes, the profile has {profile.world_size} ranks")
+    device = torch.device(args.device)
+
+    def sync() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if distributed:
+            dist.barrier()
+        return time.perf_counter()
+
+    class Window(transformers.TrainerCallback):  # type: ignore[misc, name-defined]
+        t0 = t1 = 0.0
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == warmup:
+                self.t0 = sync()
+            elif state.global_step == warmup + steps:
+                self.t1 = sync()
+
+    window = Window()
+    trainer.add_callback(window)
+    old_max = args.max_steps
+    args.max_steps = warmup + steps
+    try:
+        trainer.train()
+    finally:
+        args.max_steps = old_max
+        trainer.remove_callback(window)
+    step_s = (window.t1 - window.t0) / steps
+    if distributed:  # one number on every rank: each solves the same plan from it
+        nccl = dist.get_backend() == "nccl"
+        buf = torch.tensor([step_s], dtype=torch.float64,
+                           device=torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu")
+        dist.all_reduce(buf, op=dist.ReduceOp.MAX)
+        step_s = float(buf.item())
+    per = int(args.per_device_train_batch_size)
+    return calibrate_overhead(profile, [per] * world, step_s,
+                              source=f"HF Trainer ({type(trainer).__name__}), {steps} steps after {warmup}")

@@ -51,3 +51,21 @@ def test_steps_after_the_drain_run_at_the_loaders_pace_and_the_first_ones_do_not
     early, steady = gaps[:workers * LOADER_PREFETCH], gaps[drain:]
     assert statistics.mean(early) < 0.25 * period  # taken from the queues: a window here measures the buffer
     assert 0.7 * period < statistics.mean(steady) < 1.6 * period  # after the drain: the loader's own pace
+
+
+def test_a_split_drains_for_the_ranks_near_their_loaders_pace_only() -> None:
+    """apps.bench.window_drain_steps: the 2x H100 loader-skew split of session 7 -- equal [256, 256] with 15 and 2
+    workers, the 2-worker rank's loader at 558 of a 718 ms step, the 15-worker one's at 91 ms -- drains for the
+    2-worker rank alone; a split without a loader-paced rank opens after the first step."""
+    from types import SimpleNamespace as NS
+
+    from apps.bench import window_drain_steps
+
+    def plan(step: float, ranks: list[tuple[int, float]]) -> NS:
+        return NS(predicted=NS(step_time_s=step),
+                  ranks=[NS(num_workers=w, predicted_loader_s=lo) for w, lo in ranks])
+
+    assert window_drain_steps(plan(0.718, [(15, 0.091), (2, 0.558)])) == loader_drain_steps(2)
+    assert window_drain_steps(plan(0.162, [(16, 0.155), (2, 0.124)])) == loader_drain_steps(16)
+    assert window_drain_steps(plan(0.100, [(8, 0.01), (8, 0.02)])) == 1
+    assert window_drain_steps(plan(0.100, [(0, 0.09), (0, 0.09)])) == 1  # the loop loads itself

@@ -110,6 +110,31 @@ def replan(out: str, plan88: str) -> None:
     trainer.train()
 
 
+def calibrate(out: str, plan88: str) -> None:
+    """runtime.adapters.hf.measure_trainer_overhead on a scratch stock Trainer at [8, 8] -> OUT/calibrated_<rank>.json
+    (the calibrated profile) and OUT/calibrated_<rank>.state.json (steps run, max_steps after the call)."""
+    import json
+
+    import torch.distributed as dist
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from planner import Profile
+    from runtime.adapters.hf import measure_trainer_overhead
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=SEQ_LEN, n_embd=128, n_layer=2, n_head=2))
+    args = TrainingArguments(output_dir=out, per_device_train_batch_size=8, num_train_epochs=1, learning_rate=1e-4,
+                             use_cpu=True, ddp_backend="gloo", report_to="none", save_strategy="no",
+                             logging_strategy="no", disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=Padded(16 * 4))  # 4 steps an epoch: the call runs 6
+    profile = Profile.load(Path(plan88).with_suffix(".profile.json"))
+    cal = measure_trainer_overhead(profile, trainer, steps=4, warmup=2)
+    rank = dist.get_rank()
+    cal.save(Path(out) / f"calibrated_{rank}.json")
+    (Path(out) / f"calibrated_{rank}.state.json").write_text(json.dumps(
+        {"global_step": trainer.state.global_step, "max_steps": trainer.args.max_steps}))
+
+
 def main(out: str, plan73: str, plan88: str) -> None:
     import torch.distributed as dist
 
@@ -123,6 +148,7 @@ def main(out: str, plan73: str, plan88: str) -> None:
         for name, params in results.items():
             torch.save(params, Path(out) / f"{name}.pt")
     replan(out, plan88)
+    calibrate(out, plan88)
     dist.barrier()
 
 

@@ -3,7 +3,7 @@
 One optimizer step (SGD, lr 1) equals one process's step on the token-mean loss over all ranks' sequences to
 1e-9: GPT-2 (the adapter counts its shifted targets), with 2 micro-batches per rank, and a plain module returning
 its mean loss with its own count_tokens; weighting ranks by their sample counts on the same data is wrong. A 3x slower rank is re-planned between epochs through the Trainer's callback,
-visible in the run log.
+visible in the run log.  A scratch Trainer's own step calibrates the profile's per-step overhead.
 """
 
 from __future__ import annotations
@@ -59,6 +59,29 @@ def test_a_slow_rank_is_replanned_between_epochs(runs: Path) -> None:
     assert log.epochs[0].batch_sizes == (8, 8)
     assert log.epochs[adopted[0].epoch + 1].batch_sizes == adopted[0].new_batch_sizes
     assert all(s.num_steps > 0 for s in log.epochs[0].ranks)  # the loader timed the Trainer's steps
+
+
+@pytest.mark.distributed
+def test_the_trainers_own_step_overhead_calibrates_the_profile(runs: Path) -> None:
+    """measure_trainer_overhead: 2 + 4 steps of a scratch stock Trainer at [8, 8] (past its 4-step epoch), the same
+    calibrated profile on both ranks, whose equal split predicts the measured step; max_steps is put back."""
+    import json
+
+    from planner import Profile, evaluate
+
+    cal = [Profile.load(runs / f"calibrated_{r}.json") for r in (0, 1)]
+    assert cal[0].to_dict() == cal[1].to_dict()
+    rec = cal[0].meta["exposed_calibration"]
+    assert rec["batch_sizes"] == [8, 8] and "HF Trainer (Trainer), 4 steps after 2" == rec["source"]
+    assert rec["measured_step_s"] > 0
+    predicted = evaluate(cal[0], [8, 8]).predicted.step_time_s
+    if not rec["clamped_at_zero"]:
+        assert predicted == pytest.approx(rec["measured_step_s"], rel=1e-9)
+    else:  # the Trainer ran faster than the synthetic profile's compute: no overhead, said in the record
+        assert cal[0].comm is not None and cal[0].comm.exposed_s == 0.0
+    for r in (0, 1):
+        state = json.loads((runs / f"calibrated_{r}.state.json").read_text())
+        assert state == {"global_step": 6, "max_steps": -1}
 
 
 def test_missing_plan_is_one_clear_error(tmp_path: Path) -> None:
