@@ -29,6 +29,10 @@ pass yours) with three things changed through the Trainer's own extension points
     model's first parameter), and at every epoch end the Replanner (collective; adopted batch sizes apply from
     the next epoch) and the run log on rank 0 (runtime.adapters.run.PlannedRun).
 
+Predictions: the profiler times the model's step in its own DDP loop; ``measure_trainer_overhead(profile,
+scratch_trainer)`` adds the Trainer's own per-step work (measured on a scratch Trainer at the equal split) to the
+profile before solving, so the plan predicts the Trainer's steps (docs/FRAMEWORKS.md).
+
 Not covered: resuming mid-epoch from a Trainer checkpoint (the Trainer's ``skip_first_batches`` rebuilds the
 loader without the planned sampler: resume at an epoch boundary), DeepSpeed and FSDP through the Trainer, and
 step timing with gradient accumulation (the Trainer fetches a step's micro-batches before running them, so the
