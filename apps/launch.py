@@ -1,6 +1,7 @@
 """Spawn N local ranks that can never outlive their deadline: the bench's launcher and the tests' harness.
 
-spawn (never fork: CUDA and gloo threads do not survive a fork), a FileStore rendezvous in a fresh temp dir (no
+spawn (never fork: CUDA and gloo threads do not survive a fork; inside a rank, DataLoader workers fork, as under
+torchrun: ``_rank_entry``), a FileStore rendezvous in a fresh temp dir (no
 port to pick, nothing to collide with a parallel run), a deadline, and every child killed in ``finally`` -- also
 when the parent is interrupted -- so nothing is left running or holding a GPU.
 """
@@ -8,10 +9,26 @@ when the parent is interrupted -- so nothing is left running or holding a GPU.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+
+
+def _rank_entry(rank: int, fn: Callable[..., None], *args: Any) -> None:
+    """A spawned rank: DataLoader workers (and any other multiprocessing) start as under torchrun, by fork.
+
+    A spawned process inherits "spawn" as its default start method, so every DataLoader it made started each worker
+    as a fresh interpreter importing torch and the package: ~10 s a loader on 2x H100 (session 7: 11.4-18.2 s per
+    worker count of the profile's loader scan, for 1 s of timing), paid again by every strategy's run of `planner
+    bench --data loader`.  torchrun's ranks fork their workers; ours now do too (Linux only, where fork is the
+    platform default; the workers never touch CUDA)."""
+    if sys.platform.startswith("linux"):
+        import multiprocessing
+
+        multiprocessing.set_start_method("fork", force=True)
+    fn(rank, *args)
 
 
 def spawn(fn: Callable[..., None], nprocs: int, args: tuple[Any, ...] = (), *, timeout_s: float,
@@ -25,8 +42,8 @@ def spawn(fn: Callable[..., None], nprocs: int, args: tuple[Any, ...] = (), *, t
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(fn, args=(nprocs, os.path.join(tmp, "store"), *args), nprocs=nprocs, join=False,
-                                 start_method="spawn")
+        ctx = mp.start_processes(_rank_entry, args=(fn, nprocs, os.path.join(tmp, "store"), *args), nprocs=nprocs,
+                                 join=False, start_method="spawn")
         try:
             deadline = time.monotonic() + timeout_s
             while not ctx.join(timeout=0.5, grace_period=5.0):  # raises as soon as any rank failed
