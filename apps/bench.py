@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.argcheck import count, real
@@ -137,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         from planner.jsonio import write_json_atomic
 
         write_json_atomic(args.json, runs[0] if len(runs) == 1 else {"runs": runs})
+        Path(partial_path(args.json)).unlink(missing_ok=True)
         print(f"wrote {args.json}")
     return 0
 
@@ -206,6 +208,28 @@ def _worker(rank: int, nproc: int, store_path: str, opts: dict[str, Any], out_pa
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def partial_path(json_path: str) -> str:
+    """Where a run in progress keeps what it measured so far: ``<--json>.partial.json``."""
+    return f"{json_path}.partial.json"
+
+
+def write_partial(path: str, opts: dict[str, Any], profile_s: float, runs: dict[str, Any],
+                  per_round: dict[str, list[dict[str, Any]]]) -> None:
+    """Every strategy run measured so far, written after each one (atomically), so a bench stopped by a time
+    limit still leaves its numbers (session 7: three GPU launches stopped at 330-545 s and left none).  The
+    finished bench deletes it once --json is written; a partial file is never a result table's input."""
+    from planner.jsonio import write_json_atomic
+
+    write_json_atomic(path, {
+        "complete": False,
+        "why": "written after every strategy run of a bench that had not finished; the finished bench replaces it "
+               "with --json",
+        "options": {k: v for k, v in opts.items() if isinstance(v, (str, int, float, bool, list, type(None)))},
+        "profile_s": profile_s,
+        "plans": {k: p.to_dict() for k, (p, _) in runs.items()},
+        "rounds": per_round})
 
 
 def window_drain_steps(plan: Any, near: float = 0.5) -> int:
@@ -310,6 +334,8 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
                            on_step=window.on_step)
             # The first epoch warms up (allocator, cudnn autotune, workers); plain DDP has no hook to time compute.
             per_round.setdefault(name, []).append(_summary(epochs[-1], p, window, timed=name != "equal"))
+            if env.is_main and opts.get("json"):
+                write_partial(partial_path(opts["json"]), opts, profile_s, runs, per_round)
     for name, summaries in per_round.items():
         # The round with the median throughput stands for the strategy; every round's number is kept.
         ranked = sorted(summaries, key=lambda x: x["samples_per_s"])

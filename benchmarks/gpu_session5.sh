@@ -34,8 +34,11 @@ if [ -n "${TINY:-}" ]; then
   COT_DEV=(cpu cpu)
 else
   CARD=$($PY -c "import torch; n=torch.cuda.get_device_name(0).split(); print((n[1] if len(n) > 1 else n[0]).lower())")
-  B2=(--device cuda --nproc 2 --model resnet50 --amp --global-batch 512 --steps 20 --rounds 3 --quiet)
-  B4=(--device cuda --nproc 4 --model resnet50 --amp --global-batch 1024 --steps 15 --rounds 3 --quiet)
+  # No --quiet: the bench's progress lines ("[bench  12s] ...") land in the part's log, so a launch stopped by
+  # $LIMIT still says where its time went (part() leaves them out of the printed tail); the numbers so far are in
+  # <json>.partial.json.
+  B2=(--device cuda --nproc 2 --model resnet50 --amp --global-batch 512 --steps 20 --rounds 3)
+  B4=(--device cuda --nproc 4 --model resnet50 --amp --global-batch 1024 --steps 15 --rounds 3)
   COT_DEV=(cuda:2 cuda:3)
 fi
 S=(--strategies equal,proportional,plan)

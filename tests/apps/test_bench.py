@@ -119,6 +119,7 @@ def test_a_loader_fed_window_opens_once_the_prefetched_batches_are_spent(tmp_pat
     assert [r["meta"]["loader_measured_by_rank"] for r in ranks] == [0, 0]
     assert ranks[0]["loader"]["sec_per_sample"] == ranks[1]["loader"]["sec_per_sample"]
     assert ranks[0]["loader"].get("max_workers") is None and ranks[1]["loader"]["max_workers"] == 1
+    assert not Path(f"{out}.partial.json").exists()  # the finished bench replaced its partial file with --json
     for name in COMPARED:
         w, setup = res[name]["window"], res[name]["setup"]
         near = [r["num_workers"] for r in res[name]["ranks"]
@@ -126,3 +127,21 @@ def test_a_loader_fed_window_opens_once_the_prefetched_batches_are_spent(tmp_pat
         drain = loader_drain_steps(max(near)) if near else 1
         assert (w["warmup_epochs"], w["warmup_steps"], w["steps"]) == (0, drain, STEPS), (name, w)
         assert setup["epochs"] == 1 and setup["steps_per_epoch"] == drain + STEPS and not setup["data_on_device"]
+
+
+def test_a_bench_in_progress_keeps_every_strategy_run_in_its_partial_file(tmp_path: Path) -> None:
+    """apps.bench.write_partial (called after every strategy run on rank 0): what a bench stopped by a time limit
+    leaves -- the runs so far, the plans, the options -- marked incomplete."""
+    from apps.bench import partial_path, write_partial
+    from planner import equal_split, evaluate
+    from tests.planner._profiles import linear_profile
+
+    prof = linear_profile([0.001, 0.003])
+    runs = {"equal": (evaluate(prof, equal_split(64, 2), method="equal"), None)}
+    rounds = {"equal": [{"samples_per_s": 123.0, "window": {"steps": 5}}]}
+    path = partial_path(str(tmp_path / "bench.json"))
+    write_partial(path, {"strategies": ["equal", "plan"], "global_batch": 64, "device": "cpu"}, 4.5, runs, rounds)
+    got = json.loads(Path(path).read_text())
+    assert got["complete"] is False and got["rounds"] == rounds and got["profile_s"] == 4.5
+    assert got["plans"]["equal"]["ranks"][0]["batch_size"] == 32
+    assert got["options"]["strategies"] == ["equal", "plan"]
