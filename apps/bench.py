@@ -84,7 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"subset of {','.join(STRATEGIES)} (ideal is always measured)")
     p.add_argument("--label", default=None, metavar="TEXT", help="name of the heterogeneity, stored in the JSON")
     p.add_argument("--timeout", type=real(0.0, lo_open=True), default=1800.0, metavar="S", help="kill every rank after S seconds")
-    p.add_argument("--json", default=None, metavar="PATH", help="write all numbers here")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="write all numbers here (while it runs, the runs so far are in PATH.partial.json)")
     p.add_argument("--profile-out", default=None, metavar="PATH", help="also write the profile used")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (the results still print)")
 
