@@ -18,7 +18,7 @@ In one launch (same processes, same warm-up for every variant):
      the split's (its prediction is the profile's equal split; ``--variants default,planned`` leaves it out);
   3. each run is one epoch of ``--steps`` optimizer steps through ``Trainer.train()``; the timed window runs from
      the end of step ``--warmup`` to the end of the last step, synchronized (cuda.synchronize + barrier) at both
-     ends (a TrainerCallback); samples/s = B x timed steps / window, tokens/s = samples/s x sequence length.
+     ends (runtime.adapters.hf.step_window); samples/s = B x timed steps / window, tokens/s = samples/s x sequence length.
 Reports per F the median speed-up planned / default over rounds with min-max (goal >= 1.7x at F = 3) and the
 prediction error (measured planned samples/s vs the plan's prediction; goal within 5%), and writes the raw
 per-round numbers, profiles and plans to $OUT/hf_gpu.json (or --json).
@@ -45,12 +45,12 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainingArguments
 
 import planner
 from profiler.api import batches_from, profile_job
 from profiler.sweep import SweepOptions
-from runtime.adapters.hf import measure_trainer_overhead, planned_trainer
+from runtime.adapters.hf import measure_trainer_overhead, planned_trainer, step_window
 from workloads.emulate import Slowdown
 from workloads.lm import FakeText, TinyLM, lm_config, lm_loss
 
@@ -104,27 +104,6 @@ class SlowTrainer(Trainer):  # type: ignore[misc]
                                     num_items_in_batch=num_items_in_batch)
 
 
-def sync(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    dist.barrier()
-    return time.perf_counter()
-
-
-class Window(TrainerCallback):  # type: ignore[misc]
-    """Timed window: from the end of step ``warmup`` to the end of the last step (synchronized at both ends)."""
-
-    def __init__(self, device: torch.device, warmup: int, steps: int) -> None:
-        self.device, self.warmup, self.steps = device, warmup, steps
-        self.t0 = self.t1 = 0.0
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.global_step == self.warmup:
-            self.t0 = sync(self.device)
-        elif state.global_step == self.steps:
-            self.t1 = sync(self.device)
-
-
 def make_trainer(variant: str, factor: float, plan: planner.Plan, args: argparse.Namespace, dev: torch.device,
                  callbacks: list[Any]) -> Any:
     """The Trainer of one run: ``default`` (stock) or ``planned``, a fresh model, one epoch of ``args.steps`` steps."""
@@ -156,22 +135,23 @@ def free(dev: torch.device) -> None:
 
 def run(variant: str, factor: float, plan: planner.Plan, args: argparse.Namespace, dev: torch.device) -> float:
     """One epoch of ``args.steps`` steps through Trainer.train(); returns the timed window's samples/s."""
-    window = Window(dev, args.warmup, args.steps)
+    window = step_window(dev, args.warmup, args.steps)
     trainer = make_trainer(variant, factor, plan, args, dev, [window])
     trainer.train()
     assert trainer.state.global_step == args.steps, (variant, trainer.state.global_step)
-    sps = args.global_batch * (args.steps - args.warmup) / (window.t1 - window.t0)
+    sps = args.global_batch * (args.steps - args.warmup) / window.seconds
     del trainer
     free(dev)
     return sps
 
 
 def profile_and_plan(factor: float, args: argparse.Namespace, dev: torch.device
-                     ) -> tuple[Any, planner.Plan, float, Any, planner.Plan]:
+                     ) -> tuple[Any, planner.Plan, float, planner.Plan]:
     """profiler.api on the step the runs train (rank 1 F x slower), then -- unless --no-calibrate -- the stock
     Trainer's own loop overhead (runtime.adapters.hf.measure_trainer_overhead: a scratch Trainer at the equal
     split, its own short run, before any measured run), solved at the global batch on every rank.  Returns the
-    calibrated profile and plan, the seconds, and the profiler's own profile and plan (the uncalibrated model)."""
+    calibrated profile and plan, the seconds, and the plan of the profiler's own profile (the uncalibrated model;
+    the calibrated profile's ``meta.exposed_calibration`` holds what the calibration changed)."""
     slow = Slowdown(factor if dist.get_rank() == SLOW_RANK else 1.0)
     data = Tokens(1024, args.seq_len, lm_config(f"tiny_lm:{args.size}").vocab_size)
 
@@ -195,7 +175,7 @@ def profile_and_plan(factor: float, args: argparse.Namespace, dev: torch.device
         del scratch
         free(dev)
     plan = planner.solve(calibrated, global_batch=args.global_batch, min_gain=0.0)
-    return calibrated, plan, time.perf_counter() - t0, profile, raw_plan
+    return calibrated, plan, time.perf_counter() - t0, raw_plan
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -246,11 +226,11 @@ def main(argv: list[str] | None = None) -> int:
 
     setups: dict[float, dict[str, Any]] = {}
     for f in factors:
-        profile, plan, profile_s, raw_profile, raw_plan = profile_and_plan(f, args, dev)
+        profile, plan, profile_s, raw_plan = profile_and_plan(f, args, dev)
         equal = planner.evaluate(profile, planner.equal_split(args.global_batch, dist.get_world_size()),
                                  method="equal")
         setups[f] = {"profile": profile, "plan": plan, "equal": equal, "profile_s": profile_s,
-                     "raw_profile": raw_profile, "raw_plan": raw_plan}
+                     "raw_plan": raw_plan}
         if rank == 0:
             pred = plan.predicted
             print(f"F={f:g}: profiled in {profile_s:.0f} s; plan {list(plan.batch_sizes)}, predicted "

@@ -51,6 +51,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from collectives import all_gather_json, is_distributed
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
@@ -267,39 +268,16 @@ def measure_trainer_overhead(profile: Profile, trainer: Any, *, steps: int = 12,
 
     from planner.solve import calibrate_overhead
 
-    try:
-        import transformers
-    except ImportError:
-        raise ValidationError(f"transformers is not installed: {INSTALL_HINT}") from None
     args = trainer.args
     if steps < 1 or warmup < 1:
         raise ValidationError(f"measure_trainer_overhead: steps {steps} and warmup {warmup} must be >= 1")
     if args.gradient_accumulation_steps != 1:
         raise ValidationError("measure_trainer_overhead: use gradient_accumulation_steps 1 (the profile's step is "
                               f"one micro-batch), got {args.gradient_accumulation_steps}")
-    distributed = dist.is_available() and dist.is_initialized()
-    world = dist.get_world_size() if distributed else 1
+    world = dist.get_world_size() if is_distributed() else 1
     if world != profile.world_size:
         raise ValidationError(f"measure_trainer_overhead: {world} processes, the profile has {profile.world_size} ranks")
-    device = torch.device(args.device)
-
-    def sync() -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if distributed:
-            dist.barrier()
-        return time.perf_counter()
-
-    class Window(transformers.TrainerCallback):  # type: ignore[misc, name-defined]
-        t0 = t1 = 0.0
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if state.global_step == warmup:
-                self.t0 = sync()
-            elif state.global_step == warmup + steps:
-                self.t1 = sync()
-
-    window = Window()
+    window = step_window(args.device, warmup, warmup + steps)
     trainer.add_callback(window)
     old_max = args.max_steps
     args.max_steps = warmup + steps
@@ -308,13 +286,40 @@ def measure_trainer_overhead(profile: Profile, trainer: Any, *, steps: int = 12,
     finally:
         args.max_steps = old_max
         trainer.remove_callback(window)
-    step_s = (window.t1 - window.t0) / steps
-    if distributed:  # one number on every rank: each solves the same plan from it
-        nccl = dist.get_backend() == "nccl"
-        buf = torch.tensor([step_s], dtype=torch.float64,
-                           device=torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu")
-        dist.all_reduce(buf, op=dist.ReduceOp.MAX)
-        step_s = float(buf.item())
+    step_s = max(all_gather_json(window.seconds / steps))  # one number on every rank: each solves the same plan
     per = int(args.per_device_train_batch_size)
     return calibrate_overhead(profile, [per] * world, step_s,
                               source=f"HF Trainer ({type(trainer).__name__}), {steps} steps after {warmup}")
+
+
+def step_window(device: torch.device | str, first: int, last: int) -> Any:
+    """A ``TrainerCallback`` timing the window from the end of optimizer step ``first`` to the end of step ``last``,
+    synchronized at both ends (the device, then a barrier under torch.distributed); ``.seconds`` once trained.
+    ``measure_trainer_overhead`` times the Trainer with it, and benchmarks/hf_gpu.py its runs."""
+    try:
+        import transformers
+    except ImportError:
+        raise ValidationError(f"transformers is not installed: {INSTALL_HINT}") from None
+    dev = torch.device(device)
+
+    def sync() -> float:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        if is_distributed():
+            torch.distributed.barrier()
+        return time.perf_counter()
+
+    class StepWindow(transformers.TrainerCallback):  # type: ignore[misc, name-defined]
+        t0 = t1 = 0.0
+
+        @property
+        def seconds(self) -> float:
+            return self.t1 - self.t0
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == first:
+                self.t0 = sync()
+            elif state.global_step == last:
+                self.t1 = sync()
+
+    return StepWindow()
