@@ -262,7 +262,8 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
     # One small all-gather of the per-step data waits: a step a peer reached late is not this rank's own speed.
     stats = run.timer.epoch_summary(rank=env.rank, epoch=epoch, batch_size=batch_sizes[env.rank],
                                     num_workers=run.plan.ranks[env.rank].num_workers,
-                                    peer_data_waits_s=peer_data_waits(run.timer))
+                                    peer_data_waits_s=peer_data_waits(run.timer),
+                                    job_workers=() if cfg.data_on_device else [r.num_workers for r in run.plan.ranks])
     first_bad = watch.at_epoch_end(run.model, first_step, step)
     loss_value = float(loss_sum.item())
     state = run.device_state.collect().to_dict() if run.device_state is not None else None

@@ -141,6 +141,26 @@ def _valid(x: float | None) -> bool:
     return x is not None and math.isfinite(x) and x >= 0.0
 
 
+def worker_cycle(job_workers: Sequence[int], num_steps: int) -> int:
+    """Steps in one cycle of the job's DataLoader workers: the least common multiple of the ranks' worker counts
+    when ``num_steps`` holds one, else the most workers of any rank (1 without workers).
+
+    Why: a DataLoader hands out batches round-robin, and its workers, started together at the epoch start,
+    deliver them in bursts: with W workers each needing T to build a batch, W batches arrive, the GPU takes them
+    at its own pace, and the next W come T later.  In that regime W consecutive steps take exactly T wherever
+    they start, but a mean over some other count of steps is off by up to a burst: 2x H100, session 8, a
+    16-worker rank of 455 samples a step over a 28-step epoch measured 126.6 ms a step while its workers'
+    pace was 136 ms (2.18 s a batch over 16); `planner bench`'s 20-step windows on the same split read
+    2,687-3,470 samples/s in three rounds."""
+    ws = [int(w) for w in job_workers if int(w) > 1]
+    if not ws or num_steps < 1:
+        return 1
+    lcm = math.lcm(*ws)
+    if lcm <= num_steps:
+        return lcm
+    return max(ws) if max(ws) <= num_steps else 1
+
+
 class StepTimer:
     """Times data wait, local compute and step time of every step on one rank; summarizes an epoch.
 
@@ -327,13 +347,16 @@ class StepTimer:
         return [s.data_wait_s for s in self._steps]
 
     def epoch_summary(self, *, rank: int, epoch: int, batch_size: int, num_workers: int,
-                      peer_data_waits_s: Sequence[Sequence[float]] = ()) -> StepStats:
+                      peer_data_waits_s: Sequence[Sequence[float]] = (),
+                      job_workers: Sequence[int] = ()) -> StepStats:
         """Means over this epoch's valid steps (after warm-up) as a StepStats; never NaN.
 
         ``num_steps`` is the number of steps averaged; 0 (with zero times) when none was valid, which the
         re-planner refuses as too few.  ``peer_data_waits_s``: the other ranks' ``step_data_waits_s`` (this
         rank's own may be among them); steps where a peer was late are left out of ``compute_s`` (module
-        docstring).
+        docstring).  ``job_workers``: every rank's DataLoader workers (the plan's), when the batches come from
+        DataLoaders: ``step_time_s`` and ``data_wait_s`` are then the means over the last whole worker cycles
+        (``worker_cycle``), the only windows in which a loader-paced step's mean is its loader's pace.
         """
         self._flush()
         start = self.warmup_steps if self.warmup_steps and len(self._steps) > 2 * self.warmup_steps else 0
@@ -361,6 +384,10 @@ class StepTimer:
             inliers = compute
         k = len(inliers)
         step_times = [float(s.step_time_s) for s in good]  # type: ignore[arg-type]
+        waits = [float(s.data_wait_s) for s in good]  # type: ignore[arg-type]
+        cycle = worker_cycle(job_workers, n)
+        paced = step_times[n - (n // cycle) * cycle:]  # the last whole cycles (all n steps when cycle is 1)
+        paced_waits = waits[n - len(paced):]
         mean_c = math.fsum(inliers) / k
         # Sample std (k - 1): the re-planner turns it into a standard error, std / sqrt(n).
         std_c = math.sqrt(math.fsum((c - mean_c) ** 2 for c in inliers) / (k - 1)) if k > 1 else 0.0
@@ -373,9 +400,9 @@ class StepTimer:
             num_steps=n,
             batch_size=batch_size,
             num_workers=num_workers,
-            data_wait_s=math.fsum(s.data_wait_s for s in good) / n,
+            data_wait_s=math.fsum(paced_waits) / len(paced_waits),
             compute_s=mean_c,
-            step_time_s=math.fsum(float(s.step_time_s) for s in good) / n,  # type: ignore[arg-type]
+            step_time_s=math.fsum(paced) / len(paced),
             compute_s_std=std_c,
             compute_s_median=med,
             compute_s_mad=mad,

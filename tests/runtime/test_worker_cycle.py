@@ -1,0 +1,115 @@
+"""Loader-paced steps are timed over whole cycles of the DataLoader workers (runtime.timing.worker_cycle).
+
+Workers started together at an epoch start deliver their batches in bursts: W batches, then none for a build
+time T, then W more.  W consecutive steps take T wherever they start; a mean over another count of steps is off by
+up to a burst.  2x H100, session 8: a 16-worker rank of 455 samples over a 28-step epoch measured 126.6 ms a step
+while its workers needed 2.18 s a batch (136 ms a step); `planner bench`'s 20-step windows of one split read
+2,687-3,470 samples/s in three rounds.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from types import SimpleNamespace as NS
+
+import pytest
+from torch.utils.data import DataLoader
+
+from apps.bench import window_steps
+from runtime.timing import StepTimer, worker_cycle
+from tests.runtime.test_timing import FakeClock, _host_step
+
+
+def test_the_cycle_rule() -> None:
+    assert worker_cycle([16, 2], 28) == 16  # the least common multiple, when the epoch holds it
+    assert worker_cycle([15, 2], 28) == 15  # 30 does not fit: the most workers
+    assert worker_cycle([15, 2], 30) == 30
+    assert worker_cycle([16], 10) == 1  # not even one cycle: every step counts
+    assert worker_cycle([1, 1, 0], 50) == 1 and worker_cycle([], 50) == 1  # one worker or none: no bursts
+
+
+def _bursty_epoch(workers: int, build_s: float, gpu_s: float, steps: int) -> list[tuple[float, float]]:
+    """(data wait, compute) of each step of a rank whose ``workers`` workers, started together, each take
+    ``build_s`` a batch (round-robin, prefetch never full) while its GPU takes ``gpu_s`` a step."""
+    out, now = [], 0.0
+    for i in range(steps):
+        ready = (i // workers + 1) * build_s  # batch i is its worker's (i // workers + 1)-th
+        wait = max(0.0, ready - now)
+        out.append((wait, gpu_s))
+        now += wait + gpu_s
+    return out
+
+
+def test_a_loader_paced_epoch_is_timed_over_whole_worker_cycles() -> None:
+    """The session 8 numbers: 16 workers at 2.18 s a batch of 455, a 110 ms GPU step, 28 steps an epoch."""
+    workers, build, gpu = 16, 2.18, 0.110
+    clock = FakeClock()
+    timer = StepTimer("cpu", clock=clock, warmup_steps=2)
+    for wait, compute in _bursty_epoch(workers, build, gpu, 28):
+        _host_step(timer, clock, wait=wait, compute=compute, tail=0.0)
+    blind = timer.epoch_summary(rank=0, epoch=0, batch_size=455, num_workers=workers)
+    s = timer.epoch_summary(rank=0, epoch=0, batch_size=455, num_workers=workers, job_workers=[workers, 2])
+    pace = build / workers
+    assert blind.step_time_s < 0.95 * pace  # 26 steps hold one and a half bursts: the mean reads fast
+    assert s.step_time_s == pytest.approx(pace, rel=1e-9)  # the last 16 steps: one whole cycle
+    assert s.num_steps == blind.num_steps == 26 and s.compute_s == blind.compute_s  # only the pace moved
+    assert s.data_wait_s == pytest.approx(pace - gpu, rel=1e-9)
+
+
+def test_whole_cycles_change_nothing_for_a_steady_step() -> None:
+    clock = FakeClock()
+    timer = StepTimer("cpu", clock=clock, warmup_steps=2)
+    for _ in range(30):
+        _host_step(timer, clock, wait=0.001, compute=0.1, tail=0.01)
+    a = timer.epoch_summary(rank=0, epoch=0, batch_size=64, num_workers=8)
+    b = timer.epoch_summary(rank=0, epoch=0, batch_size=64, num_workers=8, job_workers=[8, 8])
+    assert b.step_time_s == pytest.approx(a.step_time_s) and b.data_wait_s == pytest.approx(a.data_wait_s)
+
+
+class _SlowBatches:
+    """Each item is a whole batch costing its worker ``cost`` seconds of sleep (no CPU)."""
+
+    def __init__(self, n: int, cost: float) -> None:
+        self.n, self.cost = n, cost
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(self.cost)
+        return i
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_a_real_dataloader_delivers_in_bursts_and_whole_cycles_read_its_pace() -> None:
+    """4 sleeping workers at 0.2 s a batch (a batch every 50 ms), a loop that takes them at once, 10 steps an
+    epoch: the mean gap after the first batch reads ~11% fast, the last whole cycles read the pace."""
+    workers, cost, steps = 4, 0.2, 10
+    loader = DataLoader(_SlowBatches(steps, cost), batch_size=None, num_workers=workers, prefetch_factor=4)
+    gaps, t = [], None
+    for _ in loader:
+        now = time.perf_counter()
+        if t is not None:
+            gaps.append(now - t)
+        t = now
+    pace = cost / workers
+    cycle = worker_cycle([workers], len(gaps))
+    whole = gaps[len(gaps) - (len(gaps) // cycle) * cycle:]
+    assert cycle == workers and len(whole) == 8
+    assert statistics.mean(gaps) < 0.95 * pace
+    assert math.isclose(statistics.mean(whole), pace, rel_tol=0.1)
+
+
+def test_a_bench_window_is_whole_cycles_of_the_ranks_near_their_loaders_pace() -> None:
+    """The session 8 loader-skew splits on 2x H100: the plan [455, 57] (16 and 2 workers, both loaders near the
+    step) runs 32 steps for 20; the equal split (only the 2-worker rank near its loader) keeps 20."""
+
+    def plan(step: float, ranks: list[tuple[int, float]]) -> NS:
+        return NS(predicted=NS(step_time_s=step), ranks=[NS(num_workers=w, predicted_loader_s=lo) for w, lo in ranks])
+
+    assert window_steps(plan(0.142, [(16, 0.1395), (2, 0.1398)]), 20) == 32
+    assert window_steps(plan(0.630, [(15, 0.084), (2, 0.628)]), 20) == 20
+    assert window_steps(plan(0.100, [(8, 0.01), (8, 0.02)]), 20) == 20  # no loader near the step
+    assert window_steps(plan(0.100, [(15, 0.09), (16, 0.09)]), 20) == 32  # lcm 240 > 80: the most workers
