@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Session 8 on a 2-GPU host: the loader-fed measurements of issues #16 and #18 after the whole-worker-cycle
+# timing (runtime.timing.worker_cycle).  Parts, in the order given:
+#   bench     planner bench --data loader --emulate-loader 1=2 (ResNet-50 bf16, B = 512, 3 rounds; gpu_session5.sh's
+#             "loader" part), LIMIT seconds at most
+#   t18-<cases>  benchmarks/loader_gpu.sh with CASES="<cases>" (comma-separated, e.g. t18-loader, t18-skew,midrun),
+#             LAUNCHES launches each, BUDGET_S seconds at most
+# Every part's files go under $WORK and $OUT/s8.tar is refreshed after each part: a device call returns at most
+# 8 files, so everything travels as this one tar (session 8's first #18 call lost 35 of its 43 files).
+#   usage: TAG=s8 LIMIT=330 LAUNCHES=3 BUDGET_S=220 bash benchmarks/gpu_session8.sh bench t18-loader
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+WORK=${WORK:-/tmp/s8}; mkdir -p "$WORK"
+OUT_SAVE=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT_SAVE"
+pack() { tar -cf "$OUT_SAVE/s8.tar" -C "$WORK" . 2>/dev/null; }
+for p in "$@"; do
+  case $p in
+    bench) mkdir -p /tmp/s8_s5tar; WORK=$WORK/bench OUT=/tmp/s8_s5tar bash "$HERE/gpu_session5.sh" loader ;;
+    t18-*) cases=${p#t18-}; dir=$WORK/t18_${cases//,/_}; mkdir -p "$dir"
+           OUT=$dir CASES="${cases//,/ }" LAUNCHES=${LAUNCHES:-3} BUDGET_S=${BUDGET_S:-500} \
+             bash "$HERE/loader_gpu.sh" 2>&1 | tee "$dir/loader_gpu.log" ;;
+    *) echo "unknown part $p" >&2; exit 2 ;;
+  esac
+  pack
+done
+pack
