@@ -475,10 +475,14 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
 
     from apps.steps import LOADER_PREFETCH, loader_drain_steps
     from profiler.compute import StepRunner
+    from runtime.timing import worker_cycle
 
     runner = StepRunner(workload, device, amp=opts["amp"], slowdown=slow, channels_last=cl)
-    # Timed once the workers' start-up and the batches they build ahead are spent, as the strategies' windows are.
+    # Timed once the workers' start-up and the batches they build ahead are spent, and over whole cycles of its
+    # workers (runtime.timing.worker_cycle), as the strategies' windows are.
     steps, warmup = max(5, min(int(opts["steps"]), 20)), max(3, loader_drain_steps(workers))
+    cycle = worker_cycle([workers], 4 * steps)
+    steps = -(-steps // cycle) * cycle
     sampler = RandomSampler(workload.dataset, replacement=True, num_samples=(steps + warmup) * b)
     loader = DataLoader(workload.dataset, batch_size=b, sampler=sampler, num_workers=workers,
                         pin_memory=device.type == "cuda", prefetch_factor=LOADER_PREFETCH if workers else None)

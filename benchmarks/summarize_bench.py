@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import math
 import statistics
 import sys
 from collections.abc import Sequence
@@ -59,6 +60,10 @@ WINDOW = "synchronized window"
 PREFETCH = "window inside the loader's prefetch"
 """A DataLoader-fed launch whose window opened after one step of its epoch, before the batches the workers had
 built ahead were spent (apps.steps.loader_drain_steps): a loader-bound rank ran on them, not at its loader's pace."""
+PART_CYCLE = "window over part of the loader workers' cycle"
+"""A DataLoader-fed launch whose window for some split was not whole cycles of the workers of the ranks near their
+loader's pace (apps.bench.window_steps, session 8): those workers deliver in bursts, and a window over part of a
+cycle reads their pace up to a burst off (2x H100: 2,687-3,470 samples/s in three rounds of one split)."""
 HEADLINES = (
     ("2x NVIDIA", "resnet50", "emulated compute skew 1=1", ""),
     ("2x NVIDIA", "resnet50", "emulated compute skew 1=3", ""),
@@ -121,6 +126,26 @@ def _in_sample(batch_sizes: Sequence[int], measured: Sequence[Sequence[int]] | N
     return "grid" if all(_on_grid(int(b)) for b in batch_sizes) else ""
 
 
+def _part_cycle(r: dict[str, Any]) -> bool:
+    """Whether some split's window was not whole cycles of the workers of its ranks near their loader's pace (the
+    rule of apps.bench.window_steps, read from the file's per-rank predictions)."""
+    for name in ORDER:
+        s = r.get(name)
+        if not isinstance(s, dict) or "window" not in s or not s.get("ranks"):
+            continue
+        step = float(s["predicted_step_time_s"])
+        near = [int(x["num_workers"]) for x in s["ranks"]
+                if int(x.get("num_workers") or 0) > 0 and float(x.get("predicted_loader_s") or 0.0) >= 0.5 * step]
+        ws = [w for w in near if w > 1]
+        if not ws:
+            continue
+        lcm = math.lcm(*ws)
+        cycle = lcm if lcm <= 4 * int(s["window"]["steps"]) else max(ws)
+        if any(int(w["steps"]) % cycle for w in s.get("rounds_window") or [s["window"]]):
+            return True
+    return False
+
+
 def launch_from(file: str, r: dict[str, Any]) -> Launch:
     m = r["meta"]
     workload = (f"{m['model']}{' bf16' if m.get('amp') else ''}, global batch {m['global_batch']}, "
@@ -137,6 +162,8 @@ def launch_from(file: str, r: dict[str, Any]) -> Launch:
         if "DataLoader" in str(m.get("data", "")) and any(
                 isinstance(r.get(n), dict) and r[n].get("window", {}).get("warmup_steps") == 1 for n in ORDER):
             setting = f"{setting}; {PREFETCH}"
+        elif "DataLoader" in str(m.get("data", "")) and _part_cycle(r):
+            setting = f"{setting}; {PART_CYCLE}"
     key = (_hardware(m.get("devices", [])), workload, str(m.get("heterogeneity")), setting)
     rounds, pred, batches, ins = {}, {}, {}, {}
     for name in ORDER:

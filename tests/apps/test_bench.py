@@ -106,6 +106,7 @@ def test_a_loader_fed_window_opens_once_the_prefetched_batches_are_spent(tmp_pat
     most workers of any of its ranks whose predicted loader time is at least half its predicted step
     (apps.bench.window_drain_steps; tests/apps/test_loader_drain.py shows what an earlier window measures)."""
     from apps.steps import loader_drain_steps
+    from runtime.timing import worker_cycle
 
     out = tmp_path / "bench.json"
     rc = main(["bench", "--device", "cpu", "--nproc", "2", "--model", "mlp", "--quick", "--global-batch", str(B),
@@ -125,8 +126,10 @@ def test_a_loader_fed_window_opens_once_the_prefetched_batches_are_spent(tmp_pat
         near = [r["num_workers"] for r in res[name]["ranks"]
                 if r["num_workers"] > 0 and r["predicted_loader_s"] >= 0.5 * res[name]["predicted_step_time_s"]]
         drain = loader_drain_steps(max(near)) if near else 1
-        assert (w["warmup_epochs"], w["warmup_steps"], w["steps"]) == (0, drain, STEPS), (name, w)
-        assert setup["epochs"] == 1 and setup["steps_per_epoch"] == drain + STEPS and not setup["data_on_device"]
+        cycle = worker_cycle(near, 4 * STEPS)  # whole cycles of those ranks' workers (apps.bench.window_steps)
+        steps = -(-STEPS // cycle) * cycle
+        assert (w["warmup_epochs"], w["warmup_steps"], w["steps"]) == (0, drain, steps), (name, w)
+        assert setup["epochs"] == 1 and setup["steps_per_epoch"] == drain + steps and not setup["data_on_device"]
 
 
 def test_a_bench_in_progress_keeps_every_strategy_run_in_its_partial_file(tmp_path: Path) -> None:

@@ -122,3 +122,13 @@ def test_window_timed_launches_form_their_own_group_and_take_the_headline(
     assert "synchronized window" in line and "1 launch x 3 rounds" in line
     assert "plan **2.150x [2.100x-2.200x]** DistributedSampler" in line
     assert "1.075x [1.050x-1.100x] the throughput-proportional split (plan ahead in every measurement)" in line
+
+
+def test_loader_windows_over_part_of_a_worker_cycle_form_their_own_group() -> None:
+    """Session 8's loader-skew launches on 2x H100: the first timed the plan [455, 57] (16 and 2 workers, both
+    loaders near the step) over 20 steps, the later ones over 32 (apps.bench.window_steps): not pooled."""
+    results = ROOT / "docs" / "results"
+    part = sb.launch_from("a.json", json.loads((results / "h100x2_resnet50_loader_skew_s8.json").read_text()))
+    whole = sb.launch_from("b.json", json.loads((results / "h100x2_resnet50_loader_skew_s8b.json").read_text()))
+    assert sb.PART_CYCLE in part.key[3] and sb.PART_CYCLE not in whole.key[3]
+    assert part.key[:3] == whole.key[:3]
