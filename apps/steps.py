@@ -98,6 +98,26 @@ def loader_drain_steps(workers: int, prefetch: int = LOADER_PREFETCH) -> int:
     return max(1, workers * (prefetch + 1))
 
 
+def short_epoch_warning(steps_per_epoch: int, workers: list[int], prefetch: int = LOADER_PREFETCH) -> str | None:
+    """A warning when an epoch is shorter than a rank's loader pipeline (``loader_drain_steps`` of its workers),
+    else None.  Such an epoch never reaches its loader's steady pace: its batches are all dispatched at its start
+    and built in one or two bursts, so its throughput and the run log's per-rank times measure the pipeline's fill
+    (session 8, 2x H100, 30-step epochs with 16 workers: epoch 0 ran at the GPU's pace on batches built while the
+    first step warmed up, 117 ms a step, where the workers' pace was ~150 ms)."""
+    if not workers or max(workers) <= 1:
+        return None
+    rank = max(range(len(workers)), key=lambda i: workers[i])
+    w = workers[rank]
+    need = loader_drain_steps(w, prefetch)
+    if steps_per_epoch >= need:
+        return None
+    return (f"warning: an epoch of {steps_per_epoch} steps is shorter than rank {rank}'s loader pipeline ({w} workers "
+            f"x ({prefetch} prefetched + 1 building) = {need} batches): each epoch starts with every worker building "
+            f"at once, so its throughput and the run log's per-rank times include that fill, not the loader's "
+            f"steady pace; give epochs of at least {need} steps (more samples or a smaller global batch) to measure "
+            f"it")
+
+
 def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_workers: int,
                 device: torch.device, on_batch: Callable[[float], None] | None = None) -> Any:
     """The rank's batches: synthetic ones on the device, or a DataLoader over the sampler whose workers time each

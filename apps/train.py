@@ -25,6 +25,7 @@ import copy
 import dataclasses
 import json
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -39,7 +40,15 @@ import planner
 from apps.distenv import DistEnv, sync_device
 from apps.divergence import DivergenceWatch, divergence_error
 from apps.progress import Progress, no_progress
-from apps.steps import autocast_for, channels_last_for, fully_shard_blocks, launch_group, make_loader, sync_only_if
+from apps.steps import (
+    autocast_for,
+    channels_last_for,
+    fully_shard_blocks,
+    launch_group,
+    make_loader,
+    short_epoch_warning,
+    sync_only_if,
+)
 from apps.train_config import EpochResult, TrainConfig
 from apps.train_resume import checkpoint, resume
 from collectives import all_gather_json, decide_on_rank0
@@ -368,6 +377,13 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     run.loader = make_loader(cfg, workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers, env.device,
                              on_batch=run.timer.loader_batch)
     run.device_state = DeviceStateSampler(env.device)
+    if env.is_main and not cfg.data_on_device:
+        steps = run.hetero.num_steps if run.hetero is not None else len(run.loader)
+        if cfg.max_steps_per_epoch is not None:
+            steps = min(steps, cfg.max_steps_per_epoch)
+        short = short_epoch_warning(steps, [r.num_workers for r in run.plan.ranks])
+        if short is not None:
+            print(short, file=sys.stderr, flush=True)
     if on_start is not None:
         on_start(run)
     results: list[EpochResult] = []

@@ -69,3 +69,17 @@ def test_a_split_drains_for_the_ranks_near_their_loaders_pace_only() -> None:
     assert window_drain_steps(plan(0.162, [(16, 0.155), (2, 0.124)])) == loader_drain_steps(16)
     assert window_drain_steps(plan(0.100, [(8, 0.01), (8, 0.02)])) == 1
     assert window_drain_steps(plan(0.100, [(0, 0.09), (0, 0.09)])) == 1  # the loop loads itself
+
+
+def test_an_epoch_shorter_than_a_ranks_loader_pipeline_is_said_out_loud() -> None:
+    """apps.steps.short_epoch_warning: #18's command (50 steps of 512, 16 workers a rank) and session 8's 30-step
+    epochs are shorter than 16 x (4 + 1) = 80 batches; loader_gpu.sh's 100-step epochs are not."""
+    from apps.steps import short_epoch_warning
+
+    line = short_epoch_warning(50, [16, 2])
+    assert line is not None and line.startswith("warning: an epoch of 50 steps")
+    assert "rank 0's loader pipeline (16 workers x (4 prefetched + 1 building) = 80 batches)" in line
+    assert "at least 80 steps" in line
+    assert short_epoch_warning(30, [2, 16]) is not None and "rank 1's" in short_epoch_warning(30, [2, 16])  # type: ignore[operator]
+    assert short_epoch_warning(100, [16, 2]) is None
+    assert short_epoch_warning(3, [1, 1]) is None and short_epoch_warning(3, [0, 0]) is None  # no bursts to fill
