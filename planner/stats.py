@@ -20,12 +20,15 @@ class StepStats:
     batch_size: int
     num_workers: int
     data_wait_s: float
-    """Mean seconds per step the training loop waited for its next batch."""
+    """Mean seconds per step the training loop waited for its next batch (over the same steps as
+    ``step_time_s``)."""
     compute_s: float
     """Mean seconds per step from forward start until the last gradient bucket was ready (no waiting for peers),
     over the steps that are not outliers (see ``num_outliers``)."""
     step_time_s: float
-    """Mean wall seconds per step, synchronization included."""
+    """Mean wall seconds per step, synchronization included.  When the batches come from DataLoaders
+    (`planner train`), the mean over the epoch's last whole cycles of the job's workers
+    (runtime.timing.worker_cycle): workers deliver in bursts, and only whole cycles time their pace."""
     compute_s_std: float = 0.0
     """Standard deviation of compute_s across the steps averaged (the noise the re-planner must beat)."""
     compute_s_median: float | None = None
