@@ -84,6 +84,7 @@ def planned_dataloader(accelerator: Any, plan: Plan | str | os.PathLike[str], da
     if model is not None:
         run.watch(model)
     workers = run.num_workers(0) if num_workers is None else int(num_workers)
+    run.loader_workers = workers
     return loader_cls(dataset, run=run, accelerator=accelerator, epochs=epochs, batch_sampler=sampler,
                       num_workers=workers, device=accelerator.device if accelerator.device_placement else None,
                       _non_blocking=bool(getattr(accelerator, "non_blocking", False)), **loader_kwargs)

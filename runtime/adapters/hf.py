@@ -129,6 +129,7 @@ class _PlannedTrainerMixin:
         sampler = run.sampler_for(len(t.train_dataset), t.args.device)
         run.watch(t.model)
         workers = run.num_workers(0) if self.planned_workers is None else self.planned_workers
+        run.loader_workers = workers
         return PlannedLoader(t.train_dataset, run=run, batch_sampler=sampler, collate_fn=t.data_collator,
                              num_workers=workers, pin_memory=t.args.dataloader_pin_memory)
 

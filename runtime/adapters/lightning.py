@@ -112,6 +112,7 @@ class LightningPlan:
             self.run.watch(module)
         workers = (loader.num_workers if self.num_workers == "loader" else
                    self.run.num_workers(loader.num_workers) if self.num_workers == "plan" else int(self.num_workers))
+        self.run.loader_workers = workers
         return DataLoader(loader.dataset, batch_sampler=sampler, num_workers=workers, collate_fn=loader.collate_fn,
                           pin_memory=loader.pin_memory, timeout=loader.timeout if workers else 0,
                           worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context

@@ -81,6 +81,10 @@ class PlannedRun:
         self.log = RunLogWriter(None)
         self.decisions: list[ReplanDecision] = []
         """Every re-plan decision so far (the same on every rank)."""
+        self.loader_workers: int | None = None
+        """This rank's training DataLoader workers, set by the adapter that built the loader (None: not known).
+        When every rank's is known, an epoch's step time is its last whole cycles of the job's workers
+        (runtime.timing.worker_cycle), as in `planner train`."""
         self._watched: set[int] = set()
         self._finished = False
         self._warned = False
@@ -170,9 +174,11 @@ class PlannedRun:
             return None
         sizes = self.sampler.batch_sizes
         plan = self.plan
+        known = all_gather_json(self.loader_workers)
         stats = self.timer.epoch_summary(rank=self.rank, epoch=epoch, batch_size=sizes[self.rank],
                                          num_workers=plan.ranks[self.rank].num_workers,
-                                         peer_data_waits_s=peer_data_waits(self.timer))
+                                         peer_data_waits_s=peer_data_waits(self.timer),
+                                         job_workers=[int(w) for w in known] if None not in known else ())
         all_stats = [StepStats.from_dict(s) for s in all_gather_json(stats.to_dict())]
         decision = None
         if self.replanner is not None and not last:

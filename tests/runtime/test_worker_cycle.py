@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from pathlib import Path
 from types import SimpleNamespace as NS
 
 import pytest
@@ -113,3 +114,32 @@ def test_a_bench_window_is_whole_cycles_of_the_ranks_near_their_loaders_pace() -
     assert window_steps(plan(0.630, [(15, 0.084), (2, 0.628)]), 20) == 20
     assert window_steps(plan(0.100, [(8, 0.01), (8, 0.02)]), 20) == 20  # no loader near the step
     assert window_steps(plan(0.100, [(15, 0.09), (16, 0.09)]), 20) == 32  # lcm 240 > 80: the most workers
+
+
+def test_an_adapters_planned_run_times_its_epochs_over_whole_cycles_of_the_loader_it_built(tmp_path: Path) -> None:
+    """runtime.adapters.run.PlannedRun: the Lightning, Accelerate and HF adapters record the workers of the loader
+    they build (``loader_workers``); once every rank's is known, the run log's epoch step is over whole cycles."""
+    import json as _json
+
+    import planner
+    from runtime.adapters.run import PlannedRun
+    from tests.planner._profiles import linear_profile
+
+    plan = planner.evaluate(linear_profile([1e-3]), [455], num_workers=[16])
+
+    def epoch_step(loader_workers: int | None) -> float:
+        log = tmp_path / f"run{loader_workers}.jsonl"
+        run = PlannedRun(plan, log_file=log)
+        run.sampler_for(455 * 40, "cpu")
+        clock = FakeClock()
+        run.timer = StepTimer("cpu", clock=clock, warmup_steps=2)
+        run.loader_workers = loader_workers
+        for wait, compute in _bursty_epoch(16, 2.18, 0.110, 28):
+            _host_step(run.timer, clock, wait=wait, compute=compute, tail=0.0)
+        run.epoch_end(0, last=True)
+        run.finish(1)
+        rec = next(_json.loads(x) for x in log.read_text().splitlines() if '"epoch"' in x and '"ranks"' in x)
+        return float(rec["ranks"][0]["step_time_s"])
+
+    assert epoch_step(16) == pytest.approx(2.18 / 16, rel=1e-9)
+    assert epoch_step(None) < 0.95 * 2.18 / 16  # the user's own loader: workers unknown, every step counts
