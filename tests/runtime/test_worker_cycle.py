@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 
 from apps.bench import window_steps
 from runtime.timing import StepTimer, worker_cycle
+from tests.apps.test_loader_drain import _SlowBatches
 from tests.runtime.test_timing import FakeClock, _host_step
 
 
@@ -67,20 +68,6 @@ def test_whole_cycles_change_nothing_for_a_steady_step() -> None:
     a = timer.epoch_summary(rank=0, epoch=0, batch_size=64, num_workers=8)
     b = timer.epoch_summary(rank=0, epoch=0, batch_size=64, num_workers=8, job_workers=[8, 8])
     assert b.step_time_s == pytest.approx(a.step_time_s) and b.data_wait_s == pytest.approx(a.data_wait_s)
-
-
-class _SlowBatches:
-    """Each item is a whole batch costing its worker ``cost`` seconds of sleep (no CPU)."""
-
-    def __init__(self, n: int, cost: float) -> None:
-        self.n, self.cost = n, cost
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        time.sleep(self.cost)
-        return i
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
