@@ -3,6 +3,8 @@
 # timing (runtime.timing.worker_cycle).  Parts, in the order given:
 #   bench     planner bench --data loader --emulate-loader 1=2 (ResNet-50 bf16, B = 512, 3 rounds; gpu_session5.sh's
 #             "loader" part), LIMIT seconds at most
+#   mech      benchmarks/loader_mechanism.py (CPU only, ~3 minutes): warm-up, batch size, two loaders at once, and
+#             the drift of one loader alone against the plan's two together (DRIFT_S seconds each, default 40)
 #   t18-<cases>  benchmarks/loader_gpu.sh with CASES="<cases>" (comma-separated, e.g. t18-loader, t18-skew,midrun),
 #             LAUNCHES launches each, BUDGET_S seconds at most
 # Every part's files go under $WORK and $OUT/s8.tar is refreshed after each part: a device call returns at most
@@ -19,6 +21,8 @@ for p in "$@"; do
     t18-*) cases=${p#t18-}; dir=$WORK/t18_${cases//,/_}; mkdir -p "$dir"
            OUT=$dir CASES="${cases//,/ }" LAUNCHES=${LAUNCHES:-3} BUDGET_S=${BUDGET_S:-500} \
              bash "$HERE/loader_gpu.sh" 2>&1 | tee "$dir/loader_gpu.log" ;;
+    mech) mkdir -p "$WORK/mech"; python3 "$HERE/loader_mechanism.py" --json "$WORK/mech/loader_mechanism.json" \
+            --drift-s "${DRIFT_S:-40}" 2>&1 | grep -v -E "UserWarning|check_worker" | tee "$WORK/mech/loader_mechanism.log" ;;
     *) echo "unknown part $p" >&2; exit 2 ;;
   esac
   pack

@@ -10,8 +10,12 @@ point (298) and as fast as the in-process reading (2.69 ms a sample, 372/s).  Th
             after each worker's first batch, training runs for minutes with persistent workers
   batch     per-sample cost depends on the batch a worker builds (32 in the scaling run, 102..410 in training)
   together  two loaders at once, 8 workers x 410 and 2 workers x 102 (the plan's), each worker timed
+  drift     (session 8) one loader alone for --drift-s seconds, then the session-8 plan's two loaders together
+            (16 workers x 455 and 2 x 57), each loader's delivered samples/s per 2 s: the 2x H100 host's loader
+            throughput moved 10-30% within a bench launch (docs/BENCHMARKS.md section 16) -- this says whether one
+            loader alone drifts as much (the host) or only two together do (their contention)
 
-    python benchmarks/loader_mechanism.py [--json out.json] [--seconds 3]
+    python benchmarks/loader_mechanism.py [--json out.json] [--seconds 3] [--drift-s 40]
 """
 
 from __future__ import annotations
@@ -34,9 +38,21 @@ from profiler.loader import LoaderOptions, _BuildTimed, measure_sample_cost, mea
 from workloads.specs import build_workload
 
 
+def rate_series(stamps: list[float], batch: int, bin_s: float) -> list[float]:
+    """Delivered samples/s in each whole ``bin_s`` window after the first (start-up) one."""
+    n = int(stamps[-1] // bin_s) if stamps else 0
+    counts = [0] * n
+    for t in stamps:
+        k = int(t // bin_s)
+        if k < n:
+            counts[k] += 1
+    return [round(c * batch / bin_s, 1) for c in counts[1:]]
+
+
 def run_loader(dataset: Any, workers: int, batch: int, seconds: float, out: dict[str, Any],
-               persistent: bool = True) -> None:
-    """Iterate a worker-timed DataLoader for ``seconds``; per-sample build seconds of every batch, in order."""
+               persistent: bool = True, bin_s: float | None = None) -> None:
+    """Iterate a worker-timed DataLoader for ``seconds``; per-sample build seconds of every batch, in order
+    (and, with ``bin_s``, the delivered samples/s per window and their spread, max / min - 1)."""
     timed = _BuildTimed(dataset, __import__("torch").utils.data.default_collate)
     sampler = BatchSampler(RandomSampler(range(len(dataset))), batch, drop_last=True)
     loader = DataLoader(timed, sampler=sampler, batch_size=None, num_workers=workers,
@@ -60,6 +76,10 @@ def run_loader(dataset: Any, workers: int, batch: int, seconds: float, out: dict
                ms_per_sample_first_s=1e3 * statistics.median(first) if first else None,
                ms_per_sample_second_half=1e3 * statistics.median(last) if last else None,
                ms_per_sample_all=1e3 * statistics.median(per_sample) if per_sample else None)
+    if bin_s:
+        series = rate_series(stamps, batch, bin_s)
+        out.update(bin_s=bin_s, samples_per_s_series=series,
+                   series_spread=round(max(series) / min(series) - 1, 4) if series and min(series) > 0 else None)
 
 
 def main() -> int:
@@ -67,6 +87,7 @@ def main() -> int:
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "loader_mechanism.json"))
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--num-samples", type=int, default=25600)
+    ap.add_argument("--drift-s", type=float, default=40.0, help="seconds of each drift run (0: skip)")
     args = ap.parse_args()
     ds = build_workload("resnet50", "fake", num_samples=args.num_samples).dataset
     res: dict[str, Any] = {"cores": usable_cores(), "seconds": args.seconds}
@@ -95,6 +116,16 @@ def main() -> int:
     ta.start(); tb.start(); ta.join(); tb.join()  # noqa: E702
     res["together"] = {"8x410": a, "2x102": b2}
     print("together", json.dumps(res["together"]), flush=True)
+    if args.drift_s > 0:
+        alone: dict[str, Any] = {}
+        run_loader(ds, 2, 57, args.drift_s, alone, bin_s=2.0)
+        big: dict[str, Any] = {}
+        small: dict[str, Any] = {}
+        ta = threading.Thread(target=run_loader, args=(ds, 16, 455, args.drift_s, big), kwargs={"bin_s": 2.0})
+        tb = threading.Thread(target=run_loader, args=(ds, 2, 57, args.drift_s, small), kwargs={"bin_s": 2.0})
+        ta.start(); tb.start(); ta.join(); tb.join()  # noqa: E702
+        res["drift"] = {"2x57_alone": alone, "together": {"16x455": big, "2x57": small}}
+        print("drift", json.dumps(res["drift"]), flush=True)
     res["wall_s"] = time.perf_counter() - t
     Path(args.json).write_text(json.dumps(res, indent=1))
     print("wrote", args.json, f"({res['wall_s']:.0f} s)")
