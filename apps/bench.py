@@ -250,9 +250,14 @@ def window_steps(plan: Any, steps: int, near: float = 0.5) -> int:
     worker counts when it is at most 4 x ``steps``, else the most workers).  Their workers deliver in bursts,
     and only whole cycles time their pace: session 8, 2x H100, a 16-worker rank's 20-step windows read
     2,687-3,470 samples/s in three rounds of one split."""
+    return whole_cycles(steps, _near_loader_bound_workers(plan, near))
+
+
+def whole_cycles(steps: int, workers: list[int]) -> int:
+    """``steps`` rounded up to whole cycles of these workers (runtime.timing.worker_cycle, within 4 x ``steps``)."""
     from runtime.timing import worker_cycle
 
-    cycle = worker_cycle(_near_loader_bound_workers(plan, near), 4 * steps)
+    cycle = worker_cycle(workers, 4 * steps)
     return -(-steps // cycle) * cycle
 
 
@@ -475,14 +480,11 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
 
     from apps.steps import LOADER_PREFETCH, loader_drain_steps
     from profiler.compute import StepRunner
-    from runtime.timing import worker_cycle
 
     runner = StepRunner(workload, device, amp=opts["amp"], slowdown=slow, channels_last=cl)
     # Timed once the workers' start-up and the batches they build ahead are spent, and over whole cycles of its
     # workers (runtime.timing.worker_cycle), as the strategies' windows are.
-    steps, warmup = max(5, min(int(opts["steps"]), 20)), max(3, loader_drain_steps(workers))
-    cycle = worker_cycle([workers], 4 * steps)
-    steps = -(-steps // cycle) * cycle
+    steps, warmup = whole_cycles(max(5, min(int(opts["steps"]), 20)), [workers]), max(3, loader_drain_steps(workers))
     sampler = RandomSampler(workload.dataset, replacement=True, num_samples=(steps + warmup) * b)
     loader = DataLoader(workload.dataset, batch_size=b, sampler=sampler, num_workers=workers,
                         pin_memory=device.type == "cuda", prefetch_factor=LOADER_PREFETCH if workers else None)

@@ -189,6 +189,11 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
 
 
 # -- one epoch ----------------------------------------------------------------------------------------------
+def _loader_steps(run: Run) -> int:
+    """Optimizer steps in a whole epoch of this rank's loader (before ``max_steps_per_epoch``)."""
+    return run.hetero.num_steps if run.hetero is not None else len(run.loader)
+
+
 def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer: Iterator[Any] | None) -> EpochResult:
     """Train one epoch from global step ``first_step``; collective (every rank's stats are gathered at the end)."""
     cfg, env, device = run.cfg, run.env, run.env.device
@@ -198,7 +203,7 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
     n_sum = 0
     step = first_step
     batch_sizes = run.batch_sizes
-    total = (run.hetero.num_steps if run.hetero is not None else len(run.loader)) - first_step
+    total = _loader_steps(run) - first_step
     if cfg.max_steps_per_epoch is not None:
         total = min(total, cfg.max_steps_per_epoch)
     run.progress(f"epoch {epoch}: {total} steps of {sum(batch_sizes)} samples")
@@ -378,7 +383,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
                              on_batch=run.timer.loader_batch)
     run.device_state = DeviceStateSampler(env.device)
     if env.is_main and not cfg.data_on_device:
-        steps = run.hetero.num_steps if run.hetero is not None else len(run.loader)
+        steps = _loader_steps(run)
         if cfg.max_steps_per_epoch is not None:
             steps = min(steps, cfg.max_steps_per_epoch)
         short = short_epoch_warning(steps, [r.num_workers for r in run.plan.ranks])

@@ -82,6 +82,19 @@ def run_loader(dataset: Any, workers: int, batch: int, seconds: float, out: dict
                    series_spread=round(max(series) / min(series) - 1, 4) if series and min(series) > 0 else None)
 
 
+def together(dataset: Any, loaders: list[tuple[int, int]], seconds: float,
+             bin_s: float | None = None) -> dict[str, dict[str, Any]]:
+    """``run_loader`` for each (workers, batch) at the same time, one thread each; results by "WxB"."""
+    out: dict[str, dict[str, Any]] = {f"{w}x{b}": {} for w, b in loaders}
+    threads = [threading.Thread(target=run_loader, args=(dataset, w, b, seconds, out[f"{w}x{b}"]),
+                                kwargs={"bin_s": bin_s}) for w, b in loaders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "loader_mechanism.json"))
@@ -109,22 +122,12 @@ def main() -> int:
         run_loader(ds, 2, b, args.seconds, r)
         res["batch"].append(r)
         print("batch", json.dumps(r), flush=True)
-    a: dict[str, Any] = {}
-    b2: dict[str, Any] = {}
-    ta = threading.Thread(target=run_loader, args=(ds, 8, 410, args.seconds + 1, a))
-    tb = threading.Thread(target=run_loader, args=(ds, 2, 102, args.seconds + 1, b2))
-    ta.start(); tb.start(); ta.join(); tb.join()  # noqa: E702
-    res["together"] = {"8x410": a, "2x102": b2}
+    res["together"] = together(ds, [(8, 410), (2, 102)], args.seconds + 1)
     print("together", json.dumps(res["together"]), flush=True)
     if args.drift_s > 0:
         alone: dict[str, Any] = {}
         run_loader(ds, 2, 57, args.drift_s, alone, bin_s=2.0)
-        big: dict[str, Any] = {}
-        small: dict[str, Any] = {}
-        ta = threading.Thread(target=run_loader, args=(ds, 16, 455, args.drift_s, big), kwargs={"bin_s": 2.0})
-        tb = threading.Thread(target=run_loader, args=(ds, 2, 57, args.drift_s, small), kwargs={"bin_s": 2.0})
-        ta.start(); tb.start(); ta.join(); tb.join()  # noqa: E702
-        res["drift"] = {"2x57_alone": alone, "together": {"16x455": big, "2x57": small}}
+        res["drift"] = {"2x57_alone": alone, "together": together(ds, [(16, 455), (2, 57)], args.drift_s, bin_s=2.0)}
         print("drift", json.dumps(res["drift"]), flush=True)
     res["wall_s"] = time.perf_counter() - t
     Path(args.json).write_text(json.dumps(res, indent=1))
