@@ -7,6 +7,8 @@
 #             the drift of one loader alone against the plan's two together (DRIFT_S seconds each, default 40)
 #   t18-<cases>  benchmarks/loader_gpu.sh with CASES="<cases>" (comma-separated, e.g. t18-loader, t18-skew,midrun),
 #             LAUNCHES launches each, BUDGET_S seconds at most
+# benchmarks/hostmon.py samples the host (busy cores, steal, cgroup throttling, MHz, top processes) every second
+# into $WORK/hostmon.jsonl through all parts, and $WORK/marks.txt holds "unix_time part" at each part's start.
 # Every part's files go under $WORK and $OUT/s8.tar is refreshed after each part: a device call returns at most
 # 8 files, so everything travels as this one tar (session 8's first #18 call lost 35 of its 43 files).
 #   usage: TAG=s8 LIMIT=330 LAUNCHES=3 BUDGET_S=220 bash benchmarks/gpu_session8.sh bench t18-loader
@@ -15,7 +17,10 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=${WORK:-/tmp/s8}; mkdir -p "$WORK"
 OUT_SAVE=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT_SAVE"
 pack() { tar -cf "$OUT_SAVE/s8.tar" -C "$WORK" . 2>/dev/null; }
+python3 "$HERE/hostmon.py" --out "$WORK/hostmon.jsonl" --interval 1 & MON=$!
+trap 'kill $MON 2>/dev/null; wait $MON 2>/dev/null; pack' EXIT
 for p in "$@"; do
+  echo "$(date +%s.%N) $p" >> "$WORK/marks.txt"
   case $p in
     bench) mkdir -p /tmp/s8_s5tar; WORK=$WORK/bench OUT=/tmp/s8_s5tar bash "$HERE/gpu_session5.sh" loader ;;
     t18-*) cases=${p#t18-}; dir=$WORK/t18_${cases//,/_}; mkdir -p "$dir"

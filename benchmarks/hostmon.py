@@ -1,0 +1,206 @@
+"""Host monitor for the loader-fed GPU runs (#16 item 3, #18): is the drift of the host's loader throughput the host's
+own (hypervisor steal, a CPU quota, clock changes, other processes) or our loaders' doing?
+
+Session 8 (2x H100, 32 cores) saw the same split's loader-paced step time move 9-34% between rounds a minute apart,
+and the profile's one-worker loader cost range 2.75-4.42 ms a sample over 9 profiles.  This samples, every
+--interval seconds until SIGTERM/SIGINT, one JSON line each:
+
+  t, dt        unix time, and seconds since the last sample
+  cpu          /proc/stat jiffies since the last sample: user, nice, system, idle, iowait, irq, softirq, steal
+  running      procs_running (runnable tasks now)
+  cg           cgroup CPU accounting since the last sample: usage_usec, nr_throttled, throttled_usec (v2 or v1)
+  mhz          mean "cpu MHz" over /proc/cpuinfo
+  top          the 6 processes with the most CPU ticks since the last sample: [pid, comm, ticks]
+
+and a first line of static facts (cores, affinity, CPU quota, threads per core, model).  ``--summarize`` reads such
+a file, with optional ``--marks`` (lines "unix_time label"), and prints per-window busy / steal / throttled / MHz.
+
+    python benchmarks/hostmon.py --out host.jsonl [--interval 1] &   ...   kill %1
+    python benchmarks/hostmon.py --summarize host.jsonl [--window 10] [--marks marks.txt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+def proc_stat() -> tuple[list[int], int]:
+    """Aggregate CPU jiffies (CPU_FIELDS order) and procs_running from /proc/stat."""
+    cpu: list[int] = [0] * len(CPU_FIELDS)
+    running = 0
+    for line in (_read("/proc/stat") or "").splitlines():
+        parts = line.split()
+        if parts and parts[0] == "cpu":
+            cpu = [int(x) for x in parts[1:1 + len(CPU_FIELDS)]]
+        elif parts and parts[0] == "procs_running":
+            running = int(parts[1])
+    return cpu, running
+
+
+def cgroup_cpu() -> dict[str, int]:
+    """usage_usec, nr_throttled, throttled_usec of this cgroup (v2 cpu.stat, else v1 cpuacct / cpu.stat)."""
+    out: dict[str, int] = {}
+    text = _read("/sys/fs/cgroup/cpu.stat")
+    if text is not None:
+        for line in text.splitlines():
+            k, _, v = line.partition(" ")
+            if k in ("usage_usec", "nr_throttled", "throttled_usec"):
+                out[k] = int(v)
+        return out
+    usage = _read("/sys/fs/cgroup/cpuacct/cpuacct.usage") or _read("/sys/fs/cgroup/cpu,cpuacct/cpuacct.usage")
+    if usage:
+        out["usage_usec"] = int(usage) // 1000
+    for p in ("/sys/fs/cgroup/cpu/cpu.stat", "/sys/fs/cgroup/cpu,cpuacct/cpu.stat"):
+        text = _read(p)
+        if text:
+            for line in text.splitlines():
+                k, _, v = line.partition(" ")
+                if k == "nr_throttled":
+                    out[k] = int(v)
+                elif k == "throttled_time":
+                    out["throttled_usec"] = int(v) // 1000
+            break
+    return out
+
+
+def mean_mhz() -> float | None:
+    vals = [float(line.split(":")[1]) for line in (_read("/proc/cpuinfo") or "").splitlines()
+            if line.startswith("cpu MHz")]
+    return round(statistics.fmean(vals), 1) if vals else None
+
+
+def proc_ticks() -> dict[int, tuple[str, int]]:
+    """utime + stime ticks and comm of every process."""
+    out: dict[int, tuple[str, int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        text = _read(f"/proc/{d}/stat")
+        if not text:
+            continue
+        lpar, rpar = text.find("("), text.rfind(")")
+        rest = text[rpar + 2:].split()
+        try:
+            out[int(d)] = (text[lpar + 1:rpar], int(rest[11]) + int(rest[12]))
+        except (IndexError, ValueError):
+            continue
+    return out
+
+
+def facts() -> dict[str, Any]:
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    model = next((line.split(":", 1)[1].strip() for line in (_read("/proc/cpuinfo") or "").splitlines()
+                  if line.startswith("model name")), None)
+    siblings = (_read("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") or "").strip()
+    quota = (_read("/sys/fs/cgroup/cpu.max") or _read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") or "").strip()
+    mem = next((line for line in (_read("/proc/meminfo") or "").splitlines() if line.startswith("MemTotal")), "")
+    return {"facts": True, "t": time.time(), "cpu_count": os.cpu_count(), "affinity": affinity, "cpu_max": quota,
+            "cpu0_thread_siblings": siblings, "model": model, "mem": mem, "kernel": platform.release(),
+            "loadavg": (_read("/proc/loadavg") or "").strip()}
+
+
+def monitor(out: Path, interval: float) -> None:
+    stop = False
+
+    def _stop(*_: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    with out.open("w") as f:
+        f.write(json.dumps(facts()) + "\n")
+        f.flush()
+        cpu0, _ = proc_stat()
+        cg0 = cgroup_cpu()
+        ticks0 = proc_ticks()
+        last = time.time()
+        while not stop:
+            time.sleep(interval)
+            now = time.time()
+            cpu, running = proc_stat()
+            cg = cgroup_cpu()
+            ticks = proc_ticks()
+            top = sorted(((pid, comm, t - ticks0.get(pid, (comm, 0))[1]) for pid, (comm, t) in ticks.items()),
+                         key=lambda x: -x[2])[:6]
+            f.write(json.dumps({"t": round(now, 3), "dt": round(now - last, 3), "cpu": [a - b for a, b in zip(cpu, cpu0, strict=True)],
+                                "running": running, "cg": {k: v - cg0.get(k, 0) for k, v in cg.items()},
+                                "mhz": mean_mhz(), "top": [list(x) for x in top if x[2] > 0]}) + "\n")
+            f.flush()
+            cpu0, cg0, ticks0, last = cpu, cg, ticks, now
+
+
+def summarize(path: Path, window: float, marks: Path | None) -> list[dict[str, Any]]:
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    head = lines[0] if lines and lines[0].get("facts") else {}
+    samples = [x for x in lines if "cpu" in x]
+    labels = []
+    if marks and marks.exists():
+        for line in marks.read_text().splitlines():
+            t, _, label = line.partition(" ")
+            labels.append((float(t), label.strip()))
+    rows: list[dict[str, Any]] = []
+    if not samples:
+        return rows
+    t0 = samples[0]["t"]
+    k = 0
+    while k < len(samples):
+        group = [s for s in samples[k:] if s["t"] < samples[k]["t"] + window]
+        k += len(group)
+        tot = [sum(s["cpu"][i] for s in group) for i in range(len(CPU_FIELDS))]
+        all_ = max(sum(tot), 1)
+        secs = max(sum(s["dt"] for s in group), 1e-9)
+        cores = (head.get("affinity") or head.get("cpu_count") or 1)
+        label = next((lab for t, lab in reversed(labels) if t <= group[-1]["t"]), "")
+        rows.append({"t": round(group[0]["t"] - t0, 1), "label": label,
+                     "busy_cores": round(cores * (all_ - tot[3] - tot[4]) / all_, 2),
+                     "steal_pct": round(100 * tot[7] / all_, 2),
+                     "throttled_ms_per_s": round(sum(s["cg"].get("throttled_usec", 0) for s in group) / 1e3 / secs, 1),
+                     "mhz": round(statistics.fmean([s["mhz"] for s in group if s.get("mhz")] or [0]), 0),
+                     "running": round(statistics.fmean([s["running"] for s in group]), 1)})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, help="JSONL to write while monitoring")
+    ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--summarize", type=Path, help="a JSONL written by --out")
+    ap.add_argument("--window", type=float, default=10.0)
+    ap.add_argument("--marks", type=Path)
+    args = ap.parse_args()
+    if args.summarize:
+        head = json.loads(args.summarize.read_text().splitlines()[0])
+        print(json.dumps(head))
+        for row in summarize(args.summarize, args.window, args.marks):
+            print(json.dumps(row))
+        return 0
+    if not args.out:
+        ap.error("--out or --summarize is needed")
+    monitor(args.out, args.interval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
