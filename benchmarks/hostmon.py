@@ -11,6 +11,10 @@ and the profile's one-worker loader cost range 2.75-4.42 ms a sample over 9 prof
   cg           cgroup CPU accounting since the last sample: usage_usec, nr_throttled, throttled_usec (v2 or v1)
   mhz          mean "cpu MHz" over /proc/cpuinfo
   top          the 6 processes with the most CPU ticks since the last sample: [pid, comm, ticks]
+  probe        fixed work timed on this process's one thread, wall and CPU ms: "pil" (8 bilinear resizes of a
+               500x375 RGB image to 224, the loader's kind of work) and "mem" (two 64 MiB copies).  Steal time
+               is 0 on these VMs and the MHz reported is fixed, so a core's real speed shows only as fixed work
+               taking longer; CPU ms close to wall ms means the thread was not preempted, it ran slower
 
 and a first line of static facts (cores, affinity, CPU quota, threads per core, model).  ``--summarize`` reads such
 a file, with optional ``--marks`` (lines "unix_time label"), and prints per-window busy / steal / throttled / MHz.
@@ -105,6 +109,41 @@ def proc_ticks() -> dict[int, tuple[str, int]]:
     return out
 
 
+class Probe:
+    """Fixed single-thread work, timed: the loader's kind (PIL resizes) and a memory copy."""
+
+    def __init__(self) -> None:
+        import random
+
+        try:
+            from PIL import Image
+        except ImportError:  # the probe is optional
+            self.image = None
+        else:
+            rng = random.Random(0)
+            self.image = Image.frombytes("RGB", (500, 375), bytes(rng.getrandbits(8) for _ in range(500 * 375 * 3)))
+        self.buf = bytearray(64 << 20)
+
+    def _pil(self) -> None:
+        if self.image is not None:
+            from PIL import Image
+
+            for _ in range(8):
+                self.image.resize((224, 224), Image.Resampling.BILINEAR).tobytes()
+
+    def _mem(self) -> None:
+        for _ in range(2):
+            bytes(self.buf)
+
+    def __call__(self) -> dict[str, list[float]]:
+        out = {}
+        for name, work in (("pil", self._pil), ("mem", self._mem)):
+            w, c = time.perf_counter(), time.process_time()
+            work()
+            out[name] = [round(1e3 * (time.perf_counter() - w), 2), round(1e3 * (time.process_time() - c), 2)]
+        return out
+
+
 def facts() -> dict[str, Any]:
     try:
         affinity = len(os.sched_getaffinity(0))
@@ -135,6 +174,8 @@ def monitor(out: Path, interval: float) -> None:
         cpu0, _ = proc_stat()
         cg0 = cgroup_cpu()
         ticks0 = proc_ticks()
+        probe = Probe()
+        probe()  # warm
         last = time.time()
         while not stop:
             time.sleep(interval)
@@ -142,11 +183,13 @@ def monitor(out: Path, interval: float) -> None:
             cpu, running = proc_stat()
             cg = cgroup_cpu()
             ticks = proc_ticks()
+            probed = probe()
             top = sorted(((pid, comm, t - ticks0.get(pid, (comm, 0))[1]) for pid, (comm, t) in ticks.items()),
                          key=lambda x: -x[2])[:6]
             f.write(json.dumps({"t": round(now, 3), "dt": round(now - last, 3), "cpu": [a - b for a, b in zip(cpu, cpu0, strict=True)],
                                 "running": running, "cg": {k: v - cg0.get(k, 0) for k, v in cg.items()},
-                                "mhz": mean_mhz(), "top": [list(x) for x in top if x[2] > 0]}) + "\n")
+                                "mhz": mean_mhz(), "top": [list(x) for x in top if x[2] > 0],
+                                "probe": probed}) + "\n")
             f.flush()
             cpu0, cg0, ticks0, last = cpu, cg, ticks, now
 
@@ -178,7 +221,9 @@ def summarize(path: Path, window: float, marks: Path | None) -> list[dict[str, A
                      "steal_pct": round(100 * tot[7] / all_, 2),
                      "throttled_ms_per_s": round(sum(s["cg"].get("throttled_usec", 0) for s in group) / 1e3 / secs, 1),
                      "mhz": round(statistics.fmean([s["mhz"] for s in group if s.get("mhz")] or [0]), 0),
-                     "running": round(statistics.fmean([s["running"] for s in group]), 1)})
+                     "running": round(statistics.fmean([s["running"] for s in group]), 1),
+                     **{f"{k}_ms": round(statistics.median([s["probe"][k][0] for s in group if "probe" in s] or [0]), 2)
+                        for k in ("pil", "mem")}})
     return rows
 
 

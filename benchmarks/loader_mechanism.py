@@ -15,7 +15,7 @@ point (298) and as fast as the in-process reading (2.69 ms a sample, 372/s).  Th
             throughput moved 10-30% within a bench launch (docs/BENCHMARKS.md section 16) -- this says whether one
             loader alone drifts as much (the host) or only two together do (their contention)
 
-    python benchmarks/loader_mechanism.py [--json out.json] [--seconds 3] [--drift-s 40]
+    python benchmarks/loader_mechanism.py [--json out.json] [--seconds 3] [--drift-s 40] [--drift-only]
 """
 
 from __future__ import annotations
@@ -60,15 +60,18 @@ def run_loader(dataset: Any, workers: int, batch: int, seconds: float, out: dict
     per_sample: list[float] = []
     t0 = time.perf_counter()
     stamps: list[float] = []
-    it = iter(loader)
-    try:
-        for _b, s in it:
-            per_sample.append(float(s) / batch)
-            stamps.append(time.perf_counter() - t0)
-            if stamps[-1] >= seconds:
-                break
-    finally:
-        del it
+    # Epoch after epoch until ``seconds`` (session 9: 16 x 455 ran out of its 25,600 samples after 11 s of a 40 s
+    # drift run, and the 2-worker loader beside it ran alone from then on).
+    while not stamps or stamps[-1] < seconds:
+        it = iter(loader)
+        try:
+            for _b, s in it:
+                per_sample.append(float(s) / batch)
+                stamps.append(time.perf_counter() - t0)
+                if stamps[-1] >= seconds:
+                    break
+        finally:
+            del it
     first = [x for x, t in zip(per_sample, stamps, strict=True) if t < 1.0]
     last = [x for x, t in zip(per_sample, stamps, strict=True) if t >= seconds / 2]
     out.update(workers=workers, batch=batch, batches=len(per_sample),
@@ -95,12 +98,31 @@ def together(dataset: Any, loaders: list[tuple[int, int]], seconds: float,
     return out
 
 
+def measure_parts(ds: Any, seconds: float, res: dict[str, Any]) -> None:
+    """The warm-up, batch-size and two-loaders parts (session 6's questions), into ``res``."""
+    res["warmup"] = []
+    for w in (1, 2, 8):
+        r: dict[str, Any] = {}
+        run_loader(ds, w, 32, seconds, r)
+        res["warmup"].append(r)
+        print("warmup", json.dumps(r), flush=True)
+    res["batch"] = []
+    for b in (32, 102, 256):
+        r = {}
+        run_loader(ds, 2, b, seconds, r)
+        res["batch"].append(r)
+        print("batch", json.dumps(r), flush=True)
+    res["together"] = together(ds, [(8, 410), (2, 102)], seconds + 1)
+    print("together", json.dumps(res["together"]), flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "loader_mechanism.json"))
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--num-samples", type=int, default=25600)
     ap.add_argument("--drift-s", type=float, default=40.0, help="seconds of each drift run (0: skip)")
+    ap.add_argument("--drift-only", action="store_true", help="only the drift part (after the in-process cost)")
     args = ap.parse_args()
     ds = build_workload("resnet50", "fake", num_samples=args.num_samples).dataset
     res: dict[str, Any] = {"cores": usable_cores(), "seconds": args.seconds}
@@ -110,20 +132,8 @@ def main() -> int:
     res["scaling_1s"] = [{"workers": p.num_workers, "per_worker_ms": 1e3 * p.num_workers / p.samples_per_s}
                          for p in measure_scaling(ds, [1, 2, 4, 8], batch_size=32, seconds=1.0)]
     print(json.dumps(res), flush=True)
-    res["warmup"] = []
-    for w in (1, 2, 8):
-        r: dict[str, Any] = {}
-        run_loader(ds, w, 32, args.seconds, r)
-        res["warmup"].append(r)
-        print("warmup", json.dumps(r), flush=True)
-    res["batch"] = []
-    for b in (32, 102, 256):
-        r = {}
-        run_loader(ds, 2, b, args.seconds, r)
-        res["batch"].append(r)
-        print("batch", json.dumps(r), flush=True)
-    res["together"] = together(ds, [(8, 410), (2, 102)], args.seconds + 1)
-    print("together", json.dumps(res["together"]), flush=True)
+    if not args.drift_only:
+        measure_parts(ds, args.seconds, res)
     if args.drift_s > 0:
         alone: dict[str, Any] = {}
         run_loader(ds, 2, 57, args.drift_s, alone, bin_s=2.0)
