@@ -78,13 +78,15 @@ class TimedWindow:
             else:
                 dist.barrier()
             did.append("barrier")
-        self.marks.append((done, time.perf_counter(), did))
+        self.marks.append((done, time.perf_counter(), did, time.time()))
 
     def result(self, global_batch: int) -> dict[str, Any]:
-        """The window: seconds, steps, samples/s and what synchronized each end."""
+        """The window: seconds, steps, samples/s, what synchronized each end, and its ends' unix times (to line
+        it up with a host monitor's samples, benchmarks/hostmon.py)."""
         if len(self.marks) != 2 or self.marks[1][0] <= self.marks[0][0]:
             raise RuntimeError(f"the timed window opens after step {self.open_after} of the last epoch and needs "
                                f"at least one more, got {self.last_step} steps")
-        (s0, t0, start), (s1, t1, end) = self.marks
+        (s0, t0, start, u0), (s1, t1, end, u1) = self.marks
         return {"seconds": t1 - t0, "steps": s1 - s0, "samples_per_s": (s1 - s0) * global_batch / (t1 - t0),
-                "start": start, "end": end, "warmup_epochs": self.last_epoch, "warmup_steps": s0}
+                "start": start, "end": end, "warmup_epochs": self.last_epoch, "warmup_steps": s0,
+                "unix": [round(u0, 3), round(u1, 3)]}

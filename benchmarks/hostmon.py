@@ -21,6 +21,7 @@ a file, with optional ``--marks`` (lines "unix_time label"), and prints per-wind
 
     python benchmarks/hostmon.py --out host.jsonl [--interval 1] &   ...   kill %1
     python benchmarks/hostmon.py --summarize host.jsonl [--window 10] [--marks marks.txt]
+    python benchmarks/hostmon.py --summarize host.jsonl --bench bench.json   # per timed window of the bench
 """
 
 from __future__ import annotations
@@ -227,6 +228,32 @@ def summarize(path: Path, window: float, marks: Path | None) -> list[dict[str, A
     return rows
 
 
+def bench_windows(path: Path, bench: Path) -> list[dict[str, Any]]:
+    """Per timed window of a `planner bench` JSON (its "unix" ends): the window's samples/s beside the host
+    samples inside it -- median probe ms (PIL, memory), busy cores, runnable tasks."""
+    samples = [x for x in map(json.loads, path.read_text().splitlines()) if "cpu" in x]
+    data = json.loads(bench.read_text())
+    rows = []
+    for name, res in data.items():
+        if not isinstance(res, dict) or "rounds_window" not in res:
+            continue
+        for k, w in enumerate(res["rounds_window"]):
+            if "unix" not in w:
+                continue
+            inside = [x for x in samples if w["unix"][0] <= x["t"] - x["dt"] and x["t"] <= w["unix"][1]]
+            row: dict[str, Any] = {"strategy": name, "round": k + 1, "samples_per_s": round(w["samples_per_s"], 1),
+                                   "step_ms": round(1e3 * w["seconds"] / w["steps"], 1), "host_samples": len(inside)}
+            if inside:
+                tot = [sum(x["cpu"][i] for x in inside) for i in range(len(CPU_FIELDS))]
+                row["busy_frac"] = round((sum(tot) - tot[3] - tot[4]) / max(sum(tot), 1), 3)
+                for key in ("pil", "mem"):
+                    vals = [x["probe"][key][0] for x in inside if "probe" in x]
+                    if vals:
+                        row[f"{key}_ms"] = round(statistics.median(vals), 2)
+            rows.append(row)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="JSONL to write while monitoring")
@@ -234,10 +261,15 @@ def main() -> int:
     ap.add_argument("--summarize", type=Path, help="a JSONL written by --out")
     ap.add_argument("--window", type=float, default=10.0)
     ap.add_argument("--marks", type=Path)
+    ap.add_argument("--bench", type=Path, help="with --summarize: a planner bench JSON whose windows to line up")
     args = ap.parse_args()
     if args.summarize:
         head = json.loads(args.summarize.read_text().splitlines()[0])
         print(json.dumps(head))
+        if args.bench:
+            for row in bench_windows(args.summarize, args.bench):
+                print(json.dumps(row))
+            return 0
         for row in summarize(args.summarize, args.window, args.marks):
             print(json.dumps(row))
         return 0

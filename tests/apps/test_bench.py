@@ -41,6 +41,9 @@ def test_every_strategy_runs_the_same_steps_warmup_batch_and_emulation(bench: di
     assert len(windows) == ROUNDS * len(COMPARED)
     # the same warm-up (one epoch and the timed epoch's first step) and the same timed steps, every round
     assert {(w["warmup_epochs"], w["warmup_steps"], w["steps"]) for w in windows} == {(1, 1, STEPS - 1)}
+    # each window's unix ends, in run order, span its seconds (what lines it up with benchmarks/hostmon.py)
+    for w in windows:
+        assert abs((w["unix"][1] - w["unix"][0]) - w["seconds"]) < 0.05, w
     # plan+replan: more epochs (re-planning needs them), the same global batch, steps and emulation
     replan = bench["plan+replan"]
     assert replan["setup"]["global_batch"] == B and replan["window"]["steps"] == STEPS - 1
