@@ -154,9 +154,12 @@ def facts() -> dict[str, Any]:
                   if line.startswith("model name")), None)
     siblings = (_read("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") or "").strip()
     quota = (_read("/sys/fs/cgroup/cpu.max") or _read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") or "").strip()
+    nodes = {d: (_read(f"/sys/devices/system/node/{d}/cpulist") or "").strip()
+             for d in sorted(os.listdir("/sys/devices/system/node")) if d.startswith("node")} \
+        if os.path.isdir("/sys/devices/system/node") else {}
     mem = next((line for line in (_read("/proc/meminfo") or "").splitlines() if line.startswith("MemTotal")), "")
     return {"facts": True, "t": time.time(), "cpu_count": os.cpu_count(), "affinity": affinity, "cpu_max": quota,
-            "cpu0_thread_siblings": siblings, "model": model, "mem": mem, "kernel": platform.release(),
+            "cpu0_thread_siblings": siblings, "numa_nodes": nodes, "model": model, "mem": mem, "kernel": platform.release(),
             "loadavg": (_read("/proc/loadavg") or "").strip()}
 
 
