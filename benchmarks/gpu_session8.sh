@@ -5,6 +5,7 @@
 #             "loader" part), LIMIT seconds at most
 #   mech      benchmarks/loader_mechanism.py (CPU only, ~3 minutes): warm-up, batch size, two loaders at once, and
 #             the drift of one loader alone against the plan's two together (DRIFT_S seconds each, default 40)
+#   idle      IDLE_S seconds (default 20) of nothing: hostmon's baseline
 #   t18-<cases>  benchmarks/loader_gpu.sh with CASES="<cases>" (comma-separated, e.g. t18-loader, t18-skew,midrun),
 #             LAUNCHES launches each, BUDGET_S seconds at most
 # benchmarks/hostmon.py samples the host (busy cores, steal, cgroup throttling, MHz, top processes) every second
@@ -28,6 +29,7 @@ for p in "$@"; do
              bash "$HERE/loader_gpu.sh" 2>&1 | tee "$dir/loader_gpu.log" ;;
     mech) mkdir -p "$WORK/mech"; python3 "$HERE/loader_mechanism.py" --json "$WORK/mech/loader_mechanism.json" \
             --drift-s "${DRIFT_S:-40}" ${DRIFT_ONLY:+--drift-only} 2>&1 | grep -v -E "UserWarning|check_worker" | tee "$WORK/mech/loader_mechanism.log" ;;
+    idle) sleep "${IDLE_S:-20}" ;;  # the host monitor's probe on an idle host, as a baseline
     *) echo "unknown part $p" >&2; exit 2 ;;
   esac
   pack
