@@ -30,7 +30,7 @@ class TimedWindow:
             raise ValueError(f"open_after={open_after}: the window opens after at least one step")
         self.device = device
         self.open_after = open_after
-        self.marks: list[tuple[int, float, list[str]]] = []
+        self.marks: list[tuple[int, float, list[str], float]] = []
         """(steps done, clock, what was done before reading it) at the window's two ends."""
         self.setup: dict[str, Any] = {}
         self.last_epoch = 0

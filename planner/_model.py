@@ -39,7 +39,8 @@ class RankModel:
     serial_loader: bool
     """True when the host has too few cores for one worker per rank: data is loaded in the training process."""
     max_workers: int = 8
-    """Most loader workers this rank may get (profile's loader.max_workers, else --max-workers-per-rank)."""
+    """Most loader workers this rank may get (``SolveOptions.worker_cap``: --max-workers-per-rank, the profile's
+    loader.max_workers and the host's worker budget)."""
     micro_cap: int | None = None
     """Memory cap on one micro-batch (forward+backward); None = no memory cap."""
     batch_cap: int | None = None
@@ -95,8 +96,7 @@ def build_models(profile: Profile, opts: SolveOptions) -> list[RankModel]:
                 cap=cap,
                 cap_reason=reason,
                 serial_loader=budgets[r.host] < per_host[r.host],
-                max_workers=min(opts.max_workers_per_rank, r.loader.max_workers or opts.max_workers_per_rank)
-                if r.loader else opts.max_workers_per_rank,
+                max_workers=opts.worker_cap(budgets[r.host], r.loader.max_workers if r.loader else None),
                 micro_cap=mem,
                 batch_cap=opts.max_batch_per_rank,
                 optimizer_s=r.optimizer_step_s or 0.0,

@@ -276,7 +276,7 @@ def _polish(busy: Busy, b: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.nda
 
 def _spread_spare_workers(models: list[RankModel], b: np.ndarray, w: np.ndarray,
                           budgets: dict[str, int]) -> np.ndarray:
-    """Hand a host's unused cores to its busiest loaders first, up to max_workers_per_rank each."""
+    """Hand a host's unused cores to its busiest loaders first, up to each rank's worker cap."""
     w = w.copy()
     on_host: dict[str, list[int]] = {h: [] for h in budgets}
     for i, m in enumerate(models):

@@ -76,7 +76,8 @@ def add_solve_arguments(p: argparse.ArgumentParser, *, from_plan: bool = False) 
     v, text = default(d.cpu_reserve_per_rank, f"{d.cpu_reserve_per_rank}")
     p.add_argument("--cpu-reserve-per-rank", type=count(0), default=v, metavar="CORES",
                    help=f"cores per rank kept for the training process, not for loader workers (default {text})")
-    v, text = default(d.max_workers_per_rank, f"{d.max_workers_per_rank}")
+    v, text = default(d.max_workers_per_rank, "none: the host's cores less --cpu-reserve-per-rank per rank, "
+                                              "shared by its ranks, are the only bound")
     p.add_argument("--max-workers-per-rank", type=count(), default=v, metavar="W",
                    help=f"most loader workers given to one rank (default {text})")
     v, text = default(DEFAULT_MIN_GAIN, f"{DEFAULT_MIN_GAIN}; 0 = always the optimum")

@@ -109,7 +109,7 @@ def loader_costs_s(profile: Profile, opts: SolveOptions, envelopes: Sequence[Env
     per_host = Counter(r.host for r in profile.ranks)
     workers, gpu_s = [], []
     for i, r in enumerate(profile.by_rank):
-        cap = min(opts.max_workers_per_rank, (r.loader.max_workers if r.loader else None) or opts.max_workers_per_rank)
+        cap = opts.worker_cap(budgets[r.host], r.loader.max_workers if r.loader else None)
         serial = budgets[r.host] < per_host[r.host]
         workers.append(0 if serial else min(cap, max(1, budgets[r.host] // per_host[r.host])))
         gpu_s.append(max((envelopes[i] if envelopes is not None else fit_envelope(r.compute)).slopes))

@@ -39,11 +39,13 @@ class SolveOptions:
     """Fraction of device memory kept free when deriving the memory cap from the fit."""
     cpu_reserve_per_rank: int = 1
     """Cores per rank kept for the training process itself (not given to loader workers)."""
-    max_workers_per_rank: int = 16
-    """Upper bound on loader workers per rank when spare cores are handed out (the host's cores, less
-    ``cpu_reserve_per_rank`` per rank, bound them all).  16 is torchvision's reference ImageNet recipe's default;
-    8 left a loader-bound rank starved on hosts with cores to spare (docs/BENCHMARKS.md section 14: "rank 0 needs 22
-    workers, has 8; the host can give 30")."""
+    max_workers_per_rank: int | None = None
+    """Upper bound on loader workers per rank.  None (the default): no bound of its own -- the host's worker budget
+    (its cores less ``cpu_reserve_per_rank`` per rank, shared by the host's ranks) is the limit, and the profile's
+    scaling curve is measured up to the host's cores, so a loader-bound rank may take the cores its neighbours'
+    loaders do not need.  The default was 16 (torchvision's reference ImageNet recipe) until session 9: on 2x H100
+    with 32 cores, 16 left rank 0 loader-bound with 12 cores idle ("rank 0 needs 22 workers, has 16; the host can
+    give 30"); uncapped, the plans put it at its GPU's pace (docs/BENCHMARKS.md section 17)."""
     time_limit_s: float = 20.0
     """HiGHS time limit per MILP call."""
     min_gain: float = DEFAULT_MIN_GAIN
@@ -55,8 +57,14 @@ class SolveOptions:
     """Most micro-steps (gradient accumulation) per optimizer step on one rank; 1 = never accumulate, so the sum
     of the memory caps bounds the global batch."""
 
+    def worker_cap(self, host_budget: int, rank_max: int | None = None) -> int:
+        """Most loader workers one rank may get: the least of --max-workers-per-rank, the rank's own cap
+        (``rank_max``, the profile's loader.max_workers) and its host's worker budget; at least 1."""
+        caps = [c for c in (self.max_workers_per_rank, rank_max) if c is not None]
+        return max(1, min([host_budget, *caps]))
+
     def __post_init__(self) -> None:
-        for name in ("min_batch", "cpu_reserve_per_rank", "max_workers_per_rank", "max_accumulation_steps"):
+        for name in ("min_batch", "cpu_reserve_per_rank", "max_accumulation_steps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ValidationError(f"{name} must be an integer, got {v!r}")
@@ -70,8 +78,10 @@ class SolveOptions:
             raise ValidationError(f"memory_headroom must be in [0, 1), got {self.memory_headroom}")
         if self.cpu_reserve_per_rank < 0:
             raise ValidationError(f"cpu_reserve_per_rank must be >= 0, got {self.cpu_reserve_per_rank}")
-        if self.max_workers_per_rank < 1:
-            raise ValidationError(f"max_workers_per_rank must be >= 1, got {self.max_workers_per_rank}")
+        if self.max_workers_per_rank is not None and (
+                isinstance(self.max_workers_per_rank, bool) or not isinstance(self.max_workers_per_rank, int)
+                or self.max_workers_per_rank < 1):
+            raise ValidationError(f"max_workers_per_rank must be an integer >= 1, got {self.max_workers_per_rank!r}")
         if not self.time_limit_s > 0:
             raise ValidationError(f"time_limit_s must be > 0, got {self.time_limit_s}")
         if not 0.0 <= self.min_gain < 1.0:

@@ -114,3 +114,32 @@ def test_a_loader_paced_rank_is_busy_for_its_whole_step() -> None:
     busy0 = statistics.median(e.measured_busy_s[0] for e in steady)
     assert busy0 == statistics.median(e.ranks[0].step_time_s for e in steady)
     assert busy0 == pytest.approx(plan.ranks[0].predicted_step_time_s, rel=0.05)
+
+
+@pytest.mark.parametrize("case", ["loader", "skew"])
+def test_default_worker_cap_is_the_host_budget(case: str) -> None:
+    """Session 9, 2x H100 on 32 cores (raw profiles of `planner train --auto`, docs/results): capped at 16 workers
+    rank 0 was loader-bound with 12 cores idle; with no cap of its own (the default now) the host's 30-worker budget
+    is the bound, rank 0 runs at its GPU's pace and the plan is predicted faster.  --max-workers-per-rank still caps."""
+    profile = Profile.from_dict(json.loads(
+        (RESULTS / f"h100x2_train_auto_replan_s9_{case}_r1_profile.json").read_text()))
+    assert SolveOptions().max_workers_per_rank is None
+    free = planner.solve(profile, global_batch=512, min_batch=2)
+    capped = planner.solve(profile, global_batch=512, min_batch=2, max_workers_per_rank=16)
+    assert max(r.num_workers for r in capped.ranks) <= 16 and capped.ranks[0].bottleneck == "loader"
+    assert free.ranks[0].num_workers > 16 and free.ranks[0].bottleneck == "compute"
+    assert sum(r.num_workers for r in free.ranks) <= 32 - 2  # the host's cores less one per rank
+    if case == "loader":  # the emulated cap of 2 workers stays rank 1's
+        assert free.ranks[1].num_workers == capped.ranks[1].num_workers == 2
+    assert free.predicted.samples_per_s > 1.1 * capped.predicted.samples_per_s
+
+
+def test_worker_cap_rule() -> None:
+    assert SolveOptions().worker_cap(30) == 30
+    assert SolveOptions().worker_cap(30, rank_max=2) == 2
+    assert SolveOptions(max_workers_per_rank=16).worker_cap(30) == 16
+    assert SolveOptions(max_workers_per_rank=16).worker_cap(4, rank_max=8) == 4
+    assert SolveOptions().worker_cap(0) == 1  # a host with no spare core still names one worker (serial loaders)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(planner.ValidationError):
+            SolveOptions(max_workers_per_rank=bad)  # type: ignore[arg-type]
