@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -118,14 +119,77 @@ def short_epoch_warning(steps_per_epoch: int, workers: list[int], prefetch: int 
             f"it")
 
 
+SHM_SHARE = 0.5
+"""Fraction of the host's free shared memory (/dev/shm) the job's in-flight DataLoader batches may take, split
+equally between the host's ranks; the rest stays for everything else on the host."""
+
+
+def tensor_nbytes(obj: Any) -> int:
+    """Bytes of the tensors and arrays in a (nested tuple / list / dict) sample or batch."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if hasattr(obj, "nbytes") and isinstance(obj.nbytes, int):  # numpy
+        return int(obj.nbytes)
+    if isinstance(obj, dict):
+        return sum(tensor_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_nbytes(v) for v in obj)
+    return 0
+
+
+def shm_free_bytes(path: str = "/dev/shm") -> int | None:
+    """Free bytes of the shared memory DataLoader workers hand batches over in; None where there is none."""
+    try:
+        return shutil.disk_usage(path).free if os.path.isdir(path) else None
+    except OSError:
+        return None
+
+
+def loader_prefetch(workers: int, batch_bytes: int, shm_free: int | None, local_ranks: int,
+                    prefetch: int = LOADER_PREFETCH) -> tuple[int, str | None]:
+    """(prefetch_factor, message): ``prefetch`` unless this rank's in-flight batches -- up to ``workers x
+    prefetch`` in shared memory, plus the one the training loop and the pin-memory thread hold -- would not fit its
+    share of the host's free /dev/shm (``SHM_SHARE`` of ``shm_free`` over ``local_ranks``); then the most that fits,
+    with a note, and 1 with a warning when even that does not fit (the DataLoader would die of a bus error)."""
+    if workers <= 0 or shm_free is None or batch_bytes <= 0:
+        return prefetch, None
+    share = SHM_SHARE * shm_free / max(1, local_ranks)
+    fits = int(share // batch_bytes) - 2
+    p = min(prefetch, fits // workers)
+    if p >= prefetch:
+        return prefetch, None
+    mb, gb = batch_bytes / 2**20, shm_free / 2**30
+    where = f"this rank's share of /dev/shm ({SHM_SHARE:.0%} of {gb:.1f} GiB free over {local_ranks} rank(s) on the host)"
+    if p >= 1:
+        return p, (f"note: DataLoader prefetch lowered from {prefetch} to {p} batches a worker, so that {workers} "
+                   f"workers' batches of {mb:.0f} MiB fit {where}")
+    return 1, (f"warning: {workers} workers x 1 prefetched batch of {mb:.0f} MiB do not fit {where}: the DataLoader "
+               f"may die of a bus error; enlarge /dev/shm (docker: --shm-size or --ipc=host), or give this rank fewer "
+               f"workers (--max-workers-per-rank {max(1, fits)}) or a smaller batch")
+
+
 def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_workers: int,
-                device: torch.device, on_batch: Callable[[float], None] | None = None) -> Any:
+                device: torch.device, on_batch: Callable[[float], None] | None = None, batch_size: int = 0,
+                say: Callable[[str], None] | None = None) -> Any:
     """The rank's batches: synthetic ones on the device, or a DataLoader over the sampler whose workers time each
-    batch they build (runtime.loader_timing; ``on_batch`` gets the seconds, the loop gets the batch)."""
+    batch they build (runtime.loader_timing; ``on_batch`` gets the seconds, the loop gets the batch).
+
+    ``batch_size``: the rank's batch (0: unknown); with it the prefetch is sized to the host's shared memory
+    (``loader_prefetch``, one sample's bytes read from the dataset), and ``say`` gets the note or warning."""
     if cfg.data_on_device:
         return DeviceBatches(batch_sampler, workload, device, channels_last_for(workload, device, cfg.mixed_devices))
     if cfg.loader_workers_cap is not None:
         num_workers = min(num_workers, cfg.loader_workers_cap)
+    prefetch, message = LOADER_PREFETCH, None
+    if num_workers > 0 and batch_size > 0:
+        try:
+            sample = tensor_nbytes(workload.dataset[0])
+        except Exception:  # an iterable or failing dataset: no size to go by, torch's own behaviour
+            sample = 0
+        prefetch, message = loader_prefetch(num_workers, sample * batch_size, shm_free_bytes(),
+                                            int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    if message is not None and say is not None:
+        say(message)
     return TimedLoader(DataLoader(
         TimedBatches(workload.dataset),
         sampler=batch_sampler,
@@ -133,7 +197,7 @@ def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_wo
         num_workers=num_workers,
         pin_memory=device.type == "cuda",
         persistent_workers=num_workers > 0,
-        prefetch_factor=LOADER_PREFETCH if num_workers > 0 else None,
+        prefetch_factor=prefetch if num_workers > 0 else None,
     ), on_batch=on_batch)
 
 

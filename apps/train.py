@@ -120,6 +120,10 @@ class Run:
         if self.env.is_main and not self.cfg.quiet:
             print(text, flush=True)
 
+    def rank_say(self, text: str) -> None:
+        """A note or warning about this rank's own set-up (its loader), from every rank, on stderr."""
+        print(f"rank {self.env.rank}: {text}", file=sys.stderr, flush=True)
+
 
 # -- set-up -------------------------------------------------------------------------------------------------
 def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, workload: Workload) -> Run:
@@ -314,7 +318,8 @@ def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
             run.hetero.set_batch_sizes(run.plan.batch_sizes, accumulation_steps=run.plan.accumulation_steps)
             if run.plan.ranks[env.rank].num_workers != old_workers:
                 run.loader = make_loader(cfg, run.workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers,
-                                         env.device, on_batch=run.timer.loader_batch)
+                                         env.device, on_batch=run.timer.loader_batch,
+                                         batch_size=run.plan.ranks[env.rank].batch_size, say=run.rank_say)
     _log_epoch(run, res, epoch_plan)
     checkpoint(run, res.epoch + 1, 0)
     if env.distributed:
@@ -380,7 +385,8 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     run.trace = open(cfg.trace_path, "a", encoding="utf-8") if cfg.trace_path else None
     early, late = Slowdown(cfg.slowdown), Slowdown(cfg.slowdown_late or cfg.slowdown)
     run.loader = make_loader(cfg, workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers, env.device,
-                             on_batch=run.timer.loader_batch)
+                             on_batch=run.timer.loader_batch, batch_size=run.plan.ranks[env.rank].batch_size,
+                             say=run.rank_say)
     run.device_state = DeviceStateSampler(env.device)
     if env.is_main and not cfg.data_on_device:
         steps = _loader_steps(run)

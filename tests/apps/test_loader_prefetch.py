@@ -1,0 +1,67 @@
+"""apps.steps.loader_prefetch: a rank's in-flight DataLoader batches sized to the host's shared memory.
+
+Each DataLoader worker hands its batches over in /dev/shm and keeps up to ``prefetch_factor`` of them ready.  With
+no fixed worker cap (session 9) a loader-bound rank may run 28 workers: at ResNet-50's 224 px and batch 465 that is
+28 x 4 batches of 267 MiB, 29 GiB of shared memory; a docker container's --shm-size of 8 GiB would see its
+DataLoader die of a bus error mid-epoch.  `planner train` lowers the prefetch until the batches fit, and says so.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import apps.steps as steps
+from apps.steps import LOADER_PREFETCH, SHM_SHARE, loader_prefetch, make_loader, tensor_nbytes
+from apps.train_config import TrainConfig
+from workloads.specs import build_workload
+
+GIB = 2**30
+IMAGE = 3 * 224 * 224 * 4  # one ResNet-50 sample, float32
+
+
+def test_fits_keeps_the_prefetch() -> None:
+    # Session 9's 2x H100 host: 128 GiB of /dev/shm, 2 ranks; rank 0 with 28 workers at batch 465.
+    assert loader_prefetch(28, 465 * IMAGE, 128 * GIB, 2) == (LOADER_PREFETCH, None)
+    assert loader_prefetch(0, 465 * IMAGE, 1, 2) == (LOADER_PREFETCH, None)  # no workers: nothing in shm
+    assert loader_prefetch(28, 465 * IMAGE, None, 2) == (LOADER_PREFETCH, None)  # no /dev/shm: torch's behaviour
+
+
+def test_lowered_to_what_fits_with_the_numbers() -> None:
+    batch = 465 * IMAGE
+    free = 64 * GIB  # 16 GiB a rank of 2 at SHM_SHARE 0.5: 61 batches
+    p, note = loader_prefetch(28, batch, free, 2)
+    share = SHM_SHARE * free / 2
+    assert p == int(share // batch - 2) // 28 == 2
+    assert 28 * p + 2 <= share / batch < 28 * (p + 1) + 2
+    assert note is not None and note.startswith("note:") and "from 4 to 2" in note and "267 MiB" in note
+
+
+def test_warns_when_even_one_batch_a_worker_does_not_fit() -> None:
+    p, warning = loader_prefetch(28, 465 * IMAGE, 8 * GIB, 2)  # docker --shm-size 8g: 7 batches a rank
+    assert p == 1 and warning is not None and warning.startswith("warning:")
+    assert "--shm-size" in warning and "--max-workers-per-rank 5" in warning
+
+
+def test_tensor_nbytes() -> None:
+    x = torch.zeros(3, 4, dtype=torch.float32)
+    assert tensor_nbytes((x, 7)) == 48
+    assert tensor_nbytes({"a": x, "b": [x, torch.zeros(2, dtype=torch.int64)]}) == 48 + 48 + 16
+    assert tensor_nbytes("text") == 0
+
+
+def test_make_loader_applies_it(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A real DataLoader over the fake CIFAR-size workload: its prefetch follows the shared memory there is."""
+    workload = build_workload("cifar_cnn", "fake", num_samples=64)
+    sample = tensor_nbytes(workload.dataset[0])
+    cfg = TrainConfig(model="cifar_cnn")
+    said: list[str] = []
+    sampler = [list(range(16))] * 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setattr(steps, "shm_free_bytes", lambda: None)
+    roomy = make_loader(cfg, workload, sampler, 2, torch.device("cpu"), batch_size=16, say=said.append)
+    assert roomy.loader.prefetch_factor == LOADER_PREFETCH and said == []
+    tight = int((2 * 2 + 2) * 16 * sample / SHM_SHARE) + 1  # room for 2 workers x 2 batches and the loop's two
+    monkeypatch.setattr(steps, "shm_free_bytes", lambda: tight)
+    loader = make_loader(cfg, workload, sampler, 2, torch.device("cpu"), batch_size=16, say=said.append)
+    assert loader.loader.prefetch_factor == 2 and len(said) == 1 and "from 4 to 2" in said[0]
+    assert sum(len(x) for x, _y in loader) == 32  # and it still loads
