@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import sys
@@ -157,9 +158,13 @@ def facts() -> dict[str, Any]:
     nodes = {d: (_read(f"/sys/devices/system/node/{d}/cpulist") or "").strip()
              for d in sorted(os.listdir("/sys/devices/system/node")) if d.startswith("node")} \
         if os.path.isdir("/sys/devices/system/node") else {}
+    try:
+        shm = shutil.disk_usage("/dev/shm")._asdict()
+    except OSError:
+        shm = None
     mem = next((line for line in (_read("/proc/meminfo") or "").splitlines() if line.startswith("MemTotal")), "")
     return {"facts": True, "t": time.time(), "cpu_count": os.cpu_count(), "affinity": affinity, "cpu_max": quota,
-            "cpu0_thread_siblings": siblings, "numa_nodes": nodes, "model": model, "mem": mem, "kernel": platform.release(),
+            "cpu0_thread_siblings": siblings, "numa_nodes": nodes, "dev_shm": shm, "model": model, "mem": mem, "kernel": platform.release(),
             "loadavg": (_read("/proc/loadavg") or "").strip()}
 
 
