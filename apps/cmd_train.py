@@ -37,8 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-batch", type=count(), default=1, metavar="M", help="--auto: smallest local batch (default 1)")
     g.add_argument("--quick", action="store_true", help="--auto: a short profile (CI-sized)")
     g.add_argument("--max-workers-per-rank", type=count(), default=None, metavar="W",
-                   help="--auto: most loader workers the plan gives one rank (default: `planner plan`'s, 16; the "
-                        "host's cores bound them all)")
+                   help="--auto: most loader workers the plan gives one rank (default: no cap of its own; the "
+                        "host's cores less one per rank bound them all)")
     g.add_argument("--plan-out", default=None, metavar="PATH",
                    help=f"--auto: where rank 0 writes the plan (default {AUTO_PLAN_OUT}, which is only replaced if an "
                         "earlier --auto wrote it; name it here to overwrite any file)")

@@ -242,12 +242,16 @@ def _loader_lines(profile: Profile, starved: Sequence[LoaderNeed], opts: SolveOp
                 + " worker(s) respectively: give the host more cores or run fewer ranks on it.")
             continue
         listed = _listed([f"rank {n.rank} needs {n.workers_needed} (has {n.num_workers})" for n in needs])
+        # --max-workers-per-rank is a remedy only where it binds: uncapped (the default), the host's cores do.
+        capped = opts.max_workers_per_rank is not None and any(
+            n.num_workers >= opts.max_workers_per_rank for n in needs)
+        more = ("more workers (raise --max-workers-per-rank, or lift the rank's worker cap), " if capped
+                else "more workers (lift the rank's worker cap, if it has one; else give the host more cores), ")
         lines.append(
             f"Loader-starved on {host}: data takes longer than compute; {listed} worker(s); the host can give "
             f"{needs[0].host_worker_budget} in all ({h.cpu_cores} cores minus {opts.cpu_reserve_per_rank} per rank). "
-            "Relieve it with more workers (--max-workers-per-rank, or lift the rank's worker cap), fewer ranks on "
-            "the host (their workers share its cores), or lighter CPU transforms (e.g. decode smaller, move "
-            "augmentation to the GPU).")
+            f"Relieve it with {more}fewer ranks on the host (their workers share its cores), or lighter CPU "
+            "transforms (e.g. decode smaller, move augmentation to the GPU).")
     return lines
 
 

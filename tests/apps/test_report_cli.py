@@ -139,3 +139,22 @@ def test_a_kept_equal_split_is_a_finding() -> None:
     # a plan that moved off the equal split says nothing of the kind
     assert not any("was kept" in line for line in analyze(Profile.load(EXAMPLE), solve(Profile.load(EXAMPLE),
                                                                               global_batch=512), SolveOptions()).findings.lines)
+
+
+def test_loader_starved_remedy_names_the_cap_only_where_it_binds() -> None:
+    """Session 9's 2x H100 skew profile (32 cores): capped at 16 workers rank 0 is starved and the finding says to
+    raise --max-workers-per-rank; uncapped (the default) rank 0 is not starved, and a rank the host's cores starve
+    is not told to raise a cap it does not have."""
+    results = Path(__file__).resolve().parents[2] / "docs" / "results"
+    prof = Profile.from_dict(json.loads((results / "h100x2_train_auto_replan_s9_skew_r2_profile.json").read_text()))
+    capped_opts = SolveOptions(max_workers_per_rank=16, min_batch=2)
+    capped = analyze(prof, solve(prof, global_batch=512, options=capped_opts), capped_opts)
+    line = next(x for x in capped.findings.lines if x.startswith("Loader-starved"))
+    assert "rank 0 needs" in line and "(has 16)" in line and "raise --max-workers-per-rank" in line
+    free = analyze(prof, solve(prof, global_batch=512, min_batch=2), SolveOptions(min_batch=2))
+    assert not any(n.rank == 0 for n in free.findings.loader_starved)
+    small = Profile(hosts=(HostProfile(name="b", cpu_cores=2),),
+                    ranks=(linear_rank(0, 0.001, host="b", loader_s=0.01),))
+    line = next(x for x in analyze(small, solve(small, global_batch=110), SolveOptions()).findings.lines
+                if x.startswith("Loader-starved"))
+    assert "--max-workers-per-rank" not in line
