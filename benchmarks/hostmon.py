@@ -16,7 +16,7 @@ and the profile's one-worker loader cost range 2.75-4.42 ms a sample over 9 prof
                is 0 on these VMs and the MHz reported is fixed, so a core's real speed shows only as fixed work
                taking longer; CPU ms close to wall ms means the thread was not preempted, it ran slower
 
-and a first line of static facts (cores, affinity, CPU quota, threads per core, model).  ``--summarize`` reads such
+and a first line of static facts (cores, affinity, CPU quota, threads per core, NUMA nodes, /dev/shm, model).  ``--summarize`` reads such
 a file, with optional ``--marks`` (lines "unix_time label"), and prints per-window busy / steal / throttled / MHz.
 
     python benchmarks/hostmon.py --out host.jsonl [--interval 1] &   ...   kill %1
