@@ -148,7 +148,7 @@ def _optimize(models: list[RankModel], cap_arr: np.ndarray, arrays: Arrays, budg
         b, _, status = solve_milp(pieces, cap_arr, B, opts.min_batch, loader=(p, w),
                                   time_limit_s=opts.time_limit_s)
         method = "milp+workers"
-    w = _spread_spare_workers(models, b, w, budgets)
+    w = _spread_spare_workers(models, b, w, budgets, float(np.max(_busy(pieces, p, b, w))))
     lo = np.full(len(b), opts.min_batch, dtype=np.int64)
     b = _settle(pieces, p, w, b, lo, cap_arr)
     return Found(batch_sizes=b, steps=np.ones(len(b), dtype=np.int64), workers=w, method=method, status=status)
@@ -198,7 +198,8 @@ def _optimize_accumulated(models: list[RankModel], arrays: Arrays, budgets: dict
         w = np.where(serial, 0, w)
         b, k, status = _place(acc, pieces, caps, B, opts, loader=(p, w), start_hi=t_fed)
         method = "milp+accumulation+workers"
-    w = _spread_spare_workers(models, b, w, budgets)
+    w = _spread_spare_workers(models, b, w, budgets,
+                              float(np.max(np.maximum(acc.times(b, k), _loader_time(p, b, w)))))
     b = _settle(acc.at_steps(k), p, w, b, opts.min_batch * k, np.minimum(caps, k * acc.micro_caps))
     return Found(batch_sizes=b, steps=np.minimum(k, acc.fewest(b)), workers=w, method=method, status=status)
 
@@ -274,21 +275,31 @@ def _polish(busy: Busy, b: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.nda
     return b
 
 
+SPARE_LOADER_SHARE = 0.5
+"""Spare cores go to a rank's loader until its build time is at most this share of the step: twice the pace it needs,
+against a host whose cores run 1.7x slower from one second to the next (docs/BENCHMARKS.md section 17).  Past it a
+worker only takes memory (its prefetched batches) and start-up time."""
+
+
 def _spread_spare_workers(models: list[RankModel], b: np.ndarray, w: np.ndarray,
-                          budgets: dict[str, int]) -> np.ndarray:
-    """Hand a host's unused cores to its busiest loaders first, up to each rank's worker cap."""
+                          budgets: dict[str, int], step_s: float) -> np.ndarray:
+    """Hand a host's unused cores to its busiest loaders first, up to each rank's worker cap, while the loader
+    takes more than ``SPARE_LOADER_SHARE`` of the step ``step_s``."""
     w = w.copy()
     on_host: dict[str, list[int]] = {h: [] for h in budgets}
     for i, m in enumerate(models):
         if not m.serial_loader:
             on_host[m.host].append(i)
+    enough = SPARE_LOADER_SHARE * step_s
     for h, budget in budgets.items():
         idx = on_host[h]
         spare = budget - int(sum(w[i] for i in idx))
         heap = [(-models[i].sec_per_sample * b[i] / w[i], i) for i in idx if w[i] < models[i].max_workers]
         heapq.heapify(heap)
         while spare > 0 and heap:
-            _, i = heapq.heappop(heap)
+            load, i = heapq.heappop(heap)
+            if -load <= enough:  # the busiest loader has its slack: so have the others
+                break
             w[i] += 1
             spare -= 1
             if w[i] < models[i].max_workers:

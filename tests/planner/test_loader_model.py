@@ -143,3 +143,18 @@ def test_worker_cap_rule() -> None:
     for bad in (0, -1, 2.5, True):
         with pytest.raises(planner.ValidationError):
             SolveOptions(max_workers_per_rank=bad)  # type: ignore[arg-type]
+
+
+def test_spare_cores_go_to_a_loader_until_it_has_twice_its_pace() -> None:
+    """With no fixed worker cap a light loader on a big host is not handed every core: spare workers stop once the
+    busiest loader builds in at most half the step (planner._search.SPARE_LOADER_SHARE), where more workers would
+    only hold memory.  Two equal ranks, 1 ms/sample of compute, 4 ms/sample of loading, 128 cores."""
+    from planner._search import SPARE_LOADER_SHARE
+
+    plan = planner.solve(linear_profile([0.001, 0.001], loader_s=[0.004, 0.004], cores=128), global_batch=512)
+    step = plan.predicted.step_time_s
+    assert plan.batch_sizes == (256, 256) and all(r.bottleneck == "compute" for r in plan.ranks)
+    for r in plan.ranks:
+        loader_s = 0.004 * r.batch_size / r.num_workers
+        assert loader_s <= SPARE_LOADER_SHARE * step < 0.004 * r.batch_size / (r.num_workers - 1)
+    assert sum(r.num_workers for r in plan.ranks) < 126 // 2  # far from the 126 the host could give
