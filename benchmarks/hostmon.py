@@ -203,6 +203,17 @@ def monitor(out: Path, interval: float) -> None:
             cpu0, cg0, ticks0, last = cpu, cg, ticks, now
 
 
+def _busy_fraction(group: list[dict[str, Any]]) -> tuple[list[int], float]:
+    """The samples' summed CPU jiffies (CPU_FIELDS order) and the share of them neither idle nor iowait."""
+    tot = [sum(s["cpu"][i] for s in group) for i in range(len(CPU_FIELDS))]
+    return tot, (sum(tot) - tot[3] - tot[4]) / max(sum(tot), 1)
+
+
+def _probe_medians(group: list[dict[str, Any]]) -> dict[str, float]:
+    return {f"{name}_ms": round(statistics.median([s["probe"][name][0] for s in group if "probe" in s] or [0]), 2)
+            for name in ("pil", "mem")}
+
+
 def summarize(path: Path, window: float, marks: Path | None) -> list[dict[str, Any]]:
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     head = lines[0] if lines and lines[0].get("facts") else {}
@@ -220,19 +231,18 @@ def summarize(path: Path, window: float, marks: Path | None) -> list[dict[str, A
     while k < len(samples):
         group = [s for s in samples[k:] if s["t"] < samples[k]["t"] + window]
         k += len(group)
-        tot = [sum(s["cpu"][i] for s in group) for i in range(len(CPU_FIELDS))]
+        tot, busy = _busy_fraction(group)
         all_ = max(sum(tot), 1)
         secs = max(sum(s["dt"] for s in group), 1e-9)
         cores = (head.get("affinity") or head.get("cpu_count") or 1)
         label = next((lab for t, lab in reversed(labels) if t <= group[-1]["t"]), "")
         rows.append({"t": round(group[0]["t"] - t0, 1), "label": label,
-                     "busy_cores": round(cores * (all_ - tot[3] - tot[4]) / all_, 2),
+                     "busy_cores": round(cores * busy, 2),
                      "steal_pct": round(100 * tot[7] / all_, 2),
                      "throttled_ms_per_s": round(sum(s["cg"].get("throttled_usec", 0) for s in group) / 1e3 / secs, 1),
                      "mhz": round(statistics.fmean([s["mhz"] for s in group if s.get("mhz")] or [0]), 0),
                      "running": round(statistics.fmean([s["running"] for s in group]), 1),
-                     **{f"{k}_ms": round(statistics.median([s["probe"][k][0] for s in group if "probe" in s] or [0]), 2)
-                        for k in ("pil", "mem")}})
+                     **_probe_medians(group)})
     return rows
 
 
@@ -252,12 +262,9 @@ def bench_windows(path: Path, bench: Path) -> list[dict[str, Any]]:
             row: dict[str, Any] = {"strategy": name, "round": k + 1, "samples_per_s": round(w["samples_per_s"], 1),
                                    "step_ms": round(1e3 * w["seconds"] / w["steps"], 1), "host_samples": len(inside)}
             if inside:
-                tot = [sum(x["cpu"][i] for x in inside) for i in range(len(CPU_FIELDS))]
-                row["busy_frac"] = round((sum(tot) - tot[3] - tot[4]) / max(sum(tot), 1), 3)
-                for key in ("pil", "mem"):
-                    vals = [x["probe"][key][0] for x in inside if "probe" in x]
-                    if vals:
-                        row[f"{key}_ms"] = round(statistics.median(vals), 2)
+                row["busy_frac"] = round(_busy_fraction(inside)[1], 3)
+                if any("probe" in x for x in inside):
+                    row.update(_probe_medians(inside))
             rows.append(row)
     return rows
 
