@@ -197,6 +197,9 @@ class Replanner:
         gain = t_old / t_new - 1.0
         numbers = (f"predicted step {t_old * 1e3:.4g} ms -> {t_new * 1e3:.4g} ms, gain {gain:.1%}; "
                    f"batches {list(old.batch_sizes)} -> {list(cand.batch_sizes)}")
+        old_w, new_w = [r.num_workers for r in old.ranks], [r.num_workers for r in cand.ranks]
+        if old_w != new_w:  # loader workers follow the step (planner._search.SPARE_LOADER_SHARE)
+            numbers += f", loader workers {old_w} -> {new_w}"
         self._policy_state, verdict = self._policy.judge(
             self._policy_state, epoch=epoch, current=old.batch_sizes, candidate=cand.batch_sizes, gain=gain,
             noise=noise, step_s=step_s)

@@ -157,7 +157,13 @@ def test_data_wait_raises_the_loader_cost() -> None:
     assert spp[0] == pytest.approx((2 * c0 + 0.002) * w0 / b0) and spp[1] == pytest.approx(0.0004)
     loader = rp.profile.rank(0).loader
     assert loader is not None and loader.sec_per_sample == spp[0]
-    assert d.candidate is not None and d.candidate.batch_sizes[0] < b0  # work moves off the starved rank
+    # The host has spare cores: the re-solve gives the starved rank more workers and keeps its work.
+    assert d.candidate is not None and d.candidate.batch_sizes[0] == b0 and d.candidate.ranks[0].num_workers > w0
+    # With its workers capped where they are (--max-workers-per-rank), work moves off the starved rank instead.
+    capped = planner.solve(profile, global_batch=512, max_workers_per_rank=w0)
+    assert capped.batch_sizes == plan.batch_sizes and capped.ranks[0].num_workers == w0
+    d = Replanner(profile, capped, smoothing=1.0).decide(_stats(profile, capped, 0, data_wait_s=(c0, 0.0)), epoch=0)
+    assert d.candidate is not None and d.candidate.batch_sizes[0] < b0
 
 
 def test_state_round_trip_continues_identically() -> None:
