@@ -6,6 +6,8 @@
 #   mech      benchmarks/loader_mechanism.py (CPU only, ~3 minutes): warm-up, batch size, two loaders at once, and
 #             the drift of one loader alone against the plan's two together (DRIFT_S seconds each, default 40)
 #   idle      IDLE_S seconds (default 20) of nothing: hostmon's baseline
+#   h2d       benchmarks/h2d_probe.py on GPU 0 (~1 minute): a batch's host-to-device copy, on the compute stream or
+#             prefetched on a side stream, against a step on a batch already on the GPU (section 17's 5-11 ms gap)
 #   t18-<cases>  benchmarks/loader_gpu.sh with CASES="<cases>" (comma-separated, e.g. t18-loader, t18-skew,midrun),
 #             LAUNCHES launches each, BUDGET_S seconds at most
 # benchmarks/hostmon.py samples the host (busy cores, steal, cgroup throttling, MHz, top processes) every second
@@ -30,6 +32,8 @@ for p in "$@"; do
     mech) mkdir -p "$WORK/mech"; python3 "$HERE/loader_mechanism.py" --json "$WORK/mech/loader_mechanism.json" \
             --drift-s "${DRIFT_S:-40}" ${DRIFT_ONLY:+--drift-only} 2>&1 | grep -v -E "UserWarning|check_worker" | tee "$WORK/mech/loader_mechanism.log" ;;
     idle) sleep "${IDLE_S:-20}" ;;  # the host monitor's probe on an idle host, as a baseline
+    h2d) mkdir -p "$WORK/h2d"; timeout 240 python3 "$HERE/h2d_probe.py" --json "$WORK/h2d/h2d_probe.json" 2>&1 \
+           | tee "$WORK/h2d/h2d_probe.log" ;;  # the host monitor's probe on an idle host, as a baseline
     *) echo "unknown part $p" >&2; exit 2 ;;
   esac
   pack
