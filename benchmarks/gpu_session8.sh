@@ -33,7 +33,7 @@ for p in "$@"; do
             --drift-s "${DRIFT_S:-40}" ${DRIFT_ONLY:+--drift-only} 2>&1 | grep -v -E "UserWarning|check_worker" | tee "$WORK/mech/loader_mechanism.log" ;;
     idle) sleep "${IDLE_S:-20}" ;;  # the host monitor's probe on an idle host, as a baseline
     h2d) mkdir -p "$WORK/h2d"; timeout 240 python3 "$HERE/h2d_probe.py" --json "$WORK/h2d/h2d_probe.json" 2>&1 \
-           | tee "$WORK/h2d/h2d_probe.log" ;;  # the host monitor's probe on an idle host, as a baseline
+           | tee "$WORK/h2d/h2d_probe.log" ;;
     *) echo "unknown part $p" >&2; exit 2 ;;
   esac
   pack
