@@ -7,7 +7,6 @@ samples inside them.  And a real monitor run here: it samples until SIGTERM and 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import subprocess
@@ -16,17 +15,14 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+from tests._scripts import benchmark
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
 
 
 def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("hostmon", ROOT / "benchmarks" / "hostmon.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark("hostmon")
 
 
 def test_session9_idle_probe_and_bench_windows() -> None:

@@ -7,25 +7,20 @@ the step, as the larger of the ranks' median compute and loader period, matched 
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests._scripts import benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "docs" / "results" / "h100x2_train_auto_replan_s6_skew_r2_run.jsonl"
 
 
 def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("loader_summary", ROOT / "benchmarks" / "loader_summary.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark("loader_summary")
 
 
 def test_the_inputs_model_explains_the_recorded_epochs(tmp_path: Path) -> None:

@@ -8,30 +8,20 @@ to OUT/rank{RANK}.pt.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 
+from tests._scripts import load_script
 from tests.frameworks._common import exit_without_teardown
 
 
-def load(path: str, name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def main(kind: str, stock_path: str, planned_path: str, plan: str, out: str) -> None:
-    stock, planned = load(stock_path, "stock_example"), load(planned_path, "planned_example")
+    stock, planned = load_script(stock_path, "stock_example"), load_script(planned_path, "planned_example")
     stock_args = stock.get_args_parser().parse_args(["--batch-size", "8"])
     planned_args = planned.get_args_parser().parse_args(["--plan", plan])
     if kind == "accelerate":

@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 
 import planner
+from tests._scripts import load_script
 from tests.frameworks._common import REPO, torchrun
-from tests.runtime.test_adopting import apply_diff, changed_lines, load_module
+from tests.runtime.test_adopting import apply_diff, changed_lines
 
 DOC = REPO / "docs" / "FRAMEWORKS.md"
 RUNNER = Path(__file__).with_name("_run_examples.py")
@@ -45,7 +46,7 @@ def _profiled_plan(tmp_path: Path) -> planner.Plan:
     from profiler.loader import LoaderOptions
     from workloads.emulate import Slowdown
 
-    example = load_module(str(REPO / "examples" / "lightning_stock.py"), "lightning_example_for_profile")
+    example = load_script(str(REPO / "examples" / "lightning_stock.py"), "lightning_example_for_profile")
     model = example.Regressor()  # type: ignore[attr-defined]
     data = example.Synthetic(64)  # type: ignore[attr-defined]
     ranks = []

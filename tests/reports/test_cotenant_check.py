@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -13,17 +12,14 @@ from planner.devstate import GpuProcess
 from reports.analysis import analyze, options_for
 from reports.html import render_html
 from reports.summary import format_summary
+from tests._scripts import load_script
 from tests.reports.test_causes import CLEAN, COTENANT, GIB, profile, rank
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_causes_check.py"
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_causes_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "gpu_causes_check")
 
 
 def _verdict(state0: object, state1: object, *, pid: int = 4242, hold_gib: float = 12.0) -> dict:

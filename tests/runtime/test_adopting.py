@@ -7,9 +7,7 @@ applies to; each planned script runs on 2 gloo ranks next to its stock original.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ import torch.distributed as dist
 
 from planner.plan import Plan, Predicted, RankPlan
 from tests._dist import run_distributed
+from tests._scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "ADOPTING.md"
@@ -75,23 +74,14 @@ def changed_lines(diff: list[str]) -> int:
     return sum(1 for line in diff if line.startswith("+"))
 
 
-def load_module(path: str, name: str) -> object:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def adopt_worker(rank: int, world: int, scripts: list[tuple[str, str]], plan_path: str) -> None:
     for i, (stock_path, planned_path) in enumerate(scripts):
-        stock = load_module(stock_path, f"stock_script_{i}")
+        stock = load_script(stock_path, f"stock_script_{i}")
         out = stock.train(stock.get_args_parser().parse_args(["--batch-size", "8"]))  # type: ignore[attr-defined]
         assert out["batch_sizes"] == ([8] * 6 + [2]) * 2  # DistributedSampler: 50 samples per rank
         assert out["lr"] == pytest.approx(0.05)  # 0.05 at a global batch of 16
 
-        planned = load_module(planned_path, f"planned_script_{i}")
+        planned = load_script(planned_path, f"planned_script_{i}")
         # --workers 3 is left in the planned script's flags: the loader must take the plan's 0 instead.
         args = planned.get_args_parser().parse_args(["--plan", plan_path, "--workers", "3"])  # type: ignore[attr-defined]
         out = planned.train(args)  # type: ignore[attr-defined]
