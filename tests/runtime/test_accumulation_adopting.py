@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 from planner.plan import Plan, Predicted, RankPlan
 from tests._dist import run_distributed
-from tests.runtime.test_adopting import DOC, apply_diff, changed_lines, load_module
+from tests._scripts import load_script
+from tests.runtime.test_adopting import DOC, apply_diff, changed_lines
 
 HERE = Path(__file__).resolve().parent
 # (doc section, stock script, planned twin, batch sizes, accumulation steps, plan mode)
@@ -71,13 +72,13 @@ def same_on_every_rank(params: list[torch.Tensor], world: int) -> None:
 
 def adopt_worker(rank: int, world: int, tmp: str) -> None:
     for form, (_, stock_name, planned_name, sizes, steps, mode) in FORMS.items():
-        stock = load_module(str(HERE / stock_name), f"stock_{form}")
+        stock = load_script(str(HERE / stock_name), f"stock_{form}")
         out = stock.train(stock.get_args_parser().parse_args([]))  # type: ignore[attr-defined]
         assert out["batch_sizes"] == ([4] * 12 + [2]) * 2  # DistributedSampler: 50 samples per rank and epoch
         assert out["optimizer_steps"] == 14  # 6 windows of 2 micro-batches + the last one, per epoch
         same_on_every_rank(out["params"], world)
 
-        planned = load_module(str(HERE / planned_name), f"planned_{form}")
+        planned = load_script(str(HERE / planned_name), f"planned_{form}")
         args = planned_args(planned, accumulating_plan(sizes, steps, mode), tmp)
         out = planned.train(args)  # type: ignore[attr-defined]
         assert out["batch_sizes"] == EXPECTED[form][rank] * 2, (form, out["batch_sizes"])
