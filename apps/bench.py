@@ -478,10 +478,11 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
     import torch
     from torch.utils.data import DataLoader, RandomSampler
 
-    from apps.steps import LOADER_PREFETCH, loader_drain_steps
+    from apps.steps import LOADER_PREFETCH, DeviceCopy, loader_drain_steps
     from profiler.compute import StepRunner
 
     runner = StepRunner(workload, device, amp=opts["amp"], slowdown=slow, channels_last=cl)
+    to_device = DeviceCopy(device, runner.channels_last)
     # Timed once the workers' start-up and the batches they build ahead are spent, and over whole cycles of its
     # workers (runtime.timing.worker_cycle), as the strategies' windows are.
     steps, warmup = whole_cycles(max(5, min(int(opts["steps"]), 20)), [workers]), max(3, loader_drain_steps(workers))
@@ -495,10 +496,7 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 t0 = time.perf_counter()
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            if runner.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            runner.step(x, y)
+            runner.step(*to_device(x, y))  # on a side stream, as `planner train` copies (apps.steps.DeviceCopy)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return (time.perf_counter() - t0) / steps

@@ -84,6 +84,43 @@ class DeviceBatches:
             yield self._cache[n]
 
 
+class DeviceCopy:
+    """Moves a loader's batch to the device on a side stream, so batch N+1's host-to-device copy runs while step N
+    still computes.
+
+    A copy issued on the compute stream waits for the queued step before it and the GPU then idles through it:
+    ResNet-50's batch of 408 images is 245 MB, ~10 ms over PCIe, outside the profile's compute sweep (which steps on
+    batches already on the GPU).  Session 9, 2x H100, `planner train --auto`: compute-paced steps took 10.7 ms
+    (batch 408) and 5.3 ms (batch 465) longer than the slowest rank's compute plus its data wait
+    (docs/BENCHMARKS.md section 17; `benchmarks/h2d_probe.py` times both ways).  The pattern is the classic
+    prefetcher's: the copy allocates on the side stream without waiting for the compute stream (the source is
+    pinned host memory the DataLoader handed over), the compute stream waits for the copy, and ``record_stream``
+    keeps the caching allocator from reusing the batch's memory before the compute stream is done with it.  The
+    channels_last conversion runs on the side stream too.  Tensors already on the device (synthetic batches) and
+    non-CUDA devices are passed through as ``.to(device)``."""
+
+    def __init__(self, device: torch.device, channels_last: bool = False) -> None:
+        self.device, self.channels_last = device, channels_last
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def _convert(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channels_last and x.dim() == 4:
+            return x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.stream is None or (x.device == self.device and y.device == self.device):
+            return self._convert(x.to(self.device)), y.to(self.device)
+        with torch.cuda.stream(self.stream):
+            xd = self._convert(x.to(self.device, non_blocking=True))
+            yd = y.to(self.device, non_blocking=True)
+        compute = torch.cuda.current_stream(self.device)
+        compute.wait_stream(self.stream)
+        for t in (xd, yd):
+            t.record_stream(compute)
+        return xd, yd
+
+
 LOADER_PREFETCH = 4
 """Batches each DataLoader worker keeps ready (``prefetch_factor``) in `planner train` and `planner bench`."""
 

@@ -41,6 +41,7 @@ from apps.distenv import DistEnv, sync_device
 from apps.divergence import DivergenceWatch, divergence_error
 from apps.progress import Progress, no_progress
 from apps.steps import (
+    DeviceCopy,
     autocast_for,
     channels_last_for,
     fully_shard_blocks,
@@ -95,6 +96,8 @@ class Run:
     channels_last: bool
     replanner: Replanner | None
     log: RunLogWriter
+    to_device: DeviceCopy
+    """Each batch's host-to-device copy, on a side stream (CUDA), with the channels_last conversion."""
     loader: Any = None
     trace: IO[str] | None = None
     device_state: DeviceStateSampler | None = None
@@ -189,7 +192,8 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
     return Run(cfg=cfg, env=env, workload=workload, plan=plan, model=model, ddp=ddp,
                optimizer=torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9), timer=timer, hetero=hetero,
                batch_sampler=batch_sampler, dsampler=dsampler, scale_loss=scale_loss, channels_last=cl,
-               replanner=replanner, log=RunLogWriter(None), start_plan=plan, micro=micro)
+               replanner=replanner, log=RunLogWriter(None), to_device=DeviceCopy(device, cl), start_plan=plan,
+               micro=micro)
 
 
 # -- one epoch ----------------------------------------------------------------------------------------------
@@ -222,10 +226,7 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
         last = micro is None or micro.is_last
         if first_micro and cfg.max_steps_per_epoch is not None and step - first_step >= cfg.max_steps_per_epoch:
             break
-        x = x.to(device, non_blocking=True)
-        y = y.to(device, non_blocking=True)
-        if run.channels_last and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
+        x, y = run.to_device(x, y)  # on a side stream: overlaps the previous step's compute (apps.steps.DeviceCopy)
         if run.trace is not None:
             idx = next(tracer) if tracer is not None else []
             rec: dict[str, Any] = {"epoch": epoch, "step": step, "rank": env.rank, "indices": idx}

@@ -10,6 +10,8 @@ right before the step's compute span.  One GPU, ResNet-50 bf16 (autocast, channe
   step_copy_ms                      the same step after copying its batch from pinned memory on the compute stream
                                     (what `planner train` does)
   step_prefetch_ms                  the same with the next batch copied on a side stream during this step
+  step_devicecopy_ms                the same through `apps.steps.DeviceCopy` (what `planner train` does since
+                                    session 10: the copy on a side stream once the loader hands the batch over)
 
     python benchmarks/h2d_probe.py [--batches 104,408,465] [--steps 20] [--json out.json]
 """
@@ -18,12 +20,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 from typing import Any
 
 import torch
 import torchvision
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from apps.steps import DeviceCopy
 
 
 def _median_ms(fn: Any, n: int) -> float:
@@ -96,6 +103,9 @@ def main() -> int:
         prefetched()
         row["step_prefetch_ms"] = timed(prefetched)
         nxt.clear()
+        copier, y_host = DeviceCopy(dev, channels_last=True), y.cpu().pin_memory()
+        row["step_devicecopy_ms"] = timed(lambda: step(*copier(pinned, y_host)))
+        row["devicecopy_cost_ms"] = round(row["step_devicecopy_ms"] - row["step_on_device_ms"], 2)
         row["copy_cost_ms"] = round(row["step_copy_ms"] - row["step_on_device_ms"], 2)
         row["prefetch_cost_ms"] = round(row["step_prefetch_ms"] - row["step_on_device_ms"], 2)
         return row
