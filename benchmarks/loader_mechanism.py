@@ -54,6 +54,8 @@ def run_loader(dataset: Any, workers: int, batch: int, seconds: float, out: dict
     """Iterate a worker-timed DataLoader for ``seconds``; per-sample build seconds of every batch, in order
     (and, with ``bin_s``, the delivered samples/s per window and their spread, max / min - 1)."""
     timed = _BuildTimed(dataset, __import__("torch").utils.data.default_collate)
+    if len(dataset) < batch:  # no whole batch: the epoch loop below would never reach ``seconds``
+        raise SystemExit(f"loader_mechanism: a dataset of {len(dataset)} samples holds no batch of {batch}")
     sampler = BatchSampler(RandomSampler(range(len(dataset))), batch, drop_last=True)
     loader = DataLoader(timed, sampler=sampler, batch_size=None, num_workers=workers,
                         persistent_workers=persistent, prefetch_factor=4)
