@@ -95,6 +95,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--resume with another --lr, --plan (same global batch), --seed or dataset than the "
                         "checkpoint's run (each change is printed)")
     t.add_argument("--quiet", action="store_true", help="no progress lines (epoch summaries still print)")
+    t.add_argument("--step-log", default=None, metavar="FILE",
+                   help="each epoch, append one JSON line per rank with every step's data wait, compute, step "
+                        "interval and its batch's build seconds (warm-up included): the raw series behind the run "
+                        "log's per-rank means, e.g. to find stalls; {rank} in FILE becomes the rank, else the ranks "
+                        "append to one file")
     # Hidden: every (epoch, step, rank, indices) as JSON lines, for the resume tests; {rank} becomes the rank.
     t.add_argument("--trace-file", default=None, help=argparse.SUPPRESS)
     e = p.add_argument_group("emulated heterogeneity (DESIGN.md section 7)")
@@ -260,5 +265,6 @@ def config_from_args(args: argparse.Namespace, env: Any, slowdowns: dict[int, fl
         log_path=args.log, checkpoint_dir=args.checkpoint, checkpoint_every=args.checkpoint_every,
         resume=args.resume, resume_changes=resume_changes, weighting=args.weighting.replace("-", "_"),
         trace_path=args.trace_file.replace("{rank}", str(env.rank)) if args.trace_file else None,
+        step_log_path=args.step_log.replace("{rank}", str(env.rank)) if args.step_log else None,
         mixed_devices=env.device.type == "cuda" and env.backend == "gloo",
     )

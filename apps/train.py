@@ -283,6 +283,8 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
                                     num_workers=run.plan.ranks[env.rank].num_workers,
                                     peer_data_waits_s=peer_data_waits(run.timer),
                                     job_workers=() if cfg.data_on_device else [r.num_workers for r in run.plan.ranks])
+    if cfg.step_log_path:
+        _write_step_log(cfg.step_log_path, epoch, env.rank, t_start, run.timer.series())
     first_bad = watch.at_epoch_end(run.model, first_step, step)
     loss_value = float(loss_sum.item())
     state = run.device_state.collect().to_dict() if run.device_state is not None else None
@@ -302,6 +304,17 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
                        loss=loss_total / max(n_total, 1), batch_sizes=tuple(batch_sizes), stats=all_stats,
                        device_states=[g[5] for g in gathered], predicted_step_time_s=run.plan.predicted.step_time_s,
                        diverged_step=min(bad) if bad else None)
+
+
+def _write_step_log(path: str, epoch: int, rank: int, t_start: float, series: dict[str, list[float | None]]) -> None:
+    """One JSON line: this rank's steps of the epoch in milliseconds (``--step-log``); ``start_unix`` is when the
+    epoch's loop began, to line the steps up with other logs."""
+    start_unix = time.time() - (time.perf_counter() - t_start)
+    rec = {"epoch": epoch, "rank": rank, "start_unix": round(start_unix, 3),
+           **{k[:-2] + "_ms": [None if v is None else round(1e3 * v, 3) for v in vals]
+              for k, vals in series.items()}}
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(rec) + "\n")
 
 
 def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:

@@ -60,6 +60,8 @@ class TrainConfig:
     """Some ranks are CPU and some CUDA (gloo): keep one memory format everywhere (no channels_last)."""
     trace_path: str | None = None
     """Write every (epoch, step, rank, indices) to this file (tests of resume; one file per rank)."""
+    step_log_path: str | None = None
+    """Append one JSON line per epoch with this rank's every step (data wait, compute, step, build seconds)."""
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:

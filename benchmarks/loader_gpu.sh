@@ -7,7 +7,7 @@
 #   midrun  rank 1 turns 3x slower from epoch 1 on (--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1): the
 #           profile and start plan see no skew, so the Replanner must find and adopt a real gain (one epoch more)
 # Every launch profiles afresh (--auto), so the robust loader profile is checked each time.  Raw files per launch
-# in $OUT (<case>_r<i>_{profile,plan}.json, _run.jsonl, _report.{json,html,txt}, _train.log), then
+# in $OUT (<case>_r<i>_{profile,plan}.json, _run.jsonl, _steps<rank>.jsonl (--step-log), _report.{json,html,txt}, _train.log), then
 # $OUT/loader_summary.json (benchmarks/loader_summary.py): per epoch measured / predicted samples/s of the plan in
 # effect, per-rank prediction errors, re-plan decisions, and per case the medians over launches.
 #
@@ -42,7 +42,7 @@ for i in $(seq 1 "$LAUNCHES"); do
       midrun) emulate=(--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1); epochs=$(( EPOCHS + 1 )) ;;
       *) echo "unknown case $case" >&2; exit 2 ;;
     esac
-    tag="${case}_r${i}"; rm -f "$OUT/${tag}_run.jsonl"
+    tag="${case}_r${i}"; rm -f "$OUT/${tag}_run.jsonl" "$OUT/${tag}"_steps*.jsonl
     left=$(( BUDGET_S - ($(date +%s) - t0) ))
     if [ "$left" -lt 60 ]; then echo "budget spent: $tag and later launches skipped"; break 2; fi
     echo "[$(( $(date +%s) - t0 )) s] $tag: planner train --auto --replan ${emulate[*]}"
@@ -50,7 +50,7 @@ for i in $(seq 1 "$LAUNCHES"); do
     timeout -k 10 $(( left < 240 ? left : 240 )) "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m planner train --auto \
       --global-batch "$GLOBAL_BATCH" --model "$MODEL" $AMP --epochs "$epochs" --num-samples "$NUM_SAMPLES" \
       --replan "${emulate[@]}" "${extra[@]}" --quiet --log-file "$OUT/${tag}_run.jsonl" --plan-out "$OUT/${tag}_plan.json" \
-      --profile-out "$OUT/${tag}_profile.json" > "$OUT/${tag}_train.log" 2>&1
+      --step-log "$OUT/${tag}_steps{rank}.jsonl" --profile-out "$OUT/${tag}_profile.json" > "$OUT/${tag}_train.log" 2>&1
     echo "  train rc=$?"; grep -E "^epoch" "$OUT/${tag}_train.log" | tail -"$epochs"
     if [ -s "$OUT/${tag}_run.jsonl" ] && [ -s "$OUT/${tag}_plan.json" ]; then
       "$PY" -m planner report --profile "$OUT/${tag}_profile.json" --plan "$OUT/${tag}_plan.json" \

@@ -341,6 +341,14 @@ class StepTimer:
                 self._read_events(s)
         self._pending = []
 
+    def series(self) -> dict[str, list[float | None]]:
+        """This epoch's raw steps so far, in step order, warm-up included (what ``epoch_summary`` condenses):
+        ``data_wait_s``, ``compute_s`` (None: span never closed), ``step_time_s`` and ``loader_s`` (the workers'
+        build seconds of the step's batches; None: not reported).  Reads the outstanding device events first."""
+        self._flush()
+        return {name: [getattr(s, name) for s in self._steps]
+                for name in ("data_wait_s", "compute_s", "step_time_s", "loader_s")}
+
     def step_data_waits_s(self) -> list[float]:
         """This epoch's data wait of every step so far, in step order (what the peers attribute their slow steps
         by; every rank runs the same number of steps, so indices line up)."""

@@ -23,8 +23,17 @@ def test_replan_moves_work_off_a_rank_slowed_mid_run(tmp_path: Path) -> None:
     log = tmp_path / "run.jsonl"
     rc, out = run_planner_torchrun(2, [*COMMON, "--epochs", "4", "--emulate-slowdown", "1=3",
                                        "--emulate-slowdown-from-epoch", "1", "--plan-out", str(tmp_path / "plan.json"),
-                                       "--log-file", str(log), "--max-workers-per-rank", "3"])
+                                       "--log-file", str(log), "--max-workers-per-rank", "3",
+                                       "--step-log", str(tmp_path / "steps{rank}.jsonl")])
     assert rc == 0, out[-3000:]
+    # --step-log: each rank's every step, one line an epoch; the slowed rank's compute shows in its raw series
+    for rank in (0, 1):
+        lines = [json.loads(x) for x in (tmp_path / f"steps{rank}.jsonl").read_text().splitlines()]
+        assert [(x["epoch"], x["rank"]) for x in lines] == [(e, rank) for e in range(4)]
+        assert all(len(x[k]) == 12 for x in lines for k in ("data_wait_ms", "compute_ms", "step_time_ms"))
+        assert all(v > 0 for x in lines for v in x["step_time_ms"])
+    slow = [json.loads(x) for x in (tmp_path / "steps1.jsonl").read_text().splitlines()]
+    assert sorted(slow[1]["compute_ms"])[6] > 2 * sorted(slow[0]["compute_ms"])[6]
     # --auto solves with the worker cap it was given, and the plan records it for the Replanner's re-solves
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["solver"]["options"]["max_workers_per_rank"] == 3
