@@ -46,6 +46,7 @@ from apps.steps import (
     channels_last_for,
     fully_shard_blocks,
     launch_group,
+    loader_drain_steps,
     make_loader,
     short_epoch_warning,
     sync_only_if,
@@ -282,7 +283,9 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
     stats = run.timer.epoch_summary(rank=env.rank, epoch=epoch, batch_size=batch_sizes[env.rank],
                                     num_workers=run.plan.ranks[env.rank].num_workers,
                                     peer_data_waits_s=peer_data_waits(run.timer),
-                                    job_workers=() if cfg.data_on_device else [r.num_workers for r in run.plan.ranks])
+                                    job_workers=() if cfg.data_on_device else [r.num_workers for r in run.plan.ranks],
+                                    fill_steps=0 if cfg.data_on_device else max(
+                                        loader_drain_steps(r.num_workers) for r in run.plan.ranks))
     if cfg.step_log_path:
         _write_step_log(cfg.step_log_path, epoch, env.rank, t_start, run.timer.series())
     first_bad = watch.at_epoch_end(run.model, first_step, step)
@@ -338,8 +341,11 @@ def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
     checkpoint(run, res.epoch + 1, 0)
     if env.distributed:
         dist.barrier()
+    fill = max(res.stats, key=lambda s: s.get("fill_excess_s", 0.0))
     run.say(f"epoch {res.epoch}: {res.samples_per_s:9.1f} samples/s  step {1000 * res.step_time_s:7.2f} ms  "
             f"loss {res.loss:.4f}  batches {list(res.batch_sizes)}"
+            + (f"  (steady pace after the loaders' {fill['fill_steps']}-step fill, which took "
+               f"{fill['fill_excess_s']:.1f} s more)" if fill.get("fill_steps") else "")
             + (f"  re-plan: {res.replan['reason']}" if res.replan else ""))
 
 

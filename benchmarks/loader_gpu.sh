@@ -12,15 +12,15 @@
 # effect, per-rank prediction errors, re-plan decisions, and per case the medians over launches.
 #
 # Trade-off: the acceptance speaks of 10 steady epochs; 6 launches x 10 epochs does not fit ~8 minutes, so the
-# default is EPOCHS=3 of 51200 samples (100 steps of 512): epoch 2 is the steady epoch read, after the Replanner's
-# two chances (epochs 0 and 1).  Sessions 6-8 ran 15360 samples (30 steps): shorter than one rank's DataLoader
-# prefetch (16 workers x prefetch 4 = 64 batches), so each epoch's batches were all dispatched at its start and
-# built in two bursts -- no steady state for the epoch's step time to measure (session 8, 2x H100: a 16-worker
-# rank's epoch-0 steps ran at its GPU's pace, 117 ms, on batches built while its first step warmed up).  100 steps
-# hold the prefetch and ~2 further cycles of 16 workers.  Expected ~80 s a launch (session 8: 63-70 s at 30 steps,
-# profile ~25 s), ~8 min for 6; BUDGET_S (default 500) stops starting launches once spent, so the summary is
-# always written.  For the 10-epoch churn check run, e.g., `EPOCHS=10 LAUNCHES=1 CASES=skew BUDGET_S=300`
-# (~3 minutes).
+# default is EPOCHS=3 of 102400 samples (200 steps of 512): epoch 2 is the steady epoch read, after the Replanner's
+# two chances (epochs 0 and 1).  Each epoch starts with every DataLoader worker building its prefetch at once (the
+# pipeline's fill, apps.steps.loader_drain_steps: 28 workers x (4 + 1) = 140 steps); the step timer reads the steady
+# pace after it when two whole worker cycles follow, and logs what the fill cost (runtime.timing).  Sessions 6-9
+# ran 30- and 100-step epochs, all fill once the workers were uncapped: session 10, 2x H100, 100-step epochs, steps
+# 60-100 ran at 116 ms (predicted 117), the epoch's first 60 at 124-154 ms.  Expected ~130 s a launch (profile
+# ~45 s), so 3 launches of one case fit one 8-minute call; BUDGET_S (default 500) stops starting launches once
+# spent, so the summary is always written.  For the 10-epoch churn check run, e.g., `EPOCHS=10 LAUNCHES=1
+# CASES=skew NUM_SAMPLES=51200 BUDGET_S=300` (~3 minutes).
 #   usage: OUT=/tmp/out bash benchmarks/loader_gpu.sh
 # The script's logic on CPU, tiny (what CI-sized checks use):
 #   MODEL=cifar_cnn AMP= GLOBAL_BATCH=64 NUM_SAMPLES=1024 EPOCHS=3 LAUNCHES=1 EXTRA="--quick --device cpu" \
@@ -29,7 +29,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
-EPOCHS=${EPOCHS:-3}; LAUNCHES=${LAUNCHES:-3}; NUM_SAMPLES=${NUM_SAMPLES:-51200}; CASES=${CASES:-"skew loader"}
+EPOCHS=${EPOCHS:-3}; LAUNCHES=${LAUNCHES:-3}; NUM_SAMPLES=${NUM_SAMPLES:-102400}; CASES=${CASES:-"skew loader"}
 BUDGET_S=${BUDGET_S:-500}
 PY=${PYTHON:-python3}; MODEL=${MODEL:-resnet50}; AMP=${AMP---amp}; GLOBAL_BATCH=${GLOBAL_BATCH:-512}
 read -r -a extra <<< "${EXTRA:-}"

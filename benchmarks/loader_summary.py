@@ -51,6 +51,9 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
             "rank_errors": errors, "loader_paced": [s.loader_paced for s in e.ranks],
             "data_wait_s": list(e.measured_data_wait_s), "compute_s": list(e.measured_compute_s),
             "step_time_s": list(e.measured_step_time_s),
+            # the epoch start the steady step leaves out (runtime.timing: the loaders' pipeline fill)
+            "fill_steps": max((s.fill_steps for s in e.ranks), default=0),
+            "fill_excess_s": max((s.fill_excess_s for s in e.ranks), default=0.0),
             **_inputs_model(e),
         })
     steady = [x for x in epochs if x["epoch"] >= STEADY_FROM_EPOCH]
@@ -74,6 +77,7 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
         "first_adoption_epoch": adopted[0].epoch if adopted else None,
         "first_adoption_gain": adopted[0].predicted_gain if adopted else None,
         "plan_changes": len(adopted),
+        "steady_fill_excess_s": [x["fill_excess_s"] for x in steady if x["fill_steps"]],
     }
     if profile is not None:
         ranks = profile.get("ranks", [])
@@ -115,6 +119,7 @@ def case_summary(launches: list[dict[str, Any]]) -> dict[str, Any]:
         "first_adoption_gain": [x["first_adoption_gain"] for x in launches],
         "plan_changes": [x["plan_changes"] for x in launches],
         "inputs_model_error": _spread([v for x in launches for v in x.get("inputs_model_errors", [])]),
+        "fill_excess_s": _spread([v for x in launches for v in x.get("steady_fill_excess_s", [])]),
         "loader_own_spread": _spread([float(x["loader"]["own_spread"]) for x in launches
                                       if x.get("loader") and x["loader"].get("own_spread") is not None]),
     }

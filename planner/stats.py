@@ -55,6 +55,13 @@ class StepStats:
     before session 6 hold the median); None when not measured (synthetic batches on the device, an adapter's own
     loader, an older log)."""
 
+    fill_steps: int = 0
+    """Steps at the epoch start (warm-up included) left out of ``step_time_s``, ``data_wait_s`` and ``loader_s``
+    because the job's DataLoaders were refilling their pipelines in them (runtime.timing: every worker builds its
+    prefetch at once); 0 when the epoch had no steady part after its fill, and the means then cover it."""
+    fill_excess_s: float = 0.0
+    """Seconds those ``fill_steps`` took beyond the steady ``step_time_s``: what each epoch start costs."""
+
     def to_dict(self) -> JSONDict:
         return {name: getattr(self, name) for name in self.__slots__}
 
@@ -66,7 +73,7 @@ class StepStats:
             required=("rank", "epoch", "num_steps", "batch_size", "num_workers", "data_wait_s", "compute_s",
                       "step_time_s"),
             allowed=("compute_s_std", "compute_s_median", "compute_s_mad", "num_outliers", "step_time_s_std",
-                     "num_peer_late", "interference_s", "loader_s"),
+                     "num_peer_late", "interference_s", "loader_s", "fill_steps", "fill_excess_s"),
         )
         return cls(
             rank=as_int(d["rank"], f"{path}.rank", min_value=0),
@@ -85,6 +92,8 @@ class StepStats:
             num_peer_late=as_int(d.get("num_peer_late", 0), f"{path}.num_peer_late", min_value=0),
             interference_s=as_num(d.get("interference_s", 0.0), f"{path}.interference_s", non_negative=True),
             loader_s=_opt_num(d, "loader_s", path),
+            fill_steps=as_int(d.get("fill_steps", 0), f"{path}.fill_steps", min_value=0),
+            fill_excess_s=as_num(d.get("fill_excess_s", 0.0), f"{path}.fill_excess_s", non_negative=True),
         )
 
     @property

@@ -74,6 +74,9 @@ MIN_CLEAN_FRACTION = 0.5
 """Steps left after removing the peer-late ones must be at least this fraction of the epoch, or all count (a peer
 late in most steps leaves too little to tell own compute from interference)."""
 
+STEADY_MIN_CYCLES = 2
+"""Whole worker cycles that must follow an epoch's loader fill for its steady pace to be measured apart from it."""
+
 
 class DeviceEvent(Protocol):
     """The part of ``torch.cuda.Event`` the timer uses (a fake one stands in for it in CPU tests)."""
@@ -356,7 +359,7 @@ class StepTimer:
 
     def epoch_summary(self, *, rank: int, epoch: int, batch_size: int, num_workers: int,
                       peer_data_waits_s: Sequence[Sequence[float]] = (),
-                      job_workers: Sequence[int] = ()) -> StepStats:
+                      job_workers: Sequence[int] = (), fill_steps: int = 0) -> StepStats:
         """Means over this epoch's valid steps (after warm-up) as a StepStats; never NaN.
 
         ``num_steps`` is the number of steps averaged; 0 (with zero times) when none was valid, which the
@@ -365,6 +368,14 @@ class StepTimer:
         docstring).  ``job_workers``: every rank's DataLoader workers (the plan's), when the batches come from
         DataLoaders: ``step_time_s`` and ``data_wait_s`` are then the means over the last whole worker cycles
         (``worker_cycle``), the only windows in which a loader-paced step's mean is its loader's pace.
+        ``fill_steps``: steps at the epoch start in which the job's DataLoaders refill their pipelines (every
+        worker building its prefetch at once: apps.steps.loader_drain_steps of the most workers).  When at least
+        ``STEADY_MIN_CYCLES`` whole worker cycles follow them, the step time, data wait and build time are the
+        steady pace after them, and ``fill_steps`` / ``fill_excess_s`` say what the epoch start cost on top;
+        otherwise the epoch has no steady part, and the means stay over its last whole cycles (``fill_steps``
+        0).  Session 10, 2x H100, 28 workers on one rank, 100-step epochs: steps 60-100 ran at 116 ms (predicted
+        117), the epoch's first 60 at 124-154 ms (cycle-boundary data waits of 0.2-0.7 s, and steps slowed while
+        30 workers built at once), and step 0 waited 4.1-4.9 s for the first batch.
         """
         self._flush()
         start = self.warmup_steps if self.warmup_steps and len(self._steps) > 2 * self.warmup_steps else 0
@@ -394,14 +405,23 @@ class StepTimer:
         step_times = [float(s.step_time_s) for s in good]  # type: ignore[arg-type]
         waits = [float(s.data_wait_s) for s in good]  # type: ignore[arg-type]
         cycle = worker_cycle(job_workers, n)
-        paced = step_times[n - (n // cycle) * cycle:]  # the last whole cycles (all n steps when cycle is 1)
+        fill = max(0, fill_steps - start)  # fill steps left after the warm-up
+        if fill and (n - fill) // cycle < STEADY_MIN_CYCLES:
+            fill = 0  # no steady part to measure: the whole epoch is the pipeline's fill
+        tail = n - fill
+        paced = step_times[n - (tail // cycle) * cycle:]  # the last whole cycles (all n steps when cycle is 1)
         paced_waits = waits[n - len(paced):]
+        steady = math.fsum(paced) / len(paced)
+        head = len(self._steps) - len(paced)  # every step before the steady window, warm-up included
+        head_times = [float(s.step_time_s) for s in self._steps[:head] if _valid(s.step_time_s)]  # type: ignore[arg-type]
+        fill_excess = max(0.0, math.fsum(head_times) - steady * len(head_times)) if fill else 0.0
         mean_c = math.fsum(inliers) / k
         # Sample std (k - 1): the re-planner turns it into a standard error, std / sqrt(n).
         std_c = math.sqrt(math.fsum((c - mean_c) ** 2 for c in inliers) / (k - 1)) if k > 1 else 0.0
         # Interference: the mean compute over every step minus this rank's own (the peer-late steps' excess).
         interference = max(0.0, math.fsum(all_compute) / n - math.fsum(compute) / len(compute)) if num_late else 0.0
-        loader_s = _mean_build_s(self._steps, num_workers, need=max(1.0, MIN_CLEAN_FRACTION * n))
+        loader_s = (_mean_build_s(self._steps[head:], 0, need=max(1.0, MIN_CLEAN_FRACTION * len(paced))) if fill
+                    else _mean_build_s(self._steps, num_workers, need=max(1.0, MIN_CLEAN_FRACTION * n)))
         return StepStats(
             rank=rank,
             epoch=epoch,
@@ -410,7 +430,7 @@ class StepTimer:
             num_workers=num_workers,
             data_wait_s=math.fsum(paced_waits) / len(paced_waits),
             compute_s=mean_c,
-            step_time_s=math.fsum(paced) / len(paced),
+            step_time_s=steady,
             compute_s_std=std_c,
             compute_s_median=med,
             compute_s_mad=mad,
@@ -419,6 +439,8 @@ class StepTimer:
             num_peer_late=num_late,
             interference_s=interference,
             loader_s=loader_s,
+            fill_steps=head if fill else 0,
+            fill_excess_s=fill_excess,
         )
 
     def _peer_late(self, peers: Sequence[Sequence[float]]) -> set[int]:

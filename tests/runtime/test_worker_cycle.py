@@ -130,3 +130,41 @@ def test_an_adapters_planned_run_times_its_epochs_over_whole_cycles_of_the_loade
 
     assert epoch_step(16) == pytest.approx(2.18 / 16, rel=1e-9)
     assert epoch_step(None) < 0.95 * 2.18 / 16  # the user's own loader: workers unknown, every step counts
+
+
+def _filling_epoch(steps: int, fill: int, first_wait: float, gpu_s: float, fill_slow_s: float,
+                   stall_at: int, stall_s: float) -> list[tuple[float, float]]:
+    """The session 10 shape (2x H100, 28 workers, `--step-log`): step 0 waits for the first batch, the fill's
+    steps run ``fill_slow_s`` slower with one cycle-boundary data stall, then the steady GPU pace."""
+    out = []
+    for i in range(steps):
+        wait = first_wait if i == 0 else (stall_s if i == stall_at else 0.0)
+        out.append((wait, gpu_s + (fill_slow_s if i < fill else 0.0)))
+    return out
+
+
+def test_the_steady_pace_is_timed_after_the_loaders_fill() -> None:
+    workers, gpu = 28, 0.116
+    fill = 140  # apps.steps.loader_drain_steps(28): 28 workers x (4 prefetched + 1 building)
+    clock = FakeClock()
+    timer = StepTimer("cpu", clock=clock, warmup_steps=2)
+    for wait, compute in _filling_epoch(200, 60, 4.9, gpu, 0.010, 28, 0.66):
+        _host_step(timer, clock, wait=wait, compute=compute, tail=0.0)
+    s = timer.epoch_summary(rank=0, epoch=2, batch_size=471, num_workers=workers, job_workers=[workers, 2],
+                            fill_steps=fill)
+    assert s.step_time_s == pytest.approx(gpu, rel=1e-9) and s.data_wait_s == 0.0  # the last 2 cycles: steady
+    assert s.fill_steps == 200 - 56
+    assert s.fill_excess_s == pytest.approx(4.9 + 0.66 + 60 * 0.010, rel=1e-9)  # what the epoch start cost
+    # The same epoch timed without the fill known: its stalls are spread over the last whole cycles
+    blind = timer.epoch_summary(rank=0, epoch=2, batch_size=471, num_workers=workers, job_workers=[workers, 2])
+    assert blind.step_time_s > gpu and blind.fill_steps == 0 and blind.fill_excess_s == 0.0
+
+
+def test_an_epoch_shorter_than_its_fill_keeps_the_whole_cycle_means() -> None:
+    """No steady part after the fill (100 steps, 28 workers: fill 140): nothing is left out, nothing claimed."""
+    clock = FakeClock()
+    timer = StepTimer("cpu", clock=clock, warmup_steps=2)
+    for wait, compute in _filling_epoch(100, 60, 4.9, 0.116, 0.010, 28, 0.66):
+        _host_step(timer, clock, wait=wait, compute=compute, tail=0.0)
+    kw = {"rank": 0, "epoch": 2, "batch_size": 471, "num_workers": 28, "job_workers": [28, 2]}
+    assert timer.epoch_summary(**kw, fill_steps=140) == timer.epoch_summary(**kw)  # type: ignore[arg-type]
