@@ -137,11 +137,18 @@ def summarize(out_dir: Path) -> dict[str, Any]:
             continue
         launches[tag] = launch_summary(log, json.loads(prof.read_text()) if prof.exists() else None)
     cases: dict[str, list[dict[str, Any]]] = {}
+    incomplete: dict[str, list[str]] = {}
     for tag, s in launches.items():
-        if "error" not in s:
-            cases.setdefault(tag.rsplit("_r", 1)[0], []).append(s)
-    return {"kind": "loader_gpu_summary", "steady_from_epoch": STEADY_FROM_EPOCH,
-            "cases": {c: case_summary(v) for c, v in cases.items()}, "launches": launches}
+        case = tag.rsplit("_r", 1)[0]
+        if "error" in s or not any(e["epoch"] >= STEADY_FROM_EPOCH for e in s["epochs"]):
+            incomplete.setdefault(case, []).append(tag)  # stopped before its steady epoch: counted apart
+            continue
+        cases.setdefault(case, []).append(s)
+    summary = {c: case_summary(v) for c, v in cases.items()}
+    for case, tags in incomplete.items():
+        summary.setdefault(case, {"launches": 0})["incomplete"] = tags
+    return {"kind": "loader_gpu_summary", "steady_from_epoch": STEADY_FROM_EPOCH, "cases": summary,
+            "launches": launches}
 
 
 def main(argv: list[str] | None = None) -> int:

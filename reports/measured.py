@@ -126,10 +126,46 @@ def likely_cause(log: RunLog, split: MeasuredSplit, profile: Profile, quality: P
             f"work){tail}")
 
 
+FILL_TOL = 0.05
+"""An epoch start (the loaders' fill, runtime.timing) costing more than this share of its epoch is a finding."""
+
+
+def fill_line(log: RunLog) -> str | None:
+    """What each epoch start costs beside the steady pace the predictions are compared with: the DataLoaders
+    refilling their pipelines (every worker building its prefetch at once), from the ranks' ``fill_steps`` and
+    ``fill_excess_s``; None when no epoch had a steady part after its fill, or the fill costs under ``FILL_TOL``.
+    Epoch 0 is left out where later epochs exist (it also holds the start-up)."""
+    epochs = [e for e in log.epochs if e.ranks and e.step_time_s and max(s.fill_steps for s in e.ranks)]
+    later = [e for e in epochs if e.epoch > 0] or epochs
+    if not later:
+        return None
+    costs, shares, fills = [], [], []
+    for e in later:
+        worst = max(e.ranks, key=lambda s: s.fill_excess_s)
+        epoch_s = worst.fill_excess_s + worst.num_steps * (e.step_time_s or 0.0)  # steady steps, plus the fill
+        costs.append(worst.fill_excess_s)
+        shares.append(worst.fill_excess_s / epoch_s if epoch_s > 0 else 0.0)
+        fills.append(worst.fill_steps)
+    share = statistics.median(shares)
+    if share < FILL_TOL:
+        return None
+    most = max(later[-1].ranks, key=lambda s: s.num_workers)
+    return (f"Epoch start: each epoch's first {max(fills)} steps, while the DataLoaders refilled their pipelines "
+            f"(every worker building its prefetch at once), took {statistics.median(costs):.1f} s beyond the steady "
+            f"pace ({share:.0%} of the epoch; the run log's throughput and per-rank times are the steady pace after "
+            f"it). Longer epochs dilute it. It lasts workers x (prefetch + 1) steps of the busiest loader, so fewer "
+            f"workers there (rank {most.rank} has {most.num_workers}; --max-workers-per-rank) shorten it and load the "
+            f"host's cores less while it lasts -- check that the steady pace stays where it was.")
+
+
 def log_findings(log: RunLog, plan: Plan, profile: Profile, quality: ProfileQuality | None) -> list[str]:
-    """Findings from a run log: prediction misses with their likely cause, and measured equal split vs plan."""
+    """Findings from a run log: prediction misses with their likely cause, measured equal split vs plan, and what
+    each epoch start costs."""
     splits = measured_splits(log, plan.predicted.comm_s)
     lines = []
+    fill = fill_line(log)
+    if fill is not None:
+        lines.append(fill)
     for s in splits:
         if abs(s.error) > PREDICTION_TOL:
             epochs = ", ".join(map(str, s.epochs))
