@@ -41,6 +41,7 @@ from apps.distenv import DistEnv, sync_device
 from apps.divergence import DivergenceWatch, divergence_error
 from apps.progress import Progress, no_progress
 from apps.steps import (
+    LOADER_PREFETCH,
     DeviceCopy,
     autocast_for,
     channels_last_for,
@@ -285,7 +286,8 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
                                     peer_data_waits_s=peer_data_waits(run.timer),
                                     job_workers=() if cfg.data_on_device else [r.num_workers for r in run.plan.ranks],
                                     fill_steps=0 if cfg.data_on_device else max(
-                                        loader_drain_steps(r.num_workers) for r in run.plan.ranks))
+                                        loader_drain_steps(r.num_workers) for r in run.plan.ranks),
+                                    drain_steps=max(r.num_workers for r in run.plan.ranks) * LOADER_PREFETCH)
     if cfg.step_log_path:
         _write_step_log(cfg.step_log_path, epoch, env.rank, t_start, run.timer.series())
     first_bad = watch.at_epoch_end(run.model, first_step, step)
@@ -344,7 +346,7 @@ def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
     fill = max(res.stats, key=lambda s: s.get("fill_excess_s", 0.0))
     run.say(f"epoch {res.epoch}: {res.samples_per_s:9.1f} samples/s  step {1000 * res.step_time_s:7.2f} ms  "
             f"loss {res.loss:.4f}  batches {list(res.batch_sizes)}"
-            + (f"  (steady pace after the loaders' {fill['fill_steps']}-step fill, which took "
+            + (f"  (steady pace between the loaders' fill and drain; the {fill['fill_steps']}-step fill took "
                f"{fill['fill_excess_s']:.1f} s more)" if fill.get("fill_steps") else "")
             + (f"  re-plan: {res.replan['reason']}" if res.replan else ""))
 

@@ -57,8 +57,10 @@ class StepStats:
 
     fill_steps: int = 0
     """Steps at the epoch start (warm-up included) left out of ``step_time_s``, ``data_wait_s`` and ``loader_s``
-    because the job's DataLoaders were refilling their pipelines in them (runtime.timing: every worker builds its
-    prefetch at once); 0 when the epoch had no steady part after its fill, and the means then cover it."""
+    because the job's DataLoaders were filling their pipelines in them (runtime.timing: every worker builds its
+    prefetch at once; the steps of the drain at the epoch's end are left out too); 0 when the epoch had no steady
+    middle between fill and drain, and the means then cover them.  Session 10's 200-step epochs recorded a
+    window after the fill that was the drain (the first code of that session): their 144 here are that."""
     fill_excess_s: float = 0.0
     """Seconds those ``fill_steps`` took beyond the steady ``step_time_s``: what each epoch start costs."""
 

@@ -75,7 +75,7 @@ MIN_CLEAN_FRACTION = 0.5
 late in most steps leaves too little to tell own compute from interference)."""
 
 STEADY_MIN_CYCLES = 2
-"""Whole worker cycles that must follow an epoch's loader fill for its steady pace to be measured apart from it."""
+"""Whole worker cycles that must lie between an epoch's loader fill and drain for its steady pace to be measured."""
 
 
 class DeviceEvent(Protocol):
@@ -359,7 +359,7 @@ class StepTimer:
 
     def epoch_summary(self, *, rank: int, epoch: int, batch_size: int, num_workers: int,
                       peer_data_waits_s: Sequence[Sequence[float]] = (),
-                      job_workers: Sequence[int] = (), fill_steps: int = 0) -> StepStats:
+                      job_workers: Sequence[int] = (), fill_steps: int = 0, drain_steps: int = 0) -> StepStats:
         """Means over this epoch's valid steps (after warm-up) as a StepStats; never NaN.
 
         ``num_steps`` is the number of steps averaged; 0 (with zero times) when none was valid, which the
@@ -368,14 +368,17 @@ class StepTimer:
         docstring).  ``job_workers``: every rank's DataLoader workers (the plan's), when the batches come from
         DataLoaders: ``step_time_s`` and ``data_wait_s`` are then the means over the last whole worker cycles
         (``worker_cycle``), the only windows in which a loader-paced step's mean is its loader's pace.
-        ``fill_steps``: steps at the epoch start in which the job's DataLoaders refill their pipelines (every
-        worker building its prefetch at once: apps.steps.loader_drain_steps of the most workers).  When at least
-        ``STEADY_MIN_CYCLES`` whole worker cycles follow them, the step time, data wait and build time are the
-        steady pace after them, and ``fill_steps`` / ``fill_excess_s`` say what the epoch start cost on top;
-        otherwise the epoch has no steady part, and the means stay over its last whole cycles (``fill_steps``
-        0).  Session 10, 2x H100, 28 workers on one rank, 100-step epochs: steps 60-100 ran at 116 ms (predicted
-        117), the epoch's first 60 at 124-154 ms (cycle-boundary data waits of 0.2-0.7 s, and steps slowed while
-        30 workers built at once), and step 0 waited 4.1-4.9 s for the first batch.
+        ``fill_steps`` / ``drain_steps``: steps at the epoch's start in which the job's DataLoaders fill their
+        pipelines (every worker building its prefetch at once: apps.steps.loader_drain_steps of the most
+        workers), and at its end in which they drain (every remaining batch already handed to a worker, so the
+        workers fall idle and the GPU runs on batches built before: the most workers x their prefetch).  When at
+        least ``STEADY_MIN_CYCLES`` whole worker cycles lie between the two, the step time, data wait and build
+        time are that steady middle's (its last whole cycles), and ``fill_steps`` / ``fill_excess_s`` say what
+        the epoch start cost on top; otherwise the epoch has no steady middle, and the means stay over its last
+        whole cycles (``fill_steps`` 0).  Session 10, 2x H100, rank 0 with 28 workers of 4 prefetched batches
+        (fill 140 steps, drain 112): a 200-step epoch has no steady middle -- its first 144 steps took 26-33 s
+        with the host's 32 cores saturated (31-35 runnable), its last 56 ran at the GPU's pace with ~4 cores
+        busy; the 28 workers never ran at the pace the GPU consumes, which is what a long epoch is made of.
         """
         self._flush()
         start = self.warmup_steps if self.warmup_steps and len(self._steps) > 2 * self.warmup_steps else 0
@@ -406,13 +409,14 @@ class StepTimer:
         waits = [float(s.data_wait_s) for s in good]  # type: ignore[arg-type]
         cycle = worker_cycle(job_workers, n)
         fill = max(0, fill_steps - start)  # fill steps left after the warm-up
-        if fill and (n - fill) // cycle < STEADY_MIN_CYCLES:
-            fill = 0  # no steady part to measure: the whole epoch is the pipeline's fill
-        tail = n - fill
-        paced = step_times[n - (tail // cycle) * cycle:]  # the last whole cycles (all n steps when cycle is 1)
-        paced_waits = waits[n - len(paced):]
+        end = n - max(0, drain_steps) if fill else n
+        if fill and (end - fill) // cycle < STEADY_MIN_CYCLES:
+            fill, end = 0, n  # no steady middle to measure: the whole epoch is its loaders' fill and drain
+        whole = ((end - fill) // cycle) * cycle  # the last whole cycles before the drain (all steps when cycle is 1)
+        paced = step_times[end - whole:end]
+        paced_waits = waits[end - whole:end]
         steady = math.fsum(paced) / len(paced)
-        head = len(self._steps) - len(paced)  # every step before the steady window, warm-up included
+        head = start + end - whole  # every step before the steady window, warm-up included
         head_times = [float(s.step_time_s) for s in self._steps[:head] if _valid(s.step_time_s)]  # type: ignore[arg-type]
         fill_excess = max(0.0, math.fsum(head_times) - steady * len(head_times)) if fill else 0.0
         mean_c = math.fsum(inliers) / k
@@ -420,7 +424,7 @@ class StepTimer:
         std_c = math.sqrt(math.fsum((c - mean_c) ** 2 for c in inliers) / (k - 1)) if k > 1 else 0.0
         # Interference: the mean compute over every step minus this rank's own (the peer-late steps' excess).
         interference = max(0.0, math.fsum(all_compute) / n - math.fsum(compute) / len(compute)) if num_late else 0.0
-        loader_s = (_mean_build_s(self._steps[head:], 0, need=max(1.0, MIN_CLEAN_FRACTION * len(paced))) if fill
+        loader_s = (_mean_build_s(self._steps[head:head + whole], 0, need=max(1.0, MIN_CLEAN_FRACTION * whole)) if fill
                     else _mean_build_s(self._steps, num_workers, need=max(1.0, MIN_CLEAN_FRACTION * n)))
         return StepStats(
             rank=rank,

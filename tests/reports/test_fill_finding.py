@@ -1,8 +1,9 @@
 """The report's epoch-start finding (reports.measured.fill_line) on session 10's raw run logs (2x H100).
 
-200-step epochs with 28 + 2 loader workers: `planner train` read the steady pace after each epoch's 144-step fill,
-and the fill cost 9-26 s an epoch on top.  100-step epochs (all fill) carry no steady part, and older logs no fill
-fields: neither gets the finding."""
+200-step epochs with 28 + 2 loader workers, recorded by the session's first fill rule: `planner train` read the pace
+after each epoch's 144-step fill -- which was the drain, the workers idle (the rule now leaves the drain out too and
+finds no steady middle in such epochs) -- and the fill cost 9-26 s an epoch beyond it.  The finding reads the fields
+as recorded.  100-step epochs carry no fill fields set, and older logs none at all: neither gets the finding."""
 
 from __future__ import annotations
 

@@ -132,39 +132,45 @@ def test_an_adapters_planned_run_times_its_epochs_over_whole_cycles_of_the_loade
     assert epoch_step(None) < 0.95 * 2.18 / 16  # the user's own loader: workers unknown, every step counts
 
 
-def _filling_epoch(steps: int, fill: int, first_wait: float, gpu_s: float, fill_slow_s: float,
-                   stall_at: int, stall_s: float) -> list[tuple[float, float]]:
+
+def _filling_epoch(steps: int, fill: int, drain: int, first_wait: float, gpu_s: float, fill_slow_s: float,
+                   stall_at: int, stall_s: float, steady_slow_s: float) -> list[tuple[float, float]]:
     """The session 10 shape (2x H100, 28 workers, `--step-log`): step 0 waits for the first batch, the fill's
-    steps run ``fill_slow_s`` slower with one cycle-boundary data stall, then the steady GPU pace."""
+    steps run ``fill_slow_s`` slower with one cycle-boundary data stall, the middle ``steady_slow_s`` slower
+    than the GPU (the workers building as fast as the GPU consumes), and the drain's at the GPU's pace."""
     out = []
     for i in range(steps):
         wait = first_wait if i == 0 else (stall_s if i == stall_at else 0.0)
-        out.append((wait, gpu_s + (fill_slow_s if i < fill else 0.0)))
+        extra = fill_slow_s if i < fill else (0.0 if i >= steps - drain else steady_slow_s)
+        out.append((wait, gpu_s + extra))
     return out
 
 
-def test_the_steady_pace_is_timed_after_the_loaders_fill() -> None:
-    workers, gpu = 28, 0.116
-    fill = 140  # apps.steps.loader_drain_steps(28): 28 workers x (4 prefetched + 1 building)
-    clock = FakeClock()
-    timer = StepTimer("cpu", clock=clock, warmup_steps=2)
-    for wait, compute in _filling_epoch(200, 60, 4.9, gpu, 0.010, 28, 0.66):
-        _host_step(timer, clock, wait=wait, compute=compute, tail=0.0)
-    s = timer.epoch_summary(rank=0, epoch=2, batch_size=471, num_workers=workers, job_workers=[workers, 2],
-                            fill_steps=fill)
-    assert s.step_time_s == pytest.approx(gpu, rel=1e-9) and s.data_wait_s == 0.0  # the last 2 cycles: steady
-    assert s.fill_steps == 200 - 56
-    assert s.fill_excess_s == pytest.approx(4.9 + 0.66 + 60 * 0.010, rel=1e-9)  # what the epoch start cost
-    # The same epoch timed without the fill known: its stalls are spread over the last whole cycles
-    blind = timer.epoch_summary(rank=0, epoch=2, batch_size=471, num_workers=workers, job_workers=[workers, 2])
-    assert blind.step_time_s > gpu and blind.fill_steps == 0 and blind.fill_excess_s == 0.0
+KW = {"rank": 0, "epoch": 2, "batch_size": 471, "num_workers": 28, "job_workers": [28, 2]}
 
 
-def test_an_epoch_shorter_than_its_fill_keeps_the_whole_cycle_means() -> None:
-    """No steady part after the fill (100 steps, 28 workers: fill 140): nothing is left out, nothing claimed."""
+def test_the_steady_pace_is_timed_between_the_loaders_fill_and_drain() -> None:
+    """A 400-step epoch: fill 140 steps (28 x (4 + 1)), drain 112 (28 x 4), whole cycles of 28 between them."""
+    gpu, slow = 0.116, 0.020
     clock = FakeClock()
     timer = StepTimer("cpu", clock=clock, warmup_steps=2)
-    for wait, compute in _filling_epoch(100, 60, 4.9, 0.116, 0.010, 28, 0.66):
+    for wait, compute in _filling_epoch(400, 140, 112, 4.9, gpu, 0.050, 28, 0.66, slow):
         _host_step(timer, clock, wait=wait, compute=compute, tail=0.0)
-    kw = {"rank": 0, "epoch": 2, "batch_size": 471, "num_workers": 28, "job_workers": [28, 2]}
-    assert timer.epoch_summary(**kw, fill_steps=140) == timer.epoch_summary(**kw)  # type: ignore[arg-type]
+    s = timer.epoch_summary(**KW, fill_steps=140, drain_steps=112)  # type: ignore[arg-type]
+    assert s.step_time_s == pytest.approx(gpu + slow, rel=1e-9) and s.data_wait_s == 0.0  # neither fill nor drain
+    assert s.fill_steps == 400 - 112 - 5 * 28  # the window: the last 5 whole cycles before the drain
+    assert s.fill_excess_s == pytest.approx(4.9 + 0.66 + 140 * (0.050 - slow), rel=1e-9)
+    blind = timer.epoch_summary(**KW)  # type: ignore[arg-type]
+    assert blind.fill_steps == 0 and blind.fill_excess_s == 0.0 and blind.step_time_s != s.step_time_s
+
+
+def test_an_epoch_without_a_steady_middle_keeps_the_whole_cycle_means() -> None:
+    """200 steps, 28 workers: the fill (140) and drain (112) overlap -- session 10's 200-step epochs, whose last 56
+    steps ran at the GPU's pace on batches built before (the drain), not at a pace the loaders sustain."""
+    clock = FakeClock()
+    timer = StepTimer("cpu", clock=clock, warmup_steps=2)
+    for wait, compute in _filling_epoch(200, 140, 56, 4.9, 0.116, 0.050, 28, 0.66, 0.0):
+        _host_step(timer, clock, wait=wait, compute=compute, tail=0.0)
+    with_fill = timer.epoch_summary(**KW, fill_steps=140, drain_steps=112)  # type: ignore[arg-type]
+    assert with_fill == timer.epoch_summary(**KW)  # type: ignore[arg-type]
+    assert with_fill.fill_steps == 0 and with_fill.step_time_s > 0.116 + 0.030  # the fill's cost stays in
