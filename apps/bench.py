@@ -480,7 +480,6 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
 
     from apps.steps import LOADER_PREFETCH, DeviceCopy, loader_drain_steps
     from profiler.compute import StepRunner
-    from runtime.loader_timing import lower_worker_priority
 
     runner = StepRunner(workload, device, amp=opts["amp"], slowdown=slow, channels_last=cl)
     to_device = DeviceCopy(device, runner.channels_last)
@@ -489,8 +488,7 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
     steps, warmup = whole_cycles(max(5, min(int(opts["steps"]), 20)), [workers]), max(3, loader_drain_steps(workers))
     sampler = RandomSampler(workload.dataset, replacement=True, num_samples=(steps + warmup) * b)
     loader = DataLoader(workload.dataset, batch_size=b, sampler=sampler, num_workers=workers,
-                        pin_memory=device.type == "cuda", prefetch_factor=LOADER_PREFETCH if workers else None,
-                        worker_init_fn=lower_worker_priority if workers else None)
+                        pin_memory=device.type == "cuda", prefetch_factor=LOADER_PREFETCH if workers else None)
     try:
         t0 = 0.0
         for i, (x, y) in enumerate(loader):

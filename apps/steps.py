@@ -18,7 +18,7 @@ from apps.train_config import TrainConfig
 from planner.errors import ValidationError
 from planner.plan import Plan
 from profiler.compute import use_channels_last
-from runtime.loader_timing import TimedBatches, TimedLoader, lower_worker_priority
+from runtime.loader_timing import TimedBatches, TimedLoader
 from workloads.specs import Workload, synthetic_batch
 
 
@@ -235,7 +235,6 @@ def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_wo
         pin_memory=device.type == "cuda",
         persistent_workers=num_workers > 0,
         prefetch_factor=prefetch if num_workers > 0 else None,
-        worker_init_fn=lower_worker_priority if num_workers > 0 else None,
     ), on_batch=on_batch)
 
 

@@ -21,29 +21,12 @@ data wait still shows when it paces the rank.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
-
-LOADER_WORKER_NICE = 10
-"""Niceness a DataLoader worker adds to itself (``lower_worker_priority``)."""
-
-
-def lower_worker_priority(worker_id: int) -> None:
-    """A DataLoader ``worker_init_fn``: the worker runs at nice +``LOADER_WORKER_NICE``, so that while the workers
-    build flat out (an epoch start fills every worker's prefetch at once) they never hold a core the training
-    process's own threads wait for -- its main thread launching the GPU's work, its pin-memory thread.  A worker
-    that keeps up loses nothing: it only yields cores it would have taken from them.  Session 10, 2x H100, 32
-    cores, 30 workers planned: 31-34 runnable threads on the 32 cores while they built, and the steps ran ~10 ms
-    over their compute and data wait (docs/BENCHMARKS.md section 18).  Where the OS refuses, the worker runs as
-    it was."""
-    with contextlib.suppress(OSError):
-        os.nice(LOADER_WORKER_NICE)
 
 
 class TimedBatches(Dataset[tuple[Any, float]]):

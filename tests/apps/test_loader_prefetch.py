@@ -8,14 +8,11 @@ DataLoader die of a bus error mid-epoch.  `planner train` lowers the prefetch un
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 import apps.steps as steps
 from apps.steps import LOADER_PREFETCH, SHM_SHARE, loader_prefetch, make_loader, tensor_nbytes
 from apps.train_config import TrainConfig
-from runtime.loader_timing import LOADER_WORKER_NICE, lower_worker_priority
 from workloads.specs import build_workload
 
 GIB = 2**30
@@ -68,22 +65,3 @@ def test_make_loader_applies_it(monkeypatch) -> None:  # type: ignore[no-untyped
     loader = make_loader(cfg, workload, sampler, 2, torch.device("cpu"), batch_size=16, say=said.append)
     assert loader.loader.prefetch_factor == 2 and len(said) == 1 and "from 4 to 2" in said[0]
     assert sum(len(x) for x, _y in loader) == 32  # and it still loads
-    assert loader.loader.worker_init_fn is lower_worker_priority
-
-
-class _Niceness(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    def __len__(self) -> int:
-        return 2
-
-    def __getitem__(self, i: int) -> int:
-        return os.nice(0)
-
-
-def test_loader_workers_yield_the_cores_to_the_training_process() -> None:
-    """make_loader's workers (above) run at nice +LOADER_WORKER_NICE; the training process keeps its own."""
-    from torch.utils.data import DataLoader
-
-    base = os.nice(0)
-    loader = DataLoader(_Niceness(), batch_size=None, num_workers=1, worker_init_fn=lower_worker_priority)
-    assert [int(v) for v in loader] == [min(19, base + LOADER_WORKER_NICE)] * 2
-    assert os.nice(0) == base  # the training process itself keeps its priority
