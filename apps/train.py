@@ -280,6 +280,7 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
             if run.env.is_main and watch.clean(run.model):
                 checkpoint(run, epoch, step)
     sync_device(device)
+    wall_s = time.perf_counter() - t_start
     # One small all-gather of the per-step data waits: a step a peer reached late is not this rank's own speed.
     stats = run.timer.epoch_summary(rank=env.rank, epoch=epoch, batch_size=batch_sizes[env.rank],
                                     num_workers=run.plan.ranks[env.rank].num_workers,
@@ -294,7 +295,7 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
     loss_value = float(loss_sum.item())
     state = run.device_state.collect().to_dict() if run.device_state is not None else None
     gathered = all_gather_json([stats.to_dict(), loss_value if math.isfinite(loss_value) else None, n_sum,
-                                first_bad, run.last_saved, state])
+                                first_bad, run.last_saved, state, wall_s])
     all_stats = [g[0] for g in gathered]
     saved = gathered[0][4]  # rank 0 saves: its record is the one every rank names if the loss diverged
     run.last_saved = None if saved is None else (int(saved[0]), int(saved[1]))
@@ -308,6 +309,7 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
     return EpochResult(epoch=epoch, samples_per_s=sps, step_time_s=step_s if math.isfinite(step_s) else 0.0,
                        loss=loss_total / max(n_total, 1), batch_sizes=tuple(batch_sizes), stats=all_stats,
                        device_states=[g[5] for g in gathered], predicted_step_time_s=run.plan.predicted.step_time_s,
+                       wall_s=max(g[6] for g in gathered), samples=n_total,
                        diverged_step=min(bad) if bad else None)
 
 
@@ -344,8 +346,10 @@ def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
     if env.distributed:
         dist.barrier()
     fill = max(res.stats, key=lambda s: s.get("fill_excess_s", 0.0))
+    wall = (f"  wall {res.wall_s:.1f} s = {res.samples / res.wall_s:.1f} samples/s"
+            if res.wall_s and res.samples and not cfg.data_on_device else "")
     run.say(f"epoch {res.epoch}: {res.samples_per_s:9.1f} samples/s  step {1000 * res.step_time_s:7.2f} ms  "
-            f"loss {res.loss:.4f}  batches {list(res.batch_sizes)}"
+            f"loss {res.loss:.4f}  batches {list(res.batch_sizes)}{wall}"
             + (f"  (steady pace between the loaders' fill and drain; the {fill['fill_steps']}-step fill took "
                f"{fill['fill_excess_s']:.1f} s more)" if fill.get("fill_steps") else "")
             + (f"  re-plan: {res.replan['reason']}" if res.replan else ""))
@@ -358,7 +362,8 @@ def _log_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
                               ranks=tuple(planner.StepStats.from_dict(s) for s in res.stats),
                               predicted_step_time_s=tuple(r.predicted_step_time_s for r in epoch_plan.ranks),
                               device_state=tuple(None if d is None else DeviceState.from_dict(d, strict=False)
-                                                 for d in res.device_states)))
+                                                 for d in res.device_states),
+                              wall_s=res.wall_s, samples=res.samples))
 
 
 def stop_diverged(run: Run, res: EpochResult, epoch_plan: Plan, epochs_done: int) -> ValidationError:

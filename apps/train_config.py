@@ -101,6 +101,10 @@ class EpochResult:
     """Every rank's DeviceState at this epoch's end (JSON form), for the run log."""
     predicted_step_time_s: float = 0.0
     replan: dict[str, Any] | None = None
+    wall_s: float | None = None
+    """Wall seconds of the epoch's loop (the first batch's wait included), the slowest rank's."""
+    samples: int = 0
+    """Samples the epoch trained, all ranks together."""
     diverged_step: int | None = None
     """First global step of this epoch whose loss (or the weights after it) was not finite, on any rank."""
 

@@ -4,7 +4,8 @@
 
 Reads every ``<case>_r<i>_run.jsonl`` (with its ``_profile.json`` when present) in OUT_DIR.  Per launch and epoch:
 the plan in effect (the start plan or the last adopted re-plan, matched by fingerprint), its predicted samples/s,
-the measured samples/s and their ratio, and each rank's error (own busy time, ``StepStats.busy_s``, against the
+the measured samples/s and their ratio (and the wall clock's: the epoch's samples over its loop's wall seconds,
+first batch's wait and warm-up included, from logs that record it), and each rank's error (own busy time, ``StepStats.busy_s``, against the
 plan's per-rank step time: the report's run-log table).  Per launch: the median ratio over epochs >= 2, the worst
 rank's median error over epochs >= 2, the epoch of the first adopted re-plan and its predicted gain, how many times
 the plan changed, the profile's loader costs (each rank's own reading and the spread its host saw), and per epoch
@@ -48,6 +49,8 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
             "epoch": e.epoch, "batch_sizes": list(e.batch_sizes), "measured_samples_per_s": e.samples_per_s,
             "predicted_samples_per_s": pred,
             "ratio": e.samples_per_s / pred if pred and e.samples_per_s is not None else None,
+            # by the wall clock: the first batch's wait and the warm-up steps the step timer leaves out, counted
+            "wall_ratio": e.wall_samples_per_s / pred if pred and e.wall_samples_per_s else None,
             "rank_errors": errors, "loader_paced": [s.loader_paced for s in e.ranks],
             "data_wait_s": list(e.measured_data_wait_s), "compute_s": list(e.measured_compute_s),
             "step_time_s": list(e.measured_step_time_s),
@@ -71,6 +74,8 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
         "start_batch_sizes": list(log.start_plan.batch_sizes) if log.start_plan is not None else None,
         "start_bottlenecks": [r.bottleneck for r in log.start_plan.ranks] if log.start_plan is not None else None,
         "steady_ratio_median": statistics.median(ratios) if ratios else None,
+        "steady_wall_ratio_median": statistics.median(w) if (w := [x["wall_ratio"] for x in steady
+                                                                    if x["wall_ratio"] is not None]) else None,
         "inputs_model_errors": inputs,
         "steady_rank_error_max": max(rank_err) if rank_err else None,
         "steady_rank_errors": rank_err,
@@ -114,6 +119,7 @@ def case_summary(launches: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "launches": len(launches),
         "steady_ratio": _spread(pick("steady_ratio_median")),
+        "steady_wall_ratio": _spread(pick("steady_wall_ratio_median")),
         "steady_rank_error_max": _spread(pick("steady_rank_error_max")),
         "first_adoption_epoch": [x["first_adoption_epoch"] for x in launches],
         "first_adoption_gain": [x["first_adoption_gain"] for x in launches],

@@ -7,7 +7,8 @@ report --log`` and ``planner validate`` read it; ``planner/schemas/runlog.schema
                         "dataset_size": N}
     {"event": "epoch",  "epoch": e, "plan_fingerprint": "..", "samples_per_s": x, "step_time_s": y, "loss": l,
                         "batch_sizes": [...], "ranks": [<StepStats per rank>], "predicted_step_time_s": [...],
-                        "device_state": [<DeviceState per rank, or null>]  (optional, #17)}
+                        "device_state": [<DeviceState per rank, or null>]  (optional, #17),
+                        "wall_s": seconds, "samples": n  (optional: the epoch by the wall clock)}
     {"event": "replan", "epoch": e, "adopted": bool, "reason": "..", "predicted_gain": g,
                         "old_batch_sizes": [...], "new_batch_sizes": [...], "measured_compute_s": [...],
                         "predicted_compute_s": [...], "plan": {...} | null}
@@ -86,7 +87,17 @@ class EpochRecord:
     """What every rank measured this epoch, in rank order."""
     device_state: tuple[DeviceState | None, ...] = ()
     """Every rank's device and host state sampled at this epoch's end, in rank order (None: not sampled)."""
+    wall_s: float | None = None
+    """Wall seconds of the epoch's training loop, its first batch's wait and its warm-up steps included (what a
+    clock on the wall sees; ``samples_per_s`` is the step timer's pace over the epoch's timed steps)."""
+    samples: int | None = None
+    """Samples the epoch trained, all ranks together (``samples / wall_s`` is the epoch's wall-clock throughput)."""
     event: Literal["epoch"] = "epoch"
+
+    @property
+    def wall_samples_per_s(self) -> float | None:
+        """The epoch's throughput by the wall clock; None when the log does not record it (before session 10)."""
+        return self.samples / self.wall_s if self.samples and self.wall_s else None
 
     @property
     def measured_compute_s(self) -> tuple[float, ...]:
@@ -115,7 +126,8 @@ class EpochRecord:
                           for s in self.ranks],
                 "predicted_step_time_s": _finites(self.predicted_step_time_s),
                 **({"device_state": [None if s is None else s.to_dict() for s in self.device_state]}
-                   if any(s is not None for s in self.device_state) else {})}
+                   if any(s is not None for s in self.device_state) else {}),
+                **({"wall_s": _finite(self.wall_s), "samples": self.samples} if self.wall_s is not None else {})}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -335,7 +347,8 @@ def parse_record(d: Mapping[str, Any], where: str = "record", *, strict_plans: b
         return EpochRecord(epoch=_int(d, "epoch", where, 0), plan_fingerprint=str(d.get("plan_fingerprint", "")),
                            samples_per_s=_num(d, "samples_per_s", where), step_time_s=_num(d, "step_time_s", where),
                            loss=_num(d, "loss", where), batch_sizes=batches, predicted_step_time_s=predicted,
-                           ranks=stats, device_state=_device_states(d.get("device_state"), where))
+                           ranks=stats, device_state=_device_states(d.get("device_state"), where),
+                           wall_s=_num(d, "wall_s", where), samples=_opt_int(d, "samples", where))
     if kind in ("replan", "revert"):
         return ReplanRecord(epoch=_int(d, "epoch", where, 0), adopted=bool(d.get("adopted", False)),
                             reason=str(d.get("reason", "")), predicted_gain=_num(d, "predicted_gain", where),

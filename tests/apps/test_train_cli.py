@@ -40,6 +40,9 @@ def test_replan_moves_work_off_a_rank_slowed_mid_run(tmp_path: Path) -> None:
     assert all(r["num_workers"] <= 3 for r in plan["ranks"])
     epochs = _events(log, "epoch")
     assert [e["epoch"] for e in epochs] == [0, 1, 2, 3]
+    # the wall clock's view beside the step timer's: every sample of the epoch, and no faster than the timed pace
+    assert all(e["samples"] == 12 * 64 and e["wall_s"] > 0 for e in epochs)
+    assert all(e["samples"] / e["wall_s"] <= 1.05 * e["samples_per_s"] for e in epochs)
     slowed, after = epochs[1], epochs[2:]
     # Within 2 epochs of the slowdown the split moved toward the fast rank 0, and throughput recovered.
     assert max(e["batch_sizes"][0] for e in after) > slowed["batch_sizes"][0]

@@ -42,7 +42,8 @@ def _records(plan: planner.Plan) -> list:
     return [
         StartRecord(time=1.0, world_size=plan.world_size, global_batch=plan.global_batch, plan=plan),
         EpochRecord(epoch=0, plan_fingerprint=plan.fingerprint, samples_per_s=4000.0, step_time_s=0.11, loss=2.5,
-                    batch_sizes=plan.batch_sizes, predicted_step_time_s=(0.1, 0.1), ranks=stats),
+                    batch_sizes=plan.batch_sizes, predicted_step_time_s=(0.1, 0.1), ranks=stats, wall_s=16.0,
+                    samples=51200),
         ReplanRecord(epoch=0, adopted=True, reason="adopted", predicted_gain=0.12, old_batch_sizes=(256, 256),
                      new_batch_sizes=plan.batch_sizes, measured_compute_s=(0.05, math.nan),
                      predicted_compute_s=(0.05, 0.1), plan=plan),
@@ -73,6 +74,7 @@ def test_what_the_writer_writes_the_schema_accepts_and_the_reader_reads_back(tmp
     assert [e.epoch for e in got.epochs] == [0, 1] and got.epochs[0].ranks == _records(plan)[1].ranks
     assert got.epochs[0].measured_busy_s == pytest.approx((0.051, 0.101))
     assert got.epochs[1].loss is None
+    assert got.epochs[0].wall_samples_per_s == 3200.0 and got.epochs[1].wall_samples_per_s is None  # optional
     assert [r.event for r in got.replans] == ["replan", "revert"] and got.replans[1].reverted
     assert got.resizes[0].new_batch_sizes == plan.batch_sizes
 
