@@ -377,8 +377,8 @@ class StepTimer:
         the epoch start cost on top; otherwise the epoch has no steady middle, and the means stay over its last
         whole cycles (``fill_steps`` 0).  Session 10, 2x H100, rank 0 with 28 workers of 4 prefetched batches
         (fill 140 steps, drain 112): a 200-step epoch has no steady middle -- its first 144 steps took 26-33 s
-        with the host's 32 cores saturated (31-35 runnable), its last 56 ran at the GPU's pace with ~4 cores
-        busy; the 28 workers never ran at the pace the GPU consumes, which is what a long epoch is made of.
+        with up to 32-35 runnable threads on the host's 32 cores, its last 56 ran at the GPU's pace on batches
+        built before, ~4 cores busy (docs/BENCHMARKS.md section 18).  Neither is the pace of a long epoch.
         """
         self._flush()
         start = self.warmup_steps if self.warmup_steps and len(self._steps) > 2 * self.warmup_steps else 0
