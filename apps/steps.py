@@ -19,6 +19,7 @@ from planner.errors import ValidationError
 from planner.plan import Plan
 from profiler.compute import use_channels_last
 from runtime.loader_timing import TimedBatches, TimedLoader
+from runtime.timing import STEADY_MIN_CYCLES
 from workloads.specs import Workload, synthetic_batch
 
 
@@ -136,24 +137,32 @@ def loader_drain_steps(workers: int, prefetch: int = LOADER_PREFETCH) -> int:
     return max(1, workers * (prefetch + 1))
 
 
+def steady_epoch_steps(workers: int, prefetch: int = LOADER_PREFETCH) -> int:
+    """Steps an epoch needs for a steady middle the step timer can read (runtime.timing): the fill at its start
+    (``loader_drain_steps``), the drain at its end (``workers x prefetch`` steps, every batch already handed out
+    and the workers falling idle) and ``STEADY_MIN_CYCLES`` whole cycles of the workers between."""
+    return loader_drain_steps(workers, prefetch) + workers * prefetch + STEADY_MIN_CYCLES * max(1, workers)
+
+
 def short_epoch_warning(steps_per_epoch: int, workers: list[int], prefetch: int = LOADER_PREFETCH) -> str | None:
-    """A warning when an epoch is shorter than a rank's loader pipeline (``loader_drain_steps`` of its workers),
-    else None.  Such an epoch never reaches its loader's steady pace: its batches are all dispatched at its start
-    and built in one or two bursts, so its throughput and the run log's per-rank times measure the pipeline's fill
-    (session 8, 2x H100, 30-step epochs with 16 workers: epoch 0 ran at the GPU's pace on batches built while the
-    first step warmed up, 117 ms a step, where the workers' pace was ~150 ms)."""
+    """A warning when an epoch is too short for a steady middle on a rank's loader (``steady_epoch_steps`` of its
+    workers), else None.  Such an epoch is its loaders' fill and drain: its batches are dispatched at its start and
+    built with every worker busy at once, then the GPU runs on batches built before, so its throughput and the run
+    log's per-rank times are neither the loader's steady pace nor what a longer epoch would run at (session 10,
+    2x H100, 28 workers, 200-step epochs: the first 144 steps took 26-33 s with the host oversubscribed, the last 56
+    ran at the GPU's pace with the workers idle; docs/BENCHMARKS.md section 18)."""
     if not workers or max(workers) <= 1:
         return None
     rank = max(range(len(workers)), key=lambda i: workers[i])
     w = workers[rank]
-    need = loader_drain_steps(w, prefetch)
+    need = steady_epoch_steps(w, prefetch)
     if steps_per_epoch >= need:
         return None
-    return (f"warning: an epoch of {steps_per_epoch} steps is shorter than rank {rank}'s loader pipeline ({w} workers "
-            f"x ({prefetch} prefetched + 1 building) = {need} batches): each epoch starts with every worker building "
-            f"at once, so its throughput and the run log's per-rank times include that fill, not the loader's "
-            f"steady pace; give epochs of at least {need} steps (more samples or a smaller global batch) to measure "
-            f"it")
+    return (f"warning: an epoch of {steps_per_epoch} steps has no steady middle for rank {rank}'s loader ({w} "
+            f"workers: {loader_drain_steps(w, prefetch)} steps filling their prefetch of {prefetch} at the start, "
+            f"{w * prefetch} draining at the end, two cycles of {w} between = {need} steps): its throughput and the "
+            f"run log's per-rank times are the fill's and the drain's, not the loader's steady pace; give epochs "
+            f"of at least {need} steps (more samples or a smaller global batch) to measure it")
 
 
 SHM_SHARE = 0.5

@@ -71,15 +71,17 @@ def test_a_split_drains_for_the_ranks_near_their_loaders_pace_only() -> None:
     assert window_drain_steps(plan(0.100, [(0, 0.09), (0, 0.09)])) == 1  # the loop loads itself
 
 
-def test_an_epoch_shorter_than_a_ranks_loader_pipeline_is_said_out_loud() -> None:
-    """apps.steps.short_epoch_warning: #18's command (50 steps of 512, 16 workers a rank) and session 8's 30-step
-    epochs are shorter than 16 x (4 + 1) = 80 batches; loader_gpu.sh's 100-step epochs are not."""
+def test_an_epoch_without_a_steady_middle_is_said_out_loud() -> None:
+    """apps.steps.short_epoch_warning: 16 workers need 80 fill + 64 drain + 2 x 16 = 176 steps; #18's command (50
+    steps of 512), session 8's 30-step and sessions 9-10's 100-step epochs have none, and session 10's 200-step
+    epochs at 28 workers (140 + 112 + 56 = 308) neither; loader_gpu.sh's 320-step epochs do."""
     from apps.steps import short_epoch_warning
 
     line = short_epoch_warning(50, [16, 2])
-    assert line is not None and line.startswith("warning: an epoch of 50 steps")
-    assert "rank 0's loader pipeline (16 workers x (4 prefetched + 1 building) = 80 batches)" in line
-    assert "at least 80 steps" in line
+    assert line is not None and line.startswith("warning: an epoch of 50 steps has no steady middle")
+    assert "rank 0's loader (16 workers: 80 steps filling their prefetch of 4 at the start, 64 draining" in line
+    assert "= 176 steps" in line and "at least 176 steps" in line
     assert short_epoch_warning(30, [2, 16]) is not None and "rank 1's" in short_epoch_warning(30, [2, 16])  # type: ignore[operator]
-    assert short_epoch_warning(100, [16, 2]) is None
+    assert short_epoch_warning(100, [16, 2]) is not None and short_epoch_warning(176, [16, 2]) is None
+    assert short_epoch_warning(200, [28, 2]) is not None and short_epoch_warning(320, [28, 2]) is None
     assert short_epoch_warning(3, [1, 1]) is None and short_epoch_warning(3, [0, 0]) is None  # no bursts to fill
