@@ -158,14 +158,38 @@ def fill_line(log: RunLog) -> str | None:
             f"host's cores less while it lasts -- check that the steady pace stays where it was.")
 
 
+WALL_TOL = 0.10
+"""The wall clock's epoch throughput this far below the timed pace is a finding."""
+
+
+def wall_line(log: RunLog) -> str | None:
+    """The epochs by the wall clock beside the step timer's pace (logs that record ``wall_s``): the timed pace
+    leaves out each epoch's warm-up steps -- the first batch's wait among them, one worker building a whole batch
+    -- which a loader-fed epoch pays every time (session 10, 2x H100, 100-step epochs: 2.4-4.9 s a step-0 wait,
+    the wall clock at 0.62-0.69 of the prediction where the timed pace read 0.88-0.93).  None when the log has no
+    wall times or they are within ``WALL_TOL`` of the timed pace.  Epoch 0 is left out where later epochs exist."""
+    epochs = [e for e in log.epochs if e.wall_samples_per_s and e.samples_per_s]
+    later = [e for e in epochs if e.epoch > 0] or epochs
+    if not later:
+        return None
+    wall = statistics.median(e.wall_samples_per_s or 0.0 for e in later)
+    timed = statistics.median(e.samples_per_s or 0.0 for e in later)
+    if wall >= (1.0 - WALL_TOL) * timed:
+        return None
+    lost = statistics.median((e.wall_s or 0.0) - (e.samples or 0) / (e.samples_per_s or 1.0) for e in later)
+    return (f"By the wall clock the epochs ran {wall:,.0f} samples/s, {1 - wall / timed:.0%} below the timed "
+            f"pace of {timed:,.0f} that the per-rank times and predictions are compared with: about "
+            f"{lost:.1f} s an epoch go to steps the timed pace leaves out -- its warm-up, where the DataLoader's "
+            f"workers start over and the first batch waits for one worker to build it whole, and the loaders' fill "
+            f"or drain where they are left out. Longer epochs dilute it (`planner train --step-log` records every "
+            f"step).")
+
+
 def log_findings(log: RunLog, plan: Plan, profile: Profile, quality: ProfileQuality | None) -> list[str]:
-    """Findings from a run log: prediction misses with their likely cause, measured equal split vs plan, and what
-    each epoch start costs."""
+    """Findings from a run log: the epochs by the wall clock, what each epoch start costs, prediction misses with
+    their likely cause, and measured equal split vs plan."""
     splits = measured_splits(log, plan.predicted.comm_s)
-    lines = []
-    fill = fill_line(log)
-    if fill is not None:
-        lines.append(fill)
+    lines = [x for x in (wall_line(log), fill_line(log)) if x is not None]
     for s in splits:
         if abs(s.error) > PREDICTION_TOL:
             epochs = ", ".join(map(str, s.epochs))

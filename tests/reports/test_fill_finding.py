@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.runlog import read_run_log
-from reports.measured import fill_line
+from reports.measured import fill_line, wall_line
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
@@ -25,3 +25,21 @@ def test_the_fill_of_long_epochs_is_reported_with_its_cost() -> None:
 def test_no_finding_without_a_steady_part_or_fill_fields() -> None:
     assert fill_line(read_run_log(RESULTS / "h100x2_train_auto_replan_s10c_loader_r1_run.jsonl")) is None
     assert fill_line(read_run_log(RESULTS / "h100x2_train_auto_replan_s9_loader_r1_run.jsonl")) is None
+
+
+def test_the_wall_clock_is_set_beside_the_timed_pace() -> None:
+    """Call 4's 200-step epochs: the timed pace (the drain's, then) read ~4,150-4,400 samples/s, the wall clock
+    2,580-3,170 (epochs 1-2); the finding says so with the seconds per epoch the timed pace leaves out."""
+    import json
+    from dataclasses import replace
+
+    log = read_run_log(RESULTS / "h100x2_train_auto_replan_s10d_loader_r1_run.jsonl")
+    assert all(e.wall_s is None for e in log.epochs)  # recorded before the run log carried the wall clock
+    steps = [json.loads(x) for x in (RESULTS / "h100x2_train_auto_replan_s10d_loader_r1_steps0.jsonl").read_text()
+             .splitlines()]
+    walled = tuple(replace(e, wall_s=sum(s["step_time_ms"]) / 1e3, samples=200 * 512)  # the step log's wall clock
+                   for e, s in zip(log.epochs, steps, strict=True))
+    line = wall_line(replace(log, epochs=walled))
+    assert line is not None and line.startswith("By the wall clock the epochs ran 2,69")  # median of 2,812 and 2,577
+    assert "below the timed pace of 4,16" in line
+    assert wall_line(log) is None  # no wall times, no finding
