@@ -137,11 +137,18 @@ def loader_drain_steps(workers: int, prefetch: int = LOADER_PREFETCH) -> int:
     return max(1, workers * (prefetch + 1))
 
 
+def loader_fill_drain(workers: int, prefetch: int = LOADER_PREFETCH) -> tuple[int, int]:
+    """(fill, drain): the steps at an epoch's start in which a loader of ``workers`` workers fills its pipeline
+    (``loader_drain_steps``: every worker building its prefetch at once), and at its end in which it drains
+    (``workers x prefetch``: every batch already handed out, the workers falling idle) -- what the step timer
+    leaves out of an epoch's steady middle (runtime.timing, ``StepTimer.epoch_summary``)."""
+    return loader_drain_steps(workers, prefetch), workers * prefetch
+
+
 def steady_epoch_steps(workers: int, prefetch: int = LOADER_PREFETCH) -> int:
-    """Steps an epoch needs for a steady middle the step timer can read (runtime.timing): the fill at its start
-    (``loader_drain_steps``), the drain at its end (``workers x prefetch`` steps, every batch already handed out
-    and the workers falling idle) and ``STEADY_MIN_CYCLES`` whole cycles of the workers between."""
-    return loader_drain_steps(workers, prefetch) + workers * prefetch + STEADY_MIN_CYCLES * max(1, workers)
+    """Steps an epoch needs for a steady middle the step timer can read (runtime.timing): the fill at its start,
+    the drain at its end (``loader_fill_drain``) and ``STEADY_MIN_CYCLES`` whole cycles of the workers between."""
+    return sum(loader_fill_drain(workers, prefetch)) + STEADY_MIN_CYCLES * max(1, workers)
 
 
 def short_epoch_warning(steps_per_epoch: int, workers: list[int], prefetch: int = LOADER_PREFETCH) -> str | None:
@@ -158,9 +165,10 @@ def short_epoch_warning(steps_per_epoch: int, workers: list[int], prefetch: int 
     need = steady_epoch_steps(w, prefetch)
     if steps_per_epoch >= need:
         return None
+    fill, drain = loader_fill_drain(w, prefetch)
     return (f"warning: an epoch of {steps_per_epoch} steps has no steady middle for rank {rank}'s loader ({w} "
-            f"workers: {loader_drain_steps(w, prefetch)} steps filling their prefetch of {prefetch} at the start, "
-            f"{w * prefetch} draining at the end, two cycles of {w} between = {need} steps): its throughput and the "
+            f"workers: {fill} steps filling their prefetch of {prefetch} at the start, "
+            f"{drain} draining at the end, two cycles of {w} between = {need} steps): its throughput and the "
             f"run log's per-rank times are the fill's and the drain's, not the loader's steady pace; give epochs "
             f"of at least {need} steps (more samples or a smaller global batch) to measure it")
 

@@ -41,13 +41,12 @@ from apps.distenv import DistEnv, sync_device
 from apps.divergence import DivergenceWatch, divergence_error
 from apps.progress import Progress, no_progress
 from apps.steps import (
-    LOADER_PREFETCH,
     DeviceCopy,
     autocast_for,
     channels_last_for,
     fully_shard_blocks,
     launch_group,
-    loader_drain_steps,
+    loader_fill_drain,
     make_loader,
     short_epoch_warning,
     sync_only_if,
@@ -281,14 +280,13 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
                 checkpoint(run, epoch, step)
     sync_device(device)
     wall_s = time.perf_counter() - t_start
+    job_workers = [] if cfg.data_on_device else [r.num_workers for r in run.plan.ranks]
+    fill, drain = loader_fill_drain(max(job_workers)) if job_workers else (0, 0)  # the busiest loader's
     # One small all-gather of the per-step data waits: a step a peer reached late is not this rank's own speed.
     stats = run.timer.epoch_summary(rank=env.rank, epoch=epoch, batch_size=batch_sizes[env.rank],
                                     num_workers=run.plan.ranks[env.rank].num_workers,
-                                    peer_data_waits_s=peer_data_waits(run.timer),
-                                    job_workers=() if cfg.data_on_device else [r.num_workers for r in run.plan.ranks],
-                                    fill_steps=0 if cfg.data_on_device else max(
-                                        loader_drain_steps(r.num_workers) for r in run.plan.ranks),
-                                    drain_steps=max(r.num_workers for r in run.plan.ranks) * LOADER_PREFETCH)
+                                    peer_data_waits_s=peer_data_waits(run.timer), job_workers=job_workers,
+                                    fill_steps=fill, drain_steps=drain)
     if cfg.step_log_path:
         _write_step_log(cfg.step_log_path, epoch, env.rank, t_start, run.timer.series())
     first_bad = watch.at_epoch_end(run.model, first_step, step)
