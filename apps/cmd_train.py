@@ -100,6 +100,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "interval and its batch's build seconds (warm-up included): the raw series behind the run "
                         "log's per-rank means, e.g. to find stalls; {rank} in FILE becomes the rank, else the ranks "
                         "append to one file")
+    t.add_argument("--restart-loader-each-epoch", action="store_true",
+                   help="start the DataLoader afresh each epoch, as `for batch in loader` does; by default its "
+                        "workers run on into the next epoch while the plan holds, so an epoch after the first does "
+                        "not start by waiting for its first batch")
     # Hidden: every (epoch, step, rank, indices) as JSON lines, for the resume tests; {rank} becomes the rank.
     t.add_argument("--trace-file", default=None, help=argparse.SUPPRESS)
     e = p.add_argument_group("emulated heterogeneity (DESIGN.md section 7)")
@@ -265,6 +269,7 @@ def config_from_args(args: argparse.Namespace, env: Any, slowdowns: dict[int, fl
         log_path=args.log, checkpoint_dir=args.checkpoint, checkpoint_every=args.checkpoint_every,
         resume=args.resume, resume_changes=resume_changes, weighting=args.weighting.replace("-", "_"),
         trace_path=args.trace_file.replace("{rank}", str(env.rank)) if args.trace_file else None,
+        restart_loader_each_epoch=args.restart_loader_each_epoch,
         step_log_path=args.step_log.replace("{rank}", str(env.rank)) if args.step_log else None,
         mixed_devices=env.device.type == "cuda" and env.backend == "gloo",
     )

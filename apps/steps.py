@@ -4,6 +4,7 @@ FSDP2 sharding, and the batches (a DataLoader over the plan's sampler, or synthe
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ from planner.errors import ValidationError
 from planner.plan import Plan
 from profiler.compute import use_channels_last
 from runtime.loader_timing import TimedBatches, TimedLoader
+from runtime.sampler import EpochStream, HeteroBatchSampler
 from runtime.timing import STEADY_MIN_CYCLES
 from workloads.specs import Workload, synthetic_batch
 
@@ -151,9 +153,11 @@ def steady_epoch_steps(workers: int, prefetch: int = LOADER_PREFETCH) -> int:
     return sum(loader_fill_drain(workers, prefetch)) + STEADY_MIN_CYCLES * max(1, workers)
 
 
-def short_epoch_warning(steps_per_epoch: int, workers: list[int], prefetch: int = LOADER_PREFETCH) -> str | None:
+def short_epoch_warning(steps_per_epoch: int, workers: list[int], prefetch: int = LOADER_PREFETCH,
+                        streamed: bool = False) -> str | None:
     """A warning when an epoch is too short for a steady middle on a rank's loader (``steady_epoch_steps`` of its
-    workers), else None.  Such an epoch is its loaders' fill and drain: its batches are dispatched at its start and
+    workers), else None.  ``streamed``: the loader runs across epoch boundaries (``StreamedEpochs``), so only the
+    first epoch fills and only the last drains, and an epoch between needs one whole worker cycle.  Such an epoch is its loaders' fill and drain: its batches are dispatched at its start and
     built with every worker busy at once, then the GPU runs on batches built before, so its throughput and the run
     log's per-rank times are neither the loader's steady pace nor what a longer epoch would run at (session 10,
     2x H100, 28 workers, 200-step epochs: the first 144 steps took 26-33 s with the host oversubscribed, the last 56
@@ -162,9 +166,13 @@ def short_epoch_warning(steps_per_epoch: int, workers: list[int], prefetch: int 
         return None
     rank = max(range(len(workers)), key=lambda i: workers[i])
     w = workers[rank]
-    need = steady_epoch_steps(w, prefetch)
+    need = w if streamed else steady_epoch_steps(w, prefetch)
     if steps_per_epoch >= need:
         return None
+    if streamed:
+        return (f"warning: an epoch of {steps_per_epoch} steps is shorter than one cycle of rank {rank}'s {w} "
+                f"loader workers: the run log's per-rank times are its workers' stagger, not the loader's steady "
+                f"pace; give epochs of at least {need} steps (more samples or a smaller global batch) to measure it")
     fill, drain = loader_fill_drain(w, prefetch)
     return (f"warning: an epoch of {steps_per_epoch} steps has no steady middle for rank {rank}'s loader ({w} "
             f"workers: {fill} steps filling their prefetch of {prefetch} at the start, "
@@ -253,6 +261,43 @@ def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_wo
         persistent_workers=num_workers > 0,
         prefetch_factor=prefetch if num_workers > 0 else None,
     ), on_batch=on_batch)
+
+
+class StreamedEpochs:
+    """The planned sampler's batches epoch by epoch from one DataLoader iterator that lives across epoch boundaries
+    (runtime.sampler.EpochStream), so that an epoch after the first starts on batches the workers built while the
+    last one ended, instead of an empty pipeline (`planner train`'s default; ``--restart-loader-each-epoch`` turns
+    it off).  A re-plan changes the batch sizes, which the running stream cannot: the next epoch then gets a new
+    stream and DataLoader (``build``, which reads the plan in effect, workers included), and starts empty.
+
+    ``build(stream)``: the rank's loader over that batch sampler (``make_loader``); ``last_epoch``: the epoch the
+    stream stops before; ``max_steps``: every epoch cut to its first steps (``--max-steps-per-epoch``)."""
+
+    def __init__(self, build: Callable[[Any], Any], last_epoch: int, max_steps: int | None = None) -> None:
+        self.build, self.last_epoch, self.max_steps = build, last_epoch, max_steps
+        self.loader: Any = None
+        self._it: Iterator[Any] | None = None
+        self._next: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None  # what the stream yields next
+
+    def epoch(self, sampler: HeteroBatchSampler) -> tuple[Iterator[Any], bool]:
+        """(this epoch's batches, whether its pipeline starts empty); call after ``sampler.set_epoch``.  The
+        sampler begins its pass here (``begin_pass``): iterate the batches with ``micro_steps(batches, sampler)``."""
+        key = (sampler.epoch, sampler.batch_sizes, sampler.accumulation_steps)
+        fresh = self._it is None or key != self._next
+        if fresh:
+            old = self.loader
+            self.loader = self.build(EpochStream(sampler, self.last_epoch, self.max_steps))
+            self._it = iter(self.loader)  # the new workers start building before the old ones are shut down
+            del old
+        sampler.begin_pass()
+        count = sampler.batches_in_pass(self.max_steps)
+        self._next = (sampler.epoch + 1, sampler.batch_sizes, sampler.accumulation_steps)
+        assert self._it is not None
+        return itertools.islice(self._it, count), fresh
+
+    def restart(self) -> None:
+        """Start the next epoch on a new stream and DataLoader (a re-plan was adopted: sizes or workers)."""
+        self._next = None
 
 
 def launch_group(plan: Plan, env: DistEnv) -> Any:

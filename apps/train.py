@@ -42,6 +42,7 @@ from apps.divergence import DivergenceWatch, divergence_error
 from apps.progress import Progress, no_progress
 from apps.steps import (
     DeviceCopy,
+    StreamedEpochs,
     autocast_for,
     channels_last_for,
     fully_shard_blocks,
@@ -197,6 +198,21 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
                micro=micro)
 
 
+def rank_loader(run: Run) -> Any:
+    """This rank's batches under the plan in effect: ``StreamedEpochs`` (one DataLoader across epochs) for the
+    planned sampler with a DataLoader, unless ``restart_loader_each_epoch``; else the loader itself."""
+    cfg, env = run.cfg, run.env
+
+    def build(batch_sampler: Any) -> Any:
+        mine = run.plan.ranks[env.rank]
+        return make_loader(cfg, run.workload, batch_sampler, mine.num_workers, env.device,
+                           on_batch=run.timer.loader_batch, batch_size=mine.batch_size, say=run.rank_say)
+
+    if run.hetero is None or cfg.data_on_device or cfg.restart_loader_each_epoch:
+        return build(run.batch_sampler)
+    return StreamedEpochs(build, last_epoch=cfg.epochs, max_steps=cfg.max_steps_per_epoch)
+
+
 # -- one epoch ----------------------------------------------------------------------------------------------
 def _loader_steps(run: Run) -> int:
     """Optimizer steps in a whole epoch of this rank's loader (before ``max_steps_per_epoch``)."""
@@ -219,9 +235,11 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
     t_start = time.perf_counter()
     # micro_steps starts the loader itself (the sampler's pass, hence its start position, begins there); the timer
     # times each next() around it.
+    streamed = isinstance(run.loader, StreamedEpochs)
+    source, fresh = run.loader.epoch(run.hetero) if streamed else (run.loader, True)
     batches: Iterator[tuple[Any, MicroStep | None]] = (
-        run.timer.iter_data(micro_steps(run.loader, run.hetero)) if run.hetero is not None
-        else ((b, None) for b in run.timer.iter_data(run.loader)))
+        run.timer.iter_data(micro_steps(source, run.hetero)) if run.hetero is not None
+        else ((b, None) for b in run.timer.iter_data(source)))
     for (x, y), micro in batches:
         first_micro = micro is None or micro.index == 0
         last = micro is None or micro.is_last
@@ -282,6 +300,8 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
     wall_s = time.perf_counter() - t_start
     job_workers = [] if cfg.data_on_device else [r.num_workers for r in run.plan.ranks]
     fill, drain = loader_fill_drain(max(job_workers)) if job_workers else (0, 0)  # the busiest loader's
+    # A streamed loader fills when its stream starts and drains where it ends (the last epoch), not every epoch.
+    fill, drain = fill if fresh else 0, drain if not streamed or epoch == cfg.epochs - 1 else 0
     # One small all-gather of the per-step data waits: a step a peer reached late is not this rank's own speed.
     stats = run.timer.epoch_summary(rank=env.rank, epoch=epoch, batch_size=batch_sizes[env.rank],
                                     num_workers=run.plan.ranks[env.rank].num_workers,
@@ -335,10 +355,10 @@ def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
             run.plan = decision.new_plan
             assert run.hetero is not None
             run.hetero.set_batch_sizes(run.plan.batch_sizes, accumulation_steps=run.plan.accumulation_steps)
-            if run.plan.ranks[env.rank].num_workers != old_workers:
-                run.loader = make_loader(cfg, run.workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers,
-                                         env.device, on_batch=run.timer.loader_batch,
-                                         batch_size=run.plan.ranks[env.rank].batch_size, say=run.rank_say)
+            if isinstance(run.loader, StreamedEpochs):
+                run.loader.restart()  # the running stream has the old sizes: the next epoch starts a new one
+            elif run.plan.ranks[env.rank].num_workers != old_workers:
+                run.loader = rank_loader(run)
     _log_epoch(run, res, epoch_plan)
     checkpoint(run, res.epoch + 1, 0)
     if env.distributed:
@@ -409,15 +429,14 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
                 f"at global step {run.start_step} with batches {list(run.plan.batch_sizes)}")
     run.trace = open(cfg.trace_path, "a", encoding="utf-8") if cfg.trace_path else None
     early, late = Slowdown(cfg.slowdown), Slowdown(cfg.slowdown_late or cfg.slowdown)
-    run.loader = make_loader(cfg, workload, run.batch_sampler, run.plan.ranks[env.rank].num_workers, env.device,
-                             on_batch=run.timer.loader_batch, batch_size=run.plan.ranks[env.rank].batch_size,
-                             say=run.rank_say)
+    run.loader = rank_loader(run)
     run.device_state = DeviceStateSampler(env.device)
     if env.is_main and not cfg.data_on_device:
         steps = _loader_steps(run)
         if cfg.max_steps_per_epoch is not None:
             steps = min(steps, cfg.max_steps_per_epoch)
-        short = short_epoch_warning(steps, [r.num_workers for r in run.plan.ranks])
+        short = short_epoch_warning(steps, [r.num_workers for r in run.plan.ranks],
+                                    streamed=isinstance(run.loader, StreamedEpochs))
         if short is not None:
             print(short, file=sys.stderr, flush=True)
     if on_start is not None:

@@ -62,6 +62,9 @@ class TrainConfig:
     """Write every (epoch, step, rank, indices) to this file (tests of resume; one file per rank)."""
     step_log_path: str | None = None
     """Append one JSON line per epoch with this rank's every step (data wait, compute, step, build seconds)."""
+    restart_loader_each_epoch: bool = False
+    """A new DataLoader pass per epoch, as ``for batch in loader`` does, instead of one that runs across epoch
+    boundaries (apps.steps.StreamedEpochs, the default for the planned sampler): the stock behaviour, to compare."""
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:

@@ -378,7 +378,9 @@ class StepTimer:
         whole cycles (``fill_steps`` 0).  Session 10, 2x H100, rank 0 with 28 workers of 4 prefetched batches
         (fill 140 steps, drain 112): a 200-step epoch has no steady middle -- its first 144 steps took 26-33 s
         with up to 32-35 runnable threads on the host's 32 cores, its last 56 ran at the GPU's pace on batches
-        built before, ~4 cores busy (docs/BENCHMARKS.md section 18).  Neither is the pace of a long epoch.
+        built before, ~4 cores busy (docs/BENCHMARKS.md section 18).  Neither is the pace of a long epoch.  An
+        epoch of a loader that runs across epoch boundaries (runtime.sampler.EpochStream) fills only when its
+        stream starts and drains only where it ends: pass 0 for what the epoch lacks.
         """
         self._flush()
         start = self.warmup_steps if self.warmup_steps and len(self._steps) > 2 * self.warmup_steps else 0
@@ -409,9 +411,10 @@ class StepTimer:
         waits = [float(s.data_wait_s) for s in good]  # type: ignore[arg-type]
         cycle = worker_cycle(job_workers, n)
         fill = max(0, fill_steps - start)  # fill steps left after the warm-up
-        end = n - max(0, drain_steps) if fill else n
-        if fill and (end - fill) // cycle < STEADY_MIN_CYCLES:
+        end = n - max(0, drain_steps)
+        if (end - fill) // cycle < STEADY_MIN_CYCLES:
             fill, end = 0, n  # no steady middle to measure: the whole epoch is its loaders' fill and drain
+        windowed = fill > 0 or end < n
         whole = ((end - fill) // cycle) * cycle  # the last whole cycles before the drain (all steps when cycle is 1)
         paced = step_times[end - whole:end]
         paced_waits = waits[end - whole:end]
@@ -424,8 +427,8 @@ class StepTimer:
         std_c = math.sqrt(math.fsum((c - mean_c) ** 2 for c in inliers) / (k - 1)) if k > 1 else 0.0
         # Interference: the mean compute over every step minus this rank's own (the peer-late steps' excess).
         interference = max(0.0, math.fsum(all_compute) / n - math.fsum(compute) / len(compute)) if num_late else 0.0
-        loader_s = (_mean_build_s(self._steps[head:head + whole], 0, need=max(1.0, MIN_CLEAN_FRACTION * whole)) if fill
-                    else _mean_build_s(self._steps, num_workers, need=max(1.0, MIN_CLEAN_FRACTION * n)))
+        loader_s = (_mean_build_s(self._steps[head:head + whole], 0, need=max(1.0, MIN_CLEAN_FRACTION * whole))
+                    if windowed else _mean_build_s(self._steps, num_workers, need=max(1.0, MIN_CLEAN_FRACTION * n)))
         return StepStats(
             rank=rank,
             epoch=epoch,
