@@ -70,14 +70,16 @@ class RankModel:
         return max(tc, tl), tc, tl
 
 
-def build_models(profile: Profile, opts: SolveOptions) -> list[RankModel]:
+def build_models(profile: Profile, opts: SolveOptions, workers: Sequence[int] | None = None) -> list[RankModel]:
+    """Each rank's model; its loader cost at the host's load with ``workers`` (by rank; default: the budget split
+    equally -- planner.loader.loader_costs_s)."""
     budgets = worker_budgets(profile, opts)
     per_host = Counter(r.host for r in profile.ranks)
     # f_i: rank i's curve under DDP, slowed by all-reduce kernels waiting for later peers (planner.comm_model);
     # 1 for every rank unless the profile carries factors (profiler.comm_cost keeps its own in the meta).
     wait = rank_factors(profile.comm.wait_factors if profile.comm else None, len(profile.ranks))
     envelopes = [fit_envelope(r.compute).scaled(wait[r.rank]) for r in profile.by_rank]
-    loader_costs = loader_costs_s(profile, opts, envelopes)
+    loader_costs = loader_costs_s(profile, opts, envelopes, workers)
     models = []
     for r, env, p_eff in zip(profile.by_rank, envelopes, loader_costs, strict=True):
         mem = memory_cap(r.memory, headroom=opts.memory_headroom)

@@ -23,9 +23,10 @@ rank's effective cost per sample per worker is
 
 which the program uses in place of p_i (``b_i * p_eff_i <= w_i * T``).  R is piecewise linear through the
 measured points; past the last one the per-worker rate stays at the last point's (the profiler measures up to the
-usable cores, so that is rarely needed).  Workers w_i here are what the plan will give (the host's budget split
-equally, capped at the rank's max): the load does not depend on the split, so the program stays linear.  A rank
-without a scaling run keeps its ``sec_per_sample`` (old profiles plan as before).
+usable cores, so that is rarely needed).  Workers w_i are fixed while the program runs, so it stays linear:
+``planner.solve`` solves at the host's budget split equally, then again at its plan's own workers until they
+agree (``loader_costs_s``).  A rank without a scaling run keeps its ``sec_per_sample`` (old profiles plan as
+before).
 """
 
 from __future__ import annotations
@@ -96,23 +97,30 @@ def worker_budgets(profile: Profile, opts: SolveOptions) -> dict[str, int]:
     return {h.name: max(0, h.cpu_cores - opts.cpu_reserve_per_rank * per_host[h.name]) for h in profile.hosts}
 
 
-def loader_costs_s(profile: Profile, opts: SolveOptions, envelopes: Sequence[Envelope] | None = None) -> list[float]:
+def loader_costs_s(profile: Profile, opts: SolveOptions, envelopes: Sequence[Envelope] | None = None,
+                   workers: Sequence[int] | None = None) -> list[float]:
     """Each rank's loader seconds per sample per worker while the whole job trains, by rank (what the program
     and every prediction use: ``planner.solve``, ``planner.evaluate``, the Replanner's correction, the bench).
 
-    The load counts the workers the plan gives a rank when the host has cores for them (the budget split
-    equally, capped at the rank's max, the rule of ``equal_split_workers``) and the rank's GPU cost per sample
-    at its steepest piece; a host too small for one worker per rank loads in the training processes, which
-    keep the plain ``sec_per_sample``.  ``envelopes``: the ranks' fitted compute curves when the caller has them
-    (by rank), else fitted here."""
+    The load counts each rank's workers -- ``workers`` (by rank: a plan's), else the host's budget split
+    equally, capped at the rank's max (the rule of ``equal_split_workers``) -- and the rank's GPU cost per
+    sample at its steepest piece; a host too small for one worker per rank loads in the training processes,
+    which keep the plain ``sec_per_sample``.  ``planner.solve`` starts from the equal split and solves again at
+    its plan's own workers (a capped rank's share of the budget goes to its peers: session 11, 2x H100, rank 1
+    capped at 2 workers, rank 0 given 28 -- loaded as 15, the model made the host's loaders 12% faster than they
+    ran).  ``envelopes``: the ranks' fitted compute curves when the caller has them (by rank), else fitted here."""
     budgets = worker_budgets(profile, opts)
     per_host = Counter(r.host for r in profile.ranks)
-    workers, gpu_s = [], []
-    for i, r in enumerate(profile.by_rank):
-        cap = opts.worker_cap(budgets[r.host], r.loader.max_workers if r.loader else None)
-        serial = budgets[r.host] < per_host[r.host]
-        workers.append(0 if serial else min(cap, max(1, budgets[r.host] // per_host[r.host])))
-        gpu_s.append(max((envelopes[i] if envelopes is not None else fit_envelope(r.compute)).slopes))
+    gpu_s = [max((envelopes[i] if envelopes is not None else fit_envelope(r.compute)).slopes)
+             for i, r in enumerate(profile.by_rank)]
+    if workers is None:
+        workers = []
+        for r in profile.by_rank:
+            cap = opts.worker_cap(budgets[r.host], r.loader.max_workers if r.loader else None)
+            serial = budgets[r.host] < per_host[r.host]
+            workers.append(0 if serial else min(cap, max(1, budgets[r.host] // per_host[r.host])))
+    elif len(workers) != len(profile.by_rank):
+        raise ValueError(f"{len(workers)} worker counts for {len(profile.by_rank)} ranks")
     costs = contended_costs_s(profile, workers, gpu_s, opts.cpu_reserve_per_rank)
     return [c if w > 0 or r.loader is None else r.loader.sec_per_sample
             for c, w, r in zip(costs, workers, profile.by_rank, strict=True)]

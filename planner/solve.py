@@ -60,6 +60,10 @@ from planner.options import SolveOptions, resolve_options
 from planner.plan import Bottleneck, Plan, Predicted, RankPlan
 from planner.profile import CommProfile, Profile
 
+LOAD_ROUNDS = 4
+"""Most re-solves at a plan's own loader workers (``solve``): each moves the host's load, hence the loader costs;
+they settle in one or two."""
+
 __all__ = [
     "DDP_BUCKET_BYTES",
     "RankModel",
@@ -111,6 +115,17 @@ def solve(
     budgets = worker_budgets(profile, opts)
 
     found = search(models, caps, budgets, global_batch, opts)
+    # The host's loader load counts the workers the plan runs (planner.loader): solve again at the plan's own
+    # workers until the loader costs they imply are the ones solved with.
+    for _ in range(LOAD_ROUNDS):
+        at_plan = build_models(profile, opts, workers=found.workers.tolist())
+        if all(math.isclose(a.sec_per_sample, m.sec_per_sample, rel_tol=1e-3) for a, m in zip(at_plan, models,
+                                                                                             strict=True)):
+            break
+        models = at_plan
+        found = search(models, _check_feasible(models, global_batch, opts), budgets, global_batch, opts)
+    else:
+        models = build_models(profile, opts, workers=found.workers.tolist())  # predictions at its own workers
     b, k, workers = found.batch_sizes, found.steps, found.workers
     solver: dict[str, object] = {"method": found.method, "status": found.status, "solve_time_s": 0.0,
                                  "profile_fingerprint": profile.fingerprint(), "options": opts.to_dict()}
@@ -167,6 +182,7 @@ def evaluate(
         if len(num_workers) != profile.world_size:
             raise ValidationError(f"{len(num_workers)} worker counts given for {profile.world_size} ranks")
         w = np.asarray([int(x) for x in num_workers], dtype=np.int64)
+        models = build_models(profile, opts, workers=w.tolist())  # the host's load with these workers
     if accumulation_steps is None:
         steps = fewest_steps(models, b.tolist(), opts)[0]
     else:

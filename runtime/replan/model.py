@@ -166,11 +166,13 @@ class CorrectionModel:
     """p_i of the original profile as the planner models it (by rank id; empty: each loader's sec_per_sample)."""
 
     @classmethod
-    def of(cls, profile: Profile, options: SolveOptions | None = None) -> CorrectionModel:
+    def of(cls, profile: Profile, options: SolveOptions | None = None,
+           workers: Sequence[int] | None = None) -> CorrectionModel:
         """The model before any measurement: the profile as it is, its loaders as the planner models them under
-        ``options`` (worker caps and CPU reserve; default ``SolveOptions()``)."""
+        ``options`` (worker caps and CPU reserve; default ``SolveOptions()``) with ``workers`` (by rank: the plan's,
+        whose load the measured loaders run under; default the budget split equally)."""
         by_rank = profile.by_rank
-        costs = tuple(loader_costs_s(profile, options or SolveOptions()))
+        costs = tuple(loader_costs_s(profile, options or SolveOptions(), workers=workers))
         return cls(base=profile, envelopes=tuple(fit_envelope(r.compute) for r in by_rank),
                    ranks=tuple(RankCorrection(loader_sec_per_sample=c) for c in costs), loader_costs_s=costs)
 

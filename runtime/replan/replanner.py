@@ -97,7 +97,8 @@ class Replanner:
             {**kwargs, "min_batch": plan.min_batch})
         self._solve_fn = solve_fn
         self._plan = plan
-        self._model = CorrectionModel.of(profile, self._options)
+        self._model = CorrectionModel.of(profile, self._options,
+                                         workers=[r.num_workers for r in sorted(plan.ranks, key=lambda r: r.rank)])
         self._policy_state = PolicyState()
         self._previous: Plan | None = None
         """The plan the one on trial replaced (set exactly while ``_policy_state.trial`` is): restored on revert."""

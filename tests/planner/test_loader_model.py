@@ -158,3 +158,34 @@ def test_spare_cores_go_to_a_loader_until_it_has_twice_its_pace() -> None:
         loader_s = 0.004 * r.batch_size / r.num_workers
         assert loader_s <= SPARE_LOADER_SHARE * step < 0.004 * r.batch_size / (r.num_workers - 1)
     assert sum(r.num_workers for r in plan.ranks) < 126 // 2  # far from the 126 the host could give
+
+
+def test_solve_loads_the_host_with_the_workers_its_plan_runs() -> None:
+    # Rank 1 capped at 2 workers: the rest of the budget (16) goes to rank 0, which the equal-split load
+    # (8 + 2 + 1 = 11) leaves out.  The plan's predictions are at its own workers' load.
+    profile = _with_curve(linear_profile([0.00001, 0.00001], cores=18), max_workers=(None, 2))
+    plan = planner.solve(profile, global_batch=512)
+    workers = [r.num_workers for r in plan.ranks]
+    assert workers[0] > 8 and workers[1] <= 2
+    costs = loader_costs_s(profile, SolveOptions(), workers=workers)
+    assert costs[0] > loader_costs_s(profile, SolveOptions())[0]
+    for r, c in zip(plan.ranks, costs, strict=True):
+        assert r.predicted_loader_s == pytest.approx(c * r.batch_size / r.num_workers)
+    # evaluate at given workers loads the host with them too
+    even = planner.evaluate(profile, [256, 256], num_workers=workers)
+    assert even.ranks[0].predicted_loader_s == pytest.approx(costs[0] * 256 / workers[0])
+
+
+S11 = "h100x2_train_auto_replan_s11a_loader_r1"
+
+
+def test_the_session_11_loader_case_plans_at_its_own_28_workers() -> None:
+    # 2x H100 (32 vCPUs), rank 1 capped at 2 workers: the run planned [474, 38] with the host loaded as 15 + 2 + 1
+    # workers, and its loaders built slower than that (rank 1: 6.8-8.0 ms a sample against 6.06 modelled); the
+    # Replanner then proposed [478, 34].  Loaded with the 28 workers the plan runs, the solve gives that split.
+    profile = Profile.load(RESULTS / f"{S11}_profile.json")
+    ran = planner.Plan.load(RESULTS / f"{S11}_plan.json")
+    assert ran.batch_sizes == (474, 38) and [r.num_workers for r in ran.ranks] == [28, 2]
+    plan = planner.solve(profile, global_batch=512)
+    assert plan.batch_sizes == (478, 34) and [r.num_workers for r in plan.ranks] == [28, 2]
+    assert plan.ranks[1].predicted_loader_s * 2 / 34 > 0.0068  # ms a sample per worker, at the run's load
