@@ -36,7 +36,7 @@ for p in "$@"; do
     idle) sleep "${IDLE_S:-20}" ;;  # the host monitor's probe on an idle host, as a baseline
     h2d) mkdir -p "$WORK/h2d"; timeout 240 python3 "$HERE/h2d_probe.py" --json "$WORK/h2d/h2d_probe.json" 2>&1 \
            | tee "$WORK/h2d/h2d_probe.log" ;;
-    handover) mkdir -p "$WORK/handover"; timeout 240 python3 "$HERE/handover_probe.py" \
+    handover) mkdir -p "$WORK/handover"; timeout 240 python3 "$HERE/handover_probe.py" --workers "${HANDOVER_WORKERS:-4,16,28}" \
            --json "$WORK/handover/handover_probe.json" 2>&1 | grep -v -E "UserWarning|check_worker" \
            | tee "$WORK/handover/handover_probe.log" ;;
     *) echo "unknown part $p" >&2; exit 2 ;;

@@ -9,7 +9,10 @@ hand-over alone, in batches/s delivered to the loop, with and without ``pin_memo
 
     python benchmarks/handover_probe.py [--batch 455] [--workers 4,16,28] [--batches 60] [--json out.json]
 
-Rows: workers, pin_memory, batches_per_s, gb_per_s and ms_per_batch, each the mean over the timed batches (they
+With a GPU each setting also runs with every batch copied to it on a side stream (``to_gpu``, waited for: the
+copy from pinned memory, or from the workers' shared memory without the pin thread).
+
+Rows: workers, pin_memory, to_gpu, batches_per_s, gb_per_s and ms_per_batch, each the mean over the timed batches (they
 arrive in bursts), after 2 x workers untimed ones.
 """
 
@@ -40,7 +43,8 @@ class PremadeBatches(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.x.clone(), self.y.clone()
 
 
-def measure(batch: int, side: int, workers: int, pin: bool, batches: int, warmup: int) -> dict[str, Any]:
+def measure(batch: int, side: int, workers: int, pin: bool, batches: int, warmup: int,
+            to_gpu: bool = False) -> dict[str, Any]:
     ds = PremadeBatches(batch, side)
     sampler = [list(range(batch))] * (batches + warmup)
     loader = DataLoader(ds, sampler=sampler, batch_size=None, num_workers=workers, pin_memory=pin,
@@ -48,13 +52,18 @@ def measure(batch: int, side: int, workers: int, pin: bool, batches: int, warmup
     it = iter(loader)
     for _ in range(warmup):
         next(it)
+    stream = torch.cuda.Stream() if to_gpu else None
     t0 = time.perf_counter()
     for _ in range(batches):
         x, _y = next(it)
+        if stream is not None:  # as apps.steps.DeviceCopy: on a side stream; here waited for, to time it whole
+            with torch.cuda.stream(stream):
+                x.to("cuda", non_blocking=True)
+            stream.synchronize()
     dt = time.perf_counter() - t0
     del it, loader
     nbytes = x.numel() * x.element_size()
-    return {"batch": batch, "workers": workers, "pin_memory": pin, "batches": batches,
+    return {"batch": batch, "workers": workers, "pin_memory": pin, "to_gpu": to_gpu, "batches": batches,
             "batches_per_s": round(batches / dt, 2), "ms_per_batch": round(1e3 * dt / batches, 1),
             "gb_per_s": round(batches * nbytes / dt / 1e9, 2), "batch_mb": round(nbytes / 1e6, 1)}
 
@@ -71,9 +80,10 @@ def main() -> int:
     out: dict[str, Any] = {"torch": torch.__version__, "cpus": os.cpu_count(), "rows": []}
     for w in (int(v) for v in args.workers.split(",")):
         for pin in pins:
-            row = measure(args.batch, args.side, w, pin, args.batches, 2 * w)
-            out["rows"].append(row)
-            print(json.dumps(row), flush=True)
+            for to_gpu in ([False, True] if torch.cuda.is_available() else [False]):
+                row = measure(args.batch, args.side, w, pin, args.batches, 2 * w, to_gpu)
+                out["rows"].append(row)
+                print(json.dumps(row), flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=1)
