@@ -181,6 +181,22 @@ def short_epoch_warning(steps_per_epoch: int, workers: list[int], prefetch: int 
             f"of at least {need} steps (more samples or a smaller global batch) to measure it")
 
 
+def stream_drain_note(steps_per_epoch: int, epochs: int, workers: list[int], prefetch: int = LOADER_PREFETCH) -> str | None:
+    """A note when the last epochs of a streamed run (``StreamedEpochs``) lie wholly in its loaders' drain, else
+    None: the run's last ``workers x prefetch`` steps run on batches built before, at the GPU's pace, so those
+    epochs' throughput is not the loaders' (session 11, 2x H100, 4 epochs of 50 steps at 28 workers: epochs 2-3
+    ran at the GPU's pace with 4-5 of 32 cores busy)."""
+    if not workers or max(workers) < 1 or epochs < 2:
+        return None
+    drain = loader_fill_drain(max(workers), prefetch)[1]
+    whole = min(epochs - 1, drain // max(1, steps_per_epoch))  # epochs wholly in the drain (never the first)
+    if whole < 1:
+        return None
+    return (f"note: the run's last {drain} steps run on batches the loaders built before (their drain: {max(workers)} "
+            f"workers x {prefetch} prefetched), so the last {whole} epoch(s) of {steps_per_epoch} steps show the "
+            f"GPUs' pace, not the loaders'; the run log marks them (drain_steps)")
+
+
 SHM_SHARE = 0.5
 """Fraction of the host's free shared memory (/dev/shm) the job's in-flight DataLoader batches may take, split
 equally between the host's ranks; the rest stays for everything else on the host."""

@@ -50,6 +50,7 @@ from apps.steps import (
     loader_fill_drain,
     make_loader,
     short_epoch_warning,
+    stream_drain_note,
     sync_only_if,
 )
 from apps.train_config import EpochResult, TrainConfig
@@ -219,6 +220,12 @@ def _loader_steps(run: Run) -> int:
     return run.hetero.num_steps if run.hetero is not None else len(run.loader)
 
 
+def total_steps(run: Run) -> int:
+    """Optimizer steps an epoch runs from its start: the loader's, cut at ``max_steps_per_epoch``."""
+    steps = _loader_steps(run)
+    return steps if run.cfg.max_steps_per_epoch is None else min(steps, run.cfg.max_steps_per_epoch)
+
+
 def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer: Iterator[Any] | None) -> EpochResult:
     """Train one epoch from global step ``first_step``; collective (every rank's stats are gathered at the end)."""
     cfg, env, device = run.cfg, run.env, run.env.device
@@ -300,8 +307,9 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
     wall_s = time.perf_counter() - t_start
     job_workers = [] if cfg.data_on_device else [r.num_workers for r in run.plan.ranks]
     fill, drain = loader_fill_drain(max(job_workers)) if job_workers else (0, 0)  # the busiest loader's
-    # A streamed loader fills when its stream starts and drains where it ends (the last epoch), not every epoch.
-    fill, drain = fill if fresh else 0, drain if not streamed or epoch == cfg.epochs - 1 else 0
+    if streamed:  # it fills when its stream starts, and drains in the stream's last steps, whichever epochs hold them
+        after = (cfg.epochs - epoch - 1) * total_steps(run)
+        fill, drain = fill if fresh else 0, max(0, drain - after)
     # One small all-gather of the per-step data waits: a step a peer reached late is not this rank's own speed.
     stats = run.timer.epoch_summary(rank=env.rank, epoch=epoch, batch_size=batch_sizes[env.rank],
                                     num_workers=run.plan.ranks[env.rank].num_workers,
@@ -432,13 +440,12 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     run.loader = rank_loader(run)
     run.device_state = DeviceStateSampler(env.device)
     if env.is_main and not cfg.data_on_device:
-        steps = _loader_steps(run)
-        if cfg.max_steps_per_epoch is not None:
-            steps = min(steps, cfg.max_steps_per_epoch)
-        short = short_epoch_warning(steps, [r.num_workers for r in run.plan.ranks],
-                                    streamed=isinstance(run.loader, StreamedEpochs))
-        if short is not None:
-            print(short, file=sys.stderr, flush=True)
+        steps, workers = total_steps(run), [r.num_workers for r in run.plan.ranks]
+        streamed = isinstance(run.loader, StreamedEpochs)
+        for line in (short_epoch_warning(steps, workers, streamed=streamed),
+                     stream_drain_note(steps, cfg.epochs - run.start_epoch, workers) if streamed else None):
+            if line is not None:
+                print(line, file=sys.stderr, flush=True)
     if on_start is not None:
         on_start(run)
     results: list[EpochResult] = []

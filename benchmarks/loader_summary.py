@@ -7,7 +7,8 @@ the plan in effect (the start plan or the last adopted re-plan, matched by finge
 the measured samples/s and their ratio (and the wall clock's: the epoch's samples over its loop's wall seconds,
 first batch's wait and warm-up included, from logs that record it), and each rank's error (own busy time, ``StepStats.busy_s``, against the
 plan's per-rank step time: the report's run-log table).  Per launch: the median ratio over epochs >= 2, the worst
-rank's median error over epochs >= 2, the epoch of the first adopted re-plan and its predicted gain, how many times
+rank's median error over epochs >= 2 (leaving out epochs wholly in the loaders' drain, ``drain_epochs``: a streamed
+run's last epochs, at the GPUs' pace), the epoch of the first adopted re-plan and its predicted gain, how many times
 the plan changed, the profile's loader costs (each rank's own reading and the spread its host saw), and per epoch
 (from epoch 1) the measured step against the model fed with that epoch's own measurements (``_inputs_model``).  Per case:
 medians with min-max over the launches, the issue's acceptance numbers.
@@ -57,9 +58,11 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
             # the epoch start the steady step leaves out (runtime.timing: the loaders' pipeline fill)
             "fill_steps": max((s.fill_steps for s in e.ranks), default=0),
             "fill_excess_s": max((s.fill_excess_s for s in e.ranks), default=0.0),
+            # wholly in the loaders' drain (a streamed run's last epochs): the GPUs' pace, not the loaders'
+            "drain": any(s.drain_steps and s.drain_steps >= s.num_steps for s in e.ranks),
             **_inputs_model(e),
         })
-    steady = [x for x in epochs if x["epoch"] >= STEADY_FROM_EPOCH]
+    steady = [x for x in epochs if x["epoch"] >= STEADY_FROM_EPOCH and not x["drain"]]
     ratios = [x["ratio"] for x in steady if x["ratio"] is not None]
     inputs = [x["inputs_model_error"] for x in epochs if x["epoch"] >= 1 and x["inputs_model_error"] is not None]
     per_rank = list(zip(*[x["rank_errors"] for x in steady], strict=False)) if steady else []
@@ -83,6 +86,7 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
         "first_adoption_gain": adopted[0].predicted_gain if adopted else None,
         "plan_changes": len(adopted),
         "steady_fill_excess_s": [x["fill_excess_s"] for x in steady if x["fill_steps"]],
+        "drain_epochs": [x["epoch"] for x in epochs if x["drain"]],
     }
     if profile is not None:
         ranks = profile.get("ranks", [])

@@ -63,6 +63,12 @@ class StepStats:
     window after the fill that was the drain (the first code of that session): their 144 here are that."""
     fill_excess_s: float = 0.0
     """Seconds those ``fill_steps`` took beyond the steady ``step_time_s``: what each epoch start costs."""
+    drain_steps: int = 0
+    """Steps of the epoch in which the job's DataLoaders had every batch of their pass handed out, so the workers
+    fell idle and the GPU ran on batches built before (an epoch's end, or a stream's last epochs: a loader that runs
+    across epochs drains only where the run ends, apps.steps.StreamedEpochs).  Left out of the means when a
+    steady part remains; when the whole epoch is drain (``drain_steps`` >= ``num_steps``) its means are the GPU's
+    pace, not the loader's."""
 
     def to_dict(self) -> JSONDict:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -75,7 +81,7 @@ class StepStats:
             required=("rank", "epoch", "num_steps", "batch_size", "num_workers", "data_wait_s", "compute_s",
                       "step_time_s"),
             allowed=("compute_s_std", "compute_s_median", "compute_s_mad", "num_outliers", "step_time_s_std",
-                     "num_peer_late", "interference_s", "loader_s", "fill_steps", "fill_excess_s"),
+                     "num_peer_late", "interference_s", "loader_s", "fill_steps", "fill_excess_s", "drain_steps"),
         )
         return cls(
             rank=as_int(d["rank"], f"{path}.rank", min_value=0),
@@ -96,6 +102,7 @@ class StepStats:
             loader_s=_opt_num(d, "loader_s", path),
             fill_steps=as_int(d.get("fill_steps", 0), f"{path}.fill_steps", min_value=0),
             fill_excess_s=as_num(d.get("fill_excess_s", 0.0), f"{path}.fill_excess_s", non_negative=True),
+            drain_steps=as_int(d.get("drain_steps", 0), f"{path}.drain_steps", min_value=0),
         )
 
     @property

@@ -448,6 +448,7 @@ class StepTimer:
             loader_s=loader_s,
             fill_steps=head if fill else 0,
             fill_excess_s=fill_excess,
+            drain_steps=min(n, max(0, drain_steps)),
         )
 
     def _peer_late(self, peers: Sequence[Sequence[float]]) -> set[int]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 
+import pytest
 from torch.utils.data import DataLoader
 
 from apps.steps import LOADER_PREFETCH, loader_drain_steps
@@ -85,3 +87,38 @@ def test_an_epoch_without_a_steady_middle_is_said_out_loud() -> None:
     assert short_epoch_warning(100, [16, 2]) is not None and short_epoch_warning(176, [16, 2]) is None
     assert short_epoch_warning(200, [28, 2]) is not None and short_epoch_warning(320, [28, 2]) is None
     assert short_epoch_warning(3, [1, 1]) is None and short_epoch_warning(3, [0, 0]) is None  # no bursts to fill
+
+
+def test_a_streamed_run_says_which_epochs_are_its_loaders_drain() -> None:
+    """apps.steps.stream_drain_note and short_epoch_warning(streamed=True): a loader that runs across epochs needs
+    one worker cycle per epoch, and the run's last workers x prefetch steps run on batches built before -- #18's
+    command (4 epochs of 50 steps at 28 workers: 112 steps, epochs 2-3)."""
+    from apps.steps import short_epoch_warning, stream_drain_note
+
+    assert short_epoch_warning(50, [28, 2], streamed=True) is None
+    line = short_epoch_warning(20, [28, 2], streamed=True)
+    assert line is not None and "shorter than one cycle of rank 0's 28 loader workers" in line
+    note = stream_drain_note(50, 4, [28, 2])
+    assert note is not None and "last 112 steps" in note and "the last 2 epoch(s) of 50 steps" in note
+    assert stream_drain_note(320, 3, [28, 2]) is None  # the drain is part of the last epoch only
+    assert stream_drain_note(50, 1, [28, 2]) is None and stream_drain_note(10, 4, [0, 0]) is None
+
+
+def test_planner_train_streams_its_loader_and_logs_the_drain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One CPU rank, 2 workers x 4 prefetched (drain 8 steps), 3 epochs of 4 steps: the loader runs on across the
+    epochs, the last two epochs are wholly its drain and the run log marks them; --restart-loader-each-epoch
+    drains every epoch as `for batch in loader` does."""
+    from planner.cli import main
+    from planner.runlog import read_run_log
+    from tests.reliability.test_divergence import one_rank_plan
+
+    plan = one_rank_plan(tmp_path / "plan.json", 16, num_workers=2)
+    common = ["train", "--plan", str(plan), "--device", "cpu", "--model", "mlp", "--num-samples", "64", "--epochs",
+              "3", "--quiet"]
+    assert main([*common, "--log-file", str(tmp_path / "s.jsonl")]) == 0
+    assert "the last 2 epoch(s) of 4 steps show the GPUs' pace" in capsys.readouterr().err
+    drains = [e.ranks[0].drain_steps for e in read_run_log(tmp_path / "s.jsonl").epochs]
+    assert drains == [0, 4, 4]
+    assert main([*common, "--log-file", str(tmp_path / "r.jsonl"), "--restart-loader-each-epoch"]) == 0
+    assert "epoch(s) of 4 steps show the GPUs' pace" not in capsys.readouterr().err
+    assert [e.ranks[0].drain_steps for e in read_run_log(tmp_path / "r.jsonl").epochs] == [4, 4, 4]

@@ -9,6 +9,7 @@ while its workers needed 2.18 s a batch (136 ms a step); `planner bench`'s 20-st
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -172,5 +173,24 @@ def test_an_epoch_without_a_steady_middle_keeps_the_whole_cycle_means() -> None:
     for wait, compute in _filling_epoch(200, 140, 56, 4.9, 0.116, 0.050, 28, 0.66, 0.0):
         _host_step(timer, clock, wait=wait, compute=compute, tail=0.0)
     with_fill = timer.epoch_summary(**KW, fill_steps=140, drain_steps=112)  # type: ignore[arg-type]
-    assert with_fill == timer.epoch_summary(**KW)  # type: ignore[arg-type]
+    assert dataclasses.replace(with_fill, drain_steps=0) == timer.epoch_summary(**KW)  # type: ignore[arg-type]
     assert with_fill.fill_steps == 0 and with_fill.step_time_s > 0.116 + 0.030  # the fill's cost stays in
+    assert with_fill.drain_steps == 112  # recorded: the means cover it
+
+
+def test_a_streamed_epoch_leaves_out_the_runs_drain_and_says_when_it_is_all_drain() -> None:
+    """A loader that runs across epochs (apps.steps.StreamedEpochs) has no fill after its first epoch, and its
+    drain is the run's last 112 steps: in a 320-step last epoch they are cut; a 50-step epoch inside them is
+    wholly drain, its means the GPU's pace, and the stats say so."""
+    gpu, slow = 0.116, 0.020
+    clock = FakeClock()
+    timer = StepTimer("cpu", clock=clock, warmup_steps=2)
+    for wait, compute in _filling_epoch(320, 0, 112, 0.0, gpu, 0.0, 28, 0.0, slow):
+        _host_step(timer, clock, wait=wait, compute=compute, tail=0.0)
+    s = timer.epoch_summary(**KW, fill_steps=0, drain_steps=112)  # type: ignore[arg-type]
+    assert s.step_time_s == pytest.approx(gpu + slow, rel=1e-9) and s.drain_steps == 112 and s.fill_steps == 0
+    timer.reset()
+    for wait, compute in _filling_epoch(50, 0, 50, 0.0, gpu, 0.0, 28, 0.0, slow):
+        _host_step(timer, clock, wait=wait, compute=compute, tail=0.0)
+    drained = timer.epoch_summary(**KW, fill_steps=0, drain_steps=112)  # type: ignore[arg-type]
+    assert drained.step_time_s == pytest.approx(gpu, rel=1e-9) and drained.drain_steps >= drained.num_steps
