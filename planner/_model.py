@@ -14,7 +14,7 @@ import numpy as np
 
 from planner.comm_model import rank_factors
 from planner.curves import Envelope, fit_envelope, memory_cap
-from planner.loader import loader_costs_s, worker_budgets
+from planner.loader import handover_costs_s, loader_costs_s, worker_budgets
 from planner.options import SolveOptions
 from planner.profile import Profile
 
@@ -45,6 +45,9 @@ class RankModel:
     """Memory cap on one micro-batch (forward+backward); None = no memory cap."""
     batch_cap: int | None = None
     """--max-batch-per-rank: a cap on the rank's whole batch per optimizer step, micro-steps or not."""
+    handover_s: float = 0.0
+    """Seconds per sample the training process spends taking batches over from its workers (pinning them): a
+    floor under the step, whatever the workers (planner.loader.handover_costs_s); 0 when not measured."""
     optimizer_s: float = 0.0
     """o_i: the optimizer step's time inside every measured step, charged once per optimizer step."""
     max_steps: int = 1
@@ -64,9 +67,9 @@ class RankModel:
         """(step time, compute part, loader part) of this rank alone at batch b with `workers` workers."""
         tc = self.compute_time(b, steps)
         if self.serial_loader or workers == 0:
-            tl = self.sec_per_sample * b
+            tl = (self.sec_per_sample + self.handover_s) * b
             return tc + tl, tc, tl
-        tl = self.sec_per_sample * b / workers
+        tl = max(self.sec_per_sample * b / workers, self.handover_s * b)  # the workers, or the hand-over
         return max(tc, tl), tc, tl
 
 
@@ -81,7 +84,7 @@ def build_models(profile: Profile, opts: SolveOptions, workers: Sequence[int] | 
     envelopes = [fit_envelope(r.compute).scaled(wait[r.rank]) for r in profile.by_rank]
     loader_costs = loader_costs_s(profile, opts, envelopes, workers)
     models = []
-    for r, env, p_eff in zip(profile.by_rank, envelopes, loader_costs, strict=True):
+    for r, env, p_eff, q in zip(profile.by_rank, envelopes, loader_costs, handover_costs_s(profile), strict=True):
         mem = memory_cap(r.memory, headroom=opts.memory_headroom)
         cap, reason = mem, "memory"
         if opts.max_batch_per_rank is not None and (cap is None or opts.max_batch_per_rank < cap):
@@ -101,6 +104,7 @@ def build_models(profile: Profile, opts: SolveOptions, workers: Sequence[int] | 
                 max_workers=opts.worker_cap(budgets[r.host], r.loader.max_workers if r.loader else None),
                 micro_cap=mem,
                 batch_cap=opts.max_batch_per_rank,
+                handover_s=q,
                 optimizer_s=r.optimizer_step_s or 0.0,
                 max_steps=steps,
             )

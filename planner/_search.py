@@ -93,7 +93,11 @@ def _accumulation_may_help(models: list[RankModel], B: int, T: float) -> bool:
 
 # -- shared pieces ---------------------------------------------------------------------------------------------
 def _envelope_for(m: RankModel) -> Envelope:
-    return m.compute.plus_per_sample(m.sec_per_sample) if m.serial_loader else m.compute
+    """The rank's step as the program sees it: compute, plus loading when the training process loads, never
+    faster than its batches' hand-over (one more piece, planner.loader.handover_costs_s)."""
+    if m.serial_loader:
+        return m.compute.plus_per_sample(m.sec_per_sample + m.handover_s)
+    return m.compute.at_least_per_sample(m.handover_s)
 
 
 def _arrays(models: list[RankModel], budgets: dict[str, int]) -> Arrays:

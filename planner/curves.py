@@ -80,6 +80,16 @@ class Envelope:
         )
 
 
+    def at_least_per_sample(self, sec_per_sample: float) -> Envelope:
+        """max(t(b), c*b): a step that cannot run faster than c seconds a sample, whatever its compute -- the
+        training process taking its batch over (planner.loader.handover_costs_s) -- one more piece through 0."""
+        if sec_per_sample <= 0:
+            return self
+        pieces = sorted([*zip(self.slopes, self.intercepts, strict=True), (sec_per_sample, 0.0)])
+        return Envelope(slopes=tuple(p[0] for p in pieces), intercepts=tuple(p[1] for p in pieces),
+                        knots=self.knots, max_rel_residual=self.max_rel_residual)
+
+
 def _merge_median(points: Iterable[ComputePoint]) -> tuple[np.ndarray, np.ndarray]:
     by_batch: dict[int, list[float]] = {}
     for p in points:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -91,6 +92,21 @@ def contended_costs_s(profile: Profile, workers: Sequence[int], gpu_s_per_sample
     return out
 
 
+def handover_costs_s(profile: Profile) -> list[float]:
+    """Seconds per sample each rank's training process spends taking a delivered batch over (its pin-memory
+    thread's copy into pinned memory, one thread for the rank: ``sample_bytes / handover_bytes_per_s``, measured
+    at full worker load), by rank; 0 where not measured.  A rank's batch per step can take no longer than the
+    step: session 11, 2x H100/H200, 274-298 MB batches took 85-107 ms to pin on an idle host
+    (benchmarks/handover_probe.py) and rank 0's steps ran at 129-137 ms with its workers' builds at 93 ms, its data
+    wait 34 ms a step (docs/BENCHMARKS.md section 19)."""
+    out = []
+    for r in profile.by_rank:
+        lp = r.loader
+        ok = lp is not None and lp.sample_bytes and lp.handover_bytes_per_s
+        out.append(lp.sample_bytes / lp.handover_bytes_per_s if ok else 0.0)  # type: ignore[operator,union-attr]
+    return out
+
+
 def worker_budgets(profile: Profile, opts: SolveOptions) -> dict[str, int]:
     """Loader workers each host can run: its cores minus `cpu_reserve_per_rank` per training process."""
     per_host = Counter(r.host for r in profile.ranks)
@@ -129,9 +145,9 @@ def loader_costs_s(profile: Profile, opts: SolveOptions, envelopes: Sequence[Env
 def scaled_loader(loader: LoaderProfile, factor: float) -> LoaderProfile:
     """The same loader ``factor`` times as costly per sample: ``sec_per_sample`` times it, every measured rate
     over it (the Replanner's correction when training showed the loader slower than modelled)."""
-    return LoaderProfile(
+    return replace(
+        loader,
         sec_per_sample=loader.sec_per_sample * factor,
         scaling=tuple(LoaderPoint(num_workers=p.num_workers, samples_per_s=p.samples_per_s / factor)
                       for p in loader.scaling),
-        max_workers=loader.max_workers,
     )

@@ -108,9 +108,17 @@ class LoaderProfile:
     the loader with under host contention (planner.loader); without it the model uses sec_per_sample."""
     max_workers: int | None = None
     """Most dataloader workers this rank may run (e.g. a capped or emulated-starved node); None = host budget."""
+    sample_bytes: int | None = None
+    """Bytes of one collated sample (its tensors): what the training process receives and pins per sample."""
+    handover_bytes_per_s: float | None = None
+    """Bytes per second the training process's pin-memory thread copies a delivered batch into pinned memory while
+    the host's workers build at full load (one thread for every rank's batches: a ceiling on the batch a rank
+    can take per step, planner.loader.handover_costs_s); None when not measured (no CUDA, an older profile)."""
 
     def __post_init__(self) -> None:
         _check_finite(self.sec_per_sample, "loader sec_per_sample", positive=False)
+        if self.handover_bytes_per_s is not None:
+            _check_finite(self.handover_bytes_per_s, "loader handover_bytes_per_s", positive=True)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -318,6 +326,10 @@ def _rank_to_dict(r: RankProfile) -> JSONDict:
             loader["scaling"] = [_asdict(p) for p in r.loader.scaling]
         if r.loader.max_workers is not None:
             loader["max_workers"] = r.loader.max_workers
+        if r.loader.sample_bytes is not None:
+            loader["sample_bytes"] = r.loader.sample_bytes
+        if r.loader.handover_bytes_per_s is not None:
+            loader["handover_bytes_per_s"] = r.loader.handover_bytes_per_s
     return _drop_none(
         {
             "rank": r.rank,
@@ -401,7 +413,8 @@ def _memory_from(v: Any, path: str) -> MemoryProfile:
 
 
 def _loader_from(v: Any, path: str) -> LoaderProfile:
-    d = as_obj(v, path, required=("sec_per_sample",), allowed=("scaling", "max_workers"))
+    d = as_obj(v, path, required=("sec_per_sample",),
+               allowed=("scaling", "max_workers", "sample_bytes", "handover_bytes_per_s"))
     scaling = []
     for j, p in enumerate(as_list(d.get("scaling", []), f"{path}.scaling")):
         pp = f"{path}.scaling[{j}]"
@@ -412,11 +425,13 @@ def _loader_from(v: Any, path: str) -> LoaderProfile:
                 samples_per_s=as_num(pd["samples_per_s"], f"{pp}.samples_per_s", positive=True),
             )
         )
-    mw = opt(d, "max_workers")
+    mw, sb, hb = opt(d, "max_workers"), opt(d, "sample_bytes"), opt(d, "handover_bytes_per_s")
     return LoaderProfile(
         sec_per_sample=_time(d["sec_per_sample"], f"{path}.sec_per_sample", positive=False),
         scaling=tuple(scaling),
         max_workers=None if mw is None else as_int(mw, f"{path}.max_workers", min_value=1),
+        sample_bytes=None if sb is None else as_int(sb, f"{path}.sample_bytes", min_value=0),
+        handover_bytes_per_s=None if hb is None else as_num(hb, f"{path}.handover_bytes_per_s", positive=True),
     )
 
 

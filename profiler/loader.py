@@ -137,9 +137,34 @@ class _BuildTimed(Dataset[tuple[Any, float]]):
         return batch, time.perf_counter() - t0
 
 
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    """The tensors of a (nested tuple / list / dict) batch."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    return []
+
+
+def _pin_rate(batch: Any) -> tuple[float, int] | None:
+    """(bytes per second, bytes) of pinning ``batch`` as the DataLoader's pin-memory thread does; None when it
+    holds no bytes."""
+    tensors = _tensors(batch)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    if nbytes <= 0:
+        return None
+    t0 = time.perf_counter()
+    for t in tensors:
+        t.pin_memory()
+    return nbytes / max(time.perf_counter() - t0, 1e-9), nbytes
+
+
 def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, seconds: float,
                     collate_fn: Callable[[list[Any]], Any] | None = None,
-                    walls: dict[int, float] | None = None) -> list[LoaderPoint]:
+                    walls: dict[int, float] | None = None,
+                    handover: list[tuple[float, int]] | None = None) -> list[LoaderPoint]:
     """samples/s of a DataLoader with each worker count: ``w * batch / mean build time`` of the batches its
     workers built in ``seconds`` of iteration, each worker's first batch (start-up, first touch) left out.  The
     mean, not the median: W workers deliver a batch per mean build time / W, slow batches included, and the run's
@@ -150,7 +175,9 @@ def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, second
     drawing -- 2x H200, session 6: 4 workers "measured" 15 samples/s beside 564 for 2 and 1,585 for 16, and the
     plan predicted 4.7x the real loader time.  The build times still carry what the workers share (the host's
     cores, memory bandwidth, clocks), which is what the curve is for.  ``walls``, when given, gets each worker
-    count's wall seconds (start-up, timing and shut-down: what the scan costs)."""
+    count's wall seconds (start-up, timing and shut-down: what the scan costs).  ``handover``, when given (a
+    CUDA host), gets (bytes/s, bytes) of pinning each batch drawn at the last worker count -- the pin-memory
+    thread's copy while the host's workers build at full load (planner.loader.handover_costs_s)."""
     out = []
     timed = _BuildTimed(dataset, collate_fn or default_collate)
     for w in workers:
@@ -162,12 +189,14 @@ def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, second
         it = iter(loader)
         try:
             t0 = None
-            for i, (_batch, build_s) in enumerate(it):
+            for i, (batch, build_s) in enumerate(it):
                 if i < w:  # each worker's first batch: start-up is not throughput
                     continue
                 if t0 is None:
                     t0 = time.perf_counter()
                 builds.append(float(build_s))
+                if handover is not None and w == workers[-1] and (rate := _pin_rate(batch)) is not None:
+                    handover.append(rate)
                 if time.perf_counter() - t0 >= seconds:
                     break
         finally:
@@ -197,20 +226,32 @@ def profile_loader(dataset: Any, opts: LoaderOptions,
     cost_s = time.perf_counter() - t0
     scaling: list[LoaderPoint] = []
     walls: dict[int, float] = {}
+    pins: list[tuple[float, int]] | None = [] if torch.cuda.is_available() else None  # pinning needs CUDA
     k = usable_cores() if opts.max_workers is None else min(opts.max_workers, usable_cores())
     if opts.scaling_s > 0 and k >= 1:
         scaling = measure_scaling(dataset, worker_counts(k), batch_size=opts.chunk, seconds=opts.scaling_s,
-                                  collate_fn=collate_fn, walls=walls)
-    meta = {"loader_cpu_sec_per_sample": cost.cpu_sec_per_sample, "loader_samples_timed": cost.samples_timed,
-            "loader_chunk_spread": round(cost.spread, 4), "loader_cost_wall_s": round(cost_s, 3),
-            "loader_scaling_wall_s": {str(w): t for w, t in walls.items()}}
-    return LoaderProfile(sec_per_sample=cost.sec_per_sample, scaling=tuple(scaling)), meta
+                                  collate_fn=collate_fn, walls=walls, handover=pins)
+    meta: dict[str, Any] = {
+        "loader_cpu_sec_per_sample": cost.cpu_sec_per_sample, "loader_samples_timed": cost.samples_timed,
+        "loader_chunk_spread": round(cost.spread, 4), "loader_cost_wall_s": round(cost_s, 3),
+        "loader_scaling_wall_s": {str(w): t for w, t in walls.items()}}
+    handover, sample_bytes = None, None
+    if pins:
+        # The median: a pin's end waits for the GIL when the compute sweep runs beside the scan (a high reading
+        # is the copy alone, a low one that wait); the spread goes to the meta.
+        rates = [r for r, _ in pins]
+        handover = statistics.median(rates)
+        sample_bytes = round(statistics.median(n for _, n in pins) / opts.chunk)
+        meta.update(loader_handover_readings=len(rates), loader_handover_spread=round(_spread(rates), 4))
+    return LoaderProfile(sec_per_sample=cost.sec_per_sample, scaling=tuple(scaling), sample_bytes=sample_bytes,
+                         handover_bytes_per_s=handover), meta
 
 
 def loader_to_json(lp: LoaderProfile) -> dict[str, Any]:
     """The measured parts a host's ranks exchange (the worker cap stays each rank's own)."""
     return {"sec_per_sample": lp.sec_per_sample,
-            "scaling": [[p.num_workers, p.samples_per_s] for p in lp.scaling]}
+            "scaling": [[p.num_workers, p.samples_per_s] for p in lp.scaling],
+            "sample_bytes": lp.sample_bytes, "handover_bytes_per_s": lp.handover_bytes_per_s}
 
 
 def host_consensus(mine: LoaderProfile, peers: list[dict[str, Any]]) -> tuple[LoaderProfile, dict[str, Any]]:
@@ -224,10 +265,14 @@ def host_consensus(mine: LoaderProfile, peers: list[dict[str, Any]]) -> tuple[Lo
             best[int(w)] = max(best.get(int(w), 0.0), float(r))
     # A capped rank measured only up to its cap; it gets the whole host curve (the contention model needs the
     # host's rate at the training load), its cap still limits the workers it is given.
+    handovers = [float(p["handover_bytes_per_s"]) for p in peers if p.get("handover_bytes_per_s")]
+    sizes = [int(p["sample_bytes"]) for p in peers if p.get("sample_bytes")]
     shared = LoaderProfile(
         sec_per_sample=min(costs),
         scaling=tuple(LoaderPoint(num_workers=w, samples_per_s=r) for w, r in sorted(best.items())),
         max_workers=mine.max_workers,
+        sample_bytes=max(sizes) if sizes else None,
+        handover_bytes_per_s=max(handovers) if handovers else None,  # the fastest reading, as for the rates
     )
     meta = {"loader_own_sec_per_sample": mine.sec_per_sample, "loader_host_ranks": len(peers),
             "loader_host_spread": round(_spread(costs), 4)}
