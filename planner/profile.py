@@ -117,8 +117,9 @@ class LoaderProfile:
 
     def __post_init__(self) -> None:
         _check_finite(self.sec_per_sample, "loader sec_per_sample", positive=False)
-        if self.handover_bytes_per_s is not None:
-            _check_finite(self.handover_bytes_per_s, "loader handover_bytes_per_s", positive=True)
+        hb = self.handover_bytes_per_s
+        if hb is not None and not (math.isfinite(hb) and hb > 0):
+            raise ValidationError(f"loader handover_bytes_per_s must be a finite number > 0, got {hb}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

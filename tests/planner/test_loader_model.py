@@ -189,3 +189,40 @@ def test_the_session_11_loader_case_plans_at_its_own_28_workers() -> None:
     plan = planner.solve(profile, global_batch=512)
     assert plan.batch_sizes == (478, 34) and [r.num_workers for r in plan.ranks] == [28, 2]
     assert plan.ranks[1].predicted_loader_s * 2 / 34 > 0.0068  # ms a sample per worker, at the run's load
+
+
+def _with_handover(profile: Profile, rate: float, sample_bytes: int = 602_112) -> Profile:
+    ranks = tuple(replace(r, loader=replace(r.loader, sample_bytes=sample_bytes, handover_bytes_per_s=rate))  # type: ignore[arg-type]
+                  for r in profile.ranks)
+    return replace(profile, ranks=ranks)
+
+
+def test_the_hand_over_is_a_floor_under_every_ranks_step() -> None:
+    """A rank's training process takes each batch over (the pin-memory thread: bytes / rate), however many
+    workers build it: a fast GPU with a big share is held to what its hand-over passes per step."""
+    base = _with_curve(linear_profile([0.0001, 0.0003], cores=34))  # 32 workers: the loaders are not what binds
+    free = planner.solve(base, global_batch=512)
+    rate = 3e9  # ~3 GB/s: 0.2 ms a 602 KB sample
+    held = planner.solve(_with_handover(base, rate), global_batch=512)
+    q = 602_112 / rate
+    for r in held.ranks:
+        assert r.predicted_step_time_s >= q * r.batch_size * (1 - 1e-9)
+        assert r.predicted_loader_s >= q * r.batch_size * (1 - 1e-9)
+    fast = held.ranks[0]
+    assert fast.batch_size < free.ranks[0].batch_size and fast.bottleneck == "loader"
+    assert held.predicted.step_time_s > free.predicted.step_time_s
+    # evaluate says the same at a given split
+    even = planner.evaluate(_with_handover(base, rate), [256, 256])
+    assert even.ranks[0].predicted_loader_s == pytest.approx(max(q * 256, even.ranks[0].predicted_loader_s))
+    assert even.ranks[0].predicted_step_time_s >= q * 256
+
+
+def test_the_hand_over_round_trips_and_older_profiles_plan_as_before(tmp_path: Path) -> None:
+    base = _with_curve(linear_profile([0.0001, 0.0003], cores=34))
+    held = _with_handover(base, 2.5e9)
+    path = tmp_path / "p.json"
+    held.save(path)
+    back = Profile.load(path)
+    assert back.rank(0).loader.handover_bytes_per_s == 2.5e9 and back.rank(0).loader.sample_bytes == 602_112  # type: ignore[union-attr]
+    assert planner.solve(back, global_batch=512).batch_sizes == planner.solve(held, global_batch=512).batch_sizes
+    assert "handover_bytes_per_s" not in json.dumps(base.to_dict())  # not measured: nothing written, no floor

@@ -107,6 +107,34 @@ def test_a_capped_rank_gets_the_host_curve_and_keeps_its_cap() -> None:
     assert shared.max_workers == 2 and [p.num_workers for p in shared.scaling] == [1, 2, 8]
 
 
+def test_the_host_shares_the_fastest_hand_over_reading() -> None:
+    """The pin-memory thread's rate, read at full worker load: the host's ranks keep the fastest (a slower one
+    waited for the GIL beside the compute sweep), a rank without CUDA (no reading) takes its peers'."""
+    from dataclasses import replace
+
+    a = replace(_loader(0.003, {1: 300}), sample_bytes=602_112, handover_bytes_per_s=2.2e9)
+    b = replace(_loader(0.003, {1: 300}), sample_bytes=602_112, handover_bytes_per_s=2.9e9)
+    none = _loader(0.003, {1: 300})
+    shared, _ = host_consensus(none, [loader_to_json(x) for x in (a, b, none)])
+    assert shared.handover_bytes_per_s == 2.9e9 and shared.sample_bytes == 602_112
+    alone, _ = host_consensus(none, [loader_to_json(none)])
+    assert alone.handover_bytes_per_s is None and alone.sample_bytes is None
+
+
+def test_the_hand_over_is_timed_only_where_batches_can_be_pinned() -> None:
+    """On a host without CUDA nothing is pinned: the profile records no hand-over and the planner adds no floor."""
+    import torch
+
+    from profiler.loader import _tensors, profile_loader
+
+    batch = {"x": torch.zeros(4, 3), "y": [torch.zeros(4), "label"]}
+    assert sum(t.numel() for t in _tensors(batch)) == 16
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA host pins")
+    lp, meta = profile_loader(list(range(64)), LoaderOptions(num_samples=16, chunk=8, scaling_s=0.05, max_workers=1))
+    assert lp.handover_bytes_per_s is None and lp.sample_bytes is None and "loader_handover_readings" not in meta
+
+
 def _share_worker(rank: int, world_size: int) -> None:
     from profiler.run import share_on_host
 
