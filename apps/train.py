@@ -5,8 +5,9 @@ Usage (every rank runs the same command)::
     torchrun --nproc-per-node 2 -m planner train --plan plan.json --epochs 2 --log-file run.jsonl
     torchrun --nproc-per-node 2 -m planner train --auto --global-batch 512 --replan
 
-Per epoch: ``sampler.set_epoch`` -> a DataLoader over the HeteroBatchSampler (this rank's planned batch size and
-workers) -> DDP, each rank's mean loss scaled by n_i * W / n (exact global mean over uneven batches; or the
+Per epoch: ``sampler.set_epoch`` -> the epoch's batches from a DataLoader over the HeteroBatchSampler (this rank's
+planned batch size and workers; one iterator runs on across epochs while the plan holds, apps.steps.StreamedEpochs)
+-> DDP, each rank's mean loss scaled by n_i * W / n (exact global mean over uneven batches; or the
 weighted comm hook with ``weighting='hook'``) -> StepTimer stats -> optionally the Replanner, whose new plan the
 sampler adopts at the next epoch start.  The first collective is the agreement check (world size, plan
 fingerprint, dataset length, seed): ranks launched inconsistently fail with one clear error instead of hanging.
