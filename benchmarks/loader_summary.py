@@ -59,7 +59,7 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
             "fill_steps": max((s.fill_steps for s in e.ranks), default=0),
             "fill_excess_s": max((s.fill_excess_s for s in e.ranks), default=0.0),
             # wholly in the loaders' drain (a streamed run's last epochs): the GPUs' pace, not the loaders'
-            "drain": any(s.drain_steps and s.drain_steps >= s.num_steps for s in e.ranks),
+            "drain": e.drained,
             **_inputs_model(e),
         })
     steady = [x for x in epochs if x["epoch"] >= STEADY_FROM_EPOCH and not x["drain"]]

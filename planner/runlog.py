@@ -100,6 +100,12 @@ class EpochRecord:
         return self.samples / self.wall_s if self.samples and self.wall_s else None
 
     @property
+    def drained(self) -> bool:
+        """Whether the epoch lies wholly in its loaders' drain (``StepStats.drain_steps``: a streamed run's last
+        epochs): its pace is the GPUs' on batches built before, not what the loaders sustain."""
+        return any(s.drain_steps and s.drain_steps >= s.num_steps for s in self.ranks)
+
+    @property
     def measured_compute_s(self) -> tuple[float, ...]:
         return tuple(s.compute_s for s in self.ranks)
 

@@ -61,10 +61,11 @@ def _is_equal(batches: Sequence[int]) -> bool:
 
 
 def measured_splits(log: RunLog, comm_s: float) -> list[MeasuredSplit]:
-    """Every split the log ran, in first-seen order, measured over its steady-state epochs."""
+    """Every split the log ran, in first-seen order, measured over its steady-state epochs (never those wholly in
+    the loaders' drain, ``EpochRecord.drained``)."""
     groups: dict[tuple[int, ...], list[EpochRecord]] = {}
     for e in log.epochs:
-        if e.step_time_s and e.step_time_s > 0 and e.predicted_step_time_s:
+        if e.step_time_s and e.step_time_s > 0 and e.predicted_step_time_s and not e.drained:
             groups.setdefault(tuple(e.batch_sizes), []).append(e)
     out = []
     for batches, epochs in groups.items():
@@ -109,6 +110,8 @@ def likely_cause(log: RunLog, split: MeasuredSplit, profile: Profile, quality: P
                     f"{'slower' if period > pred else 'faster'} than profiled (host contention, transforms); train "
                     "with --replan, which takes the measured loader cost, or give it more workers "
                     "(--max-workers-per-rank)")
+        if period is not None and wait > HANDOVER_WAIT * busy and period <= 0.9 * busy:
+            return handover_cause(i, busy, wait, period, split.batch_sizes[i], profile)
         if wait > 0.5 * busy:
             return (f"rank {i} waits {1000 * wait:.1f} ms per step for data ({1000 * busy:.1f} ms busy against "
                     f"{1000 * pred:.1f} ms predicted): its loader is slower than profiled; give it more workers "
@@ -124,6 +127,30 @@ def likely_cause(log: RunLog, split: MeasuredSplit, profile: Profile, quality: P
     return (f"every rank's own work is within {PREDICTION_TOL:.0%} of its prediction, so the {1000 * abs(gap):.1f} ms "
             f"{'extra' if gap > 0 else 'saved'} per step is synchronization (the gradient all-reduce and DDP's own "
             f"work){tail}")
+
+
+HANDOVER_WAIT = 0.10
+"""A rank waiting this share of its step for data while its workers build faster than it steps is paced by the
+hand-over (``handover_cause``)."""
+
+
+def handover_cause(rank: int, busy: float, wait: float, period: float, batch: int, profile: Profile) -> str:
+    """A rank that waits for data though its workers build a batch faster than it steps: the batches reach the
+    training loop slower than they are built -- the DataLoader's pin-memory thread copies each one into pinned
+    memory on one core (session 11, 2x H200: 298 MB batches built every 93 ms, handed over every ~130 ms, the
+    step 129 ms against 108 predicted; docs/BENCHMARKS.md section 19)."""
+    lp = profile.rank(rank).loader if rank < profile.world_size else None
+    size = ""
+    if lp is not None and lp.sample_bytes:
+        nbytes = lp.sample_bytes * batch
+        size = (f" -- {nbytes / 1e6:,.0f} MB a batch, {nbytes / busy / 1e9:.1f} GB/s as delivered"
+                + (f" against {lp.handover_bytes_per_s / 1e9:.1f} GB/s in the profile" if lp.handover_bytes_per_s
+                   else ""))
+    return (f"rank {rank} waits {1000 * wait:.1f} ms per step for data although its workers build a batch every "
+            f"{1000 * period:.1f} ms: the batches reach the training loop slower than they are built -- the "
+            f"hand-over, the pin-memory thread copying each one once more on one core (without it, the loop's own "
+            f"copy){size}; fewer bytes a sample (e.g. uint8 "
+            "images normalized on the GPU) or a smaller batch on this rank relieve it, more workers do not")
 
 
 FILL_TOL = 0.05

@@ -1,0 +1,59 @@
+"""The report's hand-over cause (reports.measured.handover_cause) and drained epochs, on session 11's raw run logs.
+
+Session 11 call 3 (2x H200, loader case, streamed, plan [495, 17] at 107.9 ms): rank 0's 29 workers built a batch
+every 93 ms, yet it waited 34 ms a step for data and the step ran 129 ms -- its 298 MB batches reached the loop
+slower than they were built (the pin-memory thread; benchmarks/handover_probe.py).  The report must name that, not
+"the loader is slower than profiled" (more workers would not help) nor "the curve does not match"."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from planner.plan import Plan
+from planner.profile import Profile
+from planner.runlog import read_run_log
+from reports.measured import log_findings, measured_splits
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+S11C = RESULTS / "h200x2_train_auto_replan_s11c_loader_r1"
+
+
+def _inputs(tag: Path) -> tuple[Profile, Plan]:
+    return Profile.load(f"{tag}_profile.json"), Plan.load(f"{tag}_plan.json")
+
+
+def test_a_rank_whose_batches_arrive_slower_than_built_is_paced_by_the_hand_over() -> None:
+    profile, plan = _inputs(S11C)
+    log = read_run_log(f"{S11C}_run.jsonl")
+    miss = [x for x in log_findings(log, plan, profile, None) if x.startswith("Prediction miss")]
+    assert len(miss) == 1 and "[495, 17] measured 129.4 ms per step against 107.9 ms predicted" in miss[0]
+    assert "rank 0 waits 34.2 ms per step for data although its workers build a batch every 92.9 ms" in miss[0]
+    assert "pin-memory thread" in miss[0] and "more workers do not" in miss[0]
+    # With the profile's sample size (and its hand-over reading) the finding gives the batch's bytes and rates.
+    ranks = tuple(replace(r, loader=replace(r.loader, sample_bytes=602_112, handover_bytes_per_s=3.97e9))  # type: ignore[arg-type]
+                  for r in profile.ranks)
+    sized = [x for x in log_findings(log, plan, replace(profile, ranks=ranks), None) if x.startswith("Prediction")]
+    assert "298 MB a batch, 2.3 GB/s as delivered against 4.0 GB/s in the profile" in sized[0]
+
+
+def test_a_run_without_the_pin_thread_is_named_the_same_way() -> None:
+    """Call 3's --no-pin-memory launch: the loop copies from shared memory itself (211 ms a step) while its workers
+    built a batch every 98 ms: the batches still arrive slower than they are built."""
+    tag = RESULTS / "h200x2_train_auto_replan_s11c_loaderNP_r1"
+    profile, plan = _inputs(tag)
+    miss = [x for x in log_findings(read_run_log(f"{tag}_run.jsonl"), plan, profile, None)
+            if x.startswith("Prediction miss")]
+    assert miss and "slower than they are built" in miss[0]
+
+
+def test_epochs_wholly_in_the_drain_are_not_measured_as_the_splits_pace() -> None:
+    """A streamed run's last epochs run on batches built before (session 11 call 2: 4 epochs of 50 steps, the last
+    112 steps at the GPUs' pace).  Marked by drain_steps, they are left out of the measured split."""
+    log = read_run_log(RESULTS / "h100x2_train_auto_replan_s11b_loader_r1_run.jsonl")
+    assert [round(1000 * (e.step_time_s or 0)) for e in log.epochs] == [134, 151, 138, 118]
+    marked = tuple(replace(e, ranks=tuple(replace(s, drain_steps=s.num_steps) for s in e.ranks))
+                   if e.epoch >= 2 else e for e in log.epochs)
+    assert [e.drained for e in marked] == [False, False, True, True]
+    split = measured_splits(replace(log, epochs=marked), 0.0)[0]
+    assert split.epochs == (1,) and round(1000 * split.step_time_s) == 151
