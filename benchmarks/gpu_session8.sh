@@ -9,7 +9,8 @@
 #   h2d       benchmarks/h2d_probe.py on GPU 0 (~1 minute): a batch's host-to-device copy, on the compute stream or
 #             prefetched on a side stream, against a step on a batch already on the GPU (section 17's 5-11 ms gap)
 #   handover  benchmarks/handover_probe.py (~1 minute): batches/s a DataLoader hands the loop with the workers'
-#             build cost taken away, pin_memory on and off (session 10's 150-195 ms a delivered batch)
+#             build cost taken away, pin_memory on and off (session 10's 150-195 ms a delivered batch);
+#             HANDOVER_ARGS passes more, e.g. "--batch 32,128,455 --load 24 --pin-only" (sizes, under load)
 #   t18-<cases>  benchmarks/loader_gpu.sh with CASES="<cases>" (comma-separated, e.g. t18-loader, t18-skew,midrun),
 #             LAUNCHES launches each, BUDGET_S seconds at most
 # benchmarks/hostmon.py samples the host (busy cores, steal, cgroup throttling, MHz, top processes) every second
@@ -36,7 +37,7 @@ for p in "$@"; do
     idle) sleep "${IDLE_S:-20}" ;;  # the host monitor's probe on an idle host, as a baseline
     h2d) mkdir -p "$WORK/h2d"; timeout 240 python3 "$HERE/h2d_probe.py" --json "$WORK/h2d/h2d_probe.json" 2>&1 \
            | tee "$WORK/h2d/h2d_probe.log" ;;
-    handover) mkdir -p "$WORK/handover"; timeout 240 python3 "$HERE/handover_probe.py" --workers "${HANDOVER_WORKERS:-4,16,28}" \
+    handover) mkdir -p "$WORK/handover"; timeout 240 python3 "$HERE/handover_probe.py" --workers "${HANDOVER_WORKERS:-4,16,28}" ${HANDOVER_ARGS:-} \
            --json "$WORK/handover/handover_probe.json" 2>&1 | grep -v -E "UserWarning|check_worker" \
            | tee "$WORK/handover/handover_probe.log" ;;
     *) echo "unknown part $p" >&2; exit 2 ;;

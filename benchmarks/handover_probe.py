@@ -8,6 +8,13 @@ returns a batch it made once (a fresh shared-memory tensor per batch, as collate
 hand-over alone, in batches/s delivered to the loop, with and without ``pin_memory``.  The loop touches nothing.
 
     python benchmarks/handover_probe.py [--batch 455] [--workers 4,16,28] [--batches 60] [--json out.json]
+    python benchmarks/handover_probe.py --batch 32,128,455 --workers 28 --load 24 --pin-only  # under load
+
+``--batch`` takes a list (the profile's loader scan pins 32-sample batches, training 300 MB ones); ``--load N``
+keeps N more processes resizing images meanwhile, as a training host's busy workers do (session 11: the pin
+thread handed 274-298 MB batches over at 2.8-3.2 GB/s on an idle host and at about 2.3 GB/s in training, and the
+profile's scan read 3.97 GB/s on 19 MB batches); ``--pin-only`` keeps the pin-thread rows without the copy to
+the GPU.
 
 With a GPU each setting also runs with every batch copied to it on a side stream (``to_gpu``, waited for: the
 copy from pinned memory, or from the workers' shared memory without the pin thread).
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import time
 from typing import Any
@@ -68,22 +76,47 @@ def measure(batch: int, side: int, workers: int, pin: bool, batches: int, warmup
             "gb_per_s": round(batches * nbytes / dt / 1e9, 2), "batch_mb": round(nbytes / 1e6, 1)}
 
 
+def _busy(stop: Any) -> None:
+    """One image-resizing process until ``stop`` is set: a loader worker's kind of load."""
+    from PIL import Image
+
+    img = Image.new("RGB", (500, 375), (120, 80, 40))
+    while not stop.is_set():
+        img.resize((224, 224)).tobytes()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=455)
+    ap.add_argument("--batch", default="455", help="samples a batch, a list: 32,128,455")
+    ap.add_argument("--load", type=int, default=0, help="processes resizing images meanwhile (default 0)")
+    ap.add_argument("--pin-only", action="store_true", help="only the pin thread's rows (no copy to the GPU)")
     ap.add_argument("--side", type=int, default=224)
     ap.add_argument("--workers", default="4,16,28")
     ap.add_argument("--batches", type=int, default=60)
     ap.add_argument("--json")
     args = ap.parse_args()
-    pins = [False, True] if torch.cuda.is_available() else [False]
-    out: dict[str, Any] = {"torch": torch.__version__, "cpus": os.cpu_count(), "rows": []}
-    for w in (int(v) for v in args.workers.split(",")):
-        for pin in pins:
-            for to_gpu in ([False, True] if torch.cuda.is_available() else [False]):
-                row = measure(args.batch, args.side, w, pin, args.batches, 2 * w, to_gpu)
-                out["rows"].append(row)
-                print(json.dumps(row), flush=True)
+    cuda = torch.cuda.is_available()
+    settings = [(True, False)] if args.pin_only and cuda else [
+        (pin, to_gpu) for pin in ([False, True] if cuda else [False]) for to_gpu in ([False, True] if cuda else [False])]
+    out: dict[str, Any] = {"torch": torch.__version__, "cpus": os.cpu_count(), "load": args.load, "rows": []}
+    ctx = mp.get_context("fork")
+    stop = ctx.Event()
+    burners = [ctx.Process(target=_busy, args=(stop,), daemon=True) for _ in range(args.load)]
+    for p in burners:
+        p.start()
+    try:
+        for batch in (int(v) for v in args.batch.split(",")):
+            for w in (int(v) for v in args.workers.split(",")):
+                for pin, to_gpu in settings:
+                    row = {**measure(batch, args.side, w, pin, args.batches, 2 * w, to_gpu), "load": args.load}
+                    out["rows"].append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        stop.set()
+        for p in burners:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=1)
