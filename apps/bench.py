@@ -315,7 +315,10 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     base = TrainConfig(model=opts["model"], dataset=opts["dataset"], image_size=opts["image_size"],
                        num_samples=opts["num_samples"], epochs=2, max_steps_per_epoch=opts["steps"],
                        amp=opts["amp"], data_on_device=on_device, slowdown=slow, loader_workers_cap=cap,
-                       quiet=True, lr=1e-4, mixed_devices=mixed)
+                       quiet=True, lr=1e-4, mixed_devices=mixed,
+                       # A pass per epoch for every strategy, as the stock loop (the equal split) runs: the bench
+                       # compares splits, not `planner train`'s loader across epochs (apps.steps.StreamedEpochs).
+                       restart_loader_each_epoch=True)
     out: dict[str, Any] = {}
     runs = {"equal": (equal, replace(base, strategy="equal")), "proportional": (prop, base), "plan": (plan, base)}
     if "equal-accum" in opts["strategies"]:
