@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from planner.loader import handover_costs_s
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.quality import ProfileQuality, kept_within_noise, noise_line
@@ -255,6 +256,22 @@ def _loader_lines(profile: Profile, starved: Sequence[LoaderNeed], opts: SolveOp
     return lines
 
 
+def _handover_lines(profile: Profile, plan: Plan) -> list[str]:
+    """Ranks whose step the batches' hand-over sets (planner.loader.handover_costs_s: the training process pins
+    every batch on one thread): more workers do not relieve them."""
+    out = []
+    for r, q in zip(plan.ranks, handover_costs_s(profile), strict=False):
+        t = q * r.batch_size
+        if q > 0 and t >= (1 - BINDING_TOL) * r.predicted_step_time_s:
+            lp = profile.rank(r.rank).loader
+            assert lp is not None and lp.sample_bytes and lp.handover_bytes_per_s
+            out.append(f"Hand-over-bound: rank {r.rank}'s batch of {r.batch_size} ({lp.sample_bytes * r.batch_size / 1e6:,.0f} "
+                       f"MB) takes {1000 * t:.1f} ms to pin at {lp.handover_bytes_per_s / 1e9:.1f} GB/s, its whole "
+                       f"step: more workers do not relieve it; fewer bytes a sample (e.g. uint8 images normalized on "
+                       "the GPU) or a smaller share on this rank do.")
+    return out
+
+
 def make_findings(profile: Profile, plan: Plan, rows: Sequence[RankRow], thr: Throughput,
                   points: tuple[SweepPoint, ...], what_ifs: Sequence[WhatIf], opts: SolveOptions, *,
                   quality: ProfileQuality | None = None, log: RunLog | None = None) -> Findings:
@@ -293,6 +310,7 @@ def make_findings(profile: Profile, plan: Plan, rows: Sequence[RankRow], thr: Th
     lines += more
     starved = loader_needs(profile, rows, opts)
     lines += _loader_lines(profile, starved, opts) or ["No rank is loader-starved at the planned batch."]
+    lines += _handover_lines(profile, plan)
     return Findings(lines=tuple(lines), binding_ranks=binding, best_batch_range=rng, drop_ranks=drops,
                     upgrade_ranks=ups, loader_starved=tuple(starved), over_cap_ranks=over)
 

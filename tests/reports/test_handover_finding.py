@@ -57,3 +57,21 @@ def test_epochs_wholly_in_the_drain_are_not_measured_as_the_splits_pace() -> Non
     assert [e.drained for e in marked] == [False, False, True, True]
     split = measured_splits(replace(log, epochs=marked), 0.0)[0]
     assert split.epochs == (1,) and round(1000 * split.step_time_s) == 151
+
+
+def test_the_report_says_which_rank_its_hand_over_holds() -> None:
+    """Call 3's profile fed the rate its run implies (2.24 GB/s for 602 KB samples): the plan gives rank 0 471
+    samples at 129 ms, set by pinning its 284 MB batch, and the report says more workers would not help."""
+    import planner
+    from reports.analysis import analyze
+
+    profile, _ = _inputs(S11C)
+    ranks = tuple(replace(r, loader=replace(r.loader, sample_bytes=602_112, handover_bytes_per_s=2.24e9))  # type: ignore[arg-type]
+                  for r in profile.ranks)
+    held = replace(profile, ranks=ranks)
+    plan = planner.solve(held, global_batch=512)
+    assert plan.batch_sizes == (471, 41)
+    lines = [x for x in analyze(held, plan, plan.options).findings.lines if x.startswith("Hand-over-bound")]
+    assert len(lines) >= 1 and lines[0].startswith("Hand-over-bound: rank 0's batch of 471 (284 MB) takes 126.6 ms")
+    assert "more workers do not relieve it" in lines[0]
+    assert not [x for x in analyze(profile, plan, plan.options).findings.lines if x.startswith("Hand-over-bound")]
