@@ -337,7 +337,9 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
                        loss=loss_total / max(n_total, 1), batch_sizes=tuple(batch_sizes), stats=all_stats,
                        device_states=[g[5] for g in gathered], predicted_step_time_s=run.plan.predicted.step_time_s,
                        wall_s=max(g[6] for g in gathered), samples=n_total,
-                       diverged_step=min(bad) if bad else None)
+                       diverged_step=min(bad) if bad else None,
+                       refilled=streamed and fresh and epoch > run.start_epoch
+                       and not any(s.get("fill_steps") for s in all_stats))
 
 
 def _write_step_log(path: str, epoch: int, rank: int, t_start: float, series: dict[str, list[float | None]]) -> None:
@@ -354,7 +356,11 @@ def _write_step_log(path: str, epoch: int, rank: int, t_start: float, series: di
 def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
     """Re-plan (collective), log the epoch and checkpoint it; the next epoch runs ``run.plan``."""
     cfg, env = run.cfg, run.env
-    if run.replanner is not None and res.epoch + 1 < cfg.epochs:
+    if run.replanner is not None and res.epoch + 1 < cfg.epochs and res.refilled:
+        # Streamed, the epochs before the re-plan ran on a full pipeline and this one refilled it: judged on it, the
+        # new plan (on trial) and the model would carry the refill.  The next epoch decides.
+        res.replan = {"reason": "not judged: this epoch refilled the loaders after the re-plan; the next one decides"}
+    elif run.replanner is not None and res.epoch + 1 < cfg.epochs:
         decision = run.replanner.step(planner.StepStats.from_dict(res.stats[env.rank]), res.epoch)
         record = decision.to_record()
         res.replan = record.to_dict()

@@ -114,4 +114,7 @@ class EpochResult:
     """Samples the epoch trained, all ranks together."""
     diverged_step: int | None = None
     """First global step of this epoch whose loss (or the weights after it) was not finite, on any rank."""
+    refilled: bool = False
+    """The epoch started a new loader stream after a re-plan (apps.steps.StreamedEpochs) and held no steady window
+    after its fill: its times are the refill's, not the new plan's pace."""
 

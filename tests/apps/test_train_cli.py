@@ -69,3 +69,21 @@ def test_the_worker_cap_is_refused_without_auto(capsys: pytest.CaptureFixture[st
     assert main(["train", "--plan", "plan.json", "--max-workers-per-rank", "4"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--max-workers-per-rank" in err and "Traceback" not in err
+
+
+@pytest.mark.distributed
+def test_a_streamed_loader_does_not_judge_a_replan_on_its_refill(tmp_path: Path) -> None:
+    """With the DataLoader running across epochs (the default), an adopted re-plan starts a new stream: that epoch
+    refills the pipeline, unlike the streamed epochs before it, so the Replanner leaves it out (no record, the
+    epoch line says why) and the next epoch decides -- the new plan's trial included."""
+    log = tmp_path / "run.jsonl"
+    common = [c for c in COMMON if c != "--data-on-device"]
+    rc, out = run_planner_torchrun(2, [*common, "--epochs", "4", "--emulate-slowdown", "1=3",
+                                       "--emulate-slowdown-from-epoch", "1", "--log-file", str(log)])
+    assert rc == 0, out[-3000:]
+    decisions = {d["epoch"]: d for d in _events(log, "replan")}
+    adopted = sorted(e for e, d in decisions.items() if d["adopted"])
+    assert adopted and adopted[0] in (0, 1), [d["reason"] for d in decisions.values()]
+    after = adopted[0] + 1  # refilled: not judged, and never the last epoch here (the first adoption is at 0 or 1)
+    assert after not in decisions
+    assert f"epoch {after}:" in out and "not judged: this epoch refilled the loaders after the re-plan" in out
