@@ -61,6 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto",
                    help="channels_last memory format for image models (auto: on for CUDA)")
     p.add_argument("--no-loader", action="store_true", help="skip the dataloader measurement")
+    p.add_argument("--gpu-normalize", action="store_true",
+                   help="built-in image datasets only: measure the loader handing over uint8 images (as `planner "
+                        "train --gpu-normalize` runs it)")
     p.add_argument("--emulate-slowdown", default=None, metavar="R=F,..",
                    help="emulate slower ranks: rank R runs F x its real compute (e.g. 1=3,2=1.5)")
     p.add_argument("--emulate-memory", default=None, metavar="R=GIB,..",
@@ -102,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     from profiler.sweep import SweepOptions
     from workloads.specs import build_workload
 
-    workload = build_workload(args.model, args.dataset, image_size=args.image_size, num_classes=args.num_classes)
+    workload = build_workload(args.model, args.dataset, image_size=args.image_size, num_classes=args.num_classes,
+                              gpu_normalize=args.gpu_normalize)
     overrides: dict[str, Any] = {}
     if args.max_batch is not None:
         overrides["max_batch"] = args.max_batch

@@ -100,6 +100,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "interval and its batch's build seconds (warm-up included): the raw series behind the run "
                         "log's per-rank means, e.g. to find stalls; {rank} in FILE becomes the rank, else the ranks "
                         "append to one file")
+    t.add_argument("--gpu-normalize", action="store_true",
+                   help="built-in image datasets only: the workers hand over uint8 images and the GPU normalizes "
+                        "them, a quarter of the bytes through shared memory, the pin thread and the copy to the "
+                        "GPU (profile with the same flag)")
     t.add_argument("--no-pin-memory", dest="pin_memory", action="store_false",
                    help="no DataLoader pin-memory thread: the loop copies each batch to the GPU from the workers' "
                         "shared memory (the pin thread copies every batch once more, on one core: 85 ms for a "
@@ -158,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
     finished = False
     try:
         cfg = config_from_args(args, env, slowdowns, loader_caps, resume_changes=pre.changes)
-        workload = build_workload(cfg.model, cfg.dataset, image_size=cfg.image_size, num_samples=cfg.num_samples)
+        workload = build_workload(cfg.model, cfg.dataset, image_size=cfg.image_size, num_samples=cfg.num_samples,
+                                  gpu_normalize=cfg.gpu_normalize)
         if env.is_main:
             for note in pre.notes:
                 print(note, flush=True)
@@ -274,6 +279,7 @@ def config_from_args(args: argparse.Namespace, env: Any, slowdowns: dict[int, fl
         resume=args.resume, resume_changes=resume_changes, weighting=args.weighting.replace("-", "_"),
         trace_path=args.trace_file.replace("{rank}", str(env.rank)) if args.trace_file else None,
         restart_loader_each_epoch=args.restart_loader_each_epoch, pin_memory=args.pin_memory,
+        gpu_normalize=args.gpu_normalize,
         step_log_path=args.step_log.replace("{rank}", str(env.rank)) if args.step_log else None,
         mixed_devices=env.device.type == "cuda" and env.backend == "gloo",
     )

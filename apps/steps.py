@@ -7,7 +7,7 @@ import contextlib
 import itertools
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -99,14 +99,24 @@ class DeviceCopy:
     prefetcher's: the copy allocates on the side stream without waiting for the compute stream (the source is
     pinned host memory the DataLoader handed over), the compute stream waits for the copy, and ``record_stream``
     keeps the caching allocator from reusing the batch's memory before the compute stream is done with it.  The
-    channels_last conversion runs on the side stream too.  Tensors already on the device (synthetic batches) and
-    non-CUDA devices are passed through as ``.to(device)``."""
+    channels_last conversion runs on the side stream too, and so does the normalization of uint8 images
+    (``normalize``: the workload's mean and std, ``planner train --gpu-normalize``).  Tensors already on the device
+    (synthetic batches) and non-CUDA devices are passed through as ``.to(device)``."""
 
-    def __init__(self, device: torch.device, channels_last: bool = False) -> None:
+    def __init__(self, device: torch.device, channels_last: bool = False,
+                 normalize: tuple[Sequence[float], Sequence[float]] | None = None) -> None:
         self.device, self.channels_last = device, channels_last
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # uint8 images (Workload.normalize): (x / 255 - mean) / std on the device, on the side stream
+        self.mean: torch.Tensor | None = None
+        self.std: torch.Tensor | None = None
+        if normalize is not None:
+            self.mean = torch.tensor(normalize[0], device=device).view(-1, 1, 1)
+            self.std = torch.tensor(normalize[1], device=device).view(-1, 1, 1)
 
     def _convert(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mean is not None and self.std is not None and x.dtype == torch.uint8:
+            x = (x.float().div_(255.0) - self.mean).div_(self.std)
         if self.channels_last and x.dim() == 4:
             return x.contiguous(memory_format=torch.channels_last)
         return x

@@ -196,7 +196,7 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
     return Run(cfg=cfg, env=env, workload=workload, plan=plan, model=model, ddp=ddp,
                optimizer=torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9), timer=timer, hetero=hetero,
                batch_sampler=batch_sampler, dsampler=dsampler, scale_loss=scale_loss, channels_last=cl,
-               replanner=replanner, log=RunLogWriter(None), to_device=DeviceCopy(device, cl), start_plan=plan,
+               replanner=replanner, log=RunLogWriter(None), to_device=DeviceCopy(device, cl, workload.normalize), start_plan=plan,
                micro=micro)
 
 
@@ -424,7 +424,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     second (apps/bench_window.py).
     """
     workload = workload or build_workload(cfg.model, cfg.dataset, image_size=cfg.image_size,
-                                          num_samples=cfg.num_samples)
+                                          num_samples=cfg.num_samples, gpu_normalize=cfg.gpu_normalize)
     if progress is None:
         with Progress("train", enabled=env.is_main and not cfg.quiet) as own:
             return train(cfg, env, plan, profile, workload, on_epoch, own, on_start, on_step)

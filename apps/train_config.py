@@ -66,6 +66,9 @@ class TrainConfig:
     """The DataLoader's ``pin_memory`` on CUDA: one thread of the training process copies every batch into pinned
     memory (85 ms for a 274 MB batch on 2x H100, session 11's handover_probe); off, the batch is copied to the GPU
     from the workers' shared memory by the training loop itself (apps.steps.DeviceCopy)."""
+    gpu_normalize: bool = False
+    """The built-in image datasets hand over uint8 images, normalized on the device (Workload.normalize): a
+    quarter of the bytes through shared memory, the pin thread and the host-to-device copy."""
     restart_loader_each_epoch: bool = False
     """A new DataLoader pass per epoch, as ``for batch in loader`` does, instead of one that runs across epoch
     boundaries (apps.steps.StreamedEpochs, the default for the planned sampler): the stock behaviour, to compare."""

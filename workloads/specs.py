@@ -31,6 +31,8 @@ from workloads.lm import build_lm, count_tokens, is_lm_spec, lm_loss
 
 SMALL_MODELS = ("mlp", "mnist_cnn", "cifar_cnn")
 DATASET_KINDS = ("fake", "cifar10:DIR", "mnist:DIR", "imagefolder:DIR", "fake_text", "package.module:factory")
+IMAGE_DATASETS = ("fake", "cifar10", "mnist", "imagefolder")
+"""The built-in image datasets, whose transforms this module owns (``gpu_normalize``)."""
 DEFAULT_FAKE_SAMPLES = 8192
 
 # Default input shape per small model; torchvision models default to 3x224x224.
@@ -56,6 +58,10 @@ class Workload:
     """True when the model has BatchNorm layers (plans then need min_batch >= 2)."""
     vocab_size: int | None = None
     """Token vocabulary of a language model (inputs and targets are token ids); None for classifiers."""
+    normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    """(mean, std) per channel when the dataset hands over uint8 images (``gpu_normalize``): the training process
+    moves a quarter of the bytes and normalizes on the device, ``(x / 255 - mean) / std`` (apps.steps.DeviceCopy);
+    None: the dataset's tensors are the model's inputs."""
     weight_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
     """weight_fn(targets): what a batch's mean loss averages over when it is not the sample count -- the counted
     tokens of variable-length text (runtime.weighting.step_weights). None: samples (packed text included)."""
@@ -68,6 +74,7 @@ def build_workload(
     image_size: int | None = None,
     num_samples: int | None = None,
     num_classes: int | None = None,
+    gpu_normalize: bool = False,
 ) -> Workload:
     """Build the model factory and dataset named by the specs.
 
@@ -77,10 +84,16 @@ def build_workload(
         image_size: side of the square input (fake data and imagefolder crops); default per model.
         num_samples: length of the fake dataset (default 8192); ignored for real datasets.
         num_classes: classifier outputs; default from the dataset (fake: 1000 for torchvision models, else 10).
+        gpu_normalize: the built-in image datasets end their transforms with uint8 tensors (``PILToTensor``), and
+            the workload's ``normalize`` says how the device normalizes them; refused for other datasets.
 
     Raises:
         ValidationError: unknown spec (the message lists the choices) or a dataset folder that is missing.
     """
+    if gpu_normalize and (is_lm_spec(model_spec) or dataset_spec.partition(":")[0] not in IMAGE_DATASETS):
+        raise ValidationError(f"--gpu-normalize applies to the built-in image datasets ({', '.join(IMAGE_DATASETS)}), "
+                              f"not --dataset {dataset_spec} with --model {model_spec}: a dataset of your own "
+                              "normalizes in its own transforms")
     if is_lm_spec(model_spec):
         return _lm_workload(model_spec, dataset_spec, num_samples)
     if dataset_spec.partition(":")[0] == "fake_text":
@@ -96,7 +109,7 @@ def build_workload(
     if image_size is not None:
         default_shape = (default_shape[0], image_size, image_size)
     dataset, shape, ds_classes = _build_dataset(dataset_spec, default_shape, num_samples, num_classes,
-                                                default_classes=1000 if is_tv else 10)
+                                                default_classes=1000 if is_tv else 10, uint8=gpu_normalize)
     classes = num_classes if num_classes is not None else ds_classes
     model_fn = _model_factory(model_spec, shape, classes, tv_names)
     probe = model_fn()
@@ -110,6 +123,7 @@ def build_workload(
         loss_fn=nn.functional.cross_entropy,
         name=f"{model_spec}@{dataset_spec.split(':')[0]}",
         has_batchnorm=has_bn,
+        normalize=_MEAN_STD.get(shape[0], ((0.5,) * shape[0], (0.5,) * shape[0])) if gpu_normalize else None,
     )
 
 
@@ -195,7 +209,9 @@ def _cifar_cnn(channels: int, num_classes: int) -> nn.Module:
 
 
 # -- datasets --------------------------------------------------------------------------------------------------
-def _transform(shape: tuple[int, ...], *, crop: str) -> Any:
+def _transform(shape: tuple[int, ...], *, crop: str, uint8: bool = False) -> Any:
+    """The CPU pipeline: crop and flip, then float and normalized (``ToTensor``, ``Normalize``), or uint8
+    (``PILToTensor``) for a workload that normalizes on the device."""
     from torchvision import transforms as T
 
     mean, std = _MEAN_STD.get(shape[0], ((0.5,) * shape[0], (0.5,) * shape[0]))
@@ -205,11 +221,12 @@ def _transform(shape: tuple[int, ...], *, crop: str) -> Any:
         if crop == "pad"
         else [T.RandomResizedCrop(size, scale=(0.35, 1.0), antialias=True), T.RandomHorizontalFlip()]
     )
-    return T.Compose([*first, T.ToTensor(), T.Normalize(mean, std)])
+    return T.Compose([*first, T.PILToTensor()] if uint8 else [*first, T.ToTensor(), T.Normalize(mean, std)])
 
 
 def _build_dataset(
-    spec: str, shape: tuple[int, ...], num_samples: int | None, num_classes: int | None, *, default_classes: int
+    spec: str, shape: tuple[int, ...], num_samples: int | None, num_classes: int | None, *, default_classes: int,
+    uint8: bool = False,
 ) -> tuple[Any, tuple[int, ...], int]:
     import torchvision
 
@@ -219,7 +236,7 @@ def _build_dataset(
         # The source image is larger than the crop, as with real photos (256 -> 224), so the crop resizes.
         src = (shape[0], shape[1] + shape[1] // 7, shape[2] + shape[2] // 7)
         ds = torchvision.datasets.FakeData(size=num_samples or DEFAULT_FAKE_SAMPLES, image_size=src,
-                                           num_classes=classes, transform=_transform(shape, crop="resized"))
+                                           num_classes=classes, transform=_transform(shape, crop="resized", uint8=uint8))
         return ds, shape, classes
     if kind in ("cifar10", "mnist", "imagefolder"):
         if not arg:
@@ -229,14 +246,16 @@ def _build_dataset(
         try:
             if kind == "cifar10":
                 shape = (3, 32, 32)
-                ds = torchvision.datasets.CIFAR10(arg, train=True, download=False, transform=_transform(shape, crop="pad"))
+                ds = torchvision.datasets.CIFAR10(arg, train=True, download=False,
+                                                  transform=_transform(shape, crop="pad", uint8=uint8))
                 return ds, shape, 10
             if kind == "mnist":
                 shape = (1, 28, 28)
-                ds = torchvision.datasets.MNIST(arg, train=True, download=False, transform=_transform(shape, crop="pad"))
+                ds = torchvision.datasets.MNIST(arg, train=True, download=False,
+                                                transform=_transform(shape, crop="pad", uint8=uint8))
                 return ds, shape, 10
             shape = (3, shape[1], shape[2]) if shape[0] == 3 else (3, 224, 224)
-            ds = torchvision.datasets.ImageFolder(arg, transform=_transform(shape, crop="resized"))
+            ds = torchvision.datasets.ImageFolder(arg, transform=_transform(shape, crop="resized", uint8=uint8))
             return ds, shape, len(ds.classes)
         except (RuntimeError, FileNotFoundError) as e:
             raise ValidationError(f"--dataset {spec}: cannot open {kind} data in {arg!r} ({e}); "

@@ -122,3 +122,20 @@ def test_planner_train_streams_its_loader_and_logs_the_drain(tmp_path: Path, cap
     assert main([*common, "--log-file", str(tmp_path / "r.jsonl"), "--restart-loader-each-epoch"]) == 0
     assert "epoch(s) of 4 steps show the GPUs' pace" not in capsys.readouterr().err
     assert [e.ranks[0].drain_steps for e in read_run_log(tmp_path / "r.jsonl").epochs] == [4, 4, 4]
+
+
+def test_planner_train_and_profile_run_with_gpu_normalize(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--gpu-normalize end to end on one CPU rank: uint8 batches from 2 workers, normalized by the device copy."""
+    from planner.cli import main
+    from planner.runlog import read_run_log
+    from tests.reliability.test_divergence import one_rank_plan
+
+    plan = one_rank_plan(tmp_path / "plan.json", 16, num_workers=2)
+    assert main(["train", "--plan", str(plan), "--device", "cpu", "--model", "mlp", "--num-samples", "64",
+                 "--epochs", "2", "--quiet", "--gpu-normalize", "--log-file", str(tmp_path / "run.jsonl")]) == 0
+    assert all(e.loss is not None and e.loss == e.loss for e in read_run_log(tmp_path / "run.jsonl").epochs)
+    assert main(["profile", "--device", "cpu", "--model", "mlp", "--quick", "--gpu-normalize", "--quiet",
+                 "--out", str(tmp_path / "p.json")]) == 0
+    assert main(["train", "--plan", str(plan), "--device", "cpu", "--model", "mlp", "--dataset",
+                 "tests.workloads.test_specs:nothing", "--gpu-normalize"]) == 2
+    assert "--gpu-normalize applies to the built-in image datasets" in capsys.readouterr().err

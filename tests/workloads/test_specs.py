@@ -116,3 +116,30 @@ def test_out_of_memory_is_caught_and_the_largest_batch_found() -> None:
     assert [p.batch_size for p in res.points] == [8, 12, 16, 24, 32] and res.oom_batch == 48
     assert find_max_batch(res, r.fits, rel_tol=0.0) == 40
     r.measure(16, 0, 1)  # the runner still works after the failures
+
+
+def test_gpu_normalize_hands_over_uint8_and_the_device_copy_restores_the_inputs() -> None:
+    """--gpu-normalize: the workers' last transform is PILToTensor (a quarter of the bytes), and DeviceCopy's
+    (x / 255 - mean) / std gives the float pipeline's inputs, crop and flip for crop and flip."""
+    from apps.steps import DeviceCopy
+
+    floats = build_workload("cifar_cnn", "fake", num_samples=8)
+    uint8 = build_workload("cifar_cnn", "fake", num_samples=8, gpu_normalize=True)
+    assert floats.normalize is None and uint8.normalize == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    torch.manual_seed(3)
+    want = torch.stack([floats.dataset[i][0] for i in range(4)])
+    torch.manual_seed(3)
+    raw = torch.stack([uint8.dataset[i][0] for i in range(4)])
+    assert raw.dtype == torch.uint8 and raw.shape == want.shape and raw.element_size() * 4 == want.element_size()
+    x, _ = DeviceCopy(torch.device("cpu"), channels_last=True, normalize=uint8.normalize)(raw, torch.zeros(4))
+    assert x.dtype == torch.float32 and x.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(x, want, atol=1e-5)
+    # float inputs (synthetic batches, other datasets) pass untouched
+    same, _ = DeviceCopy(torch.device("cpu"), normalize=uint8.normalize)(want, torch.zeros(4))
+    assert torch.equal(same, want)
+
+
+@pytest.mark.parametrize(("model", "dataset"), [("tiny_lm", "fake_text"), ("mlp", "tests.workloads.test_specs:nothing")])
+def test_gpu_normalize_is_refused_where_the_transforms_are_not_ours(model: str, dataset: str) -> None:
+    with pytest.raises(ValidationError, match="--gpu-normalize applies to the built-in image datasets"):
+        build_workload(model, dataset, gpu_normalize=True)
