@@ -9,6 +9,7 @@
 #   loaderR, skewR  the loader and skew cases with a DataLoader pass per epoch (--restart-loader-each-epoch),
 #           as before session 11, against the default one that runs across epochs (apps.steps.StreamedEpochs)
 #   loaderNP, skewNP  the loader and skew cases without the DataLoader's pin-memory thread (--no-pin-memory)
+#   loaderU, skewU  the loader and skew cases handing over uint8 images normalized on the GPU (--gpu-normalize)
 #   midrun  rank 1 turns 3x slower from epoch 1 on (--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1): the
 #           profile and start plan see no skew, so the Replanner must find and adopt a real gain (one epoch more)
 # Every launch profiles afresh (--auto), so the robust loader profile is checked each time.  Raw files per launch
@@ -48,6 +49,8 @@ for i in $(seq 1 "$LAUNCHES"); do
       loader16) emulate=(--emulate-loader 1=2 --max-workers-per-rank 16); epochs=$EPOCHS ;;
       loaderR) emulate=(--emulate-loader 1=2 --restart-loader-each-epoch); epochs=$EPOCHS ;;
       skewR) emulate=(--emulate-slowdown 1=3 --restart-loader-each-epoch); epochs=$EPOCHS ;;
+      loaderU) emulate=(--emulate-loader 1=2 --gpu-normalize); epochs=$EPOCHS ;;
+      skewU) emulate=(--emulate-slowdown 1=3 --gpu-normalize); epochs=$EPOCHS ;;
       loaderNP) emulate=(--emulate-loader 1=2 --no-pin-memory); epochs=$EPOCHS ;;
       skewNP) emulate=(--emulate-slowdown 1=3 --no-pin-memory); epochs=$EPOCHS ;;
       midrun) emulate=(--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1); epochs=$(( EPOCHS + 1 )) ;;
