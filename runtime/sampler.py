@@ -520,7 +520,9 @@ class EpochStream(Sampler[list[int]]):
     def __init__(self, sampler: HeteroBatchSampler, last_epoch: int, max_steps: int | None = None) -> None:
         if max_steps is not None and max_steps < 1:
             raise ValidationError(f"max_steps must be >= 1 or None, got {max_steps}")
-        self._source = copy.deepcopy(sampler)  # the prefetch thread is not copied (__getstate__)
+        self._source = copy.deepcopy(sampler)  # the prefetch thread is not copied (__getstate__) ...
+        # ... but handed over: the stream, not the sampler, now shuffles the epochs (the sampler only lays them out)
+        self._prefetched, sampler._prefetched = sampler._prefetched, None
         self.last_epoch, self.max_steps = int(last_epoch), max_steps
 
     @property
@@ -533,6 +535,8 @@ class EpochStream(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         s = copy.deepcopy(self._source)  # every pass of the stream starts where the stream was made
+        if self._prefetched is not None:  # the first pass takes the shuffle the sampler started building
+            s._prefetched, self._prefetched = self._prefetched, None
         for epoch in range(s.epoch, self.last_epoch):
             s.set_epoch(epoch)  # the same epoch keeps the resumed position
             batches = iter(s)

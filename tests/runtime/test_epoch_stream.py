@@ -29,6 +29,7 @@ def per_epoch(sampler: HeteroBatchSampler, epochs: range, max_steps: int | None 
     {"accumulation_steps": [3, 1]},  # micro-batches
     {"drop_last": True},
     {"shuffle": False},
+    {"prefetch": True},  # the sampler's background shuffle of its first epoch is handed to the stream
 ])
 def test_stream_is_the_epochs_back_to_back(kw: dict[str, Any]) -> None:
     for rank in (0, 1):
@@ -107,3 +108,13 @@ def test_streamed_epochs_give_each_epoch_its_batches_and_restart_on_a_replan(wor
         assert sampler.start_step == 0 and sampler.generation == epoch + 1
     assert fresh == [True, False, False, True, False]
     assert built == [(9, 3), (6, 6)]
+
+
+def test_the_stream_takes_over_the_samplers_background_shuffle() -> None:
+    s = HeteroBatchSampler(1000, [9, 3], 0, seed=5, prefetch=True)
+    ready = s._prefetched
+    assert ready is not None
+    stream = EpochStream(s, last_epoch=1)
+    assert s._prefetched is None and stream._prefetched is ready
+    assert list(stream) == list(HeteroBatchSampler(1000, [9, 3], 0, seed=5, prefetch=False))
+    assert stream._prefetched is None  # taken by the first pass
