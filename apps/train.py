@@ -196,8 +196,8 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
     return Run(cfg=cfg, env=env, workload=workload, plan=plan, model=model, ddp=ddp,
                optimizer=torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9), timer=timer, hetero=hetero,
                batch_sampler=batch_sampler, dsampler=dsampler, scale_loss=scale_loss, channels_last=cl,
-               replanner=replanner, log=RunLogWriter(None), to_device=DeviceCopy(device, cl, workload.normalize), start_plan=plan,
-               micro=micro)
+               replanner=replanner, log=RunLogWriter(None), to_device=DeviceCopy(device, cl, workload.normalize),
+               start_plan=plan, micro=micro)
 
 
 def rank_loader(run: Run) -> Any:

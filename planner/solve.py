@@ -174,9 +174,9 @@ def evaluate(
         raise ValidationError(
             f"{len(batch_sizes)} batch sizes given for a profile of {profile.world_size} ranks"
         )
-    models = build_models(profile, opts)
     b = np.asarray([int(x) for x in batch_sizes], dtype=np.int64)
     if num_workers is None:
+        models = build_models(profile, opts)
         w = equal_split_workers(profile, models, opts)
     else:
         if len(num_workers) != profile.world_size:

@@ -150,13 +150,20 @@ def _filling_epoch(steps: int, fill: int, drain: int, first_wait: float, gpu_s: 
 KW = {"rank": 0, "epoch": 2, "batch_size": 471, "num_workers": 28, "job_workers": [28, 2]}
 
 
+def _timed(epoch: list[tuple[float, float]], timed: tuple[StepTimer, FakeClock] | None = None) -> StepTimer:
+    """A step timer (2 warm-up steps) that timed ``epoch``'s (data wait, compute) steps; ``timed``: a timer and
+    its clock to time them on instead (after a ``reset``, the next epoch)."""
+    clock = FakeClock() if timed is None else timed[1]
+    timer = StepTimer("cpu", clock=clock, warmup_steps=2) if timed is None else timed[0]
+    for wait, compute in epoch:
+        _host_step(timer, clock, wait=wait, compute=compute, tail=0.0)
+    return timer
+
+
 def test_the_steady_pace_is_timed_between_the_loaders_fill_and_drain() -> None:
     """A 400-step epoch: fill 140 steps (28 x (4 + 1)), drain 112 (28 x 4), whole cycles of 28 between them."""
     gpu, slow = 0.116, 0.020
-    clock = FakeClock()
-    timer = StepTimer("cpu", clock=clock, warmup_steps=2)
-    for wait, compute in _filling_epoch(400, 140, 112, 4.9, gpu, 0.050, 28, 0.66, slow):
-        _host_step(timer, clock, wait=wait, compute=compute, tail=0.0)
+    timer = _timed(_filling_epoch(400, 140, 112, 4.9, gpu, 0.050, 28, 0.66, slow))
     s = timer.epoch_summary(**KW, fill_steps=140, drain_steps=112)  # type: ignore[arg-type]
     assert s.step_time_s == pytest.approx(gpu + slow, rel=1e-9) and s.data_wait_s == 0.0  # neither fill nor drain
     assert s.fill_steps == 400 - 112 - 5 * 28  # the window: the last 5 whole cycles before the drain
@@ -168,10 +175,7 @@ def test_the_steady_pace_is_timed_between_the_loaders_fill_and_drain() -> None:
 def test_an_epoch_without_a_steady_middle_keeps_the_whole_cycle_means() -> None:
     """200 steps, 28 workers: the fill (140) and drain (112) overlap -- session 10's 200-step epochs, whose last 56
     steps ran at the GPU's pace on batches built before (the drain), not at a pace the loaders sustain."""
-    clock = FakeClock()
-    timer = StepTimer("cpu", clock=clock, warmup_steps=2)
-    for wait, compute in _filling_epoch(200, 140, 56, 4.9, 0.116, 0.050, 28, 0.66, 0.0):
-        _host_step(timer, clock, wait=wait, compute=compute, tail=0.0)
+    timer = _timed(_filling_epoch(200, 140, 56, 4.9, 0.116, 0.050, 28, 0.66, 0.0))
     with_fill = timer.epoch_summary(**KW, fill_steps=140, drain_steps=112)  # type: ignore[arg-type]
     assert dataclasses.replace(with_fill, drain_steps=0) == timer.epoch_summary(**KW)  # type: ignore[arg-type]
     assert with_fill.fill_steps == 0 and with_fill.step_time_s > 0.116 + 0.030  # the fill's cost stays in
@@ -184,13 +188,11 @@ def test_a_streamed_epoch_leaves_out_the_runs_drain_and_says_when_it_is_all_drai
     wholly drain, its means the GPU's pace, and the stats say so."""
     gpu, slow = 0.116, 0.020
     clock = FakeClock()
-    timer = StepTimer("cpu", clock=clock, warmup_steps=2)
-    for wait, compute in _filling_epoch(320, 0, 112, 0.0, gpu, 0.0, 28, 0.0, slow):
-        _host_step(timer, clock, wait=wait, compute=compute, tail=0.0)
+    timer = _timed(_filling_epoch(320, 0, 112, 0.0, gpu, 0.0, 28, 0.0, slow),
+                   (StepTimer("cpu", clock=clock, warmup_steps=2), clock))
     s = timer.epoch_summary(**KW, fill_steps=0, drain_steps=112)  # type: ignore[arg-type]
     assert s.step_time_s == pytest.approx(gpu + slow, rel=1e-9) and s.drain_steps == 112 and s.fill_steps == 0
     timer.reset()
-    for wait, compute in _filling_epoch(50, 0, 50, 0.0, gpu, 0.0, 28, 0.0, slow):
-        _host_step(timer, clock, wait=wait, compute=compute, tail=0.0)
+    _timed(_filling_epoch(50, 0, 50, 0.0, gpu, 0.0, 28, 0.0, slow), (timer, clock))
     drained = timer.epoch_summary(**KW, fill_steps=0, drain_steps=112)  # type: ignore[arg-type]
     assert drained.step_time_s == pytest.approx(gpu, rel=1e-9) and drained.drain_steps >= drained.num_steps
