@@ -225,6 +225,22 @@ def tensor_nbytes(obj: Any) -> int:
     return 0
 
 
+def pinned_pool_stats(device: torch.device) -> dict[str, float] | None:
+    """The CUDA pinned-host allocator's counters (``torch.cuda.host_memory_stats``): blocks created by
+    ``cudaHostAlloc`` so far, the milliseconds spent creating them and the pool's bytes -- None off CUDA or where
+    this torch has no such counters.  ``pin_memory`` pins every batch the DataLoader hands over through this pool;
+    a pool still growing in a steady epoch means page-locking calls in the training loop's time (pytorch#97432)."""
+    if device.type != "cuda" or not torch.cuda.is_available() or not hasattr(torch.cuda, "host_memory_stats"):
+        return None
+    try:
+        st = torch.cuda.host_memory_stats()
+    except RuntimeError:
+        return None
+    return {"allocs": float(st.get("num_host_alloc", 0)),
+            "alloc_ms": round(float(st.get("host_alloc_time.total", 0)) / 1e3, 3),
+            "pool_mb": round(float(st.get("allocated_bytes.current", 0)) / 1e6, 1)}
+
+
 def shm_free_bytes(path: str = "/dev/shm") -> int | None:
     """Free bytes of the shared memory DataLoader workers hand batches over in; None where there is none."""
     try:

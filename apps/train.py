@@ -50,6 +50,7 @@ from apps.steps import (
     launch_group,
     loader_fill_drain,
     make_loader,
+    pinned_pool_stats,
     short_epoch_warning,
     stream_drain_note,
     sync_only_if,
@@ -317,7 +318,7 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
                                     peer_data_waits_s=peer_data_waits(run.timer), job_workers=job_workers,
                                     fill_steps=fill, drain_steps=drain)
     if cfg.step_log_path:
-        _write_step_log(cfg.step_log_path, epoch, env.rank, t_start, run.timer.series())
+        _write_step_log(cfg.step_log_path, epoch, env.rank, t_start, run.timer.series(), pinned_pool_stats(device))
     first_bad = watch.at_epoch_end(run.model, first_step, step)
     loss_value = float(loss_sum.item())
     state = run.device_state.collect().to_dict() if run.device_state is not None else None
@@ -342,13 +343,17 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
                        and not any(s.get("fill_steps") for s in all_stats))
 
 
-def _write_step_log(path: str, epoch: int, rank: int, t_start: float, series: dict[str, list[float | None]]) -> None:
+def _write_step_log(path: str, epoch: int, rank: int, t_start: float, series: dict[str, list[float | None]],
+                    pinned: dict[str, float] | None = None) -> None:
     """One JSON line: this rank's steps of the epoch in milliseconds (``--step-log``); ``start_unix`` is when the
-    epoch's loop began, to line the steps up with other logs."""
+    epoch's loop began, to line the steps up with other logs; ``pinned``: the pinned-host pool's counters at the
+    epoch's end (apps.steps.pinned_pool_stats), cumulative since the process started."""
     start_unix = time.time() - (time.perf_counter() - t_start)
     rec = {"epoch": epoch, "rank": rank, "start_unix": round(start_unix, 3),
            **{k[:-2] + "_ms": [None if v is None else round(1e3 * v, 3) for v in vals]
               for k, vals in series.items()}}
+    if pinned is not None:
+        rec["pinned"] = pinned
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(rec) + "\n")
 

@@ -20,7 +20,8 @@ With a GPU each setting also runs with every batch copied to it on a side stream
 copy from pinned memory, or from the workers' shared memory without the pin thread).
 
 Rows: workers, pin_memory, to_gpu, batches_per_s, gb_per_s and ms_per_batch, each the mean over the timed batches (they
-arrive in bursts), after 2 x workers untimed ones.
+arrive in bursts), after 2 x workers untimed ones; ``pinned_in_window``: page-locked blocks the pinned-host pool
+created during the timed batches and the milliseconds they took (pytorch#97432), and the pool's size after.
 """
 
 from __future__ import annotations
@@ -29,11 +30,14 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import sys
 import time
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class PremadeBatches(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -61,6 +65,7 @@ def measure(batch: int, side: int, workers: int, pin: bool, batches: int, warmup
     for _ in range(warmup):
         next(it)
     stream = torch.cuda.Stream() if to_gpu else None
+    before = _pinned()
     t0 = time.perf_counter()
     for _ in range(batches):
         x, _y = next(it)
@@ -69,11 +74,22 @@ def measure(batch: int, side: int, workers: int, pin: bool, batches: int, warmup
                 x.to("cuda", non_blocking=True)
             stream.synchronize()
     dt = time.perf_counter() - t0
+    after = _pinned()
     del it, loader
     nbytes = x.numel() * x.element_size()
-    return {"batch": batch, "workers": workers, "pin_memory": pin, "to_gpu": to_gpu, "batches": batches,
+    pinned = ({k: round(after[k] - before[k], 3) for k in ("allocs", "alloc_ms")} | {"pool_mb": after["pool_mb"]}
+              if before is not None and after is not None else None)
+    return {"pinned_in_window": pinned, "batch": batch, "workers": workers, "pin_memory": pin, "to_gpu": to_gpu, "batches": batches,
             "batches_per_s": round(batches / dt, 2), "ms_per_batch": round(1e3 * dt / batches, 1),
             "gb_per_s": round(batches * nbytes / dt / 1e9, 2), "batch_mb": round(nbytes / 1e6, 1)}
+
+
+def _pinned() -> dict[str, float] | None:
+    """The pinned-host pool's counters (apps.steps.pinned_pool_stats), to tell whether the timed window still
+    created page-locked blocks (cudaHostAlloc) or ran on the pool's reused ones."""
+    from apps.steps import pinned_pool_stats
+
+    return pinned_pool_stats(torch.device("cuda"))
 
 
 def _busy(stop: Any) -> None:

@@ -25,3 +25,14 @@ def test_no_side_stream_off_cuda_and_non_image_batches_keep_their_layout() -> No
     xd, yd = copy(tokens, y)
     assert xd is tokens and yd is y  # already on the device: nothing copied
 
+
+
+def test_pinned_pool_stats_only_on_cuda() -> None:
+    from apps.steps import pinned_pool_stats
+
+    assert pinned_pool_stats(torch.device("cpu")) is None
+    st = pinned_pool_stats(torch.device("cuda"))
+    if not torch.cuda.is_available():
+        assert st is None  # a CPU-only machine has no pinned pool to read
+    else:
+        assert st is not None and set(st) == {"allocs", "alloc_ms", "pool_mb"}
