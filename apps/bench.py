@@ -483,6 +483,7 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
 
     from apps.steps import LOADER_PREFETCH, DeviceCopy, loader_drain_steps
     from profiler.compute import StepRunner
+    from runtime.pinning import PinAhead
 
     runner = StepRunner(workload, device, amp=opts["amp"], slowdown=slow, channels_last=cl)
     to_device = DeviceCopy(device, runner.channels_last)
@@ -491,10 +492,12 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
     steps, warmup = whole_cycles(max(5, min(int(opts["steps"]), 20)), [workers]), max(3, loader_drain_steps(workers))
     sampler = RandomSampler(workload.dataset, replacement=True, num_samples=(steps + warmup) * b)
     loader = DataLoader(workload.dataset, batch_size=b, sampler=sampler, num_workers=workers,
-                        pin_memory=device.type == "cuda", prefetch_factor=LOADER_PREFETCH if workers else None)
+                        prefetch_factor=LOADER_PREFETCH if workers else None)
+    # pinned a few batches ahead, as `planner train` pins (runtime.pinning)
+    batches = PinAhead(iter(loader), device) if device.type == "cuda" else iter(loader)
     try:
         t0 = 0.0
-        for i, (x, y) in enumerate(loader):
+        for i, (x, y) in enumerate(batches):
             if i == warmup:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
@@ -504,6 +507,8 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
             torch.cuda.synchronize(device)
         return (time.perf_counter() - t0) / steps
     finally:
+        if isinstance(batches, PinAhead):
+            batches.close()
         runner.close()
 
 

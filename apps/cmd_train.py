@@ -105,7 +105,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "them, a quarter of the bytes through shared memory, the pin thread and the copy to the "
                         "GPU (profile with the same flag)")
     t.add_argument("--no-pin-memory", dest="pin_memory", action="store_false",
-                   help="no DataLoader pin-memory thread: the loop copies each batch to the GPU from the workers' "
+                   help="no pinning thread: the loop copies each batch to the GPU from the workers' "
                         "shared memory (the pin thread copies every batch once more, on one core: 85 ms for a "
                         "274 MB batch on an H100 host)")
     t.add_argument("--restart-loader-each-epoch", action="store_true",

@@ -299,10 +299,10 @@ def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_wo
         sampler=batch_sampler,
         batch_size=None,  # the sampler yields index lists; the worker builds (and times) the whole batch
         num_workers=num_workers,
-        pin_memory=device.type == "cuda" and cfg.pin_memory,
+        pin_memory=False,  # pinned a few steps ahead instead of as the workers finish (runtime.pinning)
         persistent_workers=num_workers > 0,
         prefetch_factor=prefetch if num_workers > 0 else None,
-    ), on_batch=on_batch)
+    ), on_batch=on_batch, pin_device=device if device.type == "cuda" and cfg.pin_memory else None)
 
 
 class StreamedEpochs:

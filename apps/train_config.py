@@ -63,9 +63,11 @@ class TrainConfig:
     step_log_path: str | None = None
     """Append one JSON line per epoch with this rank's every step (data wait, compute, step, build seconds)."""
     pin_memory: bool = True
-    """The DataLoader's ``pin_memory`` on CUDA: one thread of the training process copies every batch into pinned
-    memory (85 ms for a 274 MB batch on 2x H100, session 11's handover_probe); off, the batch is copied to the GPU
-    from the workers' shared memory by the training loop itself (apps.steps.DeviceCopy)."""
+    """Pin the batches on CUDA: one thread of the training process copies each batch into pinned memory (85 ms for
+    a 274 MB batch on 2x H100, session 11's handover_probe), at most ``runtime.pinning.PIN_AHEAD`` batches ahead
+    of the loop (not the DataLoader's own ``pin_memory``, which pins every batch its workers finish and grows the
+    pinned pool with them); off, the batch is copied to the GPU from the workers' shared memory by the training
+    loop itself (apps.steps.DeviceCopy)."""
     gpu_normalize: bool = False
     """The built-in image datasets hand over uint8 images, normalized on the device (Workload.normalize): a
     quarter of the bytes through shared memory, the pin thread and the host-to-device copy."""

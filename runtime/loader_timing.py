@@ -25,8 +25,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import torch
 from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
+
+from runtime.pinning import PinAhead
 
 
 class TimedBatches(Dataset[tuple[Any, float]]):
@@ -50,11 +53,14 @@ class TimedBatches(Dataset[tuple[Any, float]]):
 
 class TimedLoader:
     """Iterate a DataLoader over ``TimedBatches``: report each batch's seconds to ``on_batch`` and yield the batch;
-    ``len()`` is the DataLoader's."""
+    ``len()`` is the DataLoader's.  ``pin_device``: pin the batches for that CUDA device a few steps ahead of the
+    loop (runtime.pinning.PinAhead; build the DataLoader with ``pin_memory=False``)."""
 
-    def __init__(self, loader: Any, on_batch: Callable[[float], None] | None = None) -> None:
+    def __init__(self, loader: Any, on_batch: Callable[[float], None] | None = None,
+                 pin_device: torch.device | None = None) -> None:
         self.loader = loader
         self.on_batch = on_batch
+        self.pin_device = pin_device
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -62,10 +68,15 @@ class TimedLoader:
     def __iter__(self) -> Iterator[Any]:
         # iter() of the DataLoader now, not at the first next(): it starts the sampler's pass, whose start position
         # runtime.accumulate.micro_steps reads right after iter(loader) (a resumed epoch starts mid-pass).
-        return self._timed(iter(self.loader))
+        it = iter(self.loader)
+        return self._timed(it if self.pin_device is None else PinAhead(it, self.pin_device))
 
     def _timed(self, it: Iterator[tuple[Any, float]]) -> Iterator[Any]:
-        for batch, seconds in it:
-            if self.on_batch is not None:
-                self.on_batch(float(seconds))
-            yield batch
+        try:
+            for batch, seconds in it:
+                if self.on_batch is not None:
+                    self.on_batch(float(seconds))
+                yield batch
+        finally:
+            if isinstance(it, PinAhead):
+                it.close()

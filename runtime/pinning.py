@@ -1,0 +1,135 @@
+"""Pin a DataLoader's batches a bounded number of steps ahead of the training loop.
+
+``DataLoader(pin_memory=True)`` pins every batch its workers finish, as soon as it arrives: up to ``workers x
+prefetch_factor`` batches wait in pinned memory when the workers run ahead of the GPU.  Each new pinned block is a
+``cudaHostAlloc``, and while one runs the driver serializes the process's other CUDA calls (pytorch#97432,
+pytorch#108488).  Measured on 2x H100 (`planner train --auto --emulate-loader 1=2`, ResNet-50 bf16, 28 workers of
+287 MB batches, docs/BENCHMARKS.md section 20): rank 0's pinned pool still grew by 6-19 blocks an epoch in the
+steady epochs 1-2, each ~100 ms of ``cudaHostAlloc``, to 15-25 GB; its compute (forward start to last gradient
+bucket, GPU events) had a steady median of 115-116 ms and means up to 130 ms from steps 20-80 ms long.
+
+``PinAhead`` keeps the DataLoader unpinned (``pin_memory=False``) and pins in its own thread, at most ``depth``
+batches ahead of the consumer: the pinned pool holds ``depth`` + 2 batches (the queue, the one being pinned, the one
+the device copy still reads), its blocks are reused from the first steps on, and the workers' batches wait in
+shared memory instead, as they do without pinning.  The copy into pinned memory is the same one the DataLoader's
+pin thread makes, so the hand-over rate (``LoaderProfile.handover_bytes_per_s``) is unchanged.
+
+    batches = PinAhead(iter(loader), torch.device("cuda", local_rank))   # loader built with pin_memory=False
+    for x, y in batches:
+        x = x.to(device, non_blocking=True)
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+PIN_AHEAD = 2
+"""Batches pinned ahead of the training loop: one ready while the next is pinned, so a rank whose loader keeps up
+never waits on the pin, and the pool stays at a few batches however many workers build ahead."""
+
+_POLL_S = 0.1
+"""How often a blocked put looks whether the consumer has gone (``close``)."""
+
+
+def pin_tree(obj: Any) -> Any:
+    """``obj`` with every CPU tensor in it (nested tuples, lists and dicts) copied to pinned memory."""
+    if isinstance(obj, torch.Tensor):
+        return obj.pin_memory() if obj.device.type == "cpu" and not obj.is_pinned() else obj
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*(pin_tree(v) for v in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(pin_tree(v) for v in obj)
+    if isinstance(obj, dict):
+        return {k: pin_tree(v) for k, v in obj.items()}
+    return obj
+
+
+class _End:
+    """The source is exhausted (``error``: it raised)."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error
+
+
+def _put(q: queue.Queue[Any], stop: threading.Event, item: Any) -> bool:
+    """Put ``item`` once there is room; False when the consumer stopped first."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=_POLL_S)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _pin_loop(source: Iterator[Any], device: torch.device | None, pin: Callable[[Any], Any], q: queue.Queue[Any],
+              stop: threading.Event) -> None:
+    """The thread: pin each item of ``source`` into ``q``, then an ``_End``.  It holds no reference to its
+    ``PinAhead``, so a consumer that drops the iterator lets it be collected, which stops the thread."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.set_device(device)  # as the DataLoader's own pin thread: pin under the rank's context
+    end = _End()
+    try:
+        for item in source:
+            if not _put(q, stop, pin(item)):
+                return
+    except BaseException as e:  # every error reaches the consumer
+        end = _End(e)
+    _put(q, stop, end)
+
+
+class PinAhead:
+    """Iterate ``source`` with each item pinned (``pin_tree``) by a background thread at most ``depth`` items ahead.
+
+    The source's exceptions re-raise in the consumer; ``close`` (or dropping the iterator) stops the thread, which
+    then drops its reference to the source (a DataLoader iterator shuts its workers down when the last one goes).
+    ``device``: the CUDA device whose context the thread pins under (the rank's); ``pin``: what is done to each
+    item (default ``pin_tree``)."""
+
+    def __init__(self, source: Iterator[Any], device: torch.device | None = None, depth: int = PIN_AHEAD,
+                 pin: Callable[[Any], Any] | None = None) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be at least 1, got {depth}")
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=_pin_loop,
+                                        args=(source, device, pin or pin_tree, self._queue, self._stop),
+                                        daemon=True, name="pin-ahead")
+        self._thread.start()
+
+    def __iter__(self) -> PinAhead:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        item = self._queue.get()
+        if isinstance(item, _End):
+            self._done = True
+            self._thread.join(timeout=5 * _POLL_S)
+            if item.error is not None:
+                raise item.error
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        """Stop pinning and let the thread (and its source) go; items not taken are dropped."""
+        self._done = True
+        self._stop.set()
+        while True:  # empty the queue so a thread blocked on put sees the stop at once
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._thread.join(timeout=10 * _POLL_S)
+
+    def __del__(self) -> None:
+        stop = getattr(self, "_stop", None)  # None: __init__ refused its arguments
+        if stop is not None:
+            stop.set()
