@@ -9,6 +9,7 @@ hand-over alone, in batches/s delivered to the loop, with and without ``pin_memo
 
     python benchmarks/handover_probe.py [--batch 455] [--workers 4,16,28] [--batches 60] [--json out.json]
     python benchmarks/handover_probe.py --batch 32,128,455 --workers 28 --load 24 --pin-only  # under load
+    python benchmarks/handover_probe.py --batch 476 --workers 28 --load 24 --pin-only --pin-ahead 1,4
 
 ``--batch`` takes a list (the profile's loader scan pins 32-sample batches, training 300 MB ones); ``--load N``
 keeps N more processes resizing images meanwhile, as a training host's busy workers do (session 11: the pin
@@ -27,6 +28,8 @@ created during the timed batches and the milliseconds they took (pytorch#97432),
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -56,12 +59,17 @@ class PremadeBatches(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 
 def measure(batch: int, side: int, workers: int, pin: bool, batches: int, warmup: int,
-            to_gpu: bool = False) -> dict[str, Any]:
+            to_gpu: bool = False, pin_ahead: int | None = None) -> dict[str, Any]:
     ds = PremadeBatches(batch, side)
     sampler = [list(range(batch))] * (batches + warmup)
-    loader = DataLoader(ds, sampler=sampler, batch_size=None, num_workers=workers, pin_memory=pin,
-                        prefetch_factor=4 if workers else None)
-    it = iter(loader)
+    loader = DataLoader(ds, sampler=sampler, batch_size=None, num_workers=workers,
+                        pin_memory=pin and pin_ahead is None, prefetch_factor=4 if workers else None)
+    it: Any = iter(loader)
+    if pin and pin_ahead is not None:  # as `planner train` pins: runtime.pinning.PinAhead, pin_ahead copy threads
+        from profiler.pinning import pin_tree
+        from runtime.pinning import PinAhead
+
+        it = PinAhead(it, torch.device("cuda"), pin=functools.partial(pin_tree, threads=pin_ahead))
     for _ in range(warmup):
         next(it)
     stream = torch.cuda.Stream() if to_gpu else None
@@ -75,11 +83,13 @@ def measure(batch: int, side: int, workers: int, pin: bool, batches: int, warmup
             stream.synchronize()
     dt = time.perf_counter() - t0
     after = _pinned()
+    if hasattr(it, "close"):
+        it.close()
     del it, loader
     nbytes = x.numel() * x.element_size()
     pinned = ({k: round(after[k] - before[k], 3) for k in ("allocs", "alloc_ms")} | {"pool_mb": after["pool_mb"]}
               if before is not None and after is not None else None)
-    return {"pinned_in_window": pinned, "batch": batch, "workers": workers, "pin_memory": pin, "to_gpu": to_gpu, "batches": batches,
+    return {"pinned_in_window": pinned, "pin_ahead_threads": pin_ahead if pin else None, "batch": batch, "workers": workers, "pin_memory": pin, "to_gpu": to_gpu, "batches": batches,
             "batches_per_s": round(batches / dt, 2), "ms_per_batch": round(1e3 * dt / batches, 1),
             "gb_per_s": round(batches * nbytes / dt / 1e9, 2), "batch_mb": round(nbytes / 1e6, 1)}
 
@@ -106,6 +116,8 @@ def main() -> int:
     ap.add_argument("--batch", default="455", help="samples a batch, a list: 32,128,455")
     ap.add_argument("--load", type=int, default=0, help="processes resizing images meanwhile (default 0)")
     ap.add_argument("--pin-only", action="store_true", help="only the pin thread's rows (no copy to the GPU)")
+    ap.add_argument("--pin-ahead", default="",
+                    help="also pin as `planner train` does (runtime.pinning.PinAhead), a list of copy threads: 1,4")
     ap.add_argument("--side", type=int, default=224)
     ap.add_argument("--workers", default="4,16,28")
     ap.add_argument("--batches", type=int, default=60)
@@ -123,8 +135,12 @@ def main() -> int:
     try:
         for batch in (int(v) for v in args.batch.split(",")):
             for w in (int(v) for v in args.workers.split(",")):
-                for pin, to_gpu in settings:
-                    row = {**measure(batch, args.side, w, pin, args.batches, 2 * w, to_gpu), "load": args.load}
+                ahead = [None] + [int(v) for v in args.pin_ahead.split(",") if v] if cuda else [None]
+                for (pin, to_gpu), threads in itertools.product(settings, ahead):
+                    if threads is not None and not pin:
+                        continue
+                    row = {**measure(batch, args.side, w, pin, args.batches, 2 * w, to_gpu, threads),
+                           "load": args.load}
                     out["rows"].append(row)
                     print(json.dumps(row), flush=True)
     finally:

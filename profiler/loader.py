@@ -32,6 +32,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, default_collate
 
 from planner.profile import LoaderPoint, LoaderProfile
+from profiler.pinning import pin_tree
 
 
 def usable_cores() -> int:
@@ -149,15 +150,13 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
 
 
 def _pin_rate(batch: Any) -> tuple[float, int] | None:
-    """(bytes per second, bytes) of pinning ``batch`` as the DataLoader's pin-memory thread does; None when it
-    holds no bytes."""
-    tensors = _tensors(batch)
-    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    """(bytes per second, bytes) of pinning ``batch`` as `planner train` pins (profiler.pinning.pin_tree, in
+    runtime.pinning.PinAhead); None when it holds no bytes."""
+    nbytes = sum(t.numel() * t.element_size() for t in _tensors(batch))
     if nbytes <= 0:
         return None
     t0 = time.perf_counter()
-    for t in tensors:
-        t.pin_memory()
+    pin_tree(batch)
     return nbytes / max(time.perf_counter() - t0, 1e-9), nbytes
 
 

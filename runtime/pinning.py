@@ -11,8 +11,8 @@ bucket, GPU events) had a steady median of 115-116 ms and means up to 130 ms fro
 ``PinAhead`` keeps the DataLoader unpinned (``pin_memory=False``) and pins in its own thread, at most ``depth``
 batches ahead of the consumer: the pinned pool holds ``depth`` + 2 batches (the queue, the one being pinned, the one
 the device copy still reads), its blocks are reused from the first steps on, and the workers' batches wait in
-shared memory instead, as they do without pinning.  The copy into pinned memory is the same one the DataLoader's
-pin thread makes, so the hand-over rate (``LoaderProfile.handover_bytes_per_s``) is unchanged.
+shared memory instead, as they do without pinning.  The copy into pinned memory (``profiler.pinning.pin_tree``) splits a
+large tensor across a few threads, and the profile times the same copy (``LoaderProfile.handover_bytes_per_s``).
 
     batches = PinAhead(iter(loader), torch.device("cuda", local_rank))   # loader built with pin_memory=False
     for x, y in batches:
@@ -28,25 +28,14 @@ from typing import Any
 
 import torch
 
+from profiler.pinning import pin_tree
+
 PIN_AHEAD = 2
 """Batches pinned ahead of the training loop: one ready while the next is pinned, so a rank whose loader keeps up
 never waits on the pin, and the pool stays at a few batches however many workers build ahead."""
 
 _POLL_S = 0.1
 """How often a blocked put looks whether the consumer has gone (``close``)."""
-
-
-def pin_tree(obj: Any) -> Any:
-    """``obj`` with every CPU tensor in it (nested tuples, lists and dicts) copied to pinned memory."""
-    if isinstance(obj, torch.Tensor):
-        return obj.pin_memory() if obj.device.type == "cpu" and not obj.is_pinned() else obj
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
-        return type(obj)(*(pin_tree(v) for v in obj))
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(pin_tree(v) for v in obj)
-    if isinstance(obj, dict):
-        return {k: pin_tree(v) for k, v in obj.items()}
-    return obj
 
 
 class _End:

@@ -134,3 +134,32 @@ def test_timed_loader_pins_ahead_over_a_real_dataloader_and_lets_its_workers_go(
     del it
     gc.collect()
     assert _wait(lambda: _threads() <= before)
+
+
+def test_a_large_tensor_is_copied_in_slices_across_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    from profiler import pinning as pp
+
+    made: list[tuple[int, ...]] = []
+    real_empty = torch.empty
+
+    def empty_unpinned(*shape: Any, pin_memory: bool = False, **kw: Any) -> torch.Tensor:
+        made.append(tuple(shape[0]))  # the pinned buffer; a CPU-only torch cannot pin, so a plain one stands in
+        return real_empty(*shape, **kw)
+
+    monkeypatch.setattr(pp.torch, "empty", empty_unpinned)
+    monkeypatch.setattr(pp, "PIN_SLICE_BYTES", 1024)
+    threads: set[str] = set()
+    real_copy = torch.Tensor.copy_
+
+    def copy_and_note(self: torch.Tensor, src: torch.Tensor, *a: Any) -> torch.Tensor:
+        threads.add(threading.current_thread().name)
+        return real_copy(self, src, *a)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", copy_and_note)
+    x = torch.randn(4, 3, 32, 32)  # 48 KiB: four slices of 1 KiB or more
+    out = pp.pin_tensor(x, threads=4)
+    assert torch.equal(out, x) and out.data_ptr() != x.data_ptr() and made == [(4, 3, 32, 32)]
+    assert threads and all(n.startswith("pin-copy") for n in threads)
+    small = torch.randn(8)  # under two slices: pinned whole on the calling thread (Tensor.pin_memory)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self.clone())
+    assert torch.equal(pp.pin_tensor(small), small) and made == [(4, 3, 32, 32)]
