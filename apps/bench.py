@@ -278,6 +278,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     from planner.quality import check_profile, extrapolation_lines, keep_equal_within_noise
     from planner.solve import equal_accumulation_split
     from profiler.run import gather_profile, profile_this_rank
+    from runtime.pinning import pin_tree
     from workloads.emulate import Slowdown
     from workloads.specs import build_workload
 
@@ -292,7 +293,8 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     progress.phase("profile")
     rp = profile_this_rank(workload, env.device, quick=opts["quick"], slowdown=slow, loader_workers_cap=cap,
                            amp=opts["amp"], rank=env.rank, measure_loader=not on_device, channels_last=cl,
-                           progress=progress, loader_per_host=True)  # every rank loads the same dataset
+                           progress=progress, loader_per_host=True,  # every rank loads the same dataset
+                           loader_pin=pin_tree)
     prof = gather_profile(rp, workload=workload, progress=progress)
     profile = Profile.from_dict(broadcast_json(prof.to_dict() if prof else None))
     quality = check_profile(profile)

@@ -294,15 +294,17 @@ def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_wo
                                             int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     if message is not None and say is not None:
         say(message)
+    pin = device.type == "cuda" and cfg.pin_memory
     return TimedLoader(DataLoader(
         TimedBatches(workload.dataset),
         sampler=batch_sampler,
         batch_size=None,  # the sampler yields index lists; the worker builds (and times) the whole batch
         num_workers=num_workers,
-        pin_memory=False,  # pinned a few steps ahead instead of as the workers finish (runtime.pinning)
+        # pinned a few steps ahead (runtime.pinning), not as the workers finish (--dataloader-pin-memory)
+        pin_memory=pin and not cfg.pin_ahead,
         persistent_workers=num_workers > 0,
         prefetch_factor=prefetch if num_workers > 0 else None,
-    ), on_batch=on_batch, pin_device=device if device.type == "cuda" and cfg.pin_memory else None)
+    ), on_batch=on_batch, pin_device=device if pin and cfg.pin_ahead else None)
 
 
 class StreamedEpochs:

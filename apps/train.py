@@ -522,11 +522,13 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool,
     from planner.cmd_plan import record_workload
     from planner.quality import check_profile, keep_equal_within_noise
     from profiler.run import gather_profile, profile_this_rank
+    from runtime.pinning import pin_tree
 
     rank_profile = profile_this_rank(workload, env.device, quick=quick, slowdown=cfg.slowdown,
                                      loader_workers_cap=cfg.loader_workers_cap, amp=cfg.amp, rank=env.rank,
                                      channels_last=channels_last_for(workload, env.device, cfg.mixed_devices),
-                                     progress=progress, loader_per_host=True)  # every rank: the same dataset
+                                     progress=progress, loader_per_host=True,  # every rank: the same dataset
+                                     loader_pin=pin_tree if cfg.pin_ahead else None)  # timed as it will pin
     profile = gather_profile(rank_profile, workload=workload, progress=progress)
 
     def decide() -> dict[str, Any]:

@@ -68,6 +68,11 @@ class TrainConfig:
     of the loop (not the DataLoader's own ``pin_memory``, which pins every batch its workers finish and grows the
     pinned pool with them); off, the batch is copied to the GPU from the workers' shared memory by the training
     loop itself (apps.steps.DeviceCopy)."""
+    pin_ahead: bool = True
+    """With ``pin_memory``: pin in the training process's own thread a few batches ahead of the loop
+    (runtime.pinning.PinAhead); False: the DataLoader's ``pin_memory=True``, which pins every batch its workers
+    finish (session 12, 2x H100: a pinned pool growing 6-19 blocks of ~100 ms ``cudaHostAlloc`` an epoch, to
+    15-25 GB; ``--dataloader-pin-memory``, kept to compare the two)."""
     gpu_normalize: bool = False
     """The built-in image datasets hand over uint8 images, normalized on the device (Workload.normalize): a
     quarter of the bytes through shared memory, the pin thread and the host-to-device copy."""

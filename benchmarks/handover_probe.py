@@ -69,7 +69,8 @@ def measure(batch: int, side: int, workers: int, pin: bool, batches: int, warmup
         from profiler.pinning import pin_tree
         from runtime.pinning import PinAhead
 
-        it = PinAhead(it, torch.device("cuda"), pin=functools.partial(pin_tree, threads=pin_ahead))
+        it = PinAhead(it, torch.device("cuda", torch.cuda.current_device()),
+                      pin=functools.partial(pin_tree, threads=pin_ahead))
     for _ in range(warmup):
         next(it)
     stream = torch.cuda.Stream() if to_gpu else None

@@ -9,6 +9,9 @@
 #   loaderR, skewR  the loader and skew cases with a DataLoader pass per epoch (--restart-loader-each-epoch),
 #           as before session 11, against the default one that runs across epochs (apps.steps.StreamedEpochs)
 #   loaderNP, skewNP  the loader and skew cases without the DataLoader's pin-memory thread (--no-pin-memory)
+#   loaderDP  the loader case pinned by the DataLoader's own pin_memory=True (--dataloader-pin-memory), against
+#           the default that pins a few batches ahead (runtime.pinning.PinAhead)
+#   loaderP4  the loader case with each big batch pinned in 4 slices at once (PLANNER_PIN_THREADS=4, profile too)
 #   loaderU, skewU  the loader and skew cases handing over uint8 images normalized on the GPU (--gpu-normalize)
 #   midrun  rank 1 turns 3x slower from epoch 1 on (--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1): the
 #           profile and start plan see no skew, so the Replanner must find and adopt a real gain (one epoch more)
@@ -43,6 +46,7 @@ read -r -a extra <<< "${EXTRA:-}"
 t0=$(date +%s)
 for i in $(seq 1 "$LAUNCHES"); do
   for case in $CASES; do
+    pin_threads=${PLANNER_PIN_THREADS:-1}
     case $case in
       skew) emulate=(--emulate-slowdown 1=3); epochs=$EPOCHS ;;
       loader) emulate=(--emulate-loader 1=2); epochs=$EPOCHS ;;
@@ -52,6 +56,8 @@ for i in $(seq 1 "$LAUNCHES"); do
       loaderU) emulate=(--emulate-loader 1=2 --gpu-normalize); epochs=$EPOCHS ;;
       skewU) emulate=(--emulate-slowdown 1=3 --gpu-normalize); epochs=$EPOCHS ;;
       loaderNP) emulate=(--emulate-loader 1=2 --no-pin-memory); epochs=$EPOCHS ;;
+      loaderDP) emulate=(--emulate-loader 1=2 --dataloader-pin-memory); epochs=$EPOCHS ;;
+      loaderP4) emulate=(--emulate-loader 1=2); epochs=$EPOCHS; pin_threads=4 ;;
       skewNP) emulate=(--emulate-slowdown 1=3 --no-pin-memory); epochs=$EPOCHS ;;
       midrun) emulate=(--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1); epochs=$(( EPOCHS + 1 )) ;;
       *) echo "unknown case $case" >&2; exit 2 ;;
@@ -61,7 +67,7 @@ for i in $(seq 1 "$LAUNCHES"); do
     if [ "$left" -lt 60 ]; then echo "budget spent: $tag and later launches skipped"; break 2; fi
     echo "[$(( $(date +%s) - t0 )) s] $tag: planner train --auto --replan ${emulate[*]}"
     # A launch that hangs must not eat the others' time: 4 minutes each at most, never past the budget.
-    timeout -k 10 $(( left < 240 ? left : 240 )) "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m planner train --auto \
+    PLANNER_PIN_THREADS=$pin_threads timeout -k 10 $(( left < 240 ? left : 240 )) "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m planner train --auto \
       --global-batch "$GLOBAL_BATCH" --model "$MODEL" $AMP --epochs "$epochs" --num-samples "$NUM_SAMPLES" \
       --replan "${emulate[@]}" "${extra[@]}" --quiet --log-file "$OUT/${tag}_run.jsonl" --plan-out "$OUT/${tag}_plan.json" \
       --step-log "$OUT/${tag}_steps{rank}.jsonl" --profile-out "$OUT/${tag}_profile.json" > "$OUT/${tag}_train.log" 2>&1

@@ -32,7 +32,6 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, default_collate
 
 from planner.profile import LoaderPoint, LoaderProfile
-from profiler.pinning import pin_tree
 
 
 def usable_cores() -> int:
@@ -64,6 +63,9 @@ class LoaderOptions:
     """Seconds of timed iteration per worker count in the DataLoader scaling run (0: skip scaling)."""
     max_workers: int | None = None
     """Most workers tried in scaling (default: usable cores); the emulated cap lowers it."""
+    pin: Callable[[Any], Any] | None = None
+    """How the training process pins a batch, timed for the hand-over reading (the programs pass
+    ``runtime.pinning.pin_tree``); None: each tensor's ``Tensor.pin_memory``, as the DataLoader's pin thread."""
 
     @classmethod
     def quick(cls, **overrides: Any) -> LoaderOptions:
@@ -149,21 +151,27 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
     return []
 
 
-def _pin_rate(batch: Any) -> tuple[float, int] | None:
-    """(bytes per second, bytes) of pinning ``batch`` as `planner train` pins (profiler.pinning.pin_tree, in
-    runtime.pinning.PinAhead); None when it holds no bytes."""
-    nbytes = sum(t.numel() * t.element_size() for t in _tensors(batch))
+def _pin_rate(batch: Any, pin: Callable[[Any], Any] | None = None) -> tuple[float, int] | None:
+    """(bytes per second, bytes) of pinning ``batch`` with ``pin`` (LoaderOptions.pin; None: each tensor's
+    ``Tensor.pin_memory``, as the DataLoader's pin-memory thread does); None when it holds no bytes."""
+    tensors = _tensors(batch)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
     if nbytes <= 0:
         return None
     t0 = time.perf_counter()
-    pin_tree(batch)
+    if pin is not None:
+        pin(batch)
+    else:
+        for t in tensors:
+            t.pin_memory()
     return nbytes / max(time.perf_counter() - t0, 1e-9), nbytes
 
 
 def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, seconds: float,
                     collate_fn: Callable[[list[Any]], Any] | None = None,
                     walls: dict[int, float] | None = None,
-                    handover: list[tuple[float, int]] | None = None) -> list[LoaderPoint]:
+                    handover: list[tuple[float, int]] | None = None,
+                    pin: Callable[[Any], Any] | None = None) -> list[LoaderPoint]:
     """samples/s of a DataLoader with each worker count: ``w * batch / mean build time`` of the batches its
     workers built in ``seconds`` of iteration, each worker's first batch (start-up, first touch) left out.  The
     mean, not the median: W workers deliver a batch per mean build time / W, slow batches included, and the run's
@@ -176,7 +184,8 @@ def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, second
     cores, memory bandwidth, clocks), which is what the curve is for.  ``walls``, when given, gets each worker
     count's wall seconds (start-up, timing and shut-down: what the scan costs).  ``handover``, when given (a
     CUDA host), gets (bytes/s, bytes) of pinning each batch drawn at the last worker count -- the pin-memory
-    thread's copy while the host's workers build at full load (planner.loader.handover_costs_s)."""
+    thread's copy while the host's workers build at full load (planner.loader.handover_costs_s), pinned with ``pin``
+    (LoaderOptions.pin)."""
     out = []
     timed = _BuildTimed(dataset, collate_fn or default_collate)
     for w in workers:
@@ -194,7 +203,7 @@ def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, second
                 if t0 is None:
                     t0 = time.perf_counter()
                 builds.append(float(build_s))
-                if handover is not None and w == workers[-1] and (rate := _pin_rate(batch)) is not None:
+                if handover is not None and w == workers[-1] and (rate := _pin_rate(batch, pin)) is not None:
                     handover.append(rate)
                 if time.perf_counter() - t0 >= seconds:
                     break
@@ -229,7 +238,7 @@ def profile_loader(dataset: Any, opts: LoaderOptions,
     k = usable_cores() if opts.max_workers is None else min(opts.max_workers, usable_cores())
     if opts.scaling_s > 0 and k >= 1:
         scaling = measure_scaling(dataset, worker_counts(k), batch_size=opts.chunk, seconds=opts.scaling_s,
-                                  collate_fn=collate_fn, walls=walls, handover=pins)
+                                  collate_fn=collate_fn, walls=walls, handover=pins, pin=opts.pin)
     meta: dict[str, Any] = {
         "loader_cpu_sec_per_sample": cost.cpu_sec_per_sample, "loader_samples_timed": cost.samples_timed,
         "loader_chunk_spread": round(cost.spread, 4), "loader_cost_wall_s": round(cost_s, 3),

@@ -120,6 +120,7 @@ def profile_this_rank(
     progress: Progress | None = None,
     overlap_loader: bool | None = None,
     loader_per_host: bool = False,
+    loader_pin: Callable[[Any], Any] | None = None,
 ) -> RankProfile:
     """Measure this rank: compute curve, memory, loader cost, device facts.
 
@@ -129,12 +130,15 @@ def profile_this_rank(
     (workloads.emulate.Slowdown) exactly as the trainer applies it; ``loader_workers_cap`` is this rank's worker
     cap: recorded as its loader's ``max_workers``, and the bound of its scaling run when it measures its own
     (in turns).  Once per host the measuring rank scans up to the host's cores whatever its own cap, since every
-    rank needs the host's curve (the contention model reads it at the training load).
+    rank needs the host's curve (the contention model reads it at the training load).  ``loader_pin``: how the
+    training process will pin a batch (``runtime.pinning.pin_tree``), timed for the loader's hand-over reading.
     """
     sopts = sweep_options(quick, batch_sizes, sweep, min_batch=2 if workload.has_batchnorm else 1)
     lopts = loader or (LoaderOptions.quick() if quick else LoaderOptions())
     if loader_workers_cap is not None and not loader_per_host:
         lopts = dataclasses.replace(lopts, max_workers=max(1, loader_workers_cap))
+    if loader_pin is not None:
+        lopts = dataclasses.replace(lopts, pin=loader_pin)
 
     def measure_loader_fn() -> tuple[LoaderProfile, dict[str, Any]]:
         return profile_loader(workload.dataset, lopts)

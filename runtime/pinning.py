@@ -11,8 +11,10 @@ bucket, GPU events) had a steady median of 115-116 ms and means up to 130 ms fro
 ``PinAhead`` keeps the DataLoader unpinned (``pin_memory=False``) and pins in its own thread, at most ``depth``
 batches ahead of the consumer: the pinned pool holds ``depth`` + 2 batches (the queue, the one being pinned, the one
 the device copy still reads), its blocks are reused from the first steps on, and the workers' batches wait in
-shared memory instead, as they do without pinning.  The copy into pinned memory (``profiler.pinning.pin_tree``) splits a
-large tensor across a few threads, and the profile times the same copy (``LoaderProfile.handover_bytes_per_s``).
+shared memory instead, as they do without pinning.  The copy into pinned memory (``pin_tree``) is the DataLoader's own by
+default, or a large tensor split across ``PIN_THREADS`` threads at once (``Tensor.copy_`` releases the GIL); the
+profile times the same copy (``LoaderProfile.handover_bytes_per_s``; the programs hand it ``pin_tree``).  On 2x
+H200 with ``PinAhead`` rank 0 still waited 33-50 ms a step on the one-core copy (2.5 GB/s delivered, section 20).
 
     batches = PinAhead(iter(loader), torch.device("cuda", local_rank))   # loader built with pin_memory=False
     for x, y in batches:
@@ -21,14 +23,14 @@ large tensor across a few threads, and the profile times the same copy (``Loader
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
-
-from profiler.pinning import pin_tree
 
 PIN_AHEAD = 2
 """Batches pinned ahead of the training loop: one ready while the next is pinned, so a rank whose loader keeps up
@@ -36,6 +38,59 @@ never waits on the pin, and the pool stays at a few batches however many workers
 
 _POLL_S = 0.1
 """How often a blocked put looks whether the consumer has gone (``close``)."""
+
+
+PIN_THREADS = max(1, int(os.environ.get("PLANNER_PIN_THREADS", "1") or "1"))
+"""Threads a large tensor's copy into pinned memory is split across: 1 (one core, as the DataLoader's own pin
+thread) unless ``PLANNER_PIN_THREADS`` says more.  Not measured on a GPU yet (session 12's device call for it failed
+on a bug since fixed), so the split is opt-in; ``benchmarks/handover_probe.py --pin-ahead 1,4`` compares."""
+PIN_SLICE_BYTES = 4 << 20
+"""Smallest slice worth a thread of its own (the profile's 19 MB scan batches still split four ways, as training's
+287 MB ones do); smaller tensors are pinned whole, on the calling thread."""
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _copy_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=max(4, PIN_THREADS), thread_name_prefix="pin-copy")
+        return _pool
+
+
+def pin_tensor(t: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+    """``t`` copied into pinned memory (``t`` itself when it is not a CPU tensor or already pinned); a contiguous
+    tensor of at least two ``PIN_SLICE_BYTES`` is copied in up to ``threads`` (default ``PIN_THREADS``) slices at
+    once."""
+    if t.device.type != "cpu" or t.is_pinned():
+        return t
+    slices = min(PIN_THREADS if threads is None else threads, t.numel() * t.element_size() // PIN_SLICE_BYTES)
+    if slices <= 1 or not t.is_contiguous():
+        return t.pin_memory()
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    src, dst = t.view(-1), out.view(-1)
+    n = src.numel()
+    step = -(-n // slices)
+    jobs = [_copy_pool().submit(dst[i:i + step].copy_, src[i:i + step]) for i in range(0, n, step)]
+    for job in jobs:
+        job.result()
+    return out
+
+
+def pin_tree(obj: Any, threads: int | None = None) -> Any:
+    """``obj`` with every CPU tensor in it (nested tuples, namedtuples, lists and dicts) copied to pinned memory
+    (``pin_tensor``)."""
+    if isinstance(obj, torch.Tensor):
+        return pin_tensor(obj, threads)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(pin_tree(v, threads) for v in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(pin_tree(v, threads) for v in obj)
+    if isinstance(obj, dict):
+        return {k: pin_tree(v, threads) for k, v in obj.items()}
+    return obj
 
 
 class _End:
@@ -60,10 +115,10 @@ def _pin_loop(source: Iterator[Any], device: torch.device | None, pin: Callable[
               stop: threading.Event) -> None:
     """The thread: pin each item of ``source`` into ``q``, then an ``_End``.  It holds no reference to its
     ``PinAhead``, so a consumer that drops the iterator lets it be collected, which stops the thread."""
-    if device is not None and device.type == "cuda":
-        torch.cuda.set_device(device)  # as the DataLoader's own pin thread: pin under the rank's context
     end = _End()
     try:
+        if device is not None and device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)  # as the DataLoader's own pin thread: pin under the rank's context
         for item in source:
             if not _put(q, stop, pin(item)):
                 return
@@ -98,7 +153,14 @@ class PinAhead:
     def __next__(self) -> Any:
         if self._done:
             raise StopIteration
-        item = self._queue.get()
+        while True:
+            try:
+                item = self._queue.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():  # it died without a word: never hang
+                    self._done = True
+                    raise RuntimeError("the pinning thread stopped without finishing its batches") from None
         if isinstance(item, _End):
             self._done = True
             self._thread.join(timeout=5 * _POLL_S)

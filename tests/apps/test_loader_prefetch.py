@@ -65,3 +65,20 @@ def test_make_loader_applies_it(monkeypatch) -> None:  # type: ignore[no-untyped
     loader = make_loader(cfg, workload, sampler, 2, torch.device("cpu"), batch_size=16, say=said.append)
     assert loader.loader.prefetch_factor == 2 and len(said) == 1 and "from 4 to 2" in said[0]
     assert sum(len(x) for x, _y in loader) == 32  # and it still loads
+
+
+def test_make_loader_pins_ahead_unless_told_to_let_the_dataloader_pin() -> None:
+    """On CUDA the batches are pinned a few steps ahead (runtime.pinning.PinAhead, the DataLoader itself unpinned);
+    --dataloader-pin-memory hands the pinning back to the DataLoader; --no-pin-memory pins nothing; off CUDA nothing
+    is pinned.  Built, not iterated: a CPU-only torch cannot pin."""
+    workload = build_workload("cifar_cnn", "fake", num_samples=64)
+    sampler = [list(range(16))] * 2
+    cuda = torch.device("cuda", 0)
+    ahead = make_loader(TrainConfig(model="cifar_cnn"), workload, sampler, 2, cuda)
+    assert ahead.pin_device == cuda and not ahead.loader.pin_memory
+    own = make_loader(TrainConfig(model="cifar_cnn", pin_ahead=False), workload, sampler, 2, cuda)
+    assert own.pin_device is None and own.loader.pin_memory
+    off = make_loader(TrainConfig(model="cifar_cnn", pin_memory=False), workload, sampler, 2, cuda)
+    assert off.pin_device is None and not off.loader.pin_memory
+    cpu = make_loader(TrainConfig(model="cifar_cnn"), workload, sampler, 2, torch.device("cpu"))
+    assert cpu.pin_device is None and not cpu.loader.pin_memory

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
+import torch
 
 from planner.profile import LoaderPoint, LoaderProfile
 from profiler.loader import (
@@ -148,3 +150,15 @@ def _share_worker(rank: int, world_size: int) -> None:
 
 def test_share_on_host_over_gloo() -> None:
     run_distributed(_share_worker, 2, timeout_s=120.0)
+
+
+def test_the_hand_over_reading_times_the_pin_it_is_given() -> None:
+    """LoaderOptions.pin (the programs pass runtime.pinning.pin_tree): the reading times that copy of the batch."""
+    from profiler.loader import _pin_rate
+
+    seen: list[Any] = []
+    batch = (torch.zeros(4, 3, 8, 8), torch.zeros(4, dtype=torch.long))
+    rate = _pin_rate(batch, pin=seen.append)
+    assert rate is not None and rate[1] == 4 * 3 * 8 * 8 * 4 + 4 * 8 and rate[0] > 0
+    assert seen == [batch]
+    assert _pin_rate((torch.zeros(0),), pin=seen.append) is None and len(seen) == 1  # no bytes: nothing timed

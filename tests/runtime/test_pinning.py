@@ -137,7 +137,7 @@ def test_timed_loader_pins_ahead_over_a_real_dataloader_and_lets_its_workers_go(
 
 
 def test_a_large_tensor_is_copied_in_slices_across_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    from profiler import pinning as pp
+    from runtime import pinning as pp
 
     made: list[tuple[int, ...]] = []
     real_empty = torch.empty
@@ -163,3 +163,28 @@ def test_a_large_tensor_is_copied_in_slices_across_threads(monkeypatch: pytest.M
     small = torch.randn(8)  # under two slices: pinned whole on the calling thread (Tensor.pin_memory)
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self.clone())
     assert torch.equal(pp.pin_tensor(small), small) and made == [(4, 3, 32, 32)]
+
+
+def test_a_failure_before_the_first_item_reaches_the_consumer_instead_of_hanging() -> None:
+    # session 12's device call 4: set_device refused an index-less "cuda" in the thread, and the probe hung
+    def broken_pin(item: Any) -> Any:
+        raise ValueError("cannot pin this")
+
+    it = PinAhead(iter(Counting()), pin=broken_pin)
+    with pytest.raises(ValueError, match="cannot pin this"):
+        next(it)
+
+
+def test_an_index_less_cuda_device_is_not_set_in_the_thread() -> None:
+    # torch.cuda.set_device("cuda") raises; the thread then pins under the current device, as the loop does
+    it = PinAhead(iter(range(3)), torch.device("cuda"), pin=_pinned)
+    assert list(it) == [("pinned", i) for i in range(3)]
+
+
+def test_a_thread_that_dies_silently_does_not_hang_the_consumer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime import pinning as rp
+
+    monkeypatch.setattr(rp, "_pin_loop", lambda *a: None)  # exits at once, puts nothing
+    it = PinAhead(iter(range(3)), pin=_pinned)
+    with pytest.raises(RuntimeError, match="stopped without finishing"):
+        next(it)
