@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils._pytree import tree_leaves
 from torch.utils.data import DataLoader
 
 from apps.distenv import DistEnv
@@ -213,16 +214,10 @@ equally between the host's ranks; the rest stays for everything else on the host
 
 
 def tensor_nbytes(obj: Any) -> int:
-    """Bytes of the tensors and arrays in a (nested tuple / list / dict) sample or batch."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if hasattr(obj, "nbytes") and isinstance(obj.nbytes, int):  # numpy
-        return int(obj.nbytes)
-    if isinstance(obj, dict):
-        return sum(tensor_nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(tensor_nbytes(v) for v in obj)
-    return 0
+    """Bytes of the tensors and arrays in a sample or batch (any nesting of tuples, lists and dicts)."""
+    return sum(x.numel() * x.element_size() if isinstance(x, torch.Tensor)
+               else int(x.nbytes) if isinstance(getattr(x, "nbytes", None), int) else 0  # numpy
+               for x in tree_leaves(obj))
 
 
 def pinned_pool_stats(device: torch.device) -> dict[str, float] | None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, default_collate
 
 from planner.profile import LoaderPoint, LoaderProfile
@@ -141,14 +142,8 @@ class _BuildTimed(Dataset[tuple[Any, float]]):
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
-    """The tensors of a (nested tuple / list / dict) batch."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensors(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _tensors(v)]
-    return []
+    """The tensors of a batch (any nesting of tuples, lists and dicts)."""
+    return [x for x in tree_leaves(obj) if isinstance(x, torch.Tensor)]
 
 
 def _pin_rate(batch: Any, pin: Callable[[Any], Any] | None = None) -> tuple[float, int] | None:

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 PIN_AHEAD = 2
 """Batches pinned ahead of the training loop: one ready while the next is pinned, so a rank whose loader keeps up
@@ -80,17 +81,9 @@ def pin_tensor(t: torch.Tensor, threads: int | None = None) -> torch.Tensor:
 
 
 def pin_tree(obj: Any, threads: int | None = None) -> Any:
-    """``obj`` with every CPU tensor in it (nested tuples, namedtuples, lists and dicts) copied to pinned memory
-    (``pin_tensor``)."""
-    if isinstance(obj, torch.Tensor):
-        return pin_tensor(obj, threads)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(pin_tree(v, threads) for v in obj))
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(pin_tree(v, threads) for v in obj)
-    if isinstance(obj, dict):
-        return {k: pin_tree(v, threads) for k, v in obj.items()}
-    return obj
+    """``obj`` with every CPU tensor in it (any nesting of tuples, namedtuples, lists and dicts) copied to pinned
+    memory (``pin_tensor``)."""
+    return tree_map_only(torch.Tensor, lambda t: pin_tensor(t, threads), obj)
 
 
 class _End:
