@@ -22,7 +22,9 @@ loader-bound with 20 fewer samples.
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -162,6 +164,80 @@ def _pin_rate(batch: Any, pin: Callable[[Any], Any] | None = None) -> tuple[floa
     return nbytes / max(time.perf_counter() - t0, 1e-9), nbytes
 
 
+HANDOVER_BYTES = 256 << 20
+"""Size of the batches the hand-over reading pins: large enough to run at memory speed, as a training batch does
+(2x H100, 28 workers and 24 busy cores: 3.67 GB/s at 77 MB and 3.05-3.44 GB/s at 274-287 MB, against 4.1-4.7 GB/s
+on the profile's former 19 MB scan batches, which partly fit the CPU's caches; 2x H200 training delivered 2.5 GB/s
+where the scan batches read 3.6-4.7; docs/BENCHMARKS.md sections 19-20)."""
+HANDOVER_WORKERS = 2
+"""Workers that hand the reading its big batches, as a DataLoader's do: a fresh shared-memory tensor each."""
+HANDOVER_MIN_READINGS = 3
+HANDOVER_MAX_EXTRA_S = 4.0
+"""The scan's last worker count runs on (its workers loading the host) until the reading has
+``HANDOVER_MIN_READINGS`` pins, at most this many seconds past its own time."""
+
+
+class _Premade(Dataset[torch.Tensor]):
+    """``dataset[i]`` -> a fresh copy of one ``nbytes`` tensor, written by the worker into shared memory as a
+    collated batch is: what the training process then copies into pinned memory, without the build cost."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.x = torch.ones(nbytes, dtype=torch.uint8)
+
+    def __len__(self) -> int:
+        return 1 << 20
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.x.clone()
+
+
+def _shm_free() -> int | None:
+    try:
+        return shutil.disk_usage("/dev/shm").free
+    except OSError:
+        return None
+
+
+class _HandoverReader:
+    """While the scan's last worker count keeps the host's cores busy: a thread draws ``HANDOVER_BYTES`` batches
+    from ``HANDOVER_WORKERS`` workers and times pinning each with ``pin`` -- the training process's pin under its
+    own workers' load.  Smaller where /dev/shm is small (a tenth of what is free), and nothing below 16 MiB."""
+
+    def __init__(self, pin: Callable[[Any], Any] | None, out: list[tuple[float, int]]) -> None:
+        free = _shm_free()
+        self.nbytes = HANDOVER_BYTES if free is None else min(HANDOVER_BYTES, free // 10)
+        self.pin, self.out = pin, out
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        if self.nbytes >= 16 << 20:
+            self.thread = threading.Thread(target=self._run, daemon=True, name="handover-reading")
+            self.thread.start()
+
+    def _run(self) -> None:
+        loader = DataLoader(_Premade(self.nbytes), batch_size=None, num_workers=HANDOVER_WORKERS, prefetch_factor=1,
+                            persistent_workers=False)
+        it = iter(loader)
+        try:
+            for i, x in enumerate(it):
+                if self.stop.is_set():
+                    break
+                rate = _pin_rate(x, self.pin)
+                if i >= HANDOVER_WORKERS and rate is not None:  # the first ones start the workers and the pool
+                    self.out.append(rate)
+        finally:
+            del it
+
+    def done(self, overtime_s: float) -> bool:
+        """Whether the scan may stop: ``HANDOVER_MIN_READINGS`` readings taken, or ``HANDOVER_MAX_EXTRA_S`` past
+        its own time (a slow host gives fewer)."""
+        return self.thread is None or len(self.out) >= HANDOVER_MIN_READINGS or overtime_s >= HANDOVER_MAX_EXTRA_S
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=30)
+
+
 def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, seconds: float,
                     collate_fn: Callable[[list[Any]], Any] | None = None,
                     walls: dict[int, float] | None = None,
@@ -178,11 +254,12 @@ def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, second
     plan predicted 4.7x the real loader time.  The build times still carry what the workers share (the host's
     cores, memory bandwidth, clocks), which is what the curve is for.  ``walls``, when given, gets each worker
     count's wall seconds (start-up, timing and shut-down: what the scan costs).  ``handover``, when given (a
-    CUDA host), gets (bytes/s, bytes) of pinning each batch drawn at the last worker count -- the pin-memory
-    thread's copy while the host's workers build at full load (planner.loader.handover_costs_s), pinned with ``pin``
-    (LoaderOptions.pin)."""
+    CUDA host), gets (bytes/s, bytes) of each big batch pinned while the last worker count runs
+    (``_HandoverReader``): the training process's pin while the host's workers build at full load
+    (planner.loader.handover_costs_s), pinned with ``pin`` (LoaderOptions.pin)."""
     out = []
     timed = _BuildTimed(dataset, collate_fn or default_collate)
+    reader: _HandoverReader | None = None
     for w in workers:
         t_point = time.perf_counter()
         batches = BatchSampler(RandomSampler(range(len(dataset))), batch_size, drop_last=True)
@@ -192,17 +269,21 @@ def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, second
         it = iter(loader)
         try:
             t0 = None
-            for i, (batch, build_s) in enumerate(it):
+            for i, (_batch, build_s) in enumerate(it):
                 if i < w:  # each worker's first batch: start-up is not throughput
                     continue
                 if t0 is None:
                     t0 = time.perf_counter()
                 builds.append(float(build_s))
-                if handover is not None and w == workers[-1] and (rate := _pin_rate(batch, pin)) is not None:
-                    handover.append(rate)
-                if time.perf_counter() - t0 >= seconds:
+                if reader is None and handover is not None and w == workers[-1]:
+                    reader = _HandoverReader(pin, handover)
+                elapsed = time.perf_counter() - t0
+                if elapsed >= seconds and (reader is None or reader.done(elapsed - seconds)):
                     break
         finally:
+            if reader is not None:
+                reader.close()
+                reader = None
             del it  # shuts the workers down
             if walls is not None:
                 walls[w] = round(time.perf_counter() - t_point, 3)
@@ -210,6 +291,15 @@ def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, second
         if typical > 0:
             out.append(LoaderPoint(num_workers=w, samples_per_s=w * batch_size / typical))
     return out
+
+
+def _sample_bytes(dataset: Any, collate_fn: Callable[[list[Any]], Any]) -> int | None:
+    """Bytes one sample adds to a collated batch (of two samples, halved); None when there is none to read."""
+    try:
+        n = sum(t.numel() * t.element_size() for t in _tensors(collate_fn([dataset[0], dataset[1 % len(dataset)]])))
+    except Exception:  # an iterable or failing dataset: no size to go by
+        return None
+    return round(n / 2) if n > 0 else None
 
 
 def worker_counts(max_workers: int) -> list[int]:
@@ -238,14 +328,15 @@ def profile_loader(dataset: Any, opts: LoaderOptions,
         "loader_cpu_sec_per_sample": cost.cpu_sec_per_sample, "loader_samples_timed": cost.samples_timed,
         "loader_chunk_spread": round(cost.spread, 4), "loader_cost_wall_s": round(cost_s, 3),
         "loader_scaling_wall_s": {str(w): t for w, t in walls.items()}}
-    handover, sample_bytes = None, None
+    handover = None
     if pins:
         # The median: a pin's end waits for the GIL when the compute sweep runs beside the scan (a high reading
         # is the copy alone, a low one that wait); the spread goes to the meta.
         rates = [r for r, _ in pins]
         handover = statistics.median(rates)
-        sample_bytes = round(statistics.median(n for _, n in pins) / opts.chunk)
-        meta.update(loader_handover_readings=len(rates), loader_handover_spread=round(_spread(rates), 4))
+        meta.update(loader_handover_readings=len(rates), loader_handover_spread=round(_spread(rates), 4),
+                    loader_handover_batch_bytes=pins[0][1])
+    sample_bytes = _sample_bytes(dataset, collate_fn or default_collate) if handover is not None else None
     return LoaderProfile(sec_per_sample=cost.sec_per_sample, scaling=tuple(scaling), sample_bytes=sample_bytes,
                          handover_bytes_per_s=handover), meta
 

@@ -45,9 +45,9 @@ PIN_THREADS = max(1, int(os.environ.get("PLANNER_PIN_THREADS", "1") or "1"))
 """Threads a large tensor's copy into pinned memory is split across: 1 (one core, as the DataLoader's own pin
 thread) unless ``PLANNER_PIN_THREADS`` says more.  Not measured on a GPU yet (session 12's device call for it failed
 on a bug since fixed), so the split is opt-in; ``benchmarks/handover_probe.py --pin-ahead 1,4`` compares."""
-PIN_SLICE_BYTES = 4 << 20
-"""Smallest slice worth a thread of its own (the profile's 19 MB scan batches still split four ways, as training's
-287 MB ones do); smaller tensors are pinned whole, on the calling thread."""
+PIN_SLICE_BYTES = 16 << 20
+"""Smallest slice worth a thread of its own: smaller tensors are pinned whole, on the calling thread (the profile's
+hand-over reading pins 256 MiB batches, profiler.loader.HANDOVER_BYTES, which split as training's do)."""
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()

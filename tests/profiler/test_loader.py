@@ -162,3 +162,41 @@ def test_the_hand_over_reading_times_the_pin_it_is_given() -> None:
     assert rate is not None and rate[1] == 4 * 3 * 8 * 8 * 4 + 4 * 8 and rate[0] > 0
     assert seen == [batch]
     assert _pin_rate((torch.zeros(0),), pin=seen.append) is None and len(seen) == 1  # no bytes: nothing timed
+
+
+def test_the_hand_over_reading_pins_big_batches_while_the_last_scan_point_loads_the_host(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reading pins fresh shared-memory batches of HANDOVER_BYTES (training-sized: the former 19 MB scan
+    batches partly fit the CPU caches and read 1.3-1.5x fast) beside the last worker count, which runs on until
+    it has its readings.  A stand-in for the pin (a copy): a CPU-only torch cannot pin."""
+    import profiler.loader as pl
+
+    monkeypatch.setattr(pl, "HANDOVER_BYTES", 20 << 20)
+    monkeypatch.setattr(pl, "_shm_free", lambda: None)
+    readings: list[tuple[float, int]] = []
+    points = measure_scaling(_Slow(), [1, 2], batch_size=4, seconds=0.05, handover=readings,
+                             pin=lambda x: x.clone())
+    assert [p.num_workers for p in points] == [1, 2]
+    assert len(readings) >= pl.HANDOVER_MIN_READINGS  # the last point ran on until the reading had them
+    assert all(n == 20 << 20 and r > 0 for r, n in readings)
+
+
+class _Slow:
+    """A long dataset whose samples take a millisecond each: a scan that does not run out."""
+
+    def __len__(self) -> int:
+        return 1 << 20
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(0.001)
+        return i
+
+
+def test_no_hand_over_reading_where_shared_memory_is_small(monkeypatch: pytest.MonkeyPatch) -> None:
+    import profiler.loader as pl
+
+    monkeypatch.setattr(pl, "_shm_free", lambda: 100 << 20)  # a tenth is under 16 MiB: not worth a reading
+    readings: list[tuple[float, int]] = []
+    t0 = time.perf_counter()
+    measure_scaling(list(range(64)), [1], batch_size=4, seconds=0.05, handover=readings, pin=lambda x: x)
+    assert readings == [] and time.perf_counter() - t0 < pl.HANDOVER_MAX_EXTRA_S  # and the scan not lengthened
