@@ -21,16 +21,16 @@
 # effect, per-rank prediction errors, re-plan decisions, and per case the medians over launches.
 #
 # Trade-off: the acceptance speaks of 10 steady epochs; 6 launches x 10 epochs does not fit ~8 minutes, so the
-# default is EPOCHS=3 of 163840 samples (320 steps of 512): epoch 2 is the steady epoch read, after the Replanner's
-# two chances (epochs 0 and 1).  An epoch starts with every DataLoader worker building its prefetch at once (the
-# fill, apps.steps.loader_drain_steps: 28 workers x (4 + 1) = 140 steps) and ends with the workers idle on an
-# emptied sampler (the drain, 28 x 4 = 112 steps); the step timer reads the steady middle between them when two
-# whole worker cycles fit (runtime.timing), so 320 steps at 28 workers.  Sessions 6-9 ran 30- and 100-step epochs,
-# and session 10 200-step ones: all fill and drain once the workers were uncapped (session 10, 2x H100: the
-# 200-step epochs' first 144 steps took 26-33 s with the host's 32 cores saturated, their last 56 ran at the GPU's
-# pace with ~4 cores busy).  Expected ~3.5 minutes a launch (profile ~45 s), so 2 launches fit one 8-minute call;
-# BUDGET_S (default 500) stops starting launches once spent, so the summary is always written.  For the 10-epoch
-# churn check run, e.g., `EPOCHS=10 LAUNCHES=1 CASES=skew NUM_SAMPLES=51200 BUDGET_S=300` (~3 minutes).
+# default is EPOCHS=4 of 122880 samples (240 steps of 512): epochs 2 and 3 are read, after the Replanner's two
+# chances (epochs 0 and 1).  The loader runs across epochs (apps.steps.StreamedEpochs): only epoch 0 starts with
+# every DataLoader worker building its prefetch at once (the fill, apps.steps.loader_drain_steps: 28 workers x
+# (4 + 1) = 140 steps), and only the run's last 28 x 4 = 112 steps run on batches built before (the drain, at the
+# GPU's pace: session 12, 2x H200, 97-102 ms steps there against 108-117 before).  With 4 epochs the drain falls in
+# epoch 3 and epoch 2 is whole steady middle: loader_summary.py's ``clean_wall_ratio`` reads such epochs by the wall
+# clock (session 12's 3-epoch runs had the drain in epoch 2, which flattered its wall ratio).  About 3 minutes a
+# launch (profile ~45 s), so 3 launches of one case fit one 10-minute call; BUDGET_S (default 500) stops starting
+# launches once spent, so the summary is always written.  For the 10-epoch churn check run, e.g.,
+# `EPOCHS=10 LAUNCHES=1 CASES=skew NUM_SAMPLES=51200 BUDGET_S=300` (~3 minutes).
 #   usage: OUT=/tmp/out bash benchmarks/loader_gpu.sh
 # The script's logic on CPU, tiny (what CI-sized checks use):
 #   MODEL=cifar_cnn AMP= GLOBAL_BATCH=64 NUM_SAMPLES=1024 EPOCHS=3 LAUNCHES=1 EXTRA="--quick --device cpu" \
@@ -39,7 +39,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
-EPOCHS=${EPOCHS:-3}; LAUNCHES=${LAUNCHES:-3}; NUM_SAMPLES=${NUM_SAMPLES:-163840}; CASES=${CASES:-"skew loader"}
+EPOCHS=${EPOCHS:-4}; LAUNCHES=${LAUNCHES:-3}; NUM_SAMPLES=${NUM_SAMPLES:-122880}; CASES=${CASES:-"skew loader"}
 BUDGET_S=${BUDGET_S:-500}
 PY=${PYTHON:-python3}; MODEL=${MODEL:-resnet50}; AMP=${AMP---amp}; GLOBAL_BATCH=${GLOBAL_BATCH:-512}
 read -r -a extra <<< "${EXTRA:-}"

@@ -8,7 +8,8 @@ the measured samples/s and their ratio (and the wall clock's: the epoch's sample
 first batch's wait and warm-up included, from logs that record it), and each rank's error (own busy time, ``StepStats.busy_s``, against the
 plan's per-rank step time: the report's run-log table).  Per launch: the median ratio over epochs >= 2, the worst
 rank's median error over epochs >= 2 (leaving out epochs wholly in the loaders' drain, ``drain_epochs``: a streamed
-run's last epochs, at the GPUs' pace), the epoch of the first adopted re-plan and its predicted gain, how many times
+run's last epochs, at the GPUs' pace), the wall ratio over those of them with no fill or drain step at all
+(``clean_wall_ratio``), the epoch of the first adopted re-plan and its predicted gain, how many times
 the plan changed, the profile's loader costs (each rank's own reading and the spread its host saw), and per epoch
 (from epoch 1) the measured step against the model fed with that epoch's own measurements (``_inputs_model``).  Per case:
 medians with min-max over the launches, the issue's acceptance numbers.
@@ -60,6 +61,9 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
             "fill_excess_s": max((s.fill_excess_s for s in e.ranks), default=0.0),
             # wholly in the loaders' drain (a streamed run's last epochs): the GPUs' pace, not the loaders'
             "drain": e.drained,
+            # steps of it in the drain: the wall clock counts them (the timer does not), so the wall ratio of an
+            # epoch with some is flattered (session 12: 97-102 ms steps in the drain against 108-117 before it)
+            "drain_steps": max((s.drain_steps for s in e.ranks), default=0),
             **_inputs_model(e),
         })
     steady = [x for x in epochs if x["epoch"] >= STEADY_FROM_EPOCH and not x["drain"]]
@@ -79,6 +83,11 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
         "steady_ratio_median": statistics.median(ratios) if ratios else None,
         "steady_wall_ratio_median": statistics.median(w) if (w := [x["wall_ratio"] for x in steady
                                                                     if x["wall_ratio"] is not None]) else None,
+        # by the wall clock over the steady epochs with no step of fill or drain at all: what a longer run's
+        # middle epochs measure (None when every steady epoch holds some, e.g. 3 epochs streamed)
+        "clean_wall_ratio_median": statistics.median(c) if (c := [
+            x["wall_ratio"] for x in steady if x["wall_ratio"] is not None and not x["drain_steps"]
+            and not x["fill_steps"]]) else None,
         "inputs_model_errors": inputs,
         "steady_rank_error_max": max(rank_err) if rank_err else None,
         "steady_rank_errors": rank_err,
@@ -124,6 +133,7 @@ def case_summary(launches: list[dict[str, Any]]) -> dict[str, Any]:
         "launches": len(launches),
         "steady_ratio": _spread(pick("steady_ratio_median")),
         "steady_wall_ratio": _spread(pick("steady_wall_ratio_median")),
+        "clean_wall_ratio": _spread(pick("clean_wall_ratio_median")),
         "steady_rank_error_max": _spread(pick("steady_rank_error_max")),
         "first_adoption_epoch": [x["first_adoption_epoch"] for x in launches],
         "first_adoption_gain": [x["first_adoption_gain"] for x in launches],

@@ -55,3 +55,40 @@ def test_the_fill_is_reported_beside_the_steady_ratio(tmp_path: Path) -> None:
     assert [e["fill_steps"] for e in epochs] == [144, 144, 144]
     assert [round(e["fill_excess_s"], 1) for e in epochs] == [26.1, 11.9, 15.1]
     assert summary["cases"]["loader"]["fill_excess_s"]["median"] == pytest.approx(15.1, abs=0.05)
+
+
+def test_an_epoch_holding_the_runs_drain_is_not_a_clean_wall_reading(tmp_path: Path) -> None:
+    """Session 12 call 2 (2x H100, 3 streamed epochs of 240 steps): the run's last 112 steps, the loaders' drain,
+    fall in epoch 2, whose wall ratio (0.896-0.975) they flatter; epoch 1 is all steady (0.951-0.958) but before
+    the acceptance's epochs, so no clean wall reading is given."""
+    for r in (1, 2, 3):
+        shutil.copy(ROOT / "docs" / "results" / f"h100x2_train_auto_replan_s12b_loader_r{r}_run.jsonl",
+                    tmp_path / f"loader_r{r}_run.jsonl")
+    summary = _module().summarize(tmp_path)
+    for r in (1, 2, 3):
+        launch = summary["launches"][f"loader_r{r}"]
+        assert [e["drain_steps"] for e in launch["epochs"]] == [0, 0, 112]
+        assert launch["clean_wall_ratio_median"] is None
+    case = summary["cases"]["loader"]
+    assert case["clean_wall_ratio"] is None
+    assert case["steady_wall_ratio"]["median"] == pytest.approx(0.952, abs=0.001)
+
+
+def test_a_steady_epoch_without_fill_or_drain_gives_the_clean_wall_reading(tmp_path: Path) -> None:
+    """The same launch as if it had run one epoch more (the drain moved out of epoch 2): epoch 2's wall ratio
+    becomes the clean reading."""
+    import json
+
+    src = ROOT / "docs" / "results" / "h100x2_train_auto_replan_s12b_loader_r2_run.jsonl"
+    lines = []
+    for line in src.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("event") == "epoch":
+            for r in rec["ranks"]:
+                r["drain_steps"] = 0
+        lines.append(json.dumps(rec))
+    (tmp_path / "loader_r2_run.jsonl").write_text("\n".join(lines) + "\n")
+    launch = _module().summarize(tmp_path)["launches"]["loader_r2"]
+    epoch2 = launch["epochs"][2]
+    assert epoch2["drain_steps"] == 0 and epoch2["fill_steps"] == 0
+    assert launch["clean_wall_ratio_median"] == pytest.approx(epoch2["wall_ratio"]) == pytest.approx(0.952, abs=0.001)
