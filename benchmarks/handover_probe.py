@@ -66,8 +66,7 @@ def measure(batch: int, side: int, workers: int, pin: bool, batches: int, warmup
                         pin_memory=pin and pin_ahead is None, prefetch_factor=4 if workers else None)
     it: Any = iter(loader)
     if pin and pin_ahead is not None:  # as `planner train` pins: runtime.pinning.PinAhead, pin_ahead copy threads
-        from profiler.pinning import pin_tree
-        from runtime.pinning import PinAhead
+        from runtime.pinning import PinAhead, pin_tree
 
         it = PinAhead(it, torch.device("cuda", torch.cuda.current_device()),
                       pin=functools.partial(pin_tree, threads=pin_ahead))
