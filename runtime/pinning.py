@@ -11,9 +11,9 @@ bucket, GPU events) had a steady median of 115-116 ms and means up to 130 ms fro
 ``PinAhead`` keeps the DataLoader unpinned (``pin_memory=False``) and pins in its own thread, at most ``depth``
 batches ahead of the consumer: the pinned pool holds ``depth`` + 2 batches (the queue, the one being pinned, the one
 the device copy still reads), its blocks are reused from the first steps on, and the workers' batches wait in
-shared memory instead, as they do without pinning.  The copy into pinned memory (``pin_tree``) is the DataLoader's own by
-default, or a large tensor split across ``PIN_THREADS`` threads at once (``Tensor.copy_`` releases the GIL); the
-profile times the same copy (``LoaderProfile.handover_bytes_per_s``; the programs hand it ``pin_tree``).  On 2x
+shared memory instead, as they do without pinning.  The copy into pinned memory (``pin_tree``) is the DataLoader's
+own by default, or a large tensor split across ``PIN_THREADS`` threads at once (``Tensor.copy_`` releases the GIL);
+the profile times the same copy (``LoaderProfile.handover_bytes_per_s``; the programs hand it ``pin_tree``).  On 2x
 H200 with ``PinAhead`` rank 0 still waited 33-50 ms a step on the one-core copy (2.5 GB/s delivered, section 20).
 
     batches = PinAhead(iter(loader), torch.device("cuda", local_rank))   # loader built with pin_memory=False

@@ -118,3 +118,54 @@ def test_the_stream_takes_over_the_samplers_background_shuffle() -> None:
     assert s._prefetched is None and stream._prefetched is ready
     assert list(stream) == list(HeteroBatchSampler(1000, [9, 3], 0, seed=5, prefetch=False))
     assert stream._prefetched is None  # taken by the first pass
+
+
+def test_streamed_epochs_pinned_ahead_give_the_same_batches_and_leave_no_thread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`planner train`'s CUDA path (apps.steps.make_loader): the stream through TimedLoader with PinAhead.  Each
+    epoch still gets exactly its batches, a re-plan's new stream stops the old pinning thread, and none is left once
+    the run drops its loader.  A stand-in for the pin: a CPU-only torch cannot pin."""
+    import gc
+    import threading
+    import time
+
+    import torch
+
+    from runtime.loader_timing import TimedBatches, TimedLoader
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self.clone())
+
+    class Samples(Dataset[torch.Tensor]):
+        def __len__(self) -> int:
+            return 100
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return torch.tensor(i)
+
+    def build(stream: EpochStream) -> TimedLoader:
+        return TimedLoader(DataLoader(TimedBatches(Samples()), sampler=stream, batch_size=None, num_workers=2,
+                                      persistent_workers=True, prefetch_factor=2), pin_device=torch.device("cpu"))
+
+    def pinning() -> int:
+        return sum(t.name == "pin-ahead" and t.is_alive() for t in threading.enumerate())
+
+    before = pinning()
+    sampler = HeteroBatchSampler(100, [9, 3], 0, seed=3)
+    reference = HeteroBatchSampler(100, [9, 3], 0, seed=3)
+    streamed = StreamedEpochs(build, last_epoch=4)
+    for epoch in range(4):
+        if epoch == 2:  # a re-plan adopted after epoch 1
+            sampler.set_batch_sizes([6, 6])
+            reference.set_batch_sizes([6, 6])
+            streamed.restart()
+        sampler.set_epoch(epoch)
+        batches, _fresh = streamed.epoch(sampler)
+        reference.set_epoch(epoch)
+        assert [b.tolist() for b in batches] == list(reference), epoch
+        assert pinning() <= before + 2  # the running stream's thread, and the replaced one on its way out
+    del batches, streamed
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while pinning() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pinning() == before
