@@ -73,8 +73,8 @@ def pin_tensor(t: torch.Tensor, threads: int | None = None) -> torch.Tensor:
     out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     src, dst = t.view(-1), out.view(-1)
     n = src.numel()
-    step = -(-n // slices)
-    jobs = [_copy_pool().submit(dst[i:i + step].copy_, src[i:i + step]) for i in range(0, n, step)]
+    step, pool = -(-n // slices), _copy_pool()
+    jobs = [pool.submit(dst[i:i + step].copy_, src[i:i + step]) for i in range(0, n, step)]
     for job in jobs:
         job.result()
     return out

@@ -4,6 +4,7 @@ and a re-plan starts a new stream with the new sizes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
@@ -82,6 +83,30 @@ class Indices(Dataset[list[int]]):
         return list(indices)
 
 
+def replay_with_replan(streamed: StreamedEpochs, epochs: int, replan_at: int,
+                       as_list: Callable[[Iterable[Any]], list[Any]] = list,
+                       each: Callable[[HeteroBatchSampler, int], None] | None = None) -> list[bool]:
+    """Run ``epochs`` epochs of ``streamed`` over a [9, 3] split, a re-plan to [6, 6] adopted before epoch
+    ``replan_at``; every epoch's batches (``as_list`` of them) must be a reference sampler's.  ``each(sampler,
+    epoch)`` checks more after each epoch.  Returns whether each epoch started on a new stream."""
+    sampler = HeteroBatchSampler(100, [9, 3], 0, seed=3)
+    reference = HeteroBatchSampler(100, [9, 3], 0, seed=3)
+    fresh = []
+    for epoch in range(epochs):
+        if epoch == replan_at:
+            sampler.set_batch_sizes([6, 6])
+            reference.set_batch_sizes([6, 6])
+            streamed.restart()
+        sampler.set_epoch(epoch)
+        batches, new = streamed.epoch(sampler)
+        fresh.append(new)
+        reference.set_epoch(epoch)
+        assert as_list(batches) == list(reference), epoch
+        if each is not None:
+            each(sampler, epoch)
+    return fresh
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_streamed_epochs_give_each_epoch_its_batches_and_restart_on_a_replan(workers: int) -> None:
     built: list[tuple[int, ...]] = []
@@ -91,21 +116,11 @@ def test_streamed_epochs_give_each_epoch_its_batches_and_restart_on_a_replan(wor
         return DataLoader(Indices(), sampler=stream, batch_size=None, num_workers=workers,
                           persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
 
-    sampler = HeteroBatchSampler(100, [9, 3], 0, seed=3)
-    reference = HeteroBatchSampler(100, [9, 3], 0, seed=3)
-    streamed = StreamedEpochs(build, last_epoch=5)
-    fresh = []
-    for epoch in range(5):
-        if epoch == 3:  # a re-plan adopted after epoch 2
-            sampler.set_batch_sizes([6, 6])
-            reference.set_batch_sizes([6, 6])
-            streamed.restart()
-        sampler.set_epoch(epoch)
-        batches, new = streamed.epoch(sampler)
-        fresh.append(new)
-        reference.set_epoch(epoch)
-        assert list(batches) == list(reference), epoch
+    def pass_started(sampler: HeteroBatchSampler, epoch: int) -> None:
         assert sampler.start_step == 0 and sampler.generation == epoch + 1
+
+    # a re-plan adopted after epoch 2
+    fresh = replay_with_replan(StreamedEpochs(build, last_epoch=5), 5, replan_at=3, each=pass_started)
     assert fresh == [True, False, False, True, False]
     assert built == [(9, 3), (6, 6)]
 
@@ -126,12 +141,11 @@ def test_streamed_epochs_pinned_ahead_give_the_same_batches_and_leave_no_thread(
     epoch still gets exactly its batches, a re-plan's new stream stops the old pinning thread, and none is left once
     the run drops its loader.  A stand-in for the pin: a CPU-only torch cannot pin."""
     import gc
-    import threading
-    import time
 
     import torch
 
     from runtime.loader_timing import TimedBatches, TimedLoader
+    from tests.runtime.test_pinning import _threads, _wait
 
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self.clone())
 
@@ -146,26 +160,14 @@ def test_streamed_epochs_pinned_ahead_give_the_same_batches_and_leave_no_thread(
         return TimedLoader(DataLoader(TimedBatches(Samples()), sampler=stream, batch_size=None, num_workers=2,
                                       persistent_workers=True, prefetch_factor=2), pin_device=torch.device("cpu"))
 
-    def pinning() -> int:
-        return sum(t.name == "pin-ahead" and t.is_alive() for t in threading.enumerate())
+    before = _threads()
 
-    before = pinning()
-    sampler = HeteroBatchSampler(100, [9, 3], 0, seed=3)
-    reference = HeteroBatchSampler(100, [9, 3], 0, seed=3)
+    def few_threads(_sampler: HeteroBatchSampler, _epoch: int) -> None:
+        assert len(_threads() - before) <= 2  # the running stream's thread, and the replaced one on its way out
+
     streamed = StreamedEpochs(build, last_epoch=4)
-    for epoch in range(4):
-        if epoch == 2:  # a re-plan adopted after epoch 1
-            sampler.set_batch_sizes([6, 6])
-            reference.set_batch_sizes([6, 6])
-            streamed.restart()
-        sampler.set_epoch(epoch)
-        batches, _fresh = streamed.epoch(sampler)
-        reference.set_epoch(epoch)
-        assert [b.tolist() for b in batches] == list(reference), epoch
-        assert pinning() <= before + 2  # the running stream's thread, and the replaced one on its way out
-    del batches, streamed
+    # a re-plan adopted after epoch 1
+    replay_with_replan(streamed, 4, replan_at=2, as_list=lambda bs: [b.tolist() for b in bs], each=few_threads)
+    del streamed
     gc.collect()
-    deadline = time.monotonic() + 10
-    while pinning() > before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert pinning() == before
+    assert _wait(lambda: _threads() <= before, timeout=10.0)
