@@ -29,7 +29,7 @@
 # epoch 3 and epoch 2 is whole steady middle: loader_summary.py's ``clean_wall_ratio`` reads such epochs by the wall
 # clock (session 12's 3-epoch runs had the drain in epoch 2, which flattered its wall ratio).  About 3 minutes a
 # launch (profile ~45 s), so 3 launches of one case fit one 10-minute call; BUDGET_S (default 500) stops starting
-# launches once spent, so the summary is always written.  For the 10-epoch churn check run, e.g.,
+# launches once spent (or with less than MIN_LAUNCH_S, default 60, left), so the summary is always written.  For the 10-epoch churn check run, e.g.,
 # `EPOCHS=10 LAUNCHES=1 CASES=skew NUM_SAMPLES=51200 BUDGET_S=300` (~3 minutes).
 #   usage: OUT=/tmp/out bash benchmarks/loader_gpu.sh
 # The script's logic on CPU, tiny (what CI-sized checks use):
@@ -40,7 +40,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 EPOCHS=${EPOCHS:-4}; LAUNCHES=${LAUNCHES:-3}; NUM_SAMPLES=${NUM_SAMPLES:-122880}; CASES=${CASES:-"skew loader"}
-BUDGET_S=${BUDGET_S:-500}
+BUDGET_S=${BUDGET_S:-500}; MIN_LAUNCH_S=${MIN_LAUNCH_S:-60}  # no launch starts with less budget left
 PY=${PYTHON:-python3}; MODEL=${MODEL:-resnet50}; AMP=${AMP---amp}; GLOBAL_BATCH=${GLOBAL_BATCH:-512}
 read -r -a extra <<< "${EXTRA:-}"
 t0=$(date +%s)
@@ -64,7 +64,7 @@ for i in $(seq 1 "$LAUNCHES"); do
     esac
     tag="${case}_r${i}"; rm -f "$OUT/${tag}_run.jsonl" "$OUT/${tag}"_steps*.jsonl
     left=$(( BUDGET_S - ($(date +%s) - t0) ))
-    if [ "$left" -lt 60 ]; then echo "budget spent: $tag and later launches skipped"; break 2; fi
+    if [ "$left" -lt "$MIN_LAUNCH_S" ]; then echo "budget spent: $tag and later launches skipped"; break 2; fi
     echo "[$(( $(date +%s) - t0 )) s] $tag: planner train --auto --replan ${emulate[*]}"
     # A launch that hangs must not eat the others' time: 4 minutes each at most, never past the budget.
     PLANNER_PIN_THREADS=$pin_threads timeout -k 10 $(( left < 240 ? left : 240 )) "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m planner train --auto \
