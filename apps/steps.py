@@ -247,7 +247,7 @@ def shm_free_bytes(path: str = "/dev/shm") -> int | None:
 def loader_prefetch(workers: int, batch_bytes: int, shm_free: int | None, local_ranks: int,
                     prefetch: int = LOADER_PREFETCH) -> tuple[int, str | None]:
     """(prefetch_factor, message): ``prefetch`` unless this rank's in-flight batches -- up to ``workers x
-    prefetch`` in shared memory, plus the one the training loop and the pin-memory thread hold -- would not fit its
+    prefetch`` in shared memory, plus the one the training loop and the pinning thread hold -- would not fit its
     share of the host's free /dev/shm (``SHM_SHARE`` of ``shm_free`` over ``local_ranks``); then the most that fits,
     with a note, and 1 with a warning when even that does not fit (the DataLoader would die of a bus error)."""
     if workers <= 0 or shm_free is None or batch_bytes <= 0:

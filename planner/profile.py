@@ -111,7 +111,7 @@ class LoaderProfile:
     sample_bytes: int | None = None
     """Bytes of one collated sample (its tensors): what the training process receives and pins per sample."""
     handover_bytes_per_s: float | None = None
-    """Bytes per second the training process's pin-memory thread copies a delivered batch into pinned memory while
+    """Bytes per second the training process's pinning thread copies a delivered batch into pinned memory while
     the host's workers build at full load (one thread for every rank's batches: a ceiling on the batch a rank
     can take per step, planner.loader.handover_costs_s); None when not measured (no CUDA, an older profile)."""
 

@@ -136,9 +136,10 @@ hand-over (``handover_cause``)."""
 
 def handover_cause(rank: int, busy: float, wait: float, period: float, batch: int, profile: Profile) -> str:
     """A rank that waits for data though its workers build a batch faster than it steps: the batches reach the
-    training loop slower than they are built -- the DataLoader's pin-memory thread copies each one into pinned
-    memory on one core (session 11, 2x H200: 298 MB batches built every 93 ms, handed over every ~130 ms, the
-    step 129 ms against 108 predicted; docs/BENCHMARKS.md section 19)."""
+    training loop slower than they are built -- the training process's pinning thread (runtime.pinning.PinAhead,
+    or the DataLoader's own pin-memory thread) copies each one into pinned memory on one core (session 11, 2x H200:
+    298 MB batches built every 93 ms, handed over every ~130 ms, the step 129 ms against 108 predicted;
+    docs/BENCHMARKS.md section 19)."""
     lp = profile.rank(rank).loader if rank < profile.world_size else None
     size = ""
     if lp is not None and lp.sample_bytes:
@@ -148,7 +149,7 @@ def handover_cause(rank: int, busy: float, wait: float, period: float, batch: in
                    else ""))
     return (f"rank {rank} waits {1000 * wait:.1f} ms per step for data although its workers build a batch every "
             f"{1000 * period:.1f} ms: the batches reach the training loop slower than they are built -- the "
-            f"hand-over, the pin-memory thread copying each one once more on one core (without it, the loop's own "
+            f"hand-over, the pinning thread copying each one once more on one core (without it, the loop's own "
             f"copy){size}; fewer bytes a sample (e.g. uint8 "
             "images normalized on the GPU) or a smaller batch on this rank relieve it, more workers do not")
 

@@ -198,7 +198,7 @@ def _with_handover(profile: Profile, rate: float, sample_bytes: int = 602_112) -
 
 
 def test_the_hand_over_is_a_floor_under_every_ranks_step() -> None:
-    """A rank's training process takes each batch over (the pin-memory thread: bytes / rate), however many
+    """A rank's training process takes each batch over (its pinning thread: bytes / rate), however many
     workers build it: a fast GPU with a big share is held to what its hand-over passes per step."""
     base = _with_curve(linear_profile([0.0001, 0.0003], cores=34))  # 32 workers: the loaders are not what binds
     free = planner.solve(base, global_batch=512)

@@ -110,7 +110,7 @@ def test_a_capped_rank_gets_the_host_curve_and_keeps_its_cap() -> None:
 
 
 def test_the_host_shares_the_fastest_hand_over_reading() -> None:
-    """The pin-memory thread's rate, read at full worker load: the host's ranks keep the fastest (a slower one
+    """The pinning thread's rate, read at full worker load: the host's ranks keep the fastest (a slower one
     waited for the GIL beside the compute sweep), a rank without CUDA (no reading) takes its peers'."""
     from dataclasses import replace
 

@@ -2,7 +2,7 @@
 
 Session 11 call 3 (2x H200, loader case, streamed, plan [495, 17] at 107.9 ms): rank 0's 29 workers built a batch
 every 93 ms, yet it waited 34 ms a step for data and the step ran 129 ms -- its 298 MB batches reached the loop
-slower than they were built (the pin-memory thread; benchmarks/handover_probe.py).  The report must name that, not
+slower than they were built (the pinning thread; benchmarks/handover_probe.py).  The report must name that, not
 "the loader is slower than profiled" (more workers would not help) nor "the curve does not match"."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def test_a_rank_whose_batches_arrive_slower_than_built_is_paced_by_the_hand_over
     miss = [x for x in log_findings(log, plan, profile, None) if x.startswith("Prediction miss")]
     assert len(miss) == 1 and "[495, 17] measured 129.4 ms per step against 107.9 ms predicted" in miss[0]
     assert "rank 0 waits 34.2 ms per step for data although its workers build a batch every 92.9 ms" in miss[0]
-    assert "pin-memory thread" in miss[0] and "more workers do not" in miss[0]
+    assert "pinning thread" in miss[0] and "more workers do not" in miss[0]
     # With the profile's sample size (and its hand-over reading) the finding gives the batch's bytes and rates.
     ranks = tuple(replace(r, loader=replace(r.loader, sample_bytes=602_112, handover_bytes_per_s=3.97e9))  # type: ignore[arg-type]
                   for r in profile.ranks)
