@@ -63,8 +63,9 @@ class TrainConfig:
     step_log_path: str | None = None
     """Append one JSON line per epoch with this rank's every step (data wait, compute, step, build seconds)."""
     pin_memory: bool = True
-    """Pin the batches on CUDA: one thread of the training process copies each batch into pinned memory (85 ms for
-    a 274 MB batch on 2x H100, session 11's handover_probe), at most ``runtime.pinning.PIN_AHEAD`` batches ahead
+    """Pin the batches on CUDA: a thread of the training process copies each batch into pinned memory, a big tensor
+    in ``runtime.pinning.PIN_THREADS`` slices at once (81.5 ms for a 287 MB batch on 2x H100 under load, session 13's
+    handover_probe, against 116 ms on one core), at most ``runtime.pinning.PIN_AHEAD`` batches ahead
     of the loop (not the DataLoader's own ``pin_memory``, which pins every batch its workers finish and grows the
     pinned pool with them); off, the batch is copied to the GPU from the workers' shared memory by the training
     loop itself (apps.steps.DeviceCopy)."""

@@ -11,7 +11,7 @@
 #   loaderNP, skewNP  the loader and skew cases without the DataLoader's pin-memory thread (--no-pin-memory)
 #   loaderDP  the loader case pinned by the DataLoader's own pin_memory=True (--dataloader-pin-memory), against
 #           the default that pins a few batches ahead (runtime.pinning.PinAhead)
-#   loaderP4  the loader case with each big batch pinned in 4 slices at once (PLANNER_PIN_THREADS=4, profile too)
+#   loaderP1  the loader case with each batch pinned by one thread (PLANNER_PIN_THREADS=1, profile too; default 4)
 #   loaderU, skewU  the loader and skew cases handing over uint8 images normalized on the GPU (--gpu-normalize)
 #   midrun  rank 1 turns 3x slower from epoch 1 on (--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1): the
 #           profile and start plan see no skew, so the Replanner must find and adopt a real gain (one epoch more)
@@ -46,7 +46,7 @@ read -r -a extra <<< "${EXTRA:-}"
 t0=$(date +%s)
 for i in $(seq 1 "$LAUNCHES"); do
   for case in $CASES; do
-    pin_threads=${PLANNER_PIN_THREADS:-1}
+    pin_threads=${PLANNER_PIN_THREADS:-4}
     case $case in
       skew) emulate=(--emulate-slowdown 1=3); epochs=$EPOCHS ;;
       loader) emulate=(--emulate-loader 1=2); epochs=$EPOCHS ;;
@@ -57,7 +57,7 @@ for i in $(seq 1 "$LAUNCHES"); do
       skewU) emulate=(--emulate-slowdown 1=3 --gpu-normalize); epochs=$EPOCHS ;;
       loaderNP) emulate=(--emulate-loader 1=2 --no-pin-memory); epochs=$EPOCHS ;;
       loaderDP) emulate=(--emulate-loader 1=2 --dataloader-pin-memory); epochs=$EPOCHS ;;
-      loaderP4) emulate=(--emulate-loader 1=2); epochs=$EPOCHS; pin_threads=4 ;;
+      loaderP1) emulate=(--emulate-loader 1=2); epochs=$EPOCHS; pin_threads=1 ;;
       skewNP) emulate=(--emulate-slowdown 1=3 --no-pin-memory); epochs=$EPOCHS ;;
       midrun) emulate=(--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1); epochs=$(( EPOCHS + 1 )) ;;
       *) echo "unknown case $case" >&2; exit 2 ;;

@@ -12,9 +12,10 @@ bucket, GPU events) had a steady median of 115-116 ms and means up to 130 ms fro
 batches ahead of the consumer: the pinned pool holds ``depth`` + 2 batches (the queue, the one being pinned, the one
 the device copy still reads), its blocks are reused from the first steps on, and the workers' batches wait in
 shared memory instead, as they do without pinning.  The copy into pinned memory (``pin_tree``) is the DataLoader's
-own by default, or a large tensor split across ``PIN_THREADS`` threads at once (``Tensor.copy_`` releases the GIL);
+own, with a large tensor split across ``PIN_THREADS`` threads at once (``Tensor.copy_`` releases the GIL; small ones whole);
 the profile times the same copy (``LoaderProfile.handover_bytes_per_s``; the programs hand it ``pin_tree``).  On 2x
-H200 with ``PinAhead`` rank 0 still waited 33-50 ms a step on the one-core copy (2.5 GB/s delivered, section 20).
+H200 with a one-thread copy 2 batches ahead rank 0 still waited 33-50 ms a step (2.5 GB/s delivered, section 20);
+hence 4 threads and 4 batches ahead (session 13, section 21).
 
     batches = PinAhead(iter(loader), torch.device("cuda", local_rank))   # loader built with pin_memory=False
     for x, y in batches:
@@ -33,18 +34,22 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
-PIN_AHEAD = 2
-"""Batches pinned ahead of the training loop: one ready while the next is pinned, so a rank whose loader keeps up
-never waits on the pin, and the pool stays at a few batches however many workers build ahead."""
+PIN_AHEAD = 4
+"""Batches pinned ahead of the training loop.  More than one: the pinning thread is nearly as busy as the loop on a
+loader-fed rank (2x H100 under load: one thread pinned a 287 MB batch in 116 ms, the step took 116 ms), and a
+thread that stops whenever its queue is full loses the time the loop runs slow.  With depth 2 rank 0 waited
+17-48 ms a step for data where the DataLoader's own unbounded pinning waited 1.5-8 ms (session 13, same card).
+The pool stays at ``depth`` + 2 batches (about 1.7 GB at 287 MB) however many workers build ahead."""
 
 _POLL_S = 0.1
 """How often a blocked put looks whether the consumer has gone (``close``)."""
 
 
-PIN_THREADS = max(1, int(os.environ.get("PLANNER_PIN_THREADS", "1") or "1"))
-"""Threads a large tensor's copy into pinned memory is split across: 1 (one core, as the DataLoader's own pin
-thread) unless ``PLANNER_PIN_THREADS`` says more.  Not measured on a GPU yet (session 12's device call for it failed
-on a bug since fixed), so the split is opt-in; ``benchmarks/handover_probe.py --pin-ahead 1,4`` compares."""
+PIN_THREADS = max(1, int(os.environ.get("PLANNER_PIN_THREADS", "4") or "4"))
+"""Threads a large tensor's copy into pinned memory is split across (``PLANNER_PIN_THREADS``; 1: one core, as the
+DataLoader's own pin thread).  ``benchmarks/handover_probe.py --batch 476 --workers 28 --load 24 --pin-only
+--pin-ahead 1,4`` on 2x H100 (session 13, docs/results/h100x2_handover_probe_s13b.json): 287 MB batches handed
+over at 2.25 GB/s by the DataLoader's pinning, 2.46 by one thread, 3.51 by four (81.5 ms a batch against 116)."""
 PIN_SLICE_BYTES = 16 << 20
 """Smallest slice worth a thread of its own: smaller tensors are pinned whole, on the calling thread (the profile's
 hand-over reading pins 256 MiB batches, profiler.loader.HANDOVER_BYTES, which split as training's do)."""
