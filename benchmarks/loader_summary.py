@@ -9,7 +9,7 @@ first batch's wait and warm-up included, from logs that record it), and each ran
 plan's per-rank step time: the report's run-log table).  Per launch: the median ratio over epochs >= 2, the worst
 rank's median error over epochs >= 2 (leaving out epochs wholly in the loaders' drain, ``drain_epochs``: a streamed
 run's last epochs, at the GPUs' pace), the wall ratio over those of them with no fill or drain step at all
-(``clean_wall_ratio``), the epoch of the first adopted re-plan and its predicted gain, how many times
+(``clean_wall_ratio``; nor the refill that starts an adopted re-plan's stream), the epoch of the first adopted re-plan and its predicted gain, how many times
 the plan changed, the profile's loader costs (each rank's own reading and the spread its host saw), and per epoch
 (from epoch 1) the measured step against the model fed with that epoch's own measurements (``_inputs_model``).  Per case:
 medians with min-max over the launches, the issue's acceptance numbers.
@@ -42,7 +42,11 @@ def _plans(log: RunLog) -> dict[str, Plan]:
 def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any]:
     plans = _plans(log)
     epochs: list[dict[str, Any]] = []
+    previous = None
     for e in log.epochs:
+        # the first epoch of an adopted re-plan starts a new loader stream, whose workers refill from nothing
+        # (apps.steps.StreamedEpochs): like epoch 0's fill, not a steady reading (session 13: 0.570 by the wall)
+        refill, previous = previous is not None and e.plan_fingerprint != previous, e.plan_fingerprint
         plan = plans.get(e.plan_fingerprint)
         pred = plan.predicted.samples_per_s if plan is not None else None
         errors = [(b - p) / p if p > 0 else None for b, p in zip(e.measured_busy_s, e.predicted_step_time_s,
@@ -58,6 +62,7 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
             "step_time_s": list(e.measured_step_time_s),
             # the epoch start the steady step leaves out (runtime.timing: the loaders' pipeline fill)
             "fill_steps": max((s.fill_steps for s in e.ranks), default=0),
+            "refill": refill,
             "fill_excess_s": max((s.fill_excess_s for s in e.ranks), default=0.0),
             # wholly in the loaders' drain (a streamed run's last epochs): the GPUs' pace, not the loaders'
             "drain": e.drained,
@@ -87,7 +92,7 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
         # middle epochs measure (None when every steady epoch holds some, e.g. 3 epochs streamed)
         "clean_wall_ratio_median": statistics.median(c) if (c := [
             x["wall_ratio"] for x in steady if x["wall_ratio"] is not None and not x["drain_steps"]
-            and not x["fill_steps"]]) else None,
+            and not x["fill_steps"] and not x["refill"]]) else None,
         "inputs_model_errors": inputs,
         "steady_rank_error_max": max(rank_err) if rank_err else None,
         "steady_rank_errors": rank_err,

@@ -50,7 +50,8 @@ def _host(rows: list[dict[str, Any]], t0: float, t1: float) -> tuple[float, floa
 def row(prefix: str, hostmon: list[dict[str, Any]]) -> str:
     log = read_run_log(prefix + "_run.jsonl")
     s = launch_summary(log, None)
-    clean = [e for e in s["epochs"] if e["epoch"] >= 1 and not e["fill_steps"] and not e["drain_steps"]]
+    clean = [e for e in s["epochs"]
+             if e["epoch"] >= 1 and not e["fill_steps"] and not e["drain_steps"] and not e["refill"]]
     steps = {e["epoch"]: e for e in _steps(prefix, 0)}
     waits = [statistics.fmean(steps[e["epoch"]]["data_wait_ms"]) for e in clean if e["epoch"] in steps]
     comp = [c for e in clean if e["epoch"] in steps for c in steps[e["epoch"]]["compute_ms"]]

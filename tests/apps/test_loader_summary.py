@@ -92,3 +92,15 @@ def test_a_steady_epoch_without_fill_or_drain_gives_the_clean_wall_reading(tmp_p
     epoch2 = launch["epochs"][2]
     assert epoch2["drain_steps"] == 0 and epoch2["fill_steps"] == 0
     assert launch["clean_wall_ratio_median"] == pytest.approx(epoch2["wall_ratio"]) == pytest.approx(0.952, abs=0.001)
+
+
+def test_the_epoch_that_refills_an_adopted_re_plan_is_not_a_clean_wall_reading(tmp_path: Path) -> None:
+    """Session 13 call 3 (2x H100, loaderDP_r2): the Replanner adopted [469, 43] -> [475, 37] after epoch 1; epoch 2
+    started the new plan's loader stream from empty workers (0.570 by the wall clock) and is no steady reading;
+    epoch 3 holds the drain, so the launch gives no clean reading at all."""
+    shutil.copy(ROOT / "docs" / "results" / "h100x2_train_auto_replan_s13c_loaderDP_r2_run.jsonl",
+                tmp_path / "loaderDP_r2_run.jsonl")
+    launch = _module().summarize(tmp_path)["launches"]["loaderDP_r2"]
+    assert [e["refill"] for e in launch["epochs"]] == [False, False, True, False]
+    assert launch["epochs"][2]["wall_ratio"] == pytest.approx(0.570, abs=0.001)
+    assert launch["plan_changes"] == 1 and launch["clean_wall_ratio_median"] is None
