@@ -278,7 +278,6 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     from planner.quality import check_profile, extrapolation_lines, keep_equal_within_noise
     from planner.solve import equal_accumulation_split
     from profiler.run import gather_profile, profile_this_rank
-    from runtime.pinning import pin_tree
     from workloads.emulate import Slowdown
     from workloads.specs import build_workload
 
@@ -293,8 +292,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     progress.phase("profile")
     rp = profile_this_rank(workload, env.device, quick=opts["quick"], slowdown=slow, loader_workers_cap=cap,
                            amp=opts["amp"], rank=env.rank, measure_loader=not on_device, channels_last=cl,
-                           progress=progress, loader_per_host=True,  # every rank loads the same dataset
-                           loader_pin=pin_tree)
+                           progress=progress, loader_per_host=True)  # every rank loads the same dataset
     prof = gather_profile(rp, workload=workload, progress=progress)
     profile = Profile.from_dict(broadcast_json(prof.to_dict() if prof else None))
     quality = check_profile(profile)
@@ -485,8 +483,6 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
 
     from apps.steps import LOADER_PREFETCH, DeviceCopy, loader_drain_steps
     from profiler.compute import StepRunner
-    from runtime.pinning import PinAhead
-
     runner = StepRunner(workload, device, amp=opts["amp"], slowdown=slow, channels_last=cl)
     to_device = DeviceCopy(device, runner.channels_last)
     # Timed once the workers' start-up and the batches they build ahead are spent, and over whole cycles of its
@@ -494,9 +490,9 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
     steps, warmup = whole_cycles(max(5, min(int(opts["steps"]), 20)), [workers]), max(3, loader_drain_steps(workers))
     sampler = RandomSampler(workload.dataset, replacement=True, num_samples=(steps + warmup) * b)
     loader = DataLoader(workload.dataset, batch_size=b, sampler=sampler, num_workers=workers,
+                        pin_memory=device.type == "cuda",  # as `planner train` pins by default
                         prefetch_factor=LOADER_PREFETCH if workers else None)
-    # pinned a few batches ahead, as `planner train` pins (runtime.pinning)
-    batches = PinAhead(iter(loader), device) if device.type == "cuda" else iter(loader)
+    batches = iter(loader)
     try:
         t0 = 0.0
         for i, (x, y) in enumerate(batches):
@@ -509,8 +505,7 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
             torch.cuda.synchronize(device)
         return (time.perf_counter() - t0) / steps
     finally:
-        if isinstance(batches, PinAhead):
-            batches.close()
+        del batches  # shuts the workers down
         runner.close()
 
 

@@ -103,7 +103,6 @@ def run(args: argparse.Namespace) -> int:
     from planner.quality import check_profile
     from profiler import run as prun
     from profiler.sweep import SweepOptions
-    from runtime.pinning import pin_tree
     from workloads.specs import build_workload
 
     workload = build_workload(args.model, args.dataset, image_size=args.image_size, num_classes=args.num_classes,
@@ -131,8 +130,7 @@ def run(args: argparse.Namespace) -> int:
                                   overlap_loader=False if args.thorough else None,
                                   # Every rank runs the same pipeline: one measurement per host serves all of
                                   # them, each keeping its own --emulate-loader cap (the same flag on every rank).
-                                  loader_per_host=not args.thorough,
-                                  loader_pin=pin_tree)  # the hand-over reading times the trainer's own copy
+                                  loader_per_host=not args.thorough)
 
     # Rank 0 only (under torchrun): one line per phase and point, a heartbeat while a phase runs long.
     rank = int(os.environ.get("RANK", "0"))

@@ -108,9 +108,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="no pinning thread: the loop copies each batch to the GPU from the workers' "
                         "shared memory (the pin thread copies every batch once more, on one core: 85 ms for a "
                         "274 MB batch on an H100 host)")
-    t.add_argument("--dataloader-pin-memory", dest="pin_ahead", action="store_false",
-                   help="pin with the DataLoader's own pin_memory=True, which pins every batch its workers finish, "
-                        "instead of a few batches ahead of the loop (the default); kept to compare the two")
+    t.add_argument("--pin-ahead", action="store_true",
+                   help="pin in a thread of the training process at most a few batches ahead of the loop "
+                        "(runtime.pinning.PinAhead: a pool of ~6 batches) instead of the DataLoader's own "
+                        "pin_memory=True (the default: it pins every batch as its worker finishes, and the pool "
+                        "grows with the batches the workers build ahead); slower on a loader-fed rank "
+                        "(docs/BENCHMARKS.md section 21)")
     t.add_argument("--restart-loader-each-epoch", action="store_true",
                    help="start the DataLoader afresh each epoch, as `for batch in loader` does; by default its "
                         "workers run on into the next epoch while the plan holds, so an epoch after the first does "

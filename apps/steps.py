@@ -295,7 +295,7 @@ def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_wo
         sampler=batch_sampler,
         batch_size=None,  # the sampler yields index lists; the worker builds (and times) the whole batch
         num_workers=num_workers,
-        # pinned a few steps ahead (runtime.pinning), not as the workers finish (--dataloader-pin-memory)
+        # pinned as the workers finish, or (--pin-ahead) a few steps ahead of the loop (runtime.pinning)
         pin_memory=pin and not cfg.pin_ahead,
         persistent_workers=num_workers > 0,
         prefetch_factor=prefetch if num_workers > 0 else None,

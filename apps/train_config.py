@@ -63,17 +63,18 @@ class TrainConfig:
     step_log_path: str | None = None
     """Append one JSON line per epoch with this rank's every step (data wait, compute, step, build seconds)."""
     pin_memory: bool = True
-    """Pin the batches on CUDA: a thread of the training process copies each batch into pinned memory, a big tensor
-    in ``runtime.pinning.PIN_THREADS`` slices at once (81.5 ms for a 287 MB batch on 2x H100 under load, session 13's
-    handover_probe, against 116 ms on one core), at most ``runtime.pinning.PIN_AHEAD`` batches ahead
-    of the loop (not the DataLoader's own ``pin_memory``, which pins every batch its workers finish and grows the
-    pinned pool with them); off, the batch is copied to the GPU from the workers' shared memory by the training
-    loop itself (apps.steps.DeviceCopy)."""
-    pin_ahead: bool = True
-    """With ``pin_memory``: pin in the training process's own thread a few batches ahead of the loop
-    (runtime.pinning.PinAhead); False: the DataLoader's ``pin_memory=True``, which pins every batch its workers
-    finish (session 12, 2x H100: a pinned pool growing 6-19 blocks of ~100 ms ``cudaHostAlloc`` an epoch, to
-    15-25 GB; ``--dataloader-pin-memory``, kept to compare the two)."""
+    """Pin the batches on CUDA: the DataLoader's ``pin_memory=True`` (its thread copies each batch into pinned
+    memory as the batch's worker finishes it); off, the batch is copied to the GPU from the workers' shared memory
+    by the training loop itself (apps.steps.DeviceCopy)."""
+    pin_ahead: bool = False
+    """With ``pin_memory``: pin in the training process's own thread at most ``runtime.pinning.PIN_AHEAD`` batches
+    ahead of the loop (runtime.pinning.PinAhead, ``--pin-ahead``), which bounds the pinned pool (the DataLoader's
+    grew to 14-23 GB on a 28-worker rank, 2x H100) but was slower: session 13, 2x H100, the loader case, a clean
+    epoch by the wall clock at 0.947 [0.717-0.978] of the prediction with the DataLoader's pinning (4 launches)
+    against 0.829 [0.769-0.953] (one copy thread, 2 ahead, 3 launches) and 0.840 [0.786-0.894] (4 threads, 4
+    ahead, 2 launches), rank 0 waiting 24-41 ms a step for data against 3-5 (docs/BENCHMARKS.md section 21).  The
+    likely cause: the DataLoader's thread pins batches in the order workers finish them, so those finished behind
+    a late one are pinned by the time it arrives; ``PinAhead`` takes them in order and pins each only then."""
     gpu_normalize: bool = False
     """The built-in image datasets hand over uint8 images, normalized on the device (Workload.normalize): a
     quarter of the bytes through shared memory, the pin thread and the host-to-device copy."""

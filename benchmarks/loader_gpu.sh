@@ -9,9 +9,9 @@
 #   loaderR, skewR  the loader and skew cases with a DataLoader pass per epoch (--restart-loader-each-epoch),
 #           as before session 11, against the default one that runs across epochs (apps.steps.StreamedEpochs)
 #   loaderNP, skewNP  the loader and skew cases without the DataLoader's pin-memory thread (--no-pin-memory)
-#   loaderDP  the loader case pinned by the DataLoader's own pin_memory=True (--dataloader-pin-memory), against
-#           the default that pins a few batches ahead (runtime.pinning.PinAhead)
-#   loaderP1  the loader case with each batch pinned by one thread (PLANNER_PIN_THREADS=1, profile too; default 4)
+#   loaderPA  the loader case pinned a few batches ahead by the training process (--pin-ahead,
+#           runtime.pinning.PinAhead), against the default, the DataLoader's own pin_memory=True (section 21)
+#   loaderPA1 the same with each batch copied by one thread (PLANNER_PIN_THREADS=1, profile too; default 4)
 #   loaderU, skewU  the loader and skew cases handing over uint8 images normalized on the GPU (--gpu-normalize)
 #   midrun  rank 1 turns 3x slower from epoch 1 on (--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1): the
 #           profile and start plan see no skew, so the Replanner must find and adopt a real gain (one epoch more)
@@ -56,8 +56,8 @@ for i in $(seq 1 "$LAUNCHES"); do
       loaderU) emulate=(--emulate-loader 1=2 --gpu-normalize); epochs=$EPOCHS ;;
       skewU) emulate=(--emulate-slowdown 1=3 --gpu-normalize); epochs=$EPOCHS ;;
       loaderNP) emulate=(--emulate-loader 1=2 --no-pin-memory); epochs=$EPOCHS ;;
-      loaderDP) emulate=(--emulate-loader 1=2 --dataloader-pin-memory); epochs=$EPOCHS ;;
-      loaderP1) emulate=(--emulate-loader 1=2); epochs=$EPOCHS; pin_threads=1 ;;
+      loaderPA) emulate=(--emulate-loader 1=2 --pin-ahead); epochs=$EPOCHS ;;
+      loaderPA1) emulate=(--emulate-loader 1=2 --pin-ahead); epochs=$EPOCHS; pin_threads=1 ;;
       skewNP) emulate=(--emulate-slowdown 1=3 --no-pin-memory); epochs=$EPOCHS ;;
       midrun) emulate=(--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1); epochs=$(( EPOCHS + 1 )) ;;
       *) echo "unknown case $case" >&2; exit 2 ;;

@@ -1,4 +1,11 @@
-"""Pin a DataLoader's batches a bounded number of steps ahead of the training loop.
+"""Pin a DataLoader's batches a bounded number of steps ahead of the training loop (``planner train --pin-ahead``).
+
+Opt-in: it bounds the pinned pool, but on a loader-fed rank it was slower than the DataLoader's own pinning (session
+13, 2x H100, the loader case: a clean epoch at 0.829-0.840 of the prediction by the wall clock, median, against
+0.947 with ``pin_memory=True``; rank 0 waited 24-41 ms a step for data against 3-5; docs/BENCHMARKS.md section 21).
+The likely cause: the DataLoader's pin thread takes batches in the order the workers finish them, so the ones
+finished behind a late batch are already pinned when it arrives; ``PinAhead`` takes them from the DataLoader in
+order and pins each only then, which costs a step's time on a rank whose copy takes about as long as its step.
 
 ``DataLoader(pin_memory=True)`` pins every batch its workers finish, as soon as it arrives: up to ``workers x
 prefetch_factor`` batches wait in pinned memory when the workers run ahead of the GPU.  Each new pinned block is a

@@ -67,18 +67,38 @@ def test_make_loader_applies_it(monkeypatch) -> None:  # type: ignore[no-untyped
     assert sum(len(x) for x, _y in loader) == 32  # and it still loads
 
 
-def test_make_loader_pins_ahead_unless_told_to_let_the_dataloader_pin() -> None:
-    """On CUDA the batches are pinned a few steps ahead (runtime.pinning.PinAhead, the DataLoader itself unpinned);
-    --dataloader-pin-memory hands the pinning back to the DataLoader; --no-pin-memory pins nothing; off CUDA nothing
-    is pinned.  Built, not iterated: a CPU-only torch cannot pin."""
+def test_make_loader_lets_the_dataloader_pin_unless_told_to_pin_ahead() -> None:
+    """On CUDA the DataLoader pins (pin_memory=True, the faster on a loader-fed rank: docs/BENCHMARKS.md section
+    21); --pin-ahead pins a few steps ahead instead (runtime.pinning.PinAhead, the DataLoader itself unpinned);
+    --no-pin-memory pins nothing; off CUDA nothing is pinned.  Built, not iterated: a CPU-only torch cannot pin."""
     workload = build_workload("cifar_cnn", "fake", num_samples=64)
     sampler = [list(range(16))] * 2
     cuda = torch.device("cuda", 0)
-    ahead = make_loader(TrainConfig(model="cifar_cnn"), workload, sampler, 2, cuda)
-    assert ahead.pin_device == cuda and not ahead.loader.pin_memory
-    own = make_loader(TrainConfig(model="cifar_cnn", pin_ahead=False), workload, sampler, 2, cuda)
+    own = make_loader(TrainConfig(model="cifar_cnn"), workload, sampler, 2, cuda)
     assert own.pin_device is None and own.loader.pin_memory
+    ahead = make_loader(TrainConfig(model="cifar_cnn", pin_ahead=True), workload, sampler, 2, cuda)
+    assert ahead.pin_device == cuda and not ahead.loader.pin_memory
     off = make_loader(TrainConfig(model="cifar_cnn", pin_memory=False), workload, sampler, 2, cuda)
     assert off.pin_device is None and not off.loader.pin_memory
     cpu = make_loader(TrainConfig(model="cifar_cnn"), workload, sampler, 2, torch.device("cpu"))
     assert cpu.pin_device is None and not cpu.loader.pin_memory
+
+
+def test_the_command_line_pins_with_the_dataloader_unless_pin_ahead_is_given() -> None:
+    import argparse
+    from types import SimpleNamespace
+
+    import pytest
+
+    from apps.cmd_train import add_arguments, config_from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    env = SimpleNamespace(rank=0, device=torch.device("cpu"), backend="gloo")
+    base = ["--plan", "plan.json", "--model", "cifar_cnn", "--lr", "0.1"]  # (run() fills the default lr in)
+    default = config_from_args(p.parse_args(base), env, {}, {})
+    assert default.pin_memory and not default.pin_ahead
+    ahead = config_from_args(p.parse_args([*base, "--pin-ahead"]), env, {}, {})
+    assert ahead.pin_memory and ahead.pin_ahead
+    with pytest.raises(SystemExit):  # session 12's flag is gone with the default it switched away from
+        p.parse_args([*base, "--dataloader-pin-memory"])
