@@ -90,6 +90,9 @@ class DeviceState:
     cpu_other_cores: float | None = None
     """CPU used on this rank's cores by processes outside this job (not this rank, its workers, or its peer
     ranks), in cores."""
+    cpu_steal_cores: float | None = None
+    """Time the hypervisor took from this rank's cores (a virtual machine's "steal"), in cores: invisible to the
+    processes inside, it slows every CPU-bound part of the job, the loader's workers first."""
     cpu_other_processes: tuple[CpuProcess, ...] | None = None
     """The largest of those, most first."""
 
@@ -134,7 +137,8 @@ class DeviceState:
 _INTS = ("num_samples", "sm_clock_mhz", "sm_clock_max_mhz", "mem_clock_mhz", "mem_clock_max_mhz", "pcie_gen",
          "pcie_gen_max", "pcie_width", "pcie_width_max", "gpu_numa_node", "host_cpus", "mem_available_bytes",
          "mem_total_bytes")
-_NUMS = ("window_s", "power_w", "power_limit_w", "load_avg_1m", "cpu_busy_frac", "cpu_other_cores")
+_NUMS = ("window_s", "power_w", "power_limit_w", "load_avg_1m", "cpu_busy_frac", "cpu_other_cores",
+         "cpu_steal_cores")
 _BOOLS = ("own_pid_by_memory", "mig_mode", "mps")
 _KEYS = tuple(f.name for f in fields(DeviceState))
 

@@ -151,7 +151,7 @@ class DeviceStateSampler:
         self._samples: list[GpuSample] = []
         self._start_window()
 
-    def _start_window(self, cores: list[tuple[float, float]] | None = None,
+    def _start_window(self, cores: list[tuple[float, float, float]] | None = None,
                       procs: dict[int, hoststate.ProcSample] | None = None, job: set[int] | None = None) -> None:
         """A new window; ``cores``/``procs``/``job``: what the last window ended with (saves passes over /proc)."""
         self._samples = []
@@ -238,7 +238,7 @@ class DeviceStateSampler:
         out["gpu_numa_node"] = None if bus is None else hoststate.pci_numa_node(bus)
         return out
 
-    def _host_fields(self, window_s: float, cores_now: list[tuple[float, float]] | None,
+    def _host_fields(self, window_s: float, cores_now: list[tuple[float, float, float]] | None,
                      procs_now: dict[int, hoststate.ProcSample] | None) -> dict[str, Any]:
         out: dict[str, Any] = {}
         cores = hoststate.own_affinity()
@@ -251,6 +251,8 @@ class DeviceStateSampler:
         if cores is not None and window_s >= hoststate.MIN_WINDOW_S:
             busy = hoststate.busy_fraction(self._cores0, cores_now, cores)
             out["cpu_busy_frac"] = None if busy is None else round(busy, 3)
+            stolen = hoststate.steal_cores(self._cores0, cores_now, cores)
+            out["cpu_steal_cores"] = None if stolen is None else round(stolen, 3)
             if self._procs0 is not None and procs_now is not None:
                 out["cpu_other_cores"], out["cpu_other_processes"] = hoststate.other_cpu_use(
                     self._procs0, procs_now, cores, window_s=window_s, window_start=self._wall0,

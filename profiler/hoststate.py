@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,8 +113,10 @@ def memory() -> tuple[int | None, int | None]:
         return None, None
 
 
-def per_core_times() -> list[tuple[float, float]] | None:
-    """(busy seconds, total seconds) per logical core since boot (idle and iowait count as not busy)."""
+def per_core_times() -> list[tuple[float, float, float]] | None:
+    """(busy seconds, total seconds, steal seconds) per logical core since boot (idle and iowait count as not busy;
+    steal, the time a virtual machine's hypervisor ran something else on the core, counts as busy and is given
+    apart; 0 where the OS does not report it)."""
     ps = _psutil()
     if ps is None:
         return None
@@ -123,13 +125,30 @@ def per_core_times() -> list[tuple[float, float]] | None:
         for t in ps.cpu_times(percpu=True):
             total = sum(t)
             idle = t.idle + getattr(t, "iowait", 0.0)
-            out.append((total - idle, total))
+            out.append((total - idle, total, float(getattr(t, "steal", 0.0))))
         return out
     except Exception:
         return None
 
 
-def busy_fraction(before: list[tuple[float, float]] | None, after: list[tuple[float, float]] | None,
+def steal_cores(before: list[tuple[float, float, float]] | None, after: list[tuple[float, float, float]] | None,
+                cores: Iterable[int]) -> float | None:
+    """Cores' worth of time the hypervisor took from these cores between two per_core_times snapshots (each core's
+    stolen share of its elapsed time, summed).  On a shared VM host it is what slows every CPU-bound part of the
+    job -- the loader's workers first -- while nothing inside the VM looks busier (session 13, 2x H100: 0.30-0.36
+    cores stolen in the launches whose workers built 15% slower than profiled, docs/BENCHMARKS.md section 21)."""
+    if before is None or after is None or len(before) != len(after):
+        return None
+    stolen = 0.0
+    for c in cores:
+        if 0 <= c < len(after):
+            total = after[c][1] - before[c][1]
+            if total > 0:
+                stolen += max(0.0, after[c][2] - before[c][2]) / total
+    return stolen
+
+
+def busy_fraction(before: Sequence[tuple[float, ...]] | None, after: Sequence[tuple[float, ...]] | None,
                   cores: Iterable[int]) -> float | None:
     """Mean busy fraction of these cores between two per_core_times snapshots."""
     if before is None or after is None or len(before) != len(after):

@@ -252,13 +252,15 @@ def _cell(s: DeviceState, column: str) -> str | None:
         return None if s.cpu_affinity is None else cores_text(s.cpu_affinity)
     if column == "others' CPU":
         return None if s.cpu_other_cores is None else f"{s.cpu_other_cores:.2f}"
+    if column == "steal":
+        return None if s.cpu_steal_cores is None else f"{s.cpu_steal_cores:.2f}"
     if column == "load":
         return None if s.load_avg_1m is None else f"{s.load_avg_1m:.1f}/{s.host_cpus or '?'}"
     raise KeyError(column)
 
 
 STATE_COLUMNS = ("other GPU procs", "SM MHz", "throttle", "power W", "temp C", "PCIe", "NUMA gpu/cpu", "cores",
-                 "others' CPU", "load")
+                 "others' CPU", "steal", "load")
 
 
 def state_table(states: tuple[DeviceState | None, ...]) -> tuple[list[str], list[list[str]]]:

@@ -21,6 +21,10 @@ HOT_C = 85.0
 HOTTER_C = 15.0
 CPU_OTHER_MIN_CORES = 0.2
 CPU_OTHER_MIN_FRAC = 0.15
+STEAL_MIN_CORES = 0.2
+"""Cores' worth of time taken by a VM's hypervisor (``DeviceState.cpu_steal_cores``) worth naming: session 13's
+slow launches on a 32-vCPU host lost 0.30-0.36 cores to steal while their loaders built ~15% slower than profiled;
+the quiet ones lost 0.01-0.09 (docs/BENCHMARKS.md section 21)."""
 """Other processes count as load on a rank's cores from 0.2 cores or 15% of its cores, whichever is more: a
 one-core hog beside a rank on 64 unpinned cores is no cause, the same hog on its one core halves it."""
 LOW_MEMORY_FRAC = 0.05
@@ -138,6 +142,11 @@ def compare(s: DeviceState, ref: DeviceState | None, *, ref_name: str, is_cpu: b
     if s.cpu_other_cores is not None and s.cpu_other_cores >= load_min:
         add("cpu-load", _cpu_procs(s),
             r.cpu_other_cores is None or s.cpu_other_cores >= (r.cpu_other_cores or 0) + load_min)
+    if s.cpu_steal_cores is not None and s.cpu_steal_cores >= STEAL_MIN_CORES:
+        ref_steal = f" vs {r.cpu_steal_cores:.2f} on {ref_name}" if r.cpu_steal_cores is not None else ""
+        add("steal", f"the hypervisor took {s.cpu_steal_cores:.2f} core(s) from its cores (steal{ref_steal}): a "
+                     "busy VM host, which slows the loader's workers first",
+            r.cpu_steal_cores is None or s.cpu_steal_cores >= r.cpu_steal_cores + STEAL_MIN_CORES)
     if is_cpu and shared_cores:
         listed = ", ".join(f"rank {q} (cores {cores_text(c)})" for q, c in shared_cores)
         add("cpu-overlap", f"its cores overlap those of {listed}", len(shared_cores) > ref_shared)
@@ -167,4 +176,6 @@ def checked(s: DeviceState, kinds: set[str]) -> list[str]:
         out.append(f"SM clock {'at max' if at_max else 'at'} {s.sm_clock_mhz} of {s.sm_clock_max_mhz} MHz")
     if "cpu-load" not in kinds and s.cpu_other_cores is not None:
         out.append(f"other processes used {s.cpu_other_cores:.2f} core(s) on its cores")
+    if "steal" not in kinds and s.cpu_steal_cores is not None:
+        out.append(f"steal {s.cpu_steal_cores:.2f} core(s)")
     return out

@@ -167,7 +167,7 @@ FULL = DeviceState(window_s=12.5, num_samples=9, other_processes=(GpuProcess(pid
                    pcie_gen=4, pcie_gen_max=5, pcie_width=16, pcie_width_max=16, mig_mode=False, mps=False,
                    compute_mode="default", gpu_numa_node=1, cpu_affinity=(0, 1, 2, 3), numa_nodes=(0,), host_cpus=64,
                    load_avg_1m=3.5, mem_available_bytes=100 * GIB, mem_total_bytes=512 * GIB, cpu_busy_frac=0.4,
-                   cpu_other_cores=1.2, cpu_other_processes=(CpuProcess(pid=99, cpu_cores=1.0, name="gzip"),))
+                   cpu_other_cores=1.2, cpu_steal_cores=0.3, cpu_other_processes=(CpuProcess(pid=99, cpu_cores=1.0, name="gzip"),))
 
 
 def _validator(name: str) -> jsonschema.protocols.Validator:
@@ -223,3 +223,18 @@ def test_epoch_records_carry_each_ranks_state(tmp_path: Path) -> None:
     assert "device_state" not in lines[1]  # nothing sampled, nothing written: old readers see old lines
     got = read_run_log(path)
     assert got.epochs[0].device_state == (None, FULL) and got.epochs[1].device_state == ()
+
+
+def test_a_window_long_enough_for_the_cores_busy_share_also_gives_their_steal() -> None:
+    import time
+
+    from profiler import hoststate
+
+    s = DeviceStateSampler("cpu")
+    time.sleep(hoststate.MIN_WINDOW_S + 0.05)
+    state = s.collect()
+    s.close()
+    if state.cpu_busy_frac is None:
+        pytest.skip("no per-core times here (psutil or affinity missing)")
+    assert state.cpu_steal_cores is not None and 0.0 <= state.cpu_steal_cores <= len(state.cpu_affinity or ())
+    assert DeviceState.from_dict(state.to_dict()) == state  # and it survives the JSON round trip

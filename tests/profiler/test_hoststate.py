@@ -74,6 +74,24 @@ def test_busy_fraction_of_our_cores() -> None:
     assert hoststate.busy_fraction(None, after, [0]) is None
 
 
+def test_steal_is_each_cores_stolen_share_of_its_time_summed() -> None:
+    # core 0: 1 s of 2 stolen; core 1: none; core 2: 0.5 s of 2 -- a VM's hypervisor running another guest
+    before = [(0.0, 0.0, 0.0), (0.0, 0.0, 0.0), (0.0, 0.0, 0.0)]
+    after = [(2.0, 2.0, 1.0), (1.0, 2.0, 0.0), (1.5, 2.0, 0.5)]
+    assert hoststate.steal_cores(before, after, [0, 1, 2]) == pytest.approx(0.75)
+    assert hoststate.steal_cores(before, after, [1]) == 0.0
+    assert hoststate.steal_cores(None, after, [0]) is None and hoststate.steal_cores(before, after[:2], [0]) is None
+
+
+def test_this_hosts_own_counters_give_a_steal_reading() -> None:
+    now = hoststate.per_core_times()
+    if now is None:
+        pytest.skip("psutil cannot read this host's per-core times")
+    assert all(len(c) == 3 and c[2] >= 0 for c in now)
+    stolen = hoststate.steal_cores(now, hoststate.per_core_times(), range(len(now)))
+    assert stolen is not None and 0.0 <= stolen <= len(now)
+
+
 def test_the_job_is_this_process_and_under_torchrun_its_peers() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:

@@ -98,6 +98,8 @@ def test_throttling_and_a_low_clock_are_causes_with_their_numbers() -> None:
     ({"mig_mode": True}, "mig", "MIG mode on: the rank runs on a slice of the GPU"),
     ({"gpu_numa_node": 1, "numa_nodes": (0,)}, "numa", "its GPU is on NUMA node 1, the process on node(s) 0"),
     ({"load_avg_1m": 70.0, "host_cpus": 64}, "host-load", "host load average 70.0 on 64 CPUs"),
+    ({"cpu_steal_cores": 0.36}, "steal", "the hypervisor took 0.36 core(s) from its cores (steal): a busy VM host, "
+                                         "which slows the loader's workers first"),
 ])
 def test_each_device_and_host_fact_can_be_the_cause(changes: dict, kind: str, text: str) -> None:
     (slow,) = causes(profile(rank(0, 0.0005, CLEAN), rank(1, 0.001, replace(CLEAN, **changes)))).slow_ranks
@@ -152,6 +154,8 @@ def test_state_table_keeps_the_columns_some_rank_has() -> None:
     assert headers == ["rank", "other GPU procs", "SM MHz", "throttle", "power W", "temp C"]
     assert rows[1] == ["1", "1 (12.1 GiB)", "1980/1980", "none", "650/700", "60"] and rows[2][1:] == ["-"] * 5
     assert cores_text((0, 1, 2, 3, 8, 10, 11)) == "0-3,8,10-11"
+    headers, rows = state_table((replace(CLEAN, cpu_steal_cores=0.36), CLEAN))
+    assert headers[-1] == "steal" and [r[-1] for r in rows] == ["0.36", "-"]
 
 
 # -- the run log ------------------------------------------------------------------------------------------------
@@ -226,3 +230,12 @@ def test_the_report_of_a_balanced_profile_has_no_cause_section() -> None:
     from reports.html import render_html
 
     assert 'id="causes"' not in render_html(rep, {})
+
+
+def test_steal_both_ranks_share_is_context_and_a_quiet_reading_is_said() -> None:
+    from reports.evidence import checked, compare
+
+    busy_host = replace(CLEAN, cpu_steal_cores=0.36)
+    shared = compare(busy_host, replace(CLEAN, cpu_steal_cores=0.30), ref_name="rank 0", is_cpu=False)
+    assert [(e.kind, e.explains) for e in shared] == [("steal", False)] and "vs 0.30 on rank 0" in shared[0].text
+    assert checked(replace(CLEAN, cpu_steal_cores=0.02), set())[-1] == "steal 0.02 core(s)"
