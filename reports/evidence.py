@@ -21,12 +21,12 @@ HOT_C = 85.0
 HOTTER_C = 15.0
 CPU_OTHER_MIN_CORES = 0.2
 CPU_OTHER_MIN_FRAC = 0.15
+"""Other processes count as load on a rank's cores from 0.2 cores or 15% of its cores, whichever is more: a
+one-core hog beside a rank on 64 unpinned cores is no cause, the same hog on its one core halves it."""
 STEAL_MIN_CORES = 0.2
 """Cores' worth of time taken by a VM's hypervisor (``DeviceState.cpu_steal_cores``) worth naming: session 13's
 slow launches on a 32-vCPU host lost 0.30-0.36 cores to steal while their loaders built ~15% slower than profiled;
 the quiet ones lost 0.01-0.09 (docs/BENCHMARKS.md section 21)."""
-"""Other processes count as load on a rank's cores from 0.2 cores or 15% of its cores, whichever is more: a
-one-core hog beside a rank on 64 unpinned cores is no cause, the same hog on its one core halves it."""
 LOW_MEMORY_FRAC = 0.05
 
 
