@@ -106,6 +106,11 @@ class EpochRecord:
         return any(s.drain_steps and s.drain_steps >= s.num_steps for s in self.ranks)
 
     @property
+    def drain_steps(self) -> int:
+        """Steps of the epoch in its loaders' drain (the most any rank counted; 0 when none)."""
+        return max((s.drain_steps or 0 for s in self.ranks), default=0)
+
+    @property
     def measured_compute_s(self) -> tuple[float, ...]:
         return tuple(s.compute_s for s in self.ranks)
 
@@ -257,6 +262,19 @@ class RunLog:
     refuses that); only the last run's records are read."""
     dataset_size: int | None = None
     """Samples per epoch, from the start record (None for logs written before it was recorded)."""
+
+    def steady_epoch(self) -> EpochRecord | None:
+        """The last epoch that measured its plan at the loaders' steady pace: none of its steps in the run's final
+        drain (batches built before, at the GPUs' pace) and not the first epoch of its plan (epoch 0 or a re-plan's
+        first, which fill the loaders from nothing), when the log has one; else the last epoch.  What a per-rank
+        prediction check reads (session 13, 2x H100: epoch 3, 112 of its 120 steps in the drain, put rank 1 at
+        -14 to -18% where epoch 2 had it within 5%)."""
+        if not self.epochs:
+            return None
+        firsts = {e.epoch for i, e in enumerate(self.epochs)
+                  if i == 0 or e.plan_fingerprint != self.epochs[i - 1].plan_fingerprint}
+        steady = [e for e in self.epochs if not e.drain_steps and e.epoch not in firsts]
+        return steady[-1] if steady else self.epochs[-1]
 
 
 def _num(d: Mapping[str, Any], key: str, where: str) -> float | None:

@@ -40,8 +40,8 @@ def format_summary(rep: Report) -> str:
             [(w.label, fmt_rate(w.samples_per_s) if w.feasible else "infeasible",
               f"{100 * w.delta_frac:+.1f}%" if w.feasible else "-") for w in rep.what_ifs],
         ))
-    if rep.log is not None and rep.log.epochs:
-        last = rep.log.epochs[-1]
+    last = rep.log.steady_epoch() if rep.log is not None else None
+    if rep.log is not None and last is not None:
         measured = last.measured_busy_s
         periods = [float("nan") if s.loader_period_s is None else s.loader_period_s for s in last.ranks]
         rows = [(i, _ms(p), _ms(measured[i]) if i < len(measured) else "-",
@@ -50,7 +50,11 @@ def format_summary(rep: Report) -> str:
                  _ms(periods[i]) if i < len(periods) else "-")
                 for i, p in enumerate(last.predicted_step_time_s)]
         if rows:
-            out.append(f"Run log, epoch {last.epoch} (busy = compute + data wait; the whole step where "
+            final = rep.log.epochs[-1]
+            why = "" if last is final else (f"the last steady one: epoch {final.epoch} has {final.drain_steps} "
+                                            "steps in the loaders' final drain; " if final.drain_steps else
+                                            "the last steady one; ")
+            out.append(f"Run log, epoch {last.epoch} ({why}busy = compute + data wait; the whole step where "
                        "the loader paced the rank; never below the loader's own time, its workers' build time "
                        "per step over the workers, up to the step):\n"
                        + table(["rank", "predicted ms", "measured ms", "error", "loader ms"], rows))

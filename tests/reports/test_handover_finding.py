@@ -101,3 +101,32 @@ def test_steal_in_the_log_is_named_as_the_workers_cause() -> None:
                                                  for s in e.device_state)) for e in log.epochs)
     (miss,) = [x for x in log_findings(replace(log, epochs=epochs), plan, profile, None) if x.startswith("Prediction")]
     assert "the hypervisor took 0.36 core(s) from its cores (steal): a busy VM host, not this job" in miss
+
+
+def test_the_run_log_table_reads_the_last_steady_epoch_not_the_drain() -> None:
+    """Session 13 call 2, first launch (2x H100, 4 streamed epochs of 120 steps): epoch 3 holds 112 steps of the
+    loaders' final drain, where rank 1's 2-worker loader no longer paces it (-14 to -18% in such epochs).  The
+    per-rank table reads epoch 2, and says why."""
+    from reports.analysis import analyze, options_for
+    from reports.summary import format_summary
+
+    tag = RESULTS / "h100x2_train_auto_replan_s13b_loaderDP_r1"
+    profile, plan = _inputs(tag)
+    log = read_run_log(f"{tag}_run.jsonl")
+    assert [e.drain_steps for e in log.epochs] == [0, 0, 0, 112]
+    steady = log.steady_epoch()
+    assert steady is not None and steady.epoch == 2
+    out = format_summary(analyze(profile, plan, options_for(plan), log=log))
+    table = out[out.index("Run log, epoch 2 (the last steady one: epoch 3 has 112 steps in the loaders' final drain"):]
+    rows = [line.split() for line in table.splitlines()[3:5]]
+    assert [r[3] for r in rows] == ["+4.4%", "-2.1%"]
+
+
+def test_a_re_plans_first_epoch_is_no_steady_reading_either() -> None:
+    """Session 13 call 3's last launch: adopted [469, 43] -> [475, 37] after epoch 1; epoch 2 refilled the new
+    plan's stream and epoch 3 drained, so the last steady epoch is epoch 1, of the start plan."""
+    log = read_run_log(f"{RESULTS / 'h100x2_train_auto_replan_s13c_loaderDP_r2'}_run.jsonl")
+    steady = log.steady_epoch()
+    assert steady is not None and steady.epoch == 1 and steady.batch_sizes == (469, 43)
+    one = replace(log, epochs=log.epochs[:1])
+    assert one.steady_epoch() is one.epochs[0]  # nothing steady: the last epoch, as before
