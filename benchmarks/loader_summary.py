@@ -74,7 +74,11 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
     steady = [x for x in epochs if x["epoch"] >= STEADY_FROM_EPOCH and not x["drain"]]
     ratios = [x["ratio"] for x in steady if x["ratio"] is not None]
     inputs = [x["inputs_model_error"] for x in epochs if x["epoch"] >= 1 and x["inputs_model_error"] is not None]
-    per_rank = list(zip(*[x["rank_errors"] for x in steady], strict=False)) if steady else []
+    # per-rank errors over the clean steady epochs when there are some (no drain step: there a loader-paced rank
+    # runs at the GPUs' pace, session 13: rank 1 at -14 to -18% in a 112-of-120-step drain epoch), else all steady
+    clean = [x for x in steady if not x["drain_steps"] and not x["fill_steps"] and not x["refill"]]
+    judged = clean or steady
+    per_rank = list(zip(*[x["rank_errors"] for x in judged], strict=False)) if judged else []
     rank_err = [statistics.median(abs(v) for v in errs if v is not None) for errs in per_rank
                 if any(v is not None for v in errs)]
     adopted = [r for r in log.replans if r.adopted and not r.reverted]
@@ -96,6 +100,7 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
         "inputs_model_errors": inputs,
         "steady_rank_error_max": max(rank_err) if rank_err else None,
         "steady_rank_errors": rank_err,
+        "rank_error_epochs": [x["epoch"] for x in judged],
         "first_adoption_epoch": adopted[0].epoch if adopted else None,
         "first_adoption_gain": adopted[0].predicted_gain if adopted else None,
         "plan_changes": len(adopted),

@@ -104,3 +104,13 @@ def test_the_epoch_that_refills_an_adopted_re_plan_is_not_a_clean_wall_reading(t
     assert [e["refill"] for e in launch["epochs"]] == [False, False, True, False]
     assert launch["epochs"][2]["wall_ratio"] == pytest.approx(0.570, abs=0.001)
     assert launch["plan_changes"] == 1 and launch["clean_wall_ratio_median"] is None
+
+
+def test_per_rank_errors_are_read_over_the_clean_epochs_when_there_are_some(tmp_path: Path) -> None:
+    """Session 13 call 2's first launch (4 streamed epochs of 120 steps): epoch 3 holds 112 steps of drain, where
+    rank 1 reads -14% or so; the per-rank errors come from epoch 2 alone, as the report's table reads them."""
+    shutil.copy(ROOT / "docs" / "results" / "h100x2_train_auto_replan_s13b_loaderDP_r1_run.jsonl",
+                tmp_path / "loaderDP_r1_run.jsonl")
+    launch = _module().summarize(tmp_path)["launches"]["loaderDP_r1"]
+    assert launch["rank_error_epochs"] == [2]
+    assert launch["steady_rank_errors"] == pytest.approx([0.044, 0.021], abs=0.001)
