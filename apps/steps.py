@@ -4,9 +4,11 @@ FSDP2 sharding, and the batches (a DataLoader over the plan's sampler, or synthe
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -234,6 +236,48 @@ def pinned_pool_stats(device: torch.device) -> dict[str, float] | None:
     return {"allocs": float(st.get("num_host_alloc", 0)),
             "alloc_ms": round(float(st.get("host_alloc_time.total", 0)) / 1e3, 3),
             "pool_mb": round(float(st.get("allocated_bytes.current", 0)) / 1e6, 1)}
+
+
+class GcPauses:
+    """Python's garbage collections in this process, timed (``gc.callbacks``), for the step log.
+
+    A collection stops every Python thread of the process -- the training loop and the DataLoader's pin thread --
+    for as long as it runs, and a full (generation 2) one over a big heap takes tens to hundreds of ms.  Session 13
+    (2x H100, the loader case): rank 0 waited 4.5-8.6 ms a step for data in bursts of 60-340 ms that the workers'
+    build times do not explain (benchmarks/loader_queue_sim.py); the step log now says whether a collection ran
+    then.  ``take(t0)``: the pauses of at least ``min_ms`` since the last take, as [ms after ``t0`` (a
+    ``time.perf_counter()`` reading), ms long, generation], and per generation how many collections ran in all."""
+
+    def __init__(self, min_ms: float = 5.0) -> None:
+        self.min_ms = min_ms
+        self._start: float | None = None
+        self._pauses: list[list[float]] = []
+        self._counts = [0, 0, 0]
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            self._start = now
+            return
+        if self._start is None:
+            return
+        gen = int(info.get("generation", 0))
+        self._counts[min(gen, 2)] += 1
+        ms = 1e3 * (now - self._start)
+        if ms >= self.min_ms:
+            self._pauses.append([self._start, round(ms, 3), float(gen)])
+        self._start = None
+
+    def take(self, t0: float) -> dict[str, Any]:
+        pauses = [[round(1e3 * (t - t0), 1), ms, int(g)] for t, ms, g in self._pauses]
+        out = {"collections": list(self._counts), "pauses": pauses}
+        self._pauses, self._counts = [], [0, 0, 0]
+        return out
+
+    def close(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
 
 
 def shm_free_bytes(path: str = "/dev/shm") -> int | None:

@@ -43,6 +43,7 @@ from apps.divergence import DivergenceWatch, divergence_error
 from apps.progress import Progress, no_progress
 from apps.steps import (
     DeviceCopy,
+    GcPauses,
     StreamedEpochs,
     autocast_for,
     channels_last_for,
@@ -106,6 +107,8 @@ class Run:
     loader: Any = None
     trace: IO[str] | None = None
     device_state: DeviceStateSampler | None = None
+    gc_pauses: GcPauses | None = None
+    """Python's garbage collections, timed for the step log (--step-log only)."""
     """Samples this rank's device and host once per epoch end (#17), never per step."""
     start_epoch: int = 0
     start_step: int = 0
@@ -318,7 +321,8 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
                                     peer_data_waits_s=peer_data_waits(run.timer), job_workers=job_workers,
                                     fill_steps=fill, drain_steps=drain)
     if cfg.step_log_path:
-        _write_step_log(cfg.step_log_path, epoch, env.rank, t_start, run.timer.series(), pinned_pool_stats(device))
+        _write_step_log(cfg.step_log_path, epoch, env.rank, t_start, run.timer.series(), pinned_pool_stats(device),
+                        run.gc_pauses.take(t_start) if run.gc_pauses is not None else None)
     first_bad = watch.at_epoch_end(run.model, first_step, step)
     loss_value = float(loss_sum.item())
     state = run.device_state.collect().to_dict() if run.device_state is not None else None
@@ -344,16 +348,20 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
 
 
 def _write_step_log(path: str, epoch: int, rank: int, t_start: float, series: dict[str, list[float | None]],
-                    pinned: dict[str, float] | None = None) -> None:
+                    pinned: dict[str, float] | None = None, gc_pauses: dict[str, Any] | None = None) -> None:
     """One JSON line: this rank's steps of the epoch in milliseconds (``--step-log``); ``start_unix`` is when the
     epoch's loop began, to line the steps up with other logs; ``pinned``: the pinned-host pool's counters at the
-    epoch's end (apps.steps.pinned_pool_stats), cumulative since the process started."""
+    epoch's end (apps.steps.pinned_pool_stats), cumulative since the process started; ``gc``: the garbage
+    collections since the last epoch's line (apps.steps.GcPauses: count per generation, and each pause of 5 ms or
+    more as [ms after the loop began, ms long, generation])."""
     start_unix = time.time() - (time.perf_counter() - t_start)
     rec = {"epoch": epoch, "rank": rank, "start_unix": round(start_unix, 3),
            **{k[:-2] + "_ms": [None if v is None else round(1e3 * v, 3) for v in vals]
               for k, vals in series.items()}}
     if pinned is not None:
         rec["pinned"] = pinned
+    if gc_pauses is not None:
+        rec["gc"] = gc_pauses
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(rec) + "\n")
 
@@ -451,6 +459,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     early, late = Slowdown(cfg.slowdown), Slowdown(cfg.slowdown_late or cfg.slowdown)
     run.loader = rank_loader(run)
     run.device_state = DeviceStateSampler(env.device)
+    run.gc_pauses = GcPauses() if cfg.step_log_path else None
     if env.is_main and not cfg.data_on_device:
         steps, workers = total_steps(run), [r.num_workers for r in run.plan.ranks]
         streamed = isinstance(run.loader, StreamedEpochs)
@@ -493,6 +502,8 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     finally:
         run.log.close()
         run.device_state.close()
+        if run.gc_pauses is not None:
+            run.gc_pauses.close()
         if run.trace is not None:
             run.trace.close()
     return results

@@ -102,3 +102,25 @@ def test_the_command_line_pins_with_the_dataloader_unless_pin_ahead_is_given() -
     assert ahead.pin_memory and ahead.pin_ahead
     with pytest.raises(SystemExit):  # session 12's flag is gone with the default it switched away from
         p.parse_args([*base, "--dataloader-pin-memory"])
+
+
+def test_gc_pauses_are_timed_per_generation_and_cleared_when_taken() -> None:
+    import gc
+    import time
+
+    from apps.steps import GcPauses
+
+    watch = GcPauses(min_ms=0.0)
+    try:
+        t0 = time.perf_counter()
+        junk = [[i] for i in range(20000)]  # something for a full collection to walk
+        gc.collect()
+        del junk
+        got = watch.take(t0)
+        assert got["collections"][2] >= 1
+        full = [p for p in got["pauses"] if p[2] == 2]
+        assert full and all(p[0] >= 0 and p[1] >= 0 for p in full)  # ms after t0, ms long
+        assert watch.take(t0)["collections"][2] == 0  # taken: the full collection is not counted again
+    finally:
+        watch.close()
+    assert watch._on_gc not in gc.callbacks

@@ -33,6 +33,8 @@ def test_replan_moves_work_off_a_rank_slowed_mid_run(tmp_path: Path) -> None:
         assert all(len(x[k]) == 12 for x in lines for k in ("data_wait_ms", "compute_ms", "step_time_ms"))
         assert all(v > 0 for x in lines for v in x["step_time_ms"])
         assert all("pinned" not in x for x in lines)  # the pinned-host pool's counters are CUDA's only
+        # the garbage collections of each epoch (apps.steps.GcPauses), per generation and each long pause
+        assert all(len(x["gc"]["collections"]) == 3 and isinstance(x["gc"]["pauses"], list) for x in lines)
     slow = [json.loads(x) for x in (tmp_path / "steps1.jsonl").read_text().splitlines()]
     assert sorted(slow[1]["compute_ms"])[6] > 2 * sorted(slow[0]["compute_ms"])[6]
     # --auto solves with the worker cap it was given, and the plan records it for the Replanner's re-solves
