@@ -9,6 +9,9 @@ the start and one more is sent as the loop takes each batch; one pin thread copi
 order they finish, in ``pin_ms``; the loop takes batch i once it is pinned and then steps for its logged compute
 time.  Its output is the wait per step that those alone cause, beside the wait the rank measured.
 
+With ``gc`` in the step log (``apps.steps.GcPauses``) it also says how much of the long data waits fell in steps
+where a garbage collection began (``waits_in_gc``).
+
 Session 13 (2x H100, the loader case, the DataLoader's pinning): the model gives no wait in any epoch, even with a
 105 ms pin and in the launch whose host lost 0.36 cores to steal (measured 41-43 ms), so the measured waits (4-8 ms
 in quiet launches) are not the workers' rate nor a serial pin: they come from the training process's side of the
@@ -69,6 +72,29 @@ def replay(path: Path, workers: int, prefetch: int, pin_ms: float, skip: int = 5
     return out
 
 
+def waits_in_gc(path: Path, min_wait_ms: float = 20.0) -> list[dict[str, float]]:
+    """Per epoch of a step log with ``gc`` pauses (apps.steps.GcPauses, session 13 on): the data wait of steps of at
+    least ``min_wait_ms`` in all, and the part of it in steps during which a garbage collection of 5 ms or more
+    began (a step's span: the sum of the step times before it, from the loop's start)."""
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        e = json.loads(line)
+        pauses = (e.get("gc") or {}).get("pauses", [])
+        t, total, in_gc = 0.0, 0.0, 0.0
+        for wait, step in zip(e["data_wait_ms"], e["step_time_ms"], strict=False):
+            end = t + (step or 0.0)
+            if wait is not None and wait >= min_wait_ms:
+                total += wait
+                if any(t <= p[0] < end for p in pauses):
+                    in_gc += wait
+            t = end
+        out.append({"epoch": e["epoch"], "long_waits_ms": round(total, 1), "in_gc_ms": round(in_gc, 1),
+                    "gc_pauses": len(pauses), "gc_ms": round(sum(p[1] for p in pauses), 1)})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("step_logs", nargs="+", type=Path)
@@ -77,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pin-ms", default="0,88,105", help="pin thread's ms a batch, a list")
     args = p.parse_args(argv)
     for path in args.step_logs:
+        if any("gc" in json.loads(x) for x in path.read_text().splitlines() if x.strip()):
+            for r in waits_in_gc(path):
+                print(f"{path.name} epoch {r['epoch']:.0f}: waits of 20 ms or more {r['long_waits_ms']:.0f} ms, "
+                      f"{r['in_gc_ms']:.0f} ms of them in steps where a collection began "
+                      f"({r['gc_pauses']:.0f} pauses, {r['gc_ms']:.0f} ms)")
         for pin in (float(v) for v in args.pin_ms.split(",")):
             rows = replay(path, args.workers, args.prefetch, pin)
             print(f"{path.name} pin {pin:g} ms: " + " | ".join(

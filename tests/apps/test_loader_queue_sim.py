@@ -29,3 +29,16 @@ def test_session_13s_quiet_launch_has_no_wait_from_its_workers_or_a_serial_pin()
                                                 workers=28, prefetch=4, pin_ms=105.0)
     assert [r["model_wait_ms"] for r in rows] == [0.0, 0.0, 0.0, 0.0]
     assert [r["measured_wait_ms"] for r in rows][2] == pytest.approx(4.5, abs=0.1)  # what the rank saw
+
+
+def test_long_waits_are_matched_to_the_collections_that_began_in_their_steps(tmp_path: Path) -> None:
+    import json
+
+    log = tmp_path / "steps0.jsonl"
+    epoch = {"epoch": 2, "data_wait_ms": [0.1, 150.0, 0.2, 60.0], "step_time_ms": [100, 250, 100, 160],
+             "gc": {"collections": [40, 3, 1], "pauses": [[120.0, 140.0, 2], [380.0, 6.0, 1]]}}
+    log.write_text(json.dumps(epoch) + "\n")
+    (row,) = benchmark("loader_queue_sim").waits_in_gc(log)
+    # the full collection began at 120 ms, inside step 1 (100-350 ms); the short one in step 2, which did not wait;
+    # step 3 (450-610 ms) waited 60 ms with none
+    assert row == {"epoch": 2, "long_waits_ms": 210.0, "in_gc_ms": 150.0, "gc_pauses": 2, "gc_ms": 146.0}
