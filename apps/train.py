@@ -107,9 +107,9 @@ class Run:
     loader: Any = None
     trace: IO[str] | None = None
     device_state: DeviceStateSampler | None = None
+    """Samples this rank's device and host once per epoch end (#17), never per step."""
     gc_pauses: GcPauses | None = None
     """Python's garbage collections, timed for the step log (--step-log only)."""
-    """Samples this rank's device and host once per epoch end (#17), never per step."""
     start_epoch: int = 0
     start_step: int = 0
     start_plan: Plan | None = None
