@@ -42,11 +42,10 @@ def _plans(log: RunLog) -> dict[str, Plan]:
 def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any]:
     plans = _plans(log)
     epochs: list[dict[str, Any]] = []
-    previous = None
+    # the first epoch of an adopted re-plan starts a new loader stream, whose workers refill from nothing
+    # (apps.steps.StreamedEpochs): like epoch 0's fill, not a steady reading (session 13: 0.570 by the wall)
+    refills = log.plan_starts() - {log.epochs[0].epoch} if log.epochs else set()
     for e in log.epochs:
-        # the first epoch of an adopted re-plan starts a new loader stream, whose workers refill from nothing
-        # (apps.steps.StreamedEpochs): like epoch 0's fill, not a steady reading (session 13: 0.570 by the wall)
-        refill, previous = previous is not None and e.plan_fingerprint != previous, e.plan_fingerprint
         plan = plans.get(e.plan_fingerprint)
         pred = plan.predicted.samples_per_s if plan is not None else None
         errors = [(b - p) / p if p > 0 else None for b, p in zip(e.measured_busy_s, e.predicted_step_time_s,
@@ -62,13 +61,13 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
             "step_time_s": list(e.measured_step_time_s),
             # the epoch start the steady step leaves out (runtime.timing: the loaders' pipeline fill)
             "fill_steps": max((s.fill_steps for s in e.ranks), default=0),
-            "refill": refill,
+            "refill": e.epoch in refills,
             "fill_excess_s": max((s.fill_excess_s for s in e.ranks), default=0.0),
             # wholly in the loaders' drain (a streamed run's last epochs): the GPUs' pace, not the loaders'
             "drain": e.drained,
             # steps of it in the drain: the wall clock counts them (the timer does not), so the wall ratio of an
             # epoch with some is flattered (session 12: 97-102 ms steps in the drain against 108-117 before it)
-            "drain_steps": max((s.drain_steps for s in e.ranks), default=0),
+            "drain_steps": e.drain_steps,
             **_inputs_model(e),
         })
     steady = [x for x in epochs if x["epoch"] >= STEADY_FROM_EPOCH and not x["drain"]]
@@ -95,8 +94,7 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
         # by the wall clock over the steady epochs with no step of fill or drain at all: what a longer run's
         # middle epochs measure (None when every steady epoch holds some, e.g. 3 epochs streamed)
         "clean_wall_ratio_median": statistics.median(c) if (c := [
-            x["wall_ratio"] for x in steady if x["wall_ratio"] is not None and not x["drain_steps"]
-            and not x["fill_steps"] and not x["refill"]]) else None,
+            x["wall_ratio"] for x in clean if x["wall_ratio"] is not None]) else None,
         "inputs_model_errors": inputs,
         "steady_rank_error_max": max(rank_err) if rank_err else None,
         "steady_rank_errors": rank_err,

@@ -271,10 +271,15 @@ class RunLog:
         -14 to -18% where epoch 2 had it within 5%)."""
         if not self.epochs:
             return None
-        firsts = {e.epoch for i, e in enumerate(self.epochs)
-                  if i == 0 or e.plan_fingerprint != self.epochs[i - 1].plan_fingerprint}
+        firsts = self.plan_starts()
         steady = [e for e in self.epochs if not e.drain_steps and e.epoch not in firsts]
         return steady[-1] if steady else self.epochs[-1]
+
+    def plan_starts(self) -> set[int]:
+        """The epochs that begin a plan: the log's first and each whose plan differs from the epoch before (an
+        adopted re-plan's first, which a streamed loader refills from nothing)."""
+        return {e.epoch for i, e in enumerate(self.epochs)
+                if i == 0 or e.plan_fingerprint != self.epochs[i - 1].plan_fingerprint}
 
 
 def _num(d: Mapping[str, Any], key: str, where: str) -> float | None:
