@@ -483,6 +483,7 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
 
     from apps.steps import LOADER_PREFETCH, DeviceCopy, loader_drain_steps
     from profiler.compute import StepRunner
+
     runner = StepRunner(workload, device, amp=opts["amp"], slowdown=slow, channels_last=cl)
     to_device = DeviceCopy(device, runner.channels_last)
     # Timed once the workers' start-up and the batches they build ahead are spent, and over whole cycles of its
@@ -490,12 +491,10 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
     steps, warmup = whole_cycles(max(5, min(int(opts["steps"]), 20)), [workers]), max(3, loader_drain_steps(workers))
     sampler = RandomSampler(workload.dataset, replacement=True, num_samples=(steps + warmup) * b)
     loader = DataLoader(workload.dataset, batch_size=b, sampler=sampler, num_workers=workers,
-                        pin_memory=device.type == "cuda",  # as `planner train` pins by default
-                        prefetch_factor=LOADER_PREFETCH if workers else None)
-    batches = iter(loader)
+                        pin_memory=device.type == "cuda", prefetch_factor=LOADER_PREFETCH if workers else None)
     try:
         t0 = 0.0
-        for i, (x, y) in enumerate(batches):
+        for i, (x, y) in enumerate(loader):
             if i == warmup:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
@@ -505,7 +504,6 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
             torch.cuda.synchronize(device)
         return (time.perf_counter() - t0) / steps
     finally:
-        del batches  # shuts the workers down
         runner.close()
 
 

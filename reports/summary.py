@@ -50,10 +50,10 @@ def format_summary(rep: Report) -> str:
                  _ms(periods[i]) if i < len(periods) else "-")
                 for i, p in enumerate(last.predicted_step_time_s)]
         if rows:
-            final = rep.log.epochs[-1]
-            why = "" if last is final else (f"the last steady one: epoch {final.epoch} has {final.drain_steps} "
-                                            "steps in the loaders' final drain; " if final.drain_steps else
-                                            "the last steady one; ")
+            final, why = rep.log.epochs[-1], ""
+            if last is not final:
+                drained = f": epoch {final.epoch} has {final.drain_steps} steps in the loaders' final drain"
+                why = f"the last steady one{drained if final.drain_steps else ''}; "
             out.append(f"Run log, epoch {last.epoch} ({why}busy = compute + data wait; the whole step where "
                        "the loader paced the rank; never below the loader's own time, its workers' build time "
                        "per step over the workers, up to the step):\n"
