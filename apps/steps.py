@@ -9,7 +9,7 @@ import itertools
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -278,18 +278,6 @@ class GcPauses:
     def close(self) -> None:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
-
-
-def freeze_heap_if_asked(environ: Mapping[str, str] = os.environ) -> bool:
-    """``gc.freeze()`` when ``PLANNER_GC_FREEZE=1``: every object alive once the run is set up (model, optimizer,
-    loader, the imported modules) moves to the collector's permanent generation, so a full collection no longer
-    walks them.  An experiment for the loader case's bursts of data wait (``GcPauses``; ``loader_gpu.sh`` case
-    ``loaderGF``), off by default until measured."""
-    if environ.get("PLANNER_GC_FREEZE") != "1":
-        return False
-    gc.collect()  # what is garbage now is not frozen
-    gc.freeze()
-    return True
 
 
 def shm_free_bytes(path: str = "/dev/shm") -> int | None:

@@ -47,7 +47,6 @@ from apps.steps import (
     StreamedEpochs,
     autocast_for,
     channels_last_for,
-    freeze_heap_if_asked,
     fully_shard_blocks,
     launch_group,
     loader_fill_drain,
@@ -470,7 +469,6 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
                 print(line, file=sys.stderr, flush=True)
     if on_start is not None:
         on_start(run)
-    freeze_heap_if_asked()
     results: list[EpochResult] = []
     done = run.start_epoch  # epochs completed, for an end record written on the way out
     try:

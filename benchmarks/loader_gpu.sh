@@ -12,8 +12,6 @@
 #   loaderPA  the loader case pinned a few batches ahead by the training process (--pin-ahead,
 #           runtime.pinning.PinAhead), against the default, the DataLoader's own pin_memory=True (section 21)
 #   loaderPA1 the same with each batch copied by one thread (PLANNER_PIN_THREADS=1, profile too; default 4)
-#   loaderGF the loader case with the heap frozen once set up (PLANNER_GC_FREEZE=1, apps.steps.freeze_heap_if_asked):
-#           are rank 0's bursts of data wait full garbage collections (the step log's ``gc`` pauses)?
 #   loaderU, skewU  the loader and skew cases handing over uint8 images normalized on the GPU (--gpu-normalize)
 #   midrun  rank 1 turns 3x slower from epoch 1 on (--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1): the
 #           profile and start plan see no skew, so the Replanner must find and adopt a real gain (one epoch more)
@@ -48,7 +46,7 @@ read -r -a extra <<< "${EXTRA:-}"
 t0=$(date +%s)
 for i in $(seq 1 "$LAUNCHES"); do
   for case in $CASES; do
-    pin_threads=${PLANNER_PIN_THREADS:-4}; gc_freeze=${PLANNER_GC_FREEZE:-0}
+    pin_threads=${PLANNER_PIN_THREADS:-4}
     case $case in
       skew) emulate=(--emulate-slowdown 1=3); epochs=$EPOCHS ;;
       loader) emulate=(--emulate-loader 1=2); epochs=$EPOCHS ;;
@@ -60,7 +58,6 @@ for i in $(seq 1 "$LAUNCHES"); do
       loaderNP) emulate=(--emulate-loader 1=2 --no-pin-memory); epochs=$EPOCHS ;;
       loaderPA) emulate=(--emulate-loader 1=2 --pin-ahead); epochs=$EPOCHS ;;
       loaderPA1) emulate=(--emulate-loader 1=2 --pin-ahead); epochs=$EPOCHS; pin_threads=1 ;;
-      loaderGF) emulate=(--emulate-loader 1=2); epochs=$EPOCHS; gc_freeze=1 ;;
       skewNP) emulate=(--emulate-slowdown 1=3 --no-pin-memory); epochs=$EPOCHS ;;
       midrun) emulate=(--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1); epochs=$(( EPOCHS + 1 )) ;;
       *) echo "unknown case $case" >&2; exit 2 ;;
@@ -70,7 +67,7 @@ for i in $(seq 1 "$LAUNCHES"); do
     if [ "$left" -lt "$MIN_LAUNCH_S" ]; then echo "budget spent: $tag and later launches skipped"; break 2; fi
     echo "[$(( $(date +%s) - t0 )) s] $tag: planner train --auto --replan ${emulate[*]}"
     # A launch that hangs must not eat the others' time: 4 minutes each at most, never past the budget.
-    PLANNER_PIN_THREADS=$pin_threads PLANNER_GC_FREEZE=$gc_freeze timeout -k 10 $(( left < 240 ? left : 240 )) "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m planner train --auto \
+    PLANNER_PIN_THREADS=$pin_threads timeout -k 10 $(( left < 240 ? left : 240 )) "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m planner train --auto \
       --global-batch "$GLOBAL_BATCH" --model "$MODEL" $AMP --epochs "$epochs" --num-samples "$NUM_SAMPLES" \
       --replan "${emulate[@]}" "${extra[@]}" --quiet --log-file "$OUT/${tag}_run.jsonl" --plan-out "$OUT/${tag}_plan.json" \
       --step-log "$OUT/${tag}_steps{rank}.jsonl" --profile-out "$OUT/${tag}_profile.json" > "$OUT/${tag}_train.log" 2>&1

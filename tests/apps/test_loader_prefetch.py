@@ -124,17 +124,3 @@ def test_gc_pauses_are_timed_per_generation_and_cleared_when_taken() -> None:
     finally:
         watch.close()
     assert watch._on_gc not in gc.callbacks
-
-
-def test_the_heap_is_frozen_only_when_asked() -> None:
-    import gc
-
-    from apps.steps import freeze_heap_if_asked
-
-    assert not freeze_heap_if_asked({}) and not freeze_heap_if_asked({"PLANNER_GC_FREEZE": "0"})
-    before = gc.get_freeze_count()
-    try:
-        assert freeze_heap_if_asked({"PLANNER_GC_FREEZE": "1"})
-        assert gc.get_freeze_count() > before  # the set-up objects left the generations a collection walks
-    finally:
-        gc.unfreeze()
