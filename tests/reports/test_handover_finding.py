@@ -130,3 +130,26 @@ def test_a_re_plans_first_epoch_is_no_steady_reading_either() -> None:
     assert steady is not None and steady.epoch == 1 and steady.batch_sizes == (469, 43)
     one = replace(log, epochs=log.epochs[:1])
     assert one.steady_epoch() is one.epochs[0]  # nothing steady: the last epoch, as before
+
+
+S14A = RESULTS / "h100x2_train_auto_replan_s14a_loader_r1"
+
+
+def test_a_rank_off_in_the_tables_epoch_is_explained_though_its_splits_median_is_not() -> None:
+    """Session 14 call 1, first launch (2x H100; the host monitor saw 0.52 cores stolen): rank 0 ran +30% in epoch 2,
+    the epoch the per-rank table shows, while its split's median over epochs 1-3 stayed under the 15% a split miss
+    needs.  The table's miss is explained, with the steal the epoch recorded beside the hand-over."""
+    profile, plan = _inputs(S14A)
+    log = read_run_log(f"{S14A}_run.jsonl")
+    found = log_findings(log, plan, profile, None)
+    assert not [x for x in found if x.startswith("Prediction miss:")]  # the split's median is within tolerance
+    (miss,) = [x for x in found if x.startswith("Prediction miss in epoch")]
+    assert miss.startswith("Prediction miss in epoch 2 (the run log's per-rank table): rank 0 was busy 151.6 ms a "
+                           "step against 116.3 ms predicted (+30%)")
+    assert "rank 0 waits 36.6 ms per step for data although its workers build a batch every 116.2 ms" in miss
+    assert "the hypervisor took 0.60 core(s) from its cores meanwhile" in miss
+    # A quiet launch of the same call has every rank within tolerance in its table's epoch: no line.
+    quiet = RESULTS / "h100x2_train_auto_replan_s14a_loader_r2"
+    q_profile, q_plan = _inputs(quiet)
+    assert not [x for x in log_findings(read_run_log(f"{quiet}_run.jsonl"), q_plan, q_profile, None)
+                if x.startswith("Prediction miss")]
