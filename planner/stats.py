@@ -10,6 +10,11 @@ from planner.jsonio import JSONDict, as_int, as_num, as_obj
 LOADER_WAIT_FRAC = 0.10
 """Data wait above this fraction of the step: the rank's loader did not keep up and paced its steps (the rule of
 ``StepStats.busy_s``, the report's run-log table and the Replanner's loader correction)."""
+WORKERS_KEPT_UP = 0.9
+"""Workers whose own period (``StepStats.loader_period_s``) is at most this share of a rank's step kept up with it:
+a data wait beyond ``LOADER_WAIT_FRAC`` is then the hand-over of each built batch to the loop (the pinning thread's
+copy), not the workers -- the report's cause (reports.measured.handover_cause) and the Replanner's correction
+(runtime.replan.model) read it alike."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -25,6 +25,7 @@ from planner.plan import Plan
 from planner.profile import Profile
 from planner.quality import ProfileQuality
 from planner.runlog import EpochRecord, RunLog
+from planner.stats import WORKERS_KEPT_UP
 
 PREDICTION_TOL = 0.15
 """A measured step this far (relative) from the prediction is a finding."""
@@ -143,17 +144,17 @@ def likely_cause(log: RunLog, split: MeasuredSplit, profile: Profile, quality: P
             # the workers themselves fell behind the plan (session 13: 111-129 ms against 107-111 planned while the
             # VM host lost 0.3 cores to steal); whatever the hand-over adds comes after
             cause = _slow_loader(i, period, loader_plan, _steal_cores(log, split, i))
-            if wait > HANDOVER_WAIT * busy and period <= 0.9 * busy:
+            if wait > HANDOVER_WAIT * busy and period <= WORKERS_KEPT_UP * busy:
                 cause += (f"; beyond that it waits {1000 * wait:.1f} ms per step for data, the hand-over of each "
                           "batch to the training loop")
             return cause
-        if period is not None and period >= 0.9 * busy:
+        if period is not None and period >= WORKERS_KEPT_UP * busy:
             return (f"rank {i}'s loader needs {1000 * period:.1f} ms per step (its workers' own build time) against "
                     f"{1000 * pred:.1f} ms predicted for the rank: the loader is "
                     f"{'slower' if period > pred else 'faster'} than profiled (host contention, transforms); train "
                     "with --replan, which takes the measured loader cost, or give it more workers "
                     "(--max-workers-per-rank)")
-        if period is not None and wait > HANDOVER_WAIT * busy and period <= 0.9 * busy:
+        if period is not None and wait > HANDOVER_WAIT * busy and period <= WORKERS_KEPT_UP * busy:
             return handover_cause(i, busy, wait, period, split.batch_sizes[i], profile, _steal_cores(log, split, i))
         if wait > 0.5 * busy:
             return (f"rank {i} waits {1000 * wait:.1f} ms per step for data ({1000 * busy:.1f} ms busy against "

@@ -33,10 +33,24 @@ after the last bucket runs while the workers keep loading -- on 2x H100 that tai
 smoothed the same way and only ever raised by it (a loader that keeps up hides its true cost, so a small wait
 is no evidence that it got faster).  Where the workers timed their own batches (``StepStats.loader_s``,
 runtime.loader_timing) that time is the cost itself, p_i = loader_s_i / b_i, and moves p_i both ways (smoothed
-alike) before the wait rule above may still raise it: their timing misses the main process's share.  The corrected compute points and loader costs form a new ``planner.Profile``
+alike) before the wait rule above may still raise it: their timing misses the main process's share.
+
+Hand-over: when those timed workers kept up (their period at most ``WORKERS_KEPT_UP`` of the step) and the rank
+still waited, the batches reached the loop slower than they were built -- the training process's pinning thread
+copying each one once more.  The wait is then the hand-over's: the rank's hand-over cost per sample (h_i, from
+``planner.loader.handover_costs_s``: sample bytes over the profile's pinning rate) is raised instead of p_i,
+
+    h_i <- max(h_i, (1 - a) * h_i + a * s_i / b_i)      (one batch handed over per step)
+
+Charged to the workers, such a wait made every split look loader-bound (session 14, 2x H100, plan [495, 17]: rank
+0's 29 workers built a batch every 114-120 ms while its 298 MB batches arrived every 143-157 ms; the Replanner
+raised the host's loader cost and predicted 0-4% for moving work to rank 1, where [394, 118] had run 121-124 ms in
+another launch).
+
+The corrected compute points, loader costs and hand-over rates form a new ``planner.Profile``
 (``CorrectionModel.corrected_profile``; a loader p_i times its starting value has its sec_per_sample and its
-measured rates scaled by that factor, ``planner.loader.scaled_loader``): the profile in use stays the one source
-of truth for the solver.
+measured rates scaled by that factor, ``planner.loader.scaled_loader``; a raised h_i sets the rank's
+``handover_bytes_per_s`` to sample_bytes / h_i): the profile in use stays the one source of truth for the solver.
 """
 
 from __future__ import annotations
@@ -46,10 +60,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from planner.curves import Envelope, fit_envelope
-from planner.loader import loader_costs_s, scaled_loader
+from planner.loader import handover_costs_s, loader_costs_s, scaled_loader
 from planner.options import SolveOptions
 from planner.profile import LoaderProfile, Profile
-from planner.stats import StepStats
+from planner.stats import WORKERS_KEPT_UP, StepStats
 
 DEFAULT_SMOOTHING = 0.8
 """EMA weight of the newest epoch.  Chosen from tests/runtime/test_replan.py's two opposing checks, re-run at
@@ -126,6 +140,9 @@ class RankCorrection:
     keep up."""
     observations: tuple[Observation, ...] = ()
     """The latest observation at each of the two most recent batch sizes, oldest first."""
+    handover_s: float = 0.0
+    """Seconds per sample the training process takes to hand a built batch to the loop (0: not measured): the
+    profile's, raised when the workers kept up and the rank still waited for data."""
 
     def updated(self, s: StepStats, envelope: Envelope, *, smoothing: float,
                 loader_wait_frac: float) -> RankCorrection:
@@ -139,17 +156,23 @@ class RankCorrection:
         else:
             others = [o for o in self.observations if o.batch_size != b]
             obs = (*others[-1:], Observation(batch_size=b, ratio=raw))
-        spp = self.loader_sec_per_sample
+        spp, handover = self.loader_sec_per_sample, self.handover_s
         if s.loader_s is not None and s.batch_size > 0 and s.loader_s > 0:
             # Measured in the workers: the cost itself, up or down (runtime.loader_timing).
             spp = (1.0 - a) * spp + a * s.loader_s / s.batch_size
         if s.step_time_s > 0 and s.data_wait_s / s.step_time_s > loader_wait_frac:
-            if s.num_workers > 0:
-                seen = s.step_time_s * s.num_workers / s.batch_size
+            period = s.loader_period_s
+            if handover > 0 and s.num_workers > 0 and period is not None and period <= WORKERS_KEPT_UP * s.step_time_s:
+                # The workers kept up: the hand-over paced the step (module docstring), one batch per step.
+                handover = max(handover, (1.0 - a) * handover + a * s.step_time_s / s.batch_size)
             else:
-                seen = s.data_wait_s / s.batch_size
-            spp = max(spp, (1.0 - a) * spp + a * seen)  # only raised: see the module docstring
-        return RankCorrection(scale=(1.0 - a) * self.scale + a * raw, loader_sec_per_sample=spp, observations=obs)
+                if s.num_workers > 0:
+                    seen = s.step_time_s * s.num_workers / s.batch_size
+                else:
+                    seen = s.data_wait_s / s.batch_size
+                spp = max(spp, (1.0 - a) * spp + a * seen)  # only raised: see the module docstring
+        return RankCorrection(scale=(1.0 - a) * self.scale + a * raw, loader_sec_per_sample=spp, observations=obs,
+                              handover_s=handover)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -174,7 +197,9 @@ class CorrectionModel:
         by_rank = profile.by_rank
         costs = tuple(loader_costs_s(profile, options or SolveOptions(), workers=workers))
         return cls(base=profile, envelopes=tuple(fit_envelope(r.compute) for r in by_rank),
-                   ranks=tuple(RankCorrection(loader_sec_per_sample=c) for c in costs), loader_costs_s=costs)
+                   ranks=tuple(RankCorrection(loader_sec_per_sample=c, handover_s=h)
+                               for c, h in zip(costs, handover_costs_s(profile), strict=True)),
+                   loader_costs_s=costs)
 
     @property
     def world_size(self) -> int:
@@ -222,11 +247,19 @@ class CorrectionModel:
         profile = self.base.with_compute_times(lambda rank, b, t: maps[rank](b, t))
         start = self.loader_costs_s or tuple(_loader_spp(r.loader) for r in self.base.by_rank)
         raised = {i for i, (p0, c) in enumerate(zip(start, self.ranks, strict=True)) if c.loader_sec_per_sample != p0}
-        if not raised:
+        handed = {i for i, (h0, c) in enumerate(zip(handover_costs_s(self.base), self.ranks, strict=True))
+                  if c.handover_s != h0 and c.handover_s > 0}
+        if not raised and not handed:
             return profile
-        ranks = tuple(replace(r, loader=_raised(r.loader, start[r.rank], self.ranks[r.rank].loader_sec_per_sample))
-                      if r.rank in raised else r for r in profile.ranks)
-        return replace(profile, ranks=ranks)
+        ranks = []
+        for r in profile.ranks:
+            loader = r.loader
+            if r.rank in raised:
+                loader = _raised(loader, start[r.rank], self.ranks[r.rank].loader_sec_per_sample)
+            if r.rank in handed and loader is not None and loader.sample_bytes:
+                loader = replace(loader, handover_bytes_per_s=loader.sample_bytes / self.ranks[r.rank].handover_s)
+            ranks.append(r if loader is r.loader else replace(r, loader=loader))
+        return replace(profile, ranks=tuple(ranks))
 
 
 def _loader_spp(loader: LoaderProfile | None) -> float:

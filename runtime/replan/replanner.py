@@ -251,6 +251,7 @@ class Replanner:
             "plan": self._plan.to_dict(),
             "compute_scale": list(self.scale_factors),
             "loader_sec_per_sample": list(self.loader_sec_per_sample),
+            "handover_s_per_sample": [r.handover_s for r in self._model.ranks],
             "last_epoch": self._last_epoch,
             "proposed_direction": None if ps.proposed is None else list(ps.proposed),
             "profile_fingerprint": self._model.base.fingerprint(),
@@ -297,6 +298,10 @@ class Replanner:
         obs = [[(int(b), float(r)) for b, r in o][-2:] for o in raw_obs]
         if not all(b >= 1 and math.isfinite(r) and r > 0 for o in obs for b, r in o):
             raise ValidationError(f"replanner state has invalid observations {obs}")
+        # Optional too (states written before session 14 resume with the profile's hand-over costs).
+        handover = [float(x) for x in state.get("handover_s_per_sample") or [r.handover_s for r in self._model.ranks]]
+        if len(handover) != W or not all(math.isfinite(x) and x >= 0 for x in handover):
+            raise ValidationError(f"replanner state has invalid hand-over costs {handover} for {W} ranks")
         rev = state.get("revert")
         previous = None if rev is None else Plan.from_dict(rev["plan"], path="replanner.revert.plan")
         trial = None if rev is None or previous is None else Trial(
@@ -309,8 +314,8 @@ class Replanner:
         self._plan = plan
         self._model = self._model.with_ranks([
             RankCorrection(scale=f, loader_sec_per_sample=p,
-                           observations=tuple(Observation(batch_size=b, ratio=r) for b, r in o))
-            for f, p, o in zip(scale, spp, obs, strict=True)])
+                           observations=tuple(Observation(batch_size=b, ratio=r) for b, r in o), handover_s=h)
+            for f, p, o, h in zip(scale, spp, obs, handover, strict=True)])
         self._last_epoch = None if last is None else int(last)
         self._policy_state = PolicyState(proposed=None if proposed is None else tuple(int(x) for x in proposed),
                                          trial=trial, rejections=rejections,

@@ -3,6 +3,7 @@ own compute (runtime.timing's peer attribution), the starving rank sheds work at
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,3 +44,47 @@ def test_a_peer_stretched_compute_would_have_hidden_the_gain() -> None:
     plan, stats = _replay(2, own=False)
     d = Replanner(planner.Profile.load(f"{RUN}_profile.json"), plan).decide(stats, epoch=0)
     assert not d.adopted and d.predicted_gain is not None and d.predicted_gain < 0.05
+
+
+S14D = Path(__file__).resolve().parents[2] / "docs" / "results" / "h100x2_train_auto_replan_s14d_skew_r1"
+
+
+def _run_s14d() -> tuple[planner.Profile, planner.Plan, list[list[planner.StepStats]]]:
+    log = read_run_log(f"{S14D}_run.jsonl")
+    assert log.start_plan is not None
+    return planner.Profile.load(f"{S14D}_profile.json"), log.start_plan, [list(e.ranks) for e in log.epochs]
+
+
+def test_a_rank_paced_by_its_hand_over_sheds_work_within_the_run() -> None:
+    """Session 14, call 4 (2x H100, rank 1 emulated 3x slower): the start plan [495, 17] gave rank 0 298 MB batches;
+    its 29 workers built one every 114-120 ms while it stepped every 143-157 ms, waiting 15-30 ms for data (the
+    hand-over).  The Replanner charged that wait to the workers, saw every split loader-bound and proposed 0.1-4.1%
+    for five epochs.  Charged to the hand-over, the move to rank 1 is adopted by epoch 3 (splits with 394-427
+    samples on rank 0 ran 121-129 ms a step in the session's other launches)."""
+    profile, plan, epochs = _run_s14d()
+    rp = Replanner(profile, plan)
+    decisions = []
+    for e, stats in enumerate(epochs[:4]):  # the run's plan never changed, so every epoch is a fair replay
+        decisions.append(rp.decide(stats, epoch=e))
+        if decisions[-1].adopted:
+            break
+    adopted = [d for d in decisions if d.adopted]
+    assert adopted, [d.reason for d in decisions]
+    new = adopted[0].plan
+    assert adopted[0].epoch <= 3 and new.batch_sizes[1] >= 80 and new.ranks[1].num_workers > 1
+    assert adopted[0].predicted_gain is not None and adopted[0].predicted_gain > 0.10
+    # The raised hand-over cost survives a checkpoint: a resumed Replanner models the same profile.
+    state = json.loads(json.dumps(rp.state_dict()))
+    again = Replanner(profile, plan)
+    again.load_state_dict(state)
+    assert again.profile == rp.profile and state["handover_s_per_sample"][0] > 1.5 * state["handover_s_per_sample"][1]
+
+
+def test_a_quiet_loader_run_is_left_as_it_is() -> None:
+    """Session 14's quiet loader-case launch (rank 1 capped at 2 workers, rank 0's data waits 1-4 ms): nothing to
+    move, with or without the hand-over rule."""
+    tag = Path(__file__).resolve().parents[2] / "docs" / "results" / "h100x2_train_auto_replan_s14a_loader_r2"
+    log = read_run_log(f"{tag}_run.jsonl")
+    assert log.start_plan is not None
+    rp = Replanner(planner.Profile.load(f"{tag}_profile.json"), log.start_plan)
+    assert not any(rp.decide(list(e.ranks), epoch=e.epoch).adopted for e in log.epochs)

@@ -126,3 +126,46 @@ def test_the_corrected_profile_changes_only_times_and_loader_costs() -> None:
     assert loader_costs_s(out, SolveOptions())[0] == pytest.approx(m.loader_sec_per_sample[0])
     assert out.rank(1).loader == base.rank(1).loader
     assert [p.step_time_s for p in out.rank(0).compute] == pytest.approx([2 * p.step_time_s for p in capped.compute])
+
+
+def _handed(profile: Profile, bytes_per_s: float = 4e9, sample_bytes: int = 600_000) -> Profile:
+    """``profile`` with every rank's hand-over measured: ``sample_bytes`` a sample pinned at ``bytes_per_s``."""
+    return replace(profile, ranks=tuple(replace(r, loader=replace(r.loader, sample_bytes=sample_bytes,
+                                                                  handover_bytes_per_s=bytes_per_s))
+                                        for r in profile.ranks))
+
+
+def _waited(model: CorrectionModel, *, period_s: float, wait_s: float, b: int = 64) -> CorrectionModel:
+    """One epoch where rank 0 computed on profile, waited ``wait_s`` a step for data, and its 2 workers timed their
+    own batches at ``period_s`` a step (rank 1 as profiled)."""
+    c = model.envelopes[0](b)
+    stats = [StepStats(rank=0, epoch=0, num_steps=50, batch_size=b, num_workers=2, data_wait_s=wait_s, compute_s=c,
+                       step_time_s=c + wait_s, loader_s=2 * period_s),
+             StepStats(rank=1, epoch=0, num_steps=50, batch_size=b, num_workers=2, data_wait_s=0.0,
+                       compute_s=model.envelopes[1](b), step_time_s=c + wait_s, loader_s=0.0256)]
+    return model.updated(stats, smoothing=1.0, loader_wait_frac=0.10)
+
+
+def test_a_wait_while_the_workers_kept_up_raises_the_hand_over_not_the_workers() -> None:
+    """Session 14 (2x H100): rank 0's workers built a batch every 114-120 ms while it stepped every 143-157 ms,
+    waiting for data; charged to the workers, that wait made every split look loader-bound."""
+    m = CorrectionModel.of(_handed(_profile()))
+    assert [r.handover_s for r in m.ranks] == pytest.approx([600_000 / 4e9] * 2)
+    c = m.envelopes[0](64)
+    kept = _waited(m, period_s=0.5 * c, wait_s=c)  # the workers need half the step; the rank waits a whole compute
+    step = 2 * c
+    assert kept.ranks[0].handover_s == pytest.approx(step / 64)  # one batch handed over per step
+    assert kept.ranks[0].loader_sec_per_sample == pytest.approx(2 * 0.5 * c / 64)  # as the workers timed it
+    assert kept.ranks[1] == replace(m.ranks[1], scale=kept.ranks[1].scale, loader_sec_per_sample=0.0004,
+                                    observations=kept.ranks[1].observations)
+    handed = kept.corrected_profile().rank(0).loader
+    assert handed is not None and handed.handover_bytes_per_s == pytest.approx(600_000 * 64 / step)
+    # Only raised, as the loader's cost: a rank that stops waiting shows nothing of the hand-over's rate.
+    assert _waited(kept, period_s=0.5 * c, wait_s=0.0).ranks[0].handover_s == kept.ranks[0].handover_s
+    # Workers that did not keep up are the wait's cause, as before: their cost is raised, the hand-over kept.
+    slow = _waited(m, period_s=0.95 * 2 * c, wait_s=c)
+    assert slow.ranks[0].handover_s == m.ranks[0].handover_s
+    assert slow.ranks[0].loader_sec_per_sample == pytest.approx(2 * c * 2 / 64)
+    # Without a hand-over reading in the profile there is nothing to raise: the workers are charged, as before.
+    plain = _waited(CorrectionModel.of(_profile()), period_s=0.5 * c, wait_s=c)
+    assert plain.ranks[0].handover_s == 0 and plain.ranks[0].loader_sec_per_sample == pytest.approx(2 * c * 2 / 64)
