@@ -6,7 +6,9 @@ Each PREFIX names a launch's ``<prefix>_profile.json`` and ``<prefix>_run.jsonl`
 Replanner starts from the log's start plan and takes each epoch's logged per-rank stats in turn, printing its
 decision, for as long as the log ran the plan the replay holds: once the replay adopts a split the run did not (or
 the run adopted one the replay did not), later epochs measured another split and the replay stops, saying so.  The
-run's last epoch is not replayed (no decision follows it).  A change to the correction model is checked this way
+run's last epoch is not replayed (no decision follows it), nor, as `planner train` does with its streamed loader,
+the epoch that refilled the loaders after an adopted re-plan (``--restarted``: the run restarted its DataLoader
+every epoch, ``--restart-loader-each-epoch``, and judged every epoch).  A change to the correction model is checked this way
 against every recorded launch before it is measured on a GPU (session 14: the hand-over rule of
 runtime/replan/model.py, over sessions 12-14's 24 launches).
 """
@@ -24,30 +26,37 @@ from planner.runlog import read_run_log
 from runtime.replan import Replanner
 
 
-def replay(prefix: str) -> list[str]:
+def replay(prefix: str, *, streamed: bool = True) -> list[str]:
     """One line per replayed epoch (the last says why the replay stopped, when it did)."""
     log = read_run_log(f"{prefix}_run.jsonl")
     if log.start_plan is None:
         return ["no start plan in the log: nothing to replay"]
     rp = Replanner(Profile.load(f"{prefix}_profile.json"), log.start_plan)
-    out = []
+    out, refill = [], False
     for e in log.epochs[:-1]:
         if tuple(e.batch_sizes) != tuple(rp.plan.batch_sizes):
             out.append(f"epoch {e.epoch}: the run measured {list(e.batch_sizes)}, the replay holds "
                        f"{list(rp.plan.batch_sizes)}: stopped")
             break
+        if refill:
+            out.append(f"epoch {e.epoch}: not judged (it refilled the loaders after the re-plan)")
+            refill = False
+            continue
         d = rp.decide(list(e.ranks), epoch=e.epoch)
         out.append(f"epoch {e.epoch}: {'ADOPTED ' if d.adopted else ''}{d.reason}")
+        refill = streamed and d.adopted
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("prefixes", nargs="+", help="a launch's raw-file prefix, e.g. docs/results/h100x2_..._skew_r1")
+    p.add_argument("--restarted", action="store_true",
+                   help="the runs restarted their DataLoader each epoch (--restart-loader-each-epoch)")
     args = p.parse_args(argv)
     for prefix in args.prefixes:
         print(prefix)
-        for line in replay(prefix):
+        for line in replay(prefix, streamed=not args.restarted):
             print("  " + line)
     return 0
 
