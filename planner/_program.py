@@ -277,7 +277,7 @@ def greedy_workers(
     they share in proportion to it, so every rank is fed the same fraction of its compute cap.  Handed out in rank
     order instead, the first ranks took all they needed and the last were starved (session 14, 2x H100, rank 1
     emulated 3x slower: 29 workers and 1, [495, 17] -- rank 0 with its compute, loader and hand-over all at the
-    step; it ran 124-157 ms a step against 121-129 for splits fed [23, 7] or [24, 6])."""
+    step; it ran 124-157 ms a step, splits fed [23, 7] to [25, 5] 121-138 ms in other launches)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         per_worker = np.where(p > 0, T / np.where(p > 0, p, 1.0), np.inf)  # samples one worker feeds in T
         need = np.where(p > 0, np.ceil(np.maximum(compute_cap, 1) / per_worker - 1e-9), 1.0)

@@ -257,7 +257,7 @@ def test_the_session_14_skew_profile_is_no_longer_planned_into_a_corner() -> Non
     """Session 14, call 4 (2x H100, rank 1 emulated 3x slower, one dataset): the host's 30 loader workers set the pace
     whatever the split, and the cores went to rank 0 first -- [495, 17] with 29 workers and 1, which ran 124-157 ms a
     step.  Shared in proportion to need, the same profile plans [393, 119] with [23, 7] at the same predicted step
-    (splits near it ran 121-129 ms in the session's other launches)."""
+    (splits with 394-427 samples on rank 0 ran 121-138 ms in the session's other launches)."""
     profile = Profile.load(RESULTS / "h100x2_train_auto_replan_s14d_skew_r1_profile.json")
     ran = planner.Plan.load(RESULTS / "h100x2_train_auto_replan_s14d_skew_r1_plan.json")
     assert ran.batch_sizes == (495, 17) and [r.num_workers for r in ran.ranks] == [29, 1]
