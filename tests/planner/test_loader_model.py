@@ -264,3 +264,30 @@ def test_the_session_14_skew_profile_is_no_longer_planned_into_a_corner() -> Non
     plan = planner.solve(profile, global_batch=512, options=ran.options)
     assert plan.batch_sizes == (393, 119) and [r.num_workers for r in plan.ranks] == [23, 7]
     assert plan.predicted.step_time_s <= ran.predicted.step_time_s
+
+
+def test_the_workers_handed_out_are_as_many_as_before_only_shared_differently() -> None:
+    """Whatever the ties, every host hands out min(spare cores, what its ranks need) -- the cores feed as many
+    samples as in rank order -- and no rank gets more than it needs or its cap allows (random hosts and costs)."""
+    import numpy as np
+
+    from planner._program import greedy_workers
+
+    rng = np.random.default_rng(2026)
+    for _ in range(500):
+        n, n_hosts = int(rng.integers(1, 12)), int(rng.integers(1, 4))
+        hosts = np.sort(rng.integers(0, n_hosts, n))
+        hosts = np.unique(hosts, return_inverse=True)[1]
+        budgets = rng.integers(n, 3 * n + 8, int(hosts.max()) + 1)  # at least one core per rank
+        p = rng.choice([0.0, 0.005, 0.01, 0.02], n)
+        caps = rng.integers(1, 400, n).astype(float)
+        T, max_w = float(rng.uniform(0.5, 2.0)), rng.integers(1, 40, n)
+        w = greedy_workers(caps, p, hosts, budgets, T, max_w)
+        with np.errstate(divide="ignore"):
+            need = np.where(p > 0, np.ceil(np.maximum(caps, 1) * p / T - 1e-9), 1.0)
+        need = np.minimum(np.maximum(need, 1), np.maximum(max_w, 1)).astype(int)
+        assert np.all(w >= 1) and np.all(w <= need)
+        for h in range(len(budgets)):
+            on = hosts == h
+            spare = int(budgets[h]) - int(on.sum())
+            assert int(w[on].sum()) - int(on.sum()) == min(spare, int((need[on] - 1).sum()))
