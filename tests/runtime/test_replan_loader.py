@@ -80,6 +80,19 @@ def test_a_rank_paced_by_its_hand_over_sheds_work_within_the_run() -> None:
     assert again.profile == rp.profile and state["handover_s_per_sample"][0] > 1.5 * state["handover_s_per_sample"][1]
 
 
+def test_without_the_hand_over_rule_the_run_stayed_in_its_corner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The negative control: with every wait charged to the workers (no rank's workers count as having kept up),
+    the replay decides as the run did -- five epochs of proposals under the threshold, nothing adopted."""
+    import runtime.replan.model as model
+
+    monkeypatch.setattr(model, "WORKERS_KEPT_UP", 0.0)
+    profile, plan, epochs = _run_s14d()
+    rp = Replanner(profile, plan)
+    decisions = [rp.decide(stats, epoch=e) for e, stats in enumerate(epochs[:5])]
+    assert not any(d.adopted for d in decisions)
+    assert all(d.predicted_gain is not None and d.predicted_gain < 0.05 for d in decisions)
+
+
 def test_a_quiet_loader_run_is_left_as_it_is() -> None:
     """Session 14's quiet loader-case launch (rank 1 capped at 2 workers, rank 0's data waits 1-4 ms): nothing to
     move, with or without the hand-over rule."""
