@@ -69,20 +69,27 @@ def measured_splits(log: RunLog, comm_s: float) -> list[MeasuredSplit]:
     for e in log.epochs:
         if e.step_time_s and e.step_time_s > 0 and e.predicted_step_time_s and not e.drained:
             groups.setdefault(tuple(e.batch_sizes), []).append(e)
-    out = []
-    for batches, epochs in groups.items():
-        steady = epochs[1:] if len(epochs) > 1 else epochs
-        step = float(statistics.median(e.step_time_s or 0.0 for e in steady))
-        pred = float(statistics.median(max(e.predicted_step_time_s) for e in steady)) + comm_s
-        out.append(MeasuredSplit(batch_sizes=batches, epochs=tuple(e.epoch for e in steady), step_time_s=step,
-                                 predicted_step_time_s=pred, samples_per_s=sum(batches) / step))
-    return out
+    return [_measured(batches, epochs[1:] if len(epochs) > 1 else epochs, comm_s) for batches, epochs in groups.items()]
+
+
+def _measured(batches: tuple[int, ...], epochs: Sequence[EpochRecord], comm_s: float) -> MeasuredSplit:
+    """The split ``batches`` measured over ``epochs`` (medians; the predicted step takes the plan's exposed
+    communication ``comm_s`` on top of the slowest rank's)."""
+    step = float(statistics.median(e.step_time_s or 0.0 for e in epochs))
+    pred = float(statistics.median(max(e.predicted_step_time_s) for e in epochs)) + comm_s
+    return MeasuredSplit(batch_sizes=batches, epochs=tuple(e.epoch for e in epochs), step_time_s=step,
+                         predicted_step_time_s=pred, samples_per_s=sum(batches) / step)
+
+
+def _split_epochs(log: RunLog, split: MeasuredSplit) -> list[EpochRecord]:
+    """The log's epochs ``split`` is measured over."""
+    return [e for e in log.epochs if e.epoch in split.epochs and tuple(e.batch_sizes) == split.batch_sizes]
 
 
 def _rank_ratios(log: RunLog, split: MeasuredSplit) -> list[tuple[int, float, float, float, float | None]]:
     """(rank, measured busy, predicted busy, measured data wait, loader period or None) per rank, medians over
     the split's epochs (the loader period where its workers timed their batches in every one of them)."""
-    epochs = [e for e in log.epochs if e.epoch in split.epochs and tuple(e.batch_sizes) == split.batch_sizes]
+    epochs = _split_epochs(log, split)
     if not epochs or not all(len(e.ranks) == len(e.predicted_step_time_s) for e in epochs):
         return []
     out = []
@@ -108,8 +115,7 @@ def _planned_loader_s(log: RunLog, batches: tuple[int, ...]) -> list[float | Non
 
 def _steal_cores(log: RunLog, split: MeasuredSplit, rank: int) -> float | None:
     """Median cores the hypervisor took from ``rank``'s cores over the split's epochs (None: never measured)."""
-    epochs = [e for e in log.epochs if e.epoch in split.epochs and tuple(e.batch_sizes) == split.batch_sizes]
-    states = [e.device_state[rank] for e in epochs if rank < len(e.device_state)]
+    states = [e.device_state[rank] for e in _split_epochs(log, split) if rank < len(e.device_state)]
     seen = [s.cpu_steal_cores for s in states if s is not None and s.cpu_steal_cores is not None]
     return float(statistics.median(seen)) if seen else None
 
@@ -284,9 +290,7 @@ def _table_epoch_miss(log: RunLog, comm_s: float, missed: Sequence[MeasuredSplit
     if not off:
         return None
     i, err = max(off, key=lambda x: abs(x[1]))
-    one = MeasuredSplit(batch_sizes=tuple(e.batch_sizes), epochs=(e.epoch,), step_time_s=e.step_time_s,
-                        predicted_step_time_s=max(e.predicted_step_time_s) + comm_s,
-                        samples_per_s=sum(e.batch_sizes) / e.step_time_s)
+    one = _measured(tuple(e.batch_sizes), [e], comm_s)
     return (f"Prediction miss in epoch {e.epoch} (the run log's per-rank table): rank {i} was busy "
             f"{1000 * e.measured_busy_s[i]:.1f} ms a step against {1000 * e.predicted_step_time_s[i]:.1f} ms "
             f"predicted ({err:+.0%}); likely cause: {likely_cause(log, one, profile, quality)}.")
