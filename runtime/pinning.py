@@ -20,7 +20,7 @@ batches ahead of the consumer: the pinned pool holds ``depth`` + 2 batches (the 
 the device copy still reads), its blocks are reused from the first steps on, and the workers' batches wait in
 shared memory instead, as they do without pinning.  The copy into pinned memory (``pin_tree``) is the DataLoader's
 own, with a large tensor split across ``PIN_THREADS`` threads at once (``Tensor.copy_`` releases the GIL; small ones whole);
-the profile times the same copy (``LoaderProfile.handover_bytes_per_s``; the programs hand it ``pin_tree``).  On 2x
+the profile of ``planner train --auto --pin-ahead`` times the same copy (``LoaderProfile.handover_bytes_per_s``).  On 2x
 H200 with a one-thread copy 2 batches ahead rank 0 still waited 33-50 ms a step (2.5 GB/s delivered, section 20);
 hence 4 threads and 4 batches ahead (session 13, section 21).
 
