@@ -13,6 +13,8 @@
 #           runtime.pinning.PinAhead), against the default, the DataLoader's own pin_memory=True (section 21)
 #   loaderPA1 the same with each batch copied by one thread (PLANNER_PIN_THREADS=1, profile too; default 4)
 #   loaderU, skewU  the loader and skew cases handing over uint8 images normalized on the GPU (--gpu-normalize)
+#   skewS, midrunS  the skew and midrun cases emulated with GPU sleeps (PLANNER_EMULATE_MODE=stall, profile too;
+#           workloads.emulate): no extra passes for the CPU to launch, against the default interleave mode's passes
 #   midrun  rank 1 turns 3x slower from epoch 1 on (--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1): the
 #           profile and start plan see no skew, so the Replanner must find and adopt a real gain (one epoch more)
 # Every launch profiles afresh (--auto), so the robust loader profile is checked each time.  Raw files per launch
@@ -46,9 +48,10 @@ read -r -a extra <<< "${EXTRA:-}"
 t0=$(date +%s)
 for i in $(seq 1 "$LAUNCHES"); do
   for case in $CASES; do
-    pin_threads=${PLANNER_PIN_THREADS:-4}
+    pin_threads=${PLANNER_PIN_THREADS:-4}; emulate_mode=${PLANNER_EMULATE_MODE:-}
     case $case in
       skew) emulate=(--emulate-slowdown 1=3); epochs=$EPOCHS ;;
+      skewS) emulate=(--emulate-slowdown 1=3); epochs=$EPOCHS; emulate_mode=stall ;;
       loader) emulate=(--emulate-loader 1=2); epochs=$EPOCHS ;;
       loader16) emulate=(--emulate-loader 1=2 --max-workers-per-rank 16); epochs=$EPOCHS ;;
       loaderR) emulate=(--emulate-loader 1=2 --restart-loader-each-epoch); epochs=$EPOCHS ;;
@@ -60,6 +63,7 @@ for i in $(seq 1 "$LAUNCHES"); do
       loaderPA1) emulate=(--emulate-loader 1=2 --pin-ahead); epochs=$EPOCHS; pin_threads=1 ;;
       skewNP) emulate=(--emulate-slowdown 1=3 --no-pin-memory); epochs=$EPOCHS ;;
       midrun) emulate=(--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1); epochs=$(( EPOCHS + 1 )) ;;
+      midrunS) emulate=(--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1); epochs=$(( EPOCHS + 1 )); emulate_mode=stall ;;
       *) echo "unknown case $case" >&2; exit 2 ;;
     esac
     tag="${case}_r${i}"; rm -f "$OUT/${tag}_run.jsonl" "$OUT/${tag}"_steps*.jsonl
@@ -67,7 +71,7 @@ for i in $(seq 1 "$LAUNCHES"); do
     if [ "$left" -lt "$MIN_LAUNCH_S" ]; then echo "budget spent: $tag and later launches skipped"; break 2; fi
     echo "[$(( $(date +%s) - t0 )) s] $tag: planner train --auto --replan ${emulate[*]}"
     # A launch that hangs must not eat the others' time: 4 minutes each at most, never past the budget.
-    PLANNER_PIN_THREADS=$pin_threads timeout -k 10 $(( left < 240 ? left : 240 )) "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m planner train --auto \
+    PLANNER_EMULATE_MODE=$emulate_mode PLANNER_PIN_THREADS=$pin_threads timeout -k 10 $(( left < 240 ? left : 240 )) "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m planner train --auto \
       --global-batch "$GLOBAL_BATCH" --model "$MODEL" $AMP --epochs "$epochs" --num-samples "$NUM_SAMPLES" \
       --replan "${emulate[@]}" "${extra[@]}" --quiet --log-file "$OUT/${tag}_run.jsonl" --plan-out "$OUT/${tag}_plan.json" \
       --step-log "$OUT/${tag}_steps{rank}.jsonl" --profile-out "$OUT/${tag}_profile.json" > "$OUT/${tag}_train.log" 2>&1

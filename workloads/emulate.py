@@ -32,7 +32,20 @@ Where the extra work goes (``mode``):
     beside the "slow" one; proportional splits, which leave the fast rank slack, hid it).  A real slower card
     spreads its extra time over the whole step, so the emulation, not the cluster, produced most of that cost.
 
-Why repeated work rather than a calibrated stall (sleep): a sleep releases the device and the CPU, so it neither
+  * ``"stall"`` -- no extra passes in the step: GPU-side sleeps (``torch.cuda._sleep``, a kernel that spins for
+    a number of clock cycles on the compute stream) of ``factor - 1`` times the rank's real forward+backward time
+    at this batch shape, the forward's share before the backward and the rest in 8 equal sleeps evenly through it
+    (``place_stalls``).  The real pass's time is measured the first time a batch shape comes (5 passes timed alone
+    with CUDA events, median; ``Slowdown.calibrated``) and the clock's cycles per ms once per device.  Why: the
+    passes of the modes above are launched by the CPU, and in ResNet-50's launch-bound region (rank 1 at 85-120
+    samples, F = 3 on H100) three passes' launches under 30 loader workers' CPU load made the emulated rank's
+    compute swing from 90 to 138 ms (p10-p90) around a 113 ms median (session 14, docs/BENCHMARKS.md section 22):
+    a jitter a slower card does not have, since it launches each kernel once and only runs them longer.  A sleep
+    holds the stream like longer kernels and shows in CUDA-event timing, but does not load the SMs (the kernel is one
+    thread), where a slower card's kernels would.  On a CPU device stall mode runs interleave's passes (no GPU to
+    stall).
+
+Why interleave and block repeat work rather than sleep on the host: a host sleep releases the device and the CPU, so it neither
 loads the GPU like a slower card nor shows up in CUDA-event timing of backward; repeated passes do, scale with
 the batch size like the real step (t(b) -> f * t(b) where t is linear in b), and need no calibration that could
 drift.  A slice pass in the GPU's flat region (tiny batches) costs nearly a full one, so slices over-slow there;
@@ -49,6 +62,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -151,7 +165,7 @@ def parse_rank_ints(text: str | None, *, flag: str = "--emulate-loader") -> dict
     return out
 
 
-MODES = ("interleave", "block")
+MODES = ("interleave", "block", "stall")
 MODE_ENV = "PLANNER_EMULATE_MODE"
 BACKWARD_SHARE = 2.0 / 3.0
 """The backward's share of a forward+backward pass (backward ~ 2 x forward), used to place interleave mode's passes."""
@@ -167,7 +181,25 @@ class SlowdownPlan:
     """Samples in the fractional pass (0: none)."""
     at_backward: tuple[float, ...] = ()
     """Interleave mode, one per pass (full passes first, then the slice): the fraction of the real backward (by
-    parameters, in backward order) reached when the pass runs; 0 = at ``apply``, before the backward."""
+    parameters, in backward order) reached when the pass runs; 0 = at ``apply``, before the backward.  Stall mode:
+    where each stall runs."""
+    stall_shares: tuple[float, ...] = ()
+    """Stall mode, one per entry of ``at_backward``: that stall's length in real passes (they sum to factor - 1)."""
+
+
+STALL_PIECES = 8
+"""Stall mode: the backward's share of the stall is cut into this many equal stalls, evenly through the backward."""
+
+
+def place_stalls(extra: float, pieces: int = STALL_PIECES) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Stall mode's (positions, lengths in real passes) for ``extra`` = factor - 1 passes' worth: a uniformly
+    slower card spends the forward's share of its extra time before the backward (one stall at 0) and the rest
+    evenly through it (``pieces`` stalls at the midpoints u = (k + 1/2) / pieces).  A stall costs no launches, so
+    unlike passes it can be cut as finely as wanted."""
+    if extra <= 0:
+        return (), ()
+    back = extra * BACKWARD_SHARE / pieces
+    return (0.0, *((k + 0.5) / pieces for k in range(pieces))), (extra * (1 - BACKWARD_SHARE), *([back] * pieces))
 
 
 def place_passes(work: list[float]) -> tuple[float, ...]:
@@ -195,9 +227,13 @@ class Slowdown:
     factor: float = 1.0
     """Target step-time multiplier (>= 1)."""
     mode: str = field(default_factory=lambda: os.environ.get(MODE_ENV, "interleave") or "interleave")
-    """``"interleave"`` (extra work spread over forward and backward, like a slower card) or ``"block"``; the
+    """``"interleave"`` (extra work spread over forward and backward, like a slower card), ``"block"`` or
+    ``"stall"`` (GPU sleeps sized from the real pass, spread like a slower card's extra time); the
     default comes from the environment variable ``PLANNER_EMULATE_MODE`` (so every process of a launch -- profile,
     train, bench -- emulates alike), else interleave (block reproduces the numbers published before session 5)."""
+
+    calibrated: dict[Any, float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """Stall mode: the real pass's ms by batch shape and autocast state (``_pass_ms``)."""
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.factor) or self.factor < 1.0:
@@ -210,13 +246,18 @@ class Slowdown:
     def enabled(self) -> bool:
         return self.factor > 1.0
 
-    def plan(self, batch_size: int) -> SlowdownPlan:
+    def plan(self, batch_size: int, device_type: str = "cuda") -> SlowdownPlan:
+        """The work behind the factor at ``batch_size``: passes, or stalls (stall mode on a CUDA device; stall
+        mode elsewhere runs interleave's passes, having no GPU to stall)."""
         extra = self.factor - 1.0
+        if self.mode == "stall" and device_type == "cuda":
+            at, shares = place_stalls(extra)
+            return SlowdownPlan(full_passes=0, slice_samples=0, at_backward=at, stall_shares=shares)
         full = math.floor(extra + 1e-9)
         frac = max(0.0, extra - full)
         piece = min(batch_size, round(frac * batch_size))
         placed: tuple[float, ...] = ()
-        if self.mode == "interleave":
+        if self.mode in ("interleave", "stall"):
             placed = place_passes([1.0] * full + ([piece / batch_size] if piece else []))
         return SlowdownPlan(full_passes=full, slice_samples=piece, at_backward=placed)
 
@@ -232,7 +273,10 @@ class Slowdown:
             return
         # DDP's forward would touch its reducer; the wrapped module never does.
         params = [p for p in inner.parameters() if p.requires_grad]
-        work = self.plan(int(x.shape[0]))
+        work = self.plan(int(x.shape[0]), x.device.type)
+        if work.stall_shares:
+            self._stall(inner, loss_fn, x, y, params, work)
+            return
         passes = [(x, y)] * work.full_passes + ([(x[: work.slice_samples], y[: work.slice_samples])]
                                                  if work.slice_samples > 0 else [])
         at = work.at_backward if params and not _is_sharded(params) else ()  # empty in block mode
@@ -243,6 +287,99 @@ class Slowdown:
         later = [(at[i], xy) for i, xy in enumerate(passes) if at and at[i] > 0.0]
         if later:
             _arm(inner, loss_fn, params, later)
+
+
+    def _stall(self, inner: Any, loss_fn: Callable[..., Any], x: Any, y: Any, params: list[Any],
+               work: SlowdownPlan) -> None:
+        """Stall mode: GPU sleeps of ``work.stall_shares`` real passes each, the first at once and the others
+        from one-shot gradient hooks through the real backward (all at once for sharded parameters)."""
+        import torch
+
+        per_pass = self._pass_ms(inner, loss_fn, x, y, params) * _cycles_per_ms(x.device)
+        cycles = [int(share * per_pass) for share in work.stall_shares]
+        spread = bool(params) and not _is_sharded(params)
+        now = sum(c for u, c in zip(work.at_backward, cycles, strict=True) if u <= 0.0 or not spread)
+        if now > 0:
+            torch.cuda._sleep(now)
+        later = [(u, c) for u, c in zip(work.at_backward, cycles, strict=True) if spread and u > 0.0 and c > 0]
+        if later:
+            _arm_stalls(inner, params, later)
+
+    def _pass_ms(self, inner: Any, loss_fn: Callable[..., Any], x: Any, y: Any, params: list[Any]) -> float:
+        """The real forward+backward's time on this batch shape, in ms: the median of CALIBRATION_PASSES passes,
+        each timed alone with CUDA events after one warm-up pass, measured the first time a shape comes (in the
+        caller's autocast state) and kept."""
+        import torch
+
+        key = calibration_key(x)
+        if key not in self.calibrated:
+            times = []
+            with _frozen_batchnorm(inner):
+                _extra_pass(inner, loss_fn, x, y, params)
+                for _ in range(CALIBRATION_PASSES):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    _extra_pass(inner, loss_fn, x, y, params)
+                    end.record()
+                    end.synchronize()
+                    times.append(start.elapsed_time(end))
+            self.calibrated[key] = statistics.median(times)
+        return self.calibrated[key]
+
+
+def calibration_key(x: Any) -> tuple[Any, ...]:
+    """What a real pass's time depends on besides the model: the batch's shape and dtype, and autocast."""
+    amp_on, amp_dtype = _autocast_state("cuda")
+    return tuple(x.shape), str(x.dtype), amp_on, str(amp_dtype)
+
+
+CALIBRATION_PASSES = 5
+"""Stall mode: real passes timed (after one warm-up) to size the stalls of a new batch shape."""
+_CYCLES_PER_MS: dict[int, float] = {}
+
+
+def _cycles_per_ms(device: Any) -> float:
+    """GPU clock cycles per ms of ``torch.cuda._sleep`` on ``device``: the median of 3 timed sleeps, kept."""
+    import torch
+
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _CYCLES_PER_MS:
+        rates, cycles = [], 20_000_000
+        with torch.cuda.device(idx):
+            for _ in range(3):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                torch.cuda._sleep(cycles)
+                end.record()
+                end.synchronize()
+                rates.append(cycles / start.elapsed_time(end))
+        _CYCLES_PER_MS[idx] = statistics.median(rates)
+    return _CYCLES_PER_MS[idx]
+
+
+def _arm_stalls(inner: Any, params: list[Any], later: list[tuple[float, int]]) -> None:
+    """One-shot hooks: a GPU sleep of the given cycles when the real backward reaches the parameter a fraction u
+    through ``params`` in backward order (on the backward's stream, as a slower card's kernels would take longer
+    there)."""
+    import torch
+
+    n = len(params)
+    groups: dict[int, int] = {}
+    for u, c in later:
+        i = max(0, min(n - 1, round((n - 1) * (1.0 - u))))
+        groups[i] = groups.get(i, 0) + c
+
+    def make_hook(cycles: int) -> Callable[[Any], None]:
+        fired = [False]
+
+        def hook(_grad: Any) -> None:
+            if not fired[0]:  # one-shot
+                fired[0] = True
+                torch.cuda._sleep(cycles)
+
+        return hook
+
+    _ARMED[inner] = [params[i].register_hook(make_hook(c)) for i, c in groups.items()]
 
 
 _ARMED: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()

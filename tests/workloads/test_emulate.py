@@ -220,3 +220,76 @@ def _ddp_worker(rank: int, world_size: int) -> None:
 @pytest.mark.distributed
 def test_slowdown_under_ddp_leaves_the_allreduced_gradient_unchanged() -> None:
     run_distributed(_ddp_worker, 2, timeout_s=60)
+
+
+def test_stall_mode_places_the_extra_time_like_a_uniformly_slower_card() -> None:
+    """Stall mode on a GPU: no passes; factor - 1 real passes' worth of sleeps, a third before the backward (the
+    forward's share) and the rest in 8 equal sleeps at the backward's eighths' midpoints.  On a CPU it runs
+    interleave's passes."""
+    p = Slowdown(3.0, "stall").plan(64, "cuda")
+    assert (p.full_passes, p.slice_samples) == (0, 0)
+    assert p.at_backward == pytest.approx((0.0, *((k + 0.5) / 8 for k in range(8))))
+    assert sum(p.stall_shares) == pytest.approx(2.0)
+    assert p.stall_shares == pytest.approx((2.0 / 3, *[1.0 / 6] * 8))
+    assert Slowdown(1.5, "stall").plan(64, "cuda").stall_shares[0] == pytest.approx(0.5 / 3)
+    assert Slowdown(1.0, "stall").plan(64, "cuda") == SlowdownPlan(full_passes=0, slice_samples=0)
+    assert Slowdown(3.0, "stall").plan(64, "cpu") == Slowdown(3.0, "interleave").plan(64)
+
+
+def test_stall_mode_on_cpu_runs_interleaves_passes_and_leaves_the_step_exact() -> None:
+    net = _net()
+    x, y = torch.randn(6, 3, 8, 8), torch.randint(0, 4, (6,))
+    seen: list[int] = []
+    net.register_forward_hook(lambda m, i, o: seen.append(int(o.shape[0])) if torch.is_grad_enabled() else None)
+    start = {k: v.clone() for k, v in net.state_dict().items()}
+    nn.functional.cross_entropy(net(x), y).backward()
+    ref = [p.grad.clone() for p in net.parameters()]
+    net.load_state_dict(start)
+    net.zero_grad(set_to_none=True)
+    seen.clear()
+    loss = nn.functional.cross_entropy(net(x), y)
+    Slowdown(3.0, "stall").apply(net, nn.functional.cross_entropy, x, y)
+    loss.backward()
+    assert seen == [6, 6, 6]  # the real forward, the pass at apply, the pass inside the backward
+    assert all(torch.equal(a, p.grad) for a, p in zip(ref, net.parameters(), strict=True))
+
+
+def test_stall_mode_sleeps_once_at_apply_and_then_inside_the_real_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU sleeps' placement, on a CPU box: ``torch.cuda._sleep`` is recorded instead of run and the clock and
+    the pass's time are given (the GPU check is ``test_stall_mode_on_a_gpu_takes_factor_times_the_step``)."""
+    import workloads.emulate as emulate
+
+    calls: list[tuple[str, int]] = []
+    phase = ["apply"]
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: calls.append((phase[0], cycles)))
+    monkeypatch.setattr(emulate, "_cycles_per_ms", lambda device: 1000.0)
+    net = _net()
+    x, y = torch.randn(6, 3, 8, 8), torch.randint(0, 4, (6,))
+    slow = Slowdown(3.0, "stall")
+    slow.calibrated[emulate.calibration_key(x)] = 30.0
+    params = [p for p in net.parameters() if p.requires_grad]
+    loss = nn.functional.cross_entropy(net(x), y)
+    slow._stall(net, nn.functional.cross_entropy, x, y, params, slow.plan(6, "cuda"))
+    assert calls == [("apply", 20_000)]  # 2/3 of a pass of 30 ms at 1000 cycles a ms
+    phase[0] = "backward"
+    loss.backward()
+    later = [c for ph, c in calls if ph == "backward"]
+    # 8 sleeps of 5 ms over 6 parameters: merged where two land on one parameter, the total kept.
+    assert len(later) >= 4 and sum(later) == 8 * 5_000
+    calls.clear()
+    net.zero_grad()
+    nn.functional.cross_entropy(net(x), y).backward()
+    assert calls == []  # one-shot
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machines)")
+@pytest.mark.parametrize("factor", [2.0, 3.0])
+def test_stall_mode_on_a_gpu_takes_factor_times_the_step(factor: float) -> None:
+    w = build_workload("resnet18", "fake", image_size=64, num_samples=16)
+    real = StepRunner(w, "cuda")
+    slow = StepRunner(w, "cuda", slowdown=Slowdown(factor, "stall"))
+    for b in (16, 128):
+        real.measure(b, 2, 0)
+        slow.measure(b, 2, 0)
+        ratio = _pair_ratio(real, slow, b, 11)
+        assert ratio == pytest.approx(factor, rel=0.10), (b, ratio)
