@@ -87,6 +87,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, metavar="PATH",
                    help="write all numbers here (while it runs, the runs so far are in PATH.partial.json)")
     p.add_argument("--profile-out", default=None, metavar="PATH", help="also write the profile used")
+    p.add_argument("--step-log", default=None, metavar="PATTERN",
+                   help="each rank's steps of each strategy and round, one JSON line an epoch (planner train's "
+                        "--step-log), to PATTERN with {strategy}, {round} and {rank} filled in, e.g. "
+                        "'steps_{strategy}_{round}_{rank}.jsonl'")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (the results still print)")
 
 
@@ -97,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     from workloads.emulate import parse_rank_floats, parse_rank_gib, parse_rank_ints
 
     # Checked before a single rank starts: a bad --json path found after the benchmark lost all of it.
-    check_outputs([Output(flag="--json", path=args.json), Output(flag="--profile-out", path=args.profile_out)])
+    check_outputs([Output(flag="--json", path=args.json), Output(flag="--profile-out", path=args.profile_out),
+                   Output(flag="--step-log", path=args.step_log and step_log_path(args.step_log, "equal", 1, 0))])
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [s for s in strategies if s not in STRATEGIES]
     if bad:
@@ -244,6 +249,11 @@ def window_drain_steps(plan: Any, near: float = 0.5) -> int:
     return loader_drain_steps(max(bound)) if bound else 1
 
 
+def step_log_path(pattern: str, strategy: str, round_: int, rank: int) -> str:
+    """``--step-log``'s file for one strategy, round (from 1) and rank."""
+    return pattern.replace("{strategy}", strategy).replace("{round}", str(round_)).replace("{rank}", str(rank))
+
+
 def window_steps(plan: Any, steps: int, near: float = 0.5) -> int:
     """Steps in a loader-fed window for this split: ``steps`` rounded up to whole cycles of the workers of the
     ranks ``window_drain_steps`` drains for (runtime.timing.worker_cycle: the least common multiple of their
@@ -357,6 +367,8 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
             prefix = f"round {r + 1}/{rounds}: " if rounds > 1 else ""
             progress.phase(f"{prefix}strategy {name} ({k}/{len(opts['strategies'])}, batches {list(p.batch_sizes)})")
             window = TimedWindow(env.device, open_after[name])
+            if opts.get("step_log"):
+                cfg = replace(cfg, step_log_path=step_log_path(opts["step_log"], name, r + 1, env.rank))
             epochs = train(cfg, env, p, profile, workload, progress=progress, on_start=window.on_start,
                            on_step=window.on_step)
             # The first epoch warms up (allocator, cudnn autotune, workers); plain DDP has no hook to time compute.

@@ -122,7 +122,8 @@ for p in "$@"; do
     sweep) for f in 1.5 2 4; do b2 "resnet50_F${f}_$TAG" --emulate-slowdown "1=$f"; done ;;
     loader)  # about 300 s with its standalone "ideal" part on 2x H100 (session 14: LIMIT=290 cut it before that)
         LIMIT=$(( LIMIT > ${LOADER_LIMIT:-360} ? LIMIT : ${LOADER_LIMIT:-360} )) \
-          b2 resnet50_loader_skew_$TAG --data loader --emulate-loader 1=2 ;;
+          b2 resnet50_loader_skew_$TAG --data loader --emulate-loader 1=2 \
+            --step-log "$WORK/${CARD}x2_resnet50_loader_skew_${TAG}_steps_{strategy}_r{round}_{rank}.jsonl" ;;
     hf) CUDA_VISIBLE_DEVICES=0,1 part hf timeout "$LIMIT" $TR benchmarks/hf_gpu.py --factors "${HF_FACTORS:-2,3}" ${HF_ARGS:-} \
           --json "$WORK/${CARD}x2_hf_trainer_$TAG.json" ;;
     hf-loader)  # the HF Trainer bench (F = 3) on GPUs 2,3 beside the loader-skew bench on GPUs 0,1

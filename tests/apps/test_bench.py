@@ -115,9 +115,16 @@ def test_a_loader_fed_window_opens_once_the_prefetched_batches_are_spent(tmp_pat
     rc = main(["bench", "--device", "cpu", "--nproc", "2", "--model", "mlp", "--quick", "--global-batch", str(B),
                "--steps", str(STEPS), "--strategies", "equal,proportional,plan", "--data", "loader",
                "--emulate-loader", "1=1", "--timeout", "150", "--quiet", "--json", str(out),
-               "--profile-out", str(tmp_path / "profile.json")])
+               "--profile-out", str(tmp_path / "profile.json"),
+               "--step-log", str(tmp_path / "steps_{strategy}_{round}_{rank}.jsonl")])
     assert rc == 0
     res = json.loads(out.read_text())
+    # --step-log: each strategy's one epoch, per rank, as planner train writes it
+    for name in COMPARED:
+        for rank in (0, 1):
+            (line,) = (tmp_path / f"steps_{name}_1_{rank}.jsonl").read_text().splitlines()
+            rec = json.loads(line)
+            assert rec["rank"] == rank and len(rec["compute_ms"]) == res[name]["setup"]["steps_per_epoch"]
     # The loader was measured once on the host (rank 0) and shared; the capped rank keeps its own cap.
     ranks = json.loads((tmp_path / "profile.json").read_text())["ranks"]
     assert [r["meta"]["loader_measured_by_rank"] for r in ranks] == [0, 0]
