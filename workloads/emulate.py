@@ -35,8 +35,11 @@ Where the extra work goes (``mode``):
   * ``"stall"`` -- no extra passes in the step: GPU-side sleeps (``torch.cuda._sleep``, a kernel that spins for
     a number of clock cycles on the compute stream) of ``factor - 1`` times the rank's real forward+backward time
     at this batch shape, the forward's share before the backward and the rest in 8 equal sleeps evenly through it
-    (``place_stalls``).  The real pass's time is measured the first time a batch shape comes (5 passes timed alone
-    with CUDA events, median; ``Slowdown.calibrated``) and the clock's cycles per ms once per device.  Why: the
+    (``place_stalls``).  The real pass's GPU time is measured the first time a batch shape comes (3 passes, each
+    queued behind a GPU sleep so the CPU's launch pace stays out of it, median; ``gpu_pass_ms``), with the clock's
+    cycles per ms.  So the emulated card is a GPU F x slower beside the same CPU: where the step is bound by the
+    CPU's launches (small batches) it is slowed by less than F, as a real slower card would be, and the profile
+    measures that.  Why: the
     passes of the modes above are launched by the CPU, and in ResNet-50's launch-bound region (rank 1 at 85-120
     samples, F = 3 on H100) three passes' launches under 30 loader workers' CPU load made the emulated rank's
     compute swing from 90 to 138 ms (p10-p90) around a 113 ms median (session 14, docs/BENCHMARKS.md section 22):
@@ -306,24 +309,11 @@ class Slowdown:
             _arm_stalls(inner, params, later)
 
     def _pass_ms(self, inner: Any, loss_fn: Callable[..., Any], x: Any, y: Any, params: list[Any]) -> float:
-        """The real forward+backward's time on this batch shape, in ms: the median of CALIBRATION_PASSES passes,
-        each timed alone with CUDA events after one warm-up pass, measured the first time a shape comes (in the
-        caller's autocast state) and kept."""
-        import torch
-
+        """The real forward+backward's GPU time on this batch shape, in ms (``gpu_pass_ms``), measured the first
+        time a shape comes (in the caller's autocast state) and kept."""
         key = calibration_key(x)
         if key not in self.calibrated:
-            times = []
-            with _frozen_batchnorm(inner):
-                _extra_pass(inner, loss_fn, x, y, params)
-                for _ in range(CALIBRATION_PASSES):
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    _extra_pass(inner, loss_fn, x, y, params)
-                    end.record()
-                    end.synchronize()
-                    times.append(start.elapsed_time(end))
-            self.calibrated[key] = statistics.median(times)
+            self.calibrated[key] = gpu_pass_ms(inner, loss_fn, x, y, params)
         return self.calibrated[key]
 
 
@@ -333,17 +323,53 @@ def calibration_key(x: Any) -> tuple[Any, ...]:
     return tuple(x.shape), str(x.dtype), amp_on, str(amp_dtype)
 
 
-CALIBRATION_PASSES = 5
-"""Stall mode: real passes timed (after one warm-up) to size the stalls of a new batch shape."""
+CALIBRATION_PASSES = 3
+"""Stall mode: real passes timed (after one warm-up) to size the stalls of a new batch shape; the median is kept."""
+
+
+def gpu_pass_ms(inner: Any, loss_fn: Callable[..., Any], x: Any, y: Any, params: list[Any],
+                lead_ms: float = 50.0) -> float:
+    """The GPU's own time for one forward+backward of ``inner`` on (x, y), in ms, whatever the CPU's pace: each
+    timed pass is queued behind a GPU sleep of ``lead_ms``, so its kernels are all launched before the GPU reaches
+    them; a pass the GPU reached while the CPU was still launching it (its start event already passed) is timed
+    again behind twice the sleep.  Timing passes launched straight away measured the CPU's launch pace instead: in
+    session 15's first stall-mode launches (2x H100, 30 loader workers starting) one shape measured 3.3x its
+    profiled time and kept it (docs/BENCHMARKS.md section 23)."""
+    import torch
+
+    times: list[float] = []
+    with _frozen_batchnorm(inner):
+        _extra_pass(inner, loss_fn, x, y, params)  # warm-up: allocator, cudnn autotuning, clocks up
+        per_ms = _cycles_per_ms(x.device, fresh=True)
+        for _ in range(CALIBRATION_PASSES + 8):  # at most 8 retries, each with twice the lead
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(int(lead_ms * per_ms))
+            start.record()
+            _extra_pass(inner, loss_fn, x, y, params)
+            end.record()
+            queued = not start.query()  # the GPU was still asleep when the pass's last kernel was launched
+            end.synchronize()
+            if queued:
+                times.append(start.elapsed_time(end))
+                if len(times) == CALIBRATION_PASSES:
+                    break
+            else:
+                lead_ms *= 2
+    if not times:
+        raise RuntimeError(f"stall mode: could not time a pass on the GPU alone ({x.shape}, lead {lead_ms:.0f} ms)")
+    return float(statistics.median(times))
+
+
 _CYCLES_PER_MS: dict[int, float] = {}
 
 
-def _cycles_per_ms(device: Any) -> float:
-    """GPU clock cycles per ms of ``torch.cuda._sleep`` on ``device``: the median of 3 timed sleeps, kept."""
+def _cycles_per_ms(device: Any, fresh: bool = False) -> float:
+    """GPU clock cycles per ms of ``torch.cuda._sleep`` on ``device``: the median of 3 timed sleeps, kept (taken
+    again with ``fresh``: each calibration measures it with the GPU just busy, at its working clock)."""
     import torch
 
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _CYCLES_PER_MS:
+    if fresh or idx not in _CYCLES_PER_MS:
         rates, cycles = [], 20_000_000
         with torch.cuda.device(idx):
             for _ in range(3):
