@@ -284,17 +284,29 @@ def test_stall_mode_sleeps_once_at_apply_and_then_inside_the_real_backward(monke
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machines)")
 @pytest.mark.parametrize("factor", [2.0, 3.0])
-def test_stall_mode_on_a_gpu_takes_factor_times_a_gpu_bound_step(factor: float) -> None:
-    """Where the GPU, not the CPU's launches, sets the step (ResNet-18 at 224 px, 64 and 128 samples), stall mode
-    makes it factor x the real one."""
+def test_stall_mode_on_a_gpu_adds_factor_minus_one_passes_of_gpu_time(factor: float) -> None:
+    """Stall mode's contract: each step takes (factor - 1) x the real pass's GPU time longer (ResNet-18 at 224 px,
+    64 and 128 samples).  The whole step's ratio is below factor by the step's time outside the pass's kernels
+    (launch gaps, the optimizer), as on a card whose kernels alone are slower; the profile measures that ratio."""
     w = build_workload("resnet18", "fake", image_size=224, num_samples=16)
     real = StepRunner(w, "cuda")
     slow = StepRunner(w, "cuda", slowdown=Slowdown(factor, "stall"))
     for b in (64, 128):
         real.measure(b, 2, 0)
         slow.measure(b, 2, 0)
-        ratio = _pair_ratio(real, slow, b, 7)
-        assert ratio == pytest.approx(factor, rel=0.10), (b, ratio)
+        added, ratios = [], []
+        for _ in range(7):
+            a = real.measure(b, 0, 1).times_s[0]
+            s = slow.measure(b, 0, 1).times_s[0]
+            a2 = real.measure(b, 0, 1).times_s[0]
+            added.append(s - (a + a2) / 2)
+            ratios.append(s / ((a + a2) / 2))
+        (pass_ms,) = [ms for key, ms in slow.slowdown.calibrated.items() if key[0][0] == b]  # key: shape first
+        want = (factor - 1) * pass_ms / 1e3
+        print(f"F={factor} b={b}: pass {pass_ms:.1f} ms, added {1e3 * statistics.median(added):.1f} ms "
+              f"(want {1e3 * want:.1f}), step ratio {statistics.median(ratios):.2f}")
+        assert statistics.median(added) == pytest.approx(want, rel=0.10), (b, added, want)
+        assert 1 + 0.5 * (factor - 1) < statistics.median(ratios) <= factor * 1.05, (b, ratios)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machines)")
