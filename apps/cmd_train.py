@@ -114,6 +114,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "pin_memory=True (the default: it pins every batch as its worker finishes, and the pool "
                         "grows with the batches the workers build ahead); slower on a loader-fed rank "
                         "(docs/BENCHMARKS.md section 21)")
+    t.add_argument("--loader-nice", type=count(0, 19), default=0, metavar="N",
+                   help="raise each DataLoader worker's nice value by N (0-19, default 0: unchanged), so the "
+                        "training process gets a busy host's cores before its workers do; not measured to help yet")
     t.add_argument("--restart-loader-each-epoch", action="store_true",
                    help="start the DataLoader afresh each epoch, as `for batch in loader` does; by default its "
                         "workers run on into the next epoch while the plan holds, so an epoch after the first does "
@@ -285,6 +288,7 @@ def config_from_args(args: argparse.Namespace, env: Any, slowdowns: dict[int, fl
         resume=args.resume, resume_changes=resume_changes, weighting=args.weighting.replace("-", "_"),
         trace_path=args.trace_file.replace("{rank}", str(env.rank)) if args.trace_file else None,
         restart_loader_each_epoch=args.restart_loader_each_epoch, pin_memory=args.pin_memory, pin_ahead=args.pin_ahead,
+        loader_nice=args.loader_nice,
         gpu_normalize=args.gpu_normalize,
         step_log_path=args.step_log.replace("{rank}", str(env.rank)) if args.step_log else None,
         mixed_devices=env.device.type == "cuda" and env.backend == "gloo",

@@ -4,6 +4,7 @@ FSDP2 sharding, and the batches (a DataLoader over the plan's sampler, or synthe
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import os
@@ -343,7 +344,13 @@ def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_wo
         pin_memory=pin and not cfg.pin_ahead,
         persistent_workers=num_workers > 0,
         prefetch_factor=prefetch if num_workers > 0 else None,
+        worker_init_fn=functools.partial(nice_worker, cfg.loader_nice) if cfg.loader_nice > 0 else None,
     ), on_batch=on_batch, pin_device=device if pin and cfg.pin_ahead else None)
+
+
+def nice_worker(increment: int, _worker_id: int) -> None:
+    """A DataLoader ``worker_init_fn``: lower this worker's CPU priority by ``increment`` (``--loader-nice``)."""
+    os.nice(increment)
 
 
 class StreamedEpochs:

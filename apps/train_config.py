@@ -75,6 +75,11 @@ class TrainConfig:
     ahead, 2 launches), rank 0 waiting 24-41 ms a step for data against 3-5 (docs/BENCHMARKS.md section 21).  The
     likely cause: the DataLoader's thread pins batches in the order workers finish them, so those finished behind
     a late one are pinned by the time it arrives; ``PinAhead`` takes them in order and pins each only then."""
+    loader_nice: int = 0
+    """Raise each loader worker's nice value by this much (``os.nice`` in the worker; 0: leave it), so the
+    training process's threads get a busy host's cores first (``--loader-nice``).  Not measured yet (session 15
+    found rank 0's compute spiking 20-50 ms in 17-41 of 115 steps an epoch while its 23 workers kept the host busy,
+    and not once in the drain epoch, when they idled: docs/BENCHMARKS.md section 23)."""
     gpu_normalize: bool = False
     """The built-in image datasets hand over uint8 images, normalized on the device (Workload.normalize): a
     quarter of the bytes through shared memory, the pin thread and the host-to-device copy."""

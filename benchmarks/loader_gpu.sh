@@ -15,6 +15,9 @@
 #   loaderU, skewU  the loader and skew cases handing over uint8 images normalized on the GPU (--gpu-normalize)
 #   skewS, midrunS  the skew and midrun cases emulated with GPU sleeps (PLANNER_EMULATE_MODE=stall, profile too;
 #           workloads.emulate): no extra passes for the CPU to launch, against the default interleave mode's passes
+#   skewSN, loaderN  skewS and loader with every loader worker at nice 10 (--loader-nice 10), so the training
+#           processes get the busy host's cores first (session 15: rank 0's compute spiked in 15-35% of its steps
+#           while its workers kept the host busy, and not in the drain epoch)
 #   midrun  rank 1 turns 3x slower from epoch 1 on (--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1): the
 #           profile and start plan see no skew, so the Replanner must find and adopt a real gain (one epoch more)
 # Every launch profiles afresh (--auto), so the robust loader profile is checked each time.  Raw files per launch
@@ -52,6 +55,8 @@ for i in $(seq 1 "$LAUNCHES"); do
     case $case in
       skew) emulate=(--emulate-slowdown 1=3); epochs=$EPOCHS ;;
       skewS) emulate=(--emulate-slowdown 1=3); epochs=$EPOCHS; emulate_mode=stall ;;
+      skewSN) emulate=(--emulate-slowdown 1=3 --loader-nice 10); epochs=$EPOCHS; emulate_mode=stall ;;
+      loaderN) emulate=(--emulate-loader 1=2 --loader-nice 10); epochs=$EPOCHS ;;
       loader) emulate=(--emulate-loader 1=2); epochs=$EPOCHS ;;
       loader16) emulate=(--emulate-loader 1=2 --max-workers-per-rank 16); epochs=$EPOCHS ;;
       loaderR) emulate=(--emulate-loader 1=2 --restart-loader-each-epoch); epochs=$EPOCHS ;;

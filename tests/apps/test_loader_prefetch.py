@@ -124,3 +124,30 @@ def test_gc_pauses_are_timed_per_generation_and_cleared_when_taken() -> None:
     finally:
         watch.close()
     assert watch._on_gc not in gc.callbacks
+
+
+class _Niceness(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Each sample is the nice value of the process that built it."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        import os
+
+        return torch.tensor(os.nice(0))
+
+
+def test_loader_nice_lowers_only_the_workers_priority() -> None:
+    """--loader-nice N: each DataLoader worker raises its own nice value by N (apps.steps.nice_worker); the
+    training process keeps its own."""
+    import os
+    from types import SimpleNamespace
+
+    base = os.nice(0)
+    sampler = [[0, 1], [2, 3], [4, 5]]
+    for nice, want in ((0, base), (5, min(19, base + 5))):
+        loader = make_loader(TrainConfig(model="cifar_cnn", loader_nice=nice), SimpleNamespace(dataset=_Niceness()),
+                             sampler, 2, torch.device("cpu"))
+        assert [int(v) for batch in loader for v in batch] == [want] * 6
+    assert os.nice(0) == base
