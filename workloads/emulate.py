@@ -39,11 +39,14 @@ Where the extra work goes (``mode``):
     queued behind a GPU sleep so the CPU's launch pace stays out of it, median; ``gpu_pass_ms``), with the clock's
     cycles per ms.  So the emulated card is a GPU F x slower beside the same CPU: where the step is bound by the
     CPU's launches (small batches) it is slowed by less than F, as a real slower card would be, and the profile
-    measures that.  Why: the
+    measures that (F = 3, ResNet-50 bf16 on H100, session 15's three profiles: 2.94-2.99x at 128-384 samples,
+    1.94-2.98x at 64-96, 0.84-1.78x at 8-24, where the CPU's launches hide most of the slower GPU).  Why: the
     passes of the modes above are launched by the CPU, and in ResNet-50's launch-bound region (rank 1 at 85-120
     samples, F = 3 on H100) three passes' launches under 30 loader workers' CPU load made the emulated rank's
     compute swing from 90 to 138 ms (p10-p90) around a 113 ms median (session 14, docs/BENCHMARKS.md section 22):
-    a jitter a slower card does not have, since it launches each kernel once and only runs them longer.  A sleep
+    a jitter a slower card does not have, since it launches each kernel once and only runs them longer.  Measured
+    in session 15 (section 23, 3 launches each way): the skew case's clean epochs at 0.930 of the prediction
+    against 0.815, the emulated rank's own time flat (p90 within 3% of the median).  A sleep
     holds the stream like longer kernels and shows in CUDA-event timing, but does not load the SMs (the kernel is one
     thread), where a slower card's kernels would.  On a CPU device stall mode runs interleave's passes (no GPU to
     stall).
@@ -291,7 +294,6 @@ class Slowdown:
         if later:
             _arm(inner, loss_fn, params, later)
 
-
     def _stall(self, inner: Any, loss_fn: Callable[..., Any], x: Any, y: Any, params: list[Any],
                work: SlowdownPlan) -> None:
         """Stall mode: GPU sleeps of ``work.stall_shares`` real passes each, the first at once and the others
@@ -389,10 +391,9 @@ def _arm_stalls(inner: Any, params: list[Any], later: list[tuple[float, int]]) -
     there)."""
     import torch
 
-    n = len(params)
     groups: dict[int, int] = {}
     for u, c in later:
-        i = max(0, min(n - 1, round((n - 1) * (1.0 - u))))
+        i = _param_at(len(params), u)
         groups[i] = groups.get(i, 0) + c
 
     def make_hook(cycles: int) -> Callable[[Any], None]:
@@ -424,11 +425,10 @@ def _arm(inner: Any, loss_fn: Callable[..., Any], params: list[Any], later: list
 
     dev = later[0][1][0].device.type
     amp_on, amp_dtype = _autocast_state(dev)
-    n = len(params)
     state: dict[str, Any] = {"busy": False}
     groups: dict[int, list[Any]] = {}
     for u, xy in later:
-        groups.setdefault(max(0, min(n - 1, round((n - 1) * (1.0 - u)))), []).append(xy)
+        groups.setdefault(_param_at(len(params), u), []).append(xy)
 
     def make_hook(work: list[Any]) -> Callable[[Any], None]:
         def hook(_grad: Any) -> None:
@@ -447,6 +447,12 @@ def _arm(inner: Any, loss_fn: Callable[..., Any], params: list[Any], later: list
         return hook
 
     _ARMED[inner] = [params[i].register_hook(make_hook(work)) for i, work in groups.items()]
+
+
+def _param_at(n: int, u: float) -> int:
+    """The index, in registration order, of the parameter whose gradient the backward reaches a fraction ``u``
+    through ``n`` parameters (the backward runs them in reverse)."""
+    return max(0, min(n - 1, round((n - 1) * (1.0 - u))))
 
 
 def _autocast_state(device_type: str) -> tuple[bool, Any]:
