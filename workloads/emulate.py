@@ -49,7 +49,8 @@ Where the extra work goes (``mode``):
     against 0.815, the emulated rank's own time flat (p90 within 3% of the median).  A sleep
     holds the stream like longer kernels and shows in CUDA-event timing, but does not load the SMs (the kernel is one
     thread), where a slower card's kernels would.  On a CPU device stall mode runs interleave's passes (no GPU to
-    stall).
+    stall).  Each new batch shape costs 4 passes and the sleeps before them, once: with variable-length text (a new
+    sequence length in most steps) that is most steps, so emulate such workloads with interleave.
 
 Why interleave and block repeat work rather than sleep on the host: a host sleep releases the device and the CPU, so it neither
 loads the GPU like a slower card nor shows up in CUDA-event timing of backward; repeated passes do, scale with
