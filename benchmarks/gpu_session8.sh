@@ -11,6 +11,9 @@
 #   handover  benchmarks/handover_probe.py (~1 minute): batches/s a DataLoader hands the loop with the workers'
 #             build cost taken away, pin_memory on and off (session 10's 150-195 ms a delivered batch);
 #             HANDOVER_ARGS passes more, e.g. "--batch 32,128,455 --load 24 --pin-only" (sizes, under load)
+#   gate      the GPU tests of the emulation (tests/workloads/test_emulate.py -k "gpu or calibration", ~60 s, output
+#             in $WORK/gpu_tests.txt); when any fails the later parts are skipped, so a broken emulation does not
+#             spend a call's launches (session 15's call 2 did: 478 s of void skew numbers)
 #   t18-<cases>  benchmarks/loader_gpu.sh with CASES="<cases>" (comma-separated, e.g. t18-loader, t18-skew,midrun),
 #             LAUNCHES launches each, BUDGET_S seconds at most
 # benchmarks/hostmon.py samples the host (busy cores, steal, cgroup throttling, MHz, top processes) every second
@@ -34,6 +37,11 @@ for p in "$@"; do
              bash "$HERE/loader_gpu.sh" 2>&1 | tee "$dir/loader_gpu.log" ;;
     mech) mkdir -p "$WORK/mech"; python3 "$HERE/loader_mechanism.py" --json "$WORK/mech/loader_mechanism.json" \
             --drift-s "${DRIFT_S:-40}" ${DRIFT_ONLY:+--drift-only} 2>&1 | grep -v -E "UserWarning|check_worker" | tee "$WORK/mech/loader_mechanism.log" ;;
+    gate) timeout 150 python3 -m pytest -q -p no:cacheprovider -rA -s "$HERE/../tests/workloads/test_emulate.py" \
+            -k "gpu or calibration" 2>&1 | grep -v Warning | tail -30 | tee "$WORK/gpu_tests.txt"
+          if ! grep -qE "^[0-9]+ passed" "$WORK/gpu_tests.txt" || grep -qE "failed|error" "$WORK/gpu_tests.txt"; then
+            echo "gate: the GPU tests did not all pass; the later parts are skipped"; pack; exit 1
+          fi ;;
     idle) sleep "${IDLE_S:-20}" ;;  # the host monitor's probe on an idle host, as a baseline
     h2d) mkdir -p "$WORK/h2d"; timeout 240 python3 "$HERE/h2d_probe.py" --json "$WORK/h2d/h2d_probe.json" 2>&1 \
            | tee "$WORK/h2d/h2d_probe.log" ;;
