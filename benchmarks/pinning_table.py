@@ -6,9 +6,11 @@ host's state beside (docs/BENCHMARKS.md section 21).
 
 Per launch (``<prefix><case>_r<i>_*``): the plan, the wall ratio (measured / predicted samples/s) of each clean
 epoch (no fill or drain step: ``loader_summary.py``'s ``clean_wall_ratio`` reads the same ones), the worst rank's
-error there, rank 0's mean data wait and its compute's median and mean over those epochs (``--step-log``), the
-pinned-host pool at the end (blocks, GB), and from the host monitor, when given, the cores lost to steal and the
-median of its fixed 128 MiB memory-copy probe (ms; the host's memory got slower as steal rose) over the launch.
+error there, rank 0's mean data wait and its compute's median, mean and 90th percentile over those epochs
+(``--step-log``; a mean over the median is a tail of long steps, session 15), each rank's loader period over its
+plan's loader time and the host's busy share at those epochs' ends (the run log), the pinned-host pool at the end
+(blocks, GB), and from the host monitor, when given, the cores lost to steal and the median of its fixed 128 MiB
+memory-copy probe (ms; the host's memory got slower as steal rose) over the launch.
 """
 
 from __future__ import annotations
@@ -47,6 +49,24 @@ def _host(rows: list[dict[str, Any]], t0: float, t1: float) -> tuple[float, floa
     return steal, mem
 
 
+def _loaders(log: Any, epochs: set[int]) -> str:
+    """Each rank's median measured loader period over its plan's loader time in ``epochs``, and the host's median
+    busy share at their ends (rank 0's reading)."""
+    plans = [log.start_plan, *(r.plan for r in log.replans if r.adopted)]
+    ratios: dict[int, list[float]] = {}
+    busy = []
+    for e in (e for e in log.epochs if e.epoch in epochs):
+        plan = next((p for p in plans if p is not None and tuple(p.batch_sizes) == tuple(e.batch_sizes)), None)
+        for i, st in enumerate(e.ranks):
+            planned = plan.ranks[i].predicted_loader_s if plan is not None else None
+            if planned and st.loader_period_s:
+                ratios.setdefault(i, []).append(st.loader_period_s / planned)
+        if e.device_state and e.device_state[0] is not None and e.device_state[0].cpu_busy_frac is not None:
+            busy.append(e.device_state[0].cpu_busy_frac)
+    cells = ", ".join(f"{statistics.median(v):.2f}" for _i, v in sorted(ratios.items())) or "-"
+    return f"{cells} / {statistics.median(busy):.0%}" if busy else f"{cells} / -"
+
+
 def row(prefix: str, hostmon: list[dict[str, Any]]) -> str:
     log = read_run_log(prefix + "_run.jsonl")
     s = launch_summary(log, None)
@@ -67,13 +87,16 @@ def row(prefix: str, hostmon: list[dict[str, Any]]) -> str:
         ", ".join(f"{e['wall_ratio']:.3f}" for e in clean) or "-",
         ", ".join(f"{max(e['rank_errors'], key=abs):+.1%}" for e in clean) or "-",
         f"{statistics.fmean(waits):.1f}" if waits else "-",
-        f"{statistics.median(comp):.1f} / {statistics.fmean(comp):.1f}" if comp else "-",
+        (f"{statistics.median(comp):.1f} / {statistics.fmean(comp):.1f} / "
+         f"{statistics.quantiles(comp, n=10)[-1]:.1f}") if len(comp) > 1 else "-",
+        _loaders(log, {e["epoch"] for e in clean}),
         f"{pool.get('allocs', 0):.0f} / {pool.get('pool_mb', 0) / 1000:.1f}" if pool else "-",
         f"{host[0]:.2f} / {host[1]:.0f}" if host else "-"]) + " |"
 
 
 HEADER = ("| launch | plan | wall / predicted, clean epochs | worst rank error | rank 0 wait, ms | rank 0 compute "
-          "median / mean, ms | pinned blocks / GB | steal cores / mem probe ms |\n|---|---|---|---|---|---|---|---|")
+          "median / mean / p90, ms | loaders / plan by rank, host busy | pinned blocks / GB | steal cores / mem probe "
+          "ms |\n|---|---|---|---|---|---|---|---|---|")
 
 
 def main(argv: list[str] | None = None) -> int:
