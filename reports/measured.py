@@ -366,7 +366,7 @@ def _table_epoch_note(log: RunLog, comm_s: float, profile: Profile, quality: Pro
     and at most ``PREDICTION_TOL`` over its prediction, with its likely cause: a noisy profile only when the noise
     is that rank's."""
     e = log.steady_epoch()
-    if e is None or e.drained or not e.predicted_step_time_s:
+    if e is None or e.drained or not e.step_time_s or not e.predicted_step_time_s:
         return None
     one = _measured(tuple(e.batch_sizes), [e], comm_s)
     rows = [r for r in _rank_ratios(log, one) if r[2] > 0 and NOTE_TOL < r[1] / r[2] - 1.0 <= PREDICTION_TOL]
