@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loader_summary import launch_summary
+from loader_summary import _plans, launch_summary
 
 from planner.runlog import read_run_log
 
@@ -52,11 +52,11 @@ def _host(rows: list[dict[str, Any]], t0: float, t1: float) -> tuple[float, floa
 def _loaders(log: Any, epochs: set[int]) -> str:
     """Each rank's median measured loader period over its plan's loader time in ``epochs``, and the host's median
     busy share at their ends (rank 0's reading)."""
-    plans = [log.start_plan, *(r.plan for r in log.replans if r.adopted)]
+    plans = _plans(log)
     ratios: dict[int, list[float]] = {}
     busy = []
     for e in (e for e in log.epochs if e.epoch in epochs):
-        plan = next((p for p in plans if p is not None and tuple(p.batch_sizes) == tuple(e.batch_sizes)), None)
+        plan = plans.get(e.plan_fingerprint)
         for i, st in enumerate(e.ranks):
             planned = plan.ranks[i].predicted_loader_s if plan is not None else None
             if planned and st.loader_period_s:
