@@ -333,15 +333,22 @@ def wall_line(log: RunLog) -> str | None:
             f"step).")
 
 
-def _table_epoch_miss(log: RunLog, comm_s: float, missed: Sequence[MeasuredSplit], profile: Profile,
-                      quality: ProfileQuality | None) -> str | None:
-    """A rank off its prediction by more than ``PREDICTION_TOL`` in the epoch the report's per-rank table reads
-    (``RunLog.steady_epoch``), explained, when no split miss covers that epoch already: a split's median over its
-    epochs can sit within tolerance while one of them, the one the table shows, does not (session 14, 2x H100:
-    rank 0 at +30% in epoch 2 while epochs 1 and 3 held its split's median at +8%)."""
+def _table_epoch(log: RunLog, comm_s: float) -> tuple[EpochRecord, MeasuredSplit] | None:
+    """The epoch the report's per-rank table reads (``RunLog.steady_epoch``) and its split measured over it alone;
+    None when it is drained or holds no measured step or prediction."""
     e = log.steady_epoch()
     if e is None or not e.step_time_s or not e.predicted_step_time_s or e.drained:
         return None
+    return e, _measured(tuple(e.batch_sizes), [e], comm_s)
+
+
+def _table_epoch_miss(log: RunLog, table: tuple[EpochRecord, MeasuredSplit], missed: Sequence[MeasuredSplit],
+                      profile: Profile, quality: ProfileQuality | None) -> str | None:
+    """A rank off its prediction by more than ``PREDICTION_TOL`` in the epoch the report's per-rank table reads
+    (``_table_epoch``), explained, when no split miss covers that epoch already: a split's median over its
+    epochs can sit within tolerance while one of them, the one the table shows, does not (session 14, 2x H100:
+    rank 0 at +30% in epoch 2 while epochs 1 and 3 held its split's median at +8%)."""
+    e, one = table
     if any(e.epoch in s.epochs and tuple(e.batch_sizes) == s.batch_sizes for s in missed):
         return None
     errors = [(i, b / p - 1.0) for i, (b, p) in enumerate(zip(e.measured_busy_s, e.predicted_step_time_s))
@@ -350,7 +357,6 @@ def _table_epoch_miss(log: RunLog, comm_s: float, missed: Sequence[MeasuredSplit
     if not off:
         return None
     i, err = max(off, key=lambda x: abs(x[1]))
-    one = _measured(tuple(e.batch_sizes), [e], comm_s)
     return (f"Prediction miss in epoch {e.epoch} (the run log's per-rank table): rank {i} was busy "
             f"{1000 * e.measured_busy_s[i]:.1f} ms a step against {1000 * e.predicted_step_time_s[i]:.1f} ms "
             f"predicted ({err:+.0%}); likely cause: {likely_cause(log, one, profile, quality)}.")
@@ -361,14 +367,12 @@ NOTE_TOL = 0.05
 line with its likely cause (``_table_epoch_note``): issue #18's per-rank target."""
 
 
-def _table_epoch_note(log: RunLog, comm_s: float, profile: Profile, quality: ProfileQuality | None) -> str | None:
-    """The slowest rank of the per-rank table's epoch (``RunLog.steady_epoch``) when it is more than ``NOTE_TOL``
-    and at most ``PREDICTION_TOL`` over its prediction, with its likely cause: a noisy profile only when the noise
-    is that rank's."""
-    e = log.steady_epoch()
-    if e is None or e.drained or not e.step_time_s or not e.predicted_step_time_s:
-        return None
-    one = _measured(tuple(e.batch_sizes), [e], comm_s)
+def _table_epoch_note(log: RunLog, table: tuple[EpochRecord, MeasuredSplit], profile: Profile,
+                      quality: ProfileQuality | None) -> str | None:
+    """The slowest rank of the per-rank table's epoch (``_table_epoch``) when it is more than ``NOTE_TOL`` and at
+    most ``PREDICTION_TOL`` over its prediction, with its likely cause: a noisy profile only when the noise is that
+    rank's."""
+    e, one = table
     rows = [r for r in _rank_ratios(log, one) if r[2] > 0 and NOTE_TOL < r[1] / r[2] - 1.0 <= PREDICTION_TOL]
     if not rows:
         return None
@@ -396,11 +400,12 @@ def log_findings(log: RunLog, plan: Plan, profile: Profile, quality: ProfileQual
             f"Prediction miss: the split {list(s.batch_sizes)} measured {1000 * s.step_time_s:.1f} ms per step "
             f"against {1000 * s.predicted_step_time_s:.1f} ms predicted ({s.error:+.0%}, epoch(s) {epochs}); "
             f"likely cause: {likely_cause(log, s, profile, quality)}.")
-    table_miss = _table_epoch_miss(log, plan.predicted.comm_s, missed, profile, quality)
+    table = _table_epoch(log, plan.predicted.comm_s)
+    table_miss = None if table is None else _table_epoch_miss(log, table, missed, profile, quality)
     if table_miss is not None:
         lines.append(table_miss)
-    elif not missed:
-        note = _table_epoch_note(log, plan.predicted.comm_s, profile, quality)
+    elif table is not None and not missed:
+        note = _table_epoch_note(log, table, profile, quality)
         if note is not None:
             lines.append(note)
     equal = [s for s in splits if _is_equal(s.batch_sizes)]
