@@ -14,6 +14,9 @@
 #   gate      the GPU tests of the emulation (tests/workloads/test_emulate.py -k "gpu or calibration", ~60 s, output
 #             in $WORK/gpu_tests.txt); when any fails the later parts are skipped, so a broken emulation does not
 #             spend a call's launches (session 15's call 2 did: 478 s of void skew numbers)
+#   contention  benchmarks/cpu_contention_probe.py on GPU 0 (~2 minutes): rank 0's compute span beside 0-30 CPU
+#             burners running the PIL pipeline, nice'd or kept off its cores (session 16: the skew case's compute tail)
+#             CONTENTION_ARGS passes more, e.g. "--batch 393 --conditions idle,burn30"
 #   t18-<cases>  benchmarks/loader_gpu.sh with CASES="<cases>" (comma-separated, e.g. t18-loader, t18-skew,midrun),
 #             LAUNCHES launches each, BUDGET_S seconds at most
 # benchmarks/hostmon.py samples the host (busy cores, steal, cgroup throttling, MHz, top processes) every second
@@ -42,6 +45,9 @@ for p in "$@"; do
           if ! grep -qE "^[0-9]+ passed" "$WORK/gpu_tests.txt" || grep -qE "failed|error" "$WORK/gpu_tests.txt"; then
             echo "gate: the GPU tests did not all pass; the later parts are skipped"; pack; exit 1
           fi ;;
+    contention) mkdir -p "$WORK/contention"; timeout 300 python3 "$HERE/cpu_contention_probe.py" ${CONTENTION_ARGS:-} \
+           --json "$WORK/contention/cpu_contention_probe.json" 2>&1 | grep -v -E "UserWarning|warn" \
+           | tee "$WORK/contention/cpu_contention_probe.log" ;;
     idle) sleep "${IDLE_S:-20}" ;;  # the host monitor's probe on an idle host, as a baseline
     h2d) mkdir -p "$WORK/h2d"; timeout 240 python3 "$HERE/h2d_probe.py" --json "$WORK/h2d/h2d_probe.json" 2>&1 \
            | tee "$WORK/h2d/h2d_probe.log" ;;
