@@ -13,14 +13,20 @@ CPU burners that run the fake dataset's PIL transform in a loop, in these condit
   idle                 no burners
   burnN                N burners at nice 0, anywhere
   burnN_niceK          N burners at nice K
-  burnN_pin            the probe pinned to 2 vCPUs of its own, N burners on the others (CPU affinity)
+  burnN_own            the probe pinned to 2 vCPUs of its own, N burners on the others (CPU affinity)
+  loaderW[_burnN]      a DataLoader over the fake dataset beside it (W workers, batch B, pin_memory=True, as
+                       `planner train` builds it), its batches taken each step and dropped: the step still runs on
+                       the batch already pinned; with N burners for the peer rank's workers
+  loaderW_nopin        the same without pin_memory (no pin thread in the process)
+  loaderW_used         the step runs on the DataLoader's batch (copied from its pinned memory): the training path
 
 Per condition it prints the compute span's p10 / median / mean / p90 (ms, the step log's ``compute_ms``), the
 wall time a step, and the main thread's CPU time a step (``time.thread_time``): a main thread whose CPU time
 nears the GPU's step has no slack for a slower core.
 
     python benchmarks/cpu_contention_probe.py [--batch 393] [--steps 60] \
-        [--conditions idle,burn30,burn30_nice10,burn24,burn16,burn30_pin] [--json out.json]
+        [--conditions idle,burn30,burn30_nice10,burn24,burn16,burn30_own] [--json out.json]
+    (session 16's second run: --conditions idle,loader23_burn7_nopin,loader23_burn7,loader23_burn7_used,idle)
 """
 
 from __future__ import annotations
@@ -56,21 +62,22 @@ def _burn(nice: int, cpus: list[int] | None) -> None:
         i += 1
 
 
-def _parse(cond: str) -> tuple[int, int, bool]:
-    """(burners, nice, pinned) from a condition's name."""
-    if cond == "idle":
-        return 0, 0, False
-    head, *tail = cond.split("_")
-    n = int(head.removeprefix("burn"))
-    nice = next((int(t.removeprefix("nice")) for t in tail if t.startswith("nice")), 0)
-    return n, nice, "pin" in tail
+def _parse(cond: str) -> dict[str, Any]:
+    """A condition's name as its parts: burners, nice, own (CPU affinity), loader workers, pin, used."""
+    tokens = [] if cond == "idle" else cond.split("_")
+
+    def num(prefix: str) -> int:
+        return next((int(t.removeprefix(prefix)) for t in tokens if t.startswith(prefix)), 0)
+
+    return {"burners": num("burn"), "nice": num("nice"), "own": "own" in tokens, "loader": num("loader"),
+            "pin": "nopin" not in tokens, "used": "used" in tokens}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=393)
     ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--conditions", default="idle,burn30,burn30_nice10,burn24,burn16,burn30_pin")
+    ap.add_argument("--conditions", default="idle,burn30,burn30_nice10,burn24,burn16,burn30_own")
     ap.add_argument("--json")
     args = ap.parse_args()
     from apps.steps import DeviceCopy
@@ -87,7 +94,7 @@ def main() -> int:
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
                            "batch": args.batch, "cpus": len(all_cpus), "rows": []}
 
-    def window(n: int) -> dict[str, Any]:
+    def window(n: int, batches: Any = None) -> dict[str, Any]:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         cpu_ms = []
@@ -95,7 +102,8 @@ def main() -> int:
         t0 = time.perf_counter()
         for i in range(n):
             c0 = time.thread_time()
-            x, y = copier(x_host, y_host)
+            got = next(batches) if batches is not None else None
+            x, y = copier(*got) if got is not None and used else copier(x_host, y_host)
             starts[i].record()
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = loss_fn(model(x), y)
@@ -113,19 +121,33 @@ def main() -> int:
 
     window(8)  # cudnn autotune, allocator
     ctx = mp.get_context("spawn")
+    used = False
     for cond in args.conditions.split(","):
-        n, nice, pinned = _parse(cond)
-        mine = all_cpus[-2:] if pinned else all_cpus
+        c = _parse(cond)
+        mine = all_cpus[-2:] if c["own"] else all_cpus
         os.sched_setaffinity(0, mine)
-        others = [c for c in all_cpus if c not in mine] if pinned else None
-        procs = [ctx.Process(target=_burn, args=(nice, others), daemon=True) for _ in range(n)]
+        others = [v for v in all_cpus if v not in mine] if c["own"] else None
+        procs = [ctx.Process(target=_burn, args=(c["nice"], others), daemon=True) for _ in range(c["burners"])]
         for p in procs:
             p.start()
+        loader, batches = None, None
         try:
-            time.sleep(6 if n else 1)  # the burners import and reach their loop
-            window(5)
-            row = {"condition": cond, "burners": n, "nice": nice, "pinned": pinned, **window(args.steps)}
+            if c["loader"]:
+                from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+                from workloads.specs import build_workload
+
+                ds = build_workload("resnet50", "fake", num_samples=1_000_000).dataset
+                loader = DataLoader(ds, batch_sampler=BatchSampler(RandomSampler(ds), args.batch, drop_last=True),
+                                    num_workers=c["loader"], pin_memory=c["pin"], persistent_workers=True,
+                                    prefetch_factor=4)
+                batches = iter(loader)
+            used = c["used"]
+            time.sleep(6 if c["burners"] else 1)  # the burners import and reach their loop
+            window(5 + 5 * c["loader"], batches)  # past the loader's first cycle of batches
+            row = {"condition": cond, **c, **window(args.steps, batches)}
         finally:
+            del batches, loader
             for p in procs:
                 p.kill()
             for p in procs:
