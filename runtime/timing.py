@@ -124,6 +124,11 @@ class _Step:
     step_time_s: float | None = None
     start_event: DeviceEvent | None = None
     end_event: DeviceEvent | None = None
+    lead_s: float | None = None
+    """Seconds from the previous step's end (after its optimizer step) to this step's forward start: on CUDA the
+    device's idle time before the step (its batch's copy, the host launching late), on the host clock the data
+    wait and the loop between.  None for an epoch's first step."""
+    prev_end: DeviceEvent | None = None
 
 
 def _mean_build_s(steps: Sequence[_Step], workers: int, *, need: float) -> float | None:
@@ -211,6 +216,7 @@ class StepTimer:
         self._data_t0: float | None = None
         self._compute_t0: float | None = None
         self._compute_closed = False
+        self._end_event: DeviceEvent | None = None  # the last step's end on the device (``lead_s``)
         self.num_dropped = 0
         """Steps left out of the summary: a non-finite/negative measurement or a compute span never closed."""
 
@@ -263,9 +269,11 @@ class StepTimer:
         if self._event_factory is not None:
             ev = self._event_factory()
             ev.record()
-            self._cur.start_event = ev
+            self._cur.start_event, self._cur.prev_end = ev, self._end_event
         else:
             self._compute_t0 = now
+            if self._last_step_end is not None:
+                self._cur.lead_s = now - self._last_step_end
 
     def compute_end(self) -> None:
         """Close the compute span: call from ``on_last_bucket`` (before that bucket's all-reduce).
@@ -309,6 +317,10 @@ class StepTimer:
         self._compute_closed = False
         self._cur = _Step()
         self._steps.append(step)
+        if self._event_factory is not None:
+            # where the device finishes this step (after the optimizer), for the next step's lead
+            self._end_event = self._event_factory()
+            self._end_event.record()
         if step.end_event is not None:
             # Read the previous steps' events now that this step's are recorded; never this step's own
             # (the device is usually still working on it) and never block.
@@ -316,7 +328,7 @@ class StepTimer:
             ready = [
                 s for s in self._pending
                 if s.start_event is not None and s.end_event is not None
-                and s.end_event.query() and s.start_event.query()
+                and s.end_event.query() and s.start_event.query() and (s.prev_end is None or s.prev_end.query())
             ]
             for s in ready:
                 self._read_events(s)
@@ -327,7 +339,9 @@ class StepTimer:
     def _read_events(self, s: _Step) -> None:
         assert s.start_event is not None and s.end_event is not None
         s.compute_s = s.start_event.elapsed_time(s.end_event) / 1000.0  # ms -> s
-        s.start_event = s.end_event = None
+        if s.prev_end is not None:
+            s.lead_s = s.prev_end.elapsed_time(s.start_event) / 1000.0
+        s.start_event = s.end_event = s.prev_end = None
 
     # -- per epoch --------------------------------------------------------------------------------------
     @property
@@ -341,16 +355,19 @@ class StepTimer:
             if s.start_event is not None and s.end_event is not None:
                 s.start_event.synchronize()
                 s.end_event.synchronize()
+                if s.prev_end is not None and not s.prev_end.query():
+                    s.prev_end.synchronize()
                 self._read_events(s)
         self._pending = []
 
     def series(self) -> dict[str, list[float | None]]:
         """This epoch's raw steps so far, in step order, warm-up included (what ``epoch_summary`` condenses):
-        ``data_wait_s``, ``compute_s`` (None: span never closed), ``step_time_s`` and ``loader_s`` (the workers'
-        build seconds of the step's batches; None: not reported).  Reads the outstanding device events first."""
+        ``data_wait_s``, ``compute_s`` (None: span never closed), ``step_time_s``, ``loader_s`` (the workers'
+        build seconds of the step's batches; None: not reported) and ``lead_s`` (``_Step.lead_s``: ranks whose
+        leads differ in a step started it out of step).  Reads the outstanding device events first."""
         self._flush()
         return {name: [getattr(s, name) for s in self._steps]
-                for name in ("data_wait_s", "compute_s", "step_time_s", "loader_s")}
+                for name in ("data_wait_s", "compute_s", "step_time_s", "loader_s", "lead_s")}
 
     def step_data_waits_s(self) -> list[float]:
         """This epoch's data wait of every step so far, in step order (what the peers attribute their slow steps

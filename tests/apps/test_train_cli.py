@@ -32,6 +32,9 @@ def test_replan_moves_work_off_a_rank_slowed_mid_run(tmp_path: Path) -> None:
         assert [(x["epoch"], x["rank"]) for x in lines] == [(e, rank) for e in range(4)]
         assert all(len(x[k]) == 12 for x in lines for k in ("data_wait_ms", "compute_ms", "step_time_ms"))
         assert all(v > 0 for x in lines for v in x["step_time_ms"])
+        # each step's lead (runtime.timing: the data wait and loop before its forward), none for an epoch's first
+        assert all(x["lead_ms"][0] is None and len(x["lead_ms"]) == 12 for x in lines)
+        assert all(v >= 0 for x in lines for v in x["lead_ms"][1:])
         assert all("pinned" not in x for x in lines)  # the pinned-host pool's counters are CUDA's only
         # the garbage collections of each epoch (apps.steps.GcPauses), per generation and each long pause
         assert all(len(x["gc"]["collections"]) == 3 and isinstance(x["gc"]["pauses"], list) for x in lines)

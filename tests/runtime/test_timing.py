@@ -133,6 +133,11 @@ class FakeEvent:
         return (end.stamp - self.stamp) * 1000.0  # ms
 
 
+def _compute_reads(dev: FakeEvents, computes: list[float]) -> int:
+    """Compute spans read so far (each step after the first also reads its lead: ``lead_s``)."""
+    return sum(1 for a, b in dev.elapsed_reads if any(math.isclose(b - a, c) for c in computes))
+
+
 def test_device_events_read_a_step_later_never_blocking() -> None:
     dev = FakeEvents()
     clock = FakeClock()
@@ -148,9 +153,9 @@ def test_device_events_read_a_step_later_never_blocking() -> None:
         dev.device_t = dev.next_stamp - (c + 0.005) if i else 0.0
         timer.step_end()
         # Only steps before this one can have been read, and without synchronize.
-        assert len(dev.elapsed_reads) <= i
+        assert _compute_reads(dev, computes) <= i
     assert dev.sync_calls == 0
-    assert len(dev.elapsed_reads) == 3  # steps 0..2 read one step later
+    assert _compute_reads(dev, computes) == 3  # steps 0..2 read one step later
     s = timer.epoch_summary(rank=0, epoch=0, batch_size=16, num_workers=1)
     assert dev.sync_calls == 2  # only the last step (its two events) is waited for, at the epoch boundary
     assert s.num_steps == 4
@@ -193,3 +198,39 @@ def test_real_cpu_loop_summary_is_sane() -> None:
     assert 0.0 <= s.data_wait_s <= s.step_time_s
     assert s.data_wait_s + s.compute_s <= s.step_time_s * (1 + 1e-9)
     assert s.compute_s_std >= 0.0
+
+
+def test_device_lead_is_the_idle_time_between_a_steps_end_and_the_next_forward() -> None:
+    """``lead_s``: from the previous step's end on the device (after its optimizer) to this step's forward start --
+    what tells ranks that started a step out of step apart (session 16: rank 0's compute tails needed both a
+    DataLoader and a DDP peer)."""
+    dev = FakeEvents()
+    timer = StepTimer("cpu", clock=FakeClock(), warmup_steps=0, event_factory=dev.factory)
+    idles = [0.0, 0.012, 0.003, 0.030]  # the device waiting for each step's batch
+    for idle in idles:
+        dev.next_stamp += idle
+        timer.compute_start()
+        dev.next_stamp += 0.050
+        timer.compute_end()
+        dev.next_stamp += 0.005  # all-reduce and optimizer
+        dev.device_t = dev.next_stamp
+        timer.step_end()
+    series = timer.series()
+    assert series["lead_s"][0] is None  # the epoch's first step has no previous end
+    assert series["lead_s"][1:] == pytest.approx(idles[1:])
+    assert series["compute_s"] == pytest.approx([0.050] * 4)
+    assert dev.sync_calls == 2  # the last step's start and end, as without leads: its previous end was complete
+    timer.reset()  # a new epoch starts without a previous end
+    timer.compute_start()
+    dev.next_stamp += 0.05
+    timer.compute_end()
+    timer.step_end()
+    assert timer.series()["lead_s"] == [None]
+
+
+def test_host_lead_is_the_data_wait_and_loop_before_compute() -> None:
+    clock = FakeClock()
+    timer = StepTimer("cpu", clock=clock, warmup_steps=0)
+    for wait in (0.5, 0.02, 0.07):
+        _host_step(timer, clock, wait=wait, compute=0.1, tail=0.01)
+    assert timer.series()["lead_s"] == [None, pytest.approx(0.02), pytest.approx(0.07)]
