@@ -191,7 +191,7 @@ def _rank_cause(log: RunLog, split: MeasuredSplit, profile: Profile,
                 f"{1000 * pred:.1f} ms predicted): its loader is slower than profiled; give it more workers "
                 "(--max-workers-per-rank) or a faster data path")
     if spikes is not None and spikes[0] + wait <= (1.0 + TAIL_TOL) * pred:
-        return compute_tail_cause(i, pred, *spikes)
+        return compute_tail_cause(i, pred, *spikes, loader_and_peers=period is not None and len(split.batch_sizes) > 1)
     return (f"rank {i}'s own step measured {1000 * busy:.1f} ms against {1000 * pred:.1f} ms predicted: its "
             "curve in the profile does not match this run (measured under other load, or for another model or "
             "input size); re-profile it, or train with --replan, which corrects curves from measurements")
@@ -200,8 +200,6 @@ def _rank_cause(log: RunLog, split: MeasuredSplit, profile: Profile,
 TAIL_TOL = 0.05
 """A rank's mean compute this far over its median is a tail of long steps (``compute_tail_cause``) when the median
 is on the prediction."""
-BUSY_HOST = 0.85
-"""A host with this share of its cores busy leaves a training process waiting for one (``compute_tail_cause``)."""
 
 
 def _compute_tail(log: RunLog, split: MeasuredSplit, rank: int) -> tuple[float, float, float, float | None] | None:
@@ -222,19 +220,27 @@ def _compute_tail(log: RunLog, split: MeasuredSplit, rank: int) -> tuple[float, 
 
 
 def compute_tail_cause(rank: int, pred: float, median: float, mean: float, spread: float,
-                       host_busy: float | None) -> str:
-    """A rank on its curve in most steps whose mean compute a tail of long steps raises.  On a busy host the
-    training process waits for a core beside the loader workers: session 15 (2x H100, rank 0 fed by 23 workers,
-    the host 94% busy) measured rank 0 at a 97.5 ms median against 95.2-99.0 predicted, 20-50 ms longer in 15-35%
-    of its steps, and no such steps in the drain epoch, when its workers idled (docs/BENCHMARKS.md section 23)."""
+                       host_busy: float | None, *, loader_and_peers: bool) -> str:
+    """A rank on its curve in most steps whose mean compute a tail of long steps raises (``loader_and_peers``: the
+    rank is fed by a DataLoader and has DDP peers).
+
+    Session 16 (2x H100, docs/BENCHMARKS.md section 24) found such a tail only with both: rank 0 of `planner
+    train`'s skew case ran 20-50 ms long in 15-40% of its steps, but its compute span stayed flat (p90 within 0.3 ms
+    of its median) on one GPU beside 30 CPU burners (nice 0 or 10), beside a 23-worker DataLoader whose pinned
+    batches it trained on, and on two GPUs under DDP with the batches already on the device.  A busy host alone --
+    session 15's reading -- is therefore not the cause.  The suspect, not yet confirmed: ranks starting a step out
+    of step, so the early rank's all-reduce kernels wait on its GPU beside its own backward (the fast-rank effect
+    of section 12); the step log's ``lead_ms`` and benchmarks/phase_table.py test it.  The host's busy share is
+    named as context."""
     head = (f"rank {rank}'s compute is on its curve in most steps (median {1000 * median:.1f} ms against "
             f"{1000 * pred:.1f} ms predicted for the rank) but averages {1000 * mean:.1f} ms: some steps run far "
             f"longer than the typical {1000 * spread:.1f} ms spread")
-    if host_busy is not None and host_busy >= BUSY_HOST:
-        return (f"{head}, while its host's cores were {host_busy:.0%} busy -- the training process waits for a core "
-                "beside the loader workers; fewer workers on the host (--max-workers-per-rank) or lighter transforms "
-                "leave it cores, and `planner train --step-log` shows the long steps")
     busy = f" (its host's cores {host_busy:.0%} busy)" if host_busy is not None else ""
+    if loader_and_peers:
+        return (f"{head}{busy} -- on 2x H100 such long steps came only with DataLoaders and DDP peers together, "
+                "not from a busy CPU or the loader alone; the suspect is the ranks starting steps out of step, which "
+                "leaves an early rank's all-reduce kernels waiting beside its backward; `planner train --step-log` "
+                "records each step's lead to check it (benchmarks/phase_table.py)")
     return (f"{head}{busy} -- something else stalls it now and then (a co-tenant, the garbage collector, the host); "
             "`planner train --step-log` records every step to find when")
 
