@@ -55,7 +55,7 @@ SETTINGS = {
 of workloads.emulate before bench recorded it as meta.emulate_mode), from the run's notes: such launches are not
 pooled with the default ones (benchmarks/gpu_honest.sh and gpu_session5.sh name their files so).  Launches before
 session 5 all used the block emulation."""
-MODES = {"interleave": "interleaved emulation", "block": "block emulation"}
+MODES = {"interleave": "interleaved emulation", "block": "block emulation", "stall": "stall emulation"}
 WINDOW = "synchronized window"
 PREFETCH = "window inside the loader's prefetch"
 """A DataLoader-fed launch whose window opened after one step of its epoch, before the batches the workers had

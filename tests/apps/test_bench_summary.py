@@ -127,3 +127,14 @@ def test_loader_windows_over_part_of_a_worker_cycle_form_their_own_group() -> No
     whole = sb.launch_from("b.json", json.loads((results / "h100x2_resnet50_loader_skew_s8b.json").read_text()))
     assert sb.PART_CYCLE in part.key[3] and sb.PART_CYCLE not in whole.key[3]
     assert part.key[:3] == whole.key[:3]
+
+
+def test_each_emulation_mode_forms_its_own_group() -> None:
+    """Session 16's F = 3 launch with the stall emulation (PLANNER_EMULATE_MODE=stall, meta.emulate_mode) is not
+    pooled with the default interleave launches at F = 3."""
+    results = ROOT / "docs" / "results"
+    stall = sb.launch_from("a.json", json.loads((results / "h100x2_resnet50_F3_stall_device_s16d.json").read_text()))
+    assert "stall emulation" in stall.key[3]
+    bench = _bench({"equal": [300.0], "proportional": [600.0], "plan": [600.0]})
+    bench["meta"]["emulate_mode"] = "interleave"
+    assert "interleaved emulation" in sb.launch_from("b.json", bench).key[3]
