@@ -16,11 +16,15 @@ started earlier by the difference.  Per epoch of each ``<prefix>_steps<rank>.jso
   early_long  of those, the steps it started at least ``--early-ms`` (default 5) before the last of its peers
   early_all   all steps it started that early
   corr        correlation of its compute with how early it started (peers' max lead - its lead)
+  host_long   of the long steps, those whose host span (``host_compute_ms``: compute_start to the last bucket's
+              hook on the host clock) reached 95% of the device span: closed late by the host -- its autograd
+              thread waiting for the CPU or the GIL to run the Python comm hook -- rather than by the kernels
 
     python benchmarks/phase_table.py docs/results/h100x2_train_auto_replan_s17a_skewS_r1 [PREFIX ..] [--json out.json]
 
-A suspect confirmed reads as long steps that are mostly early ones with a positive correlation; epochs whose logs
-have no ``lead_ms`` (before session 16) are skipped.
+The first suspect confirmed reads as long steps that are mostly early ones with a positive correlation; the
+second (the host) as long steps that are mostly host_long.  Epochs whose logs have no ``lead_ms`` (before session
+16) are skipped.
 """
 
 from __future__ import annotations
@@ -67,10 +71,12 @@ def epoch_rows(prefix: str, rank: int = 0, long_ms: float = 15.0, early_ms: floa
         median = statistics.median(comp[k] for k in steps)
         long = [k for k in steps if comp[k] > median + long_ms]
         corr = _corr([comp[k] for k in steps], [early[k] for k in steps])
+        host = mine.get("host_compute_ms") or [None] * len(comp)
+        host_long = sum(1 for k in long if k < len(host) and host[k] is not None and host[k] >= 0.95 * comp[k])
         rows.append({"epoch": mine["epoch"], "steps": len(steps), "compute_median_ms": round(median, 1),
                      "long": len(long), "early_long": sum(1 for k in long if early[k] >= early_ms),
                      "early_all": sum(1 for k in steps if early[k] >= early_ms),
-                     "corr": None if corr is None else round(corr, 2)})
+                     "corr": None if corr is None else round(corr, 2), "host_long": host_long})
     return rows
 
 
@@ -83,14 +89,15 @@ def main() -> int:
     ap.add_argument("--json")
     args = ap.parse_args()
     out = {}
-    print("| launch | epoch | steps | compute median, ms | long | of them early | early, all steps | corr |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| launch | epoch | steps | compute median, ms | long | of them early | early, all steps | corr | "
+          "of them host-closed |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for prefix in args.prefixes:
         rows = epoch_rows(prefix, args.rank, args.long_ms, args.early_ms)
         out[prefix] = rows
         for r in rows:
             print(f"| {Path(prefix).name} | {r['epoch']} | {r['steps']} | {r['compute_median_ms']} | {r['long']} | "
-                  f"{r['early_long']} | {r['early_all']} | {r['corr']} |")
+                  f"{r['early_long']} | {r['early_all']} | {r['corr']} | {r['host_long']} |")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0

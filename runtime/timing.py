@@ -129,6 +129,10 @@ class _Step:
     device's idle time before the step (its batch's copy, the host launching late), on the host clock the data
     wait and the loop between.  None for an epoch's first step."""
     prev_end: DeviceEvent | None = None
+    host_compute_s: float | None = None
+    """The host clock from ``compute_start`` to ``compute_end`` (None: not closed).  With device events the host
+    usually runs ahead, so this is shorter than ``compute_s``; a span whose host time reaches its device time was
+    closed late by the host (the last bucket's hook waited for the CPU or the GIL), not by the device."""
 
 
 def _mean_build_s(steps: Sequence[_Step], workers: int, *, need: float) -> float | None:
@@ -215,6 +219,7 @@ class StepTimer:
         self._step_start: float | None = None
         self._data_t0: float | None = None
         self._compute_t0: float | None = None
+        self._host_t0: float | None = None  # the host clock at this step's compute_start (``host_compute_s``)
         self._compute_closed = False
         self._end_event: DeviceEvent | None = None  # the last step's end on the device (``lead_s``)
         self.num_dropped = 0
@@ -266,6 +271,7 @@ class StepTimer:
         self._mark_start(now)
         if self._cur.start_event is not None or self._compute_t0 is not None or self._compute_closed:
             return
+        self._host_t0 = now
         if self._event_factory is not None:
             ev = self._event_factory()
             ev.record()
@@ -291,10 +297,12 @@ class StepTimer:
             ev = self._event_factory()
             ev.record()
             self._cur.end_event = ev
+            if self._host_t0 is not None:
+                self._cur.host_compute_s = self._clock() - self._host_t0
         else:
             if self._compute_t0 is None:
                 return
-            self._cur.compute_s = self._clock() - self._compute_t0
+            self._cur.compute_s = self._cur.host_compute_s = self._clock() - self._compute_t0
             self._compute_t0 = None
         self._compute_closed = True
 
@@ -313,7 +321,7 @@ class StepTimer:
         self._last_step_end = now
         self._step_start = None
         self._data_t0 = None
-        self._compute_t0 = None
+        self._compute_t0 = self._host_t0 = None
         self._compute_closed = False
         self._cur = _Step()
         self._steps.append(step)
@@ -363,11 +371,12 @@ class StepTimer:
     def series(self) -> dict[str, list[float | None]]:
         """This epoch's raw steps so far, in step order, warm-up included (what ``epoch_summary`` condenses):
         ``data_wait_s``, ``compute_s`` (None: span never closed), ``step_time_s``, ``loader_s`` (the workers'
-        build seconds of the step's batches; None: not reported) and ``lead_s`` (``_Step.lead_s``: ranks whose
-        leads differ in a step started it out of step).  Reads the outstanding device events first."""
+        build seconds of the step's batches; None: not reported), ``lead_s`` (``_Step.lead_s``: ranks whose
+        leads differ in a step started it out of step) and ``host_compute_s`` (``_Step.host_compute_s``).  Reads
+        the outstanding device events first."""
         self._flush()
         return {name: [getattr(s, name) for s in self._steps]
-                for name in ("data_wait_s", "compute_s", "step_time_s", "loader_s", "lead_s")}
+                for name in ("data_wait_s", "compute_s", "step_time_s", "loader_s", "lead_s", "host_compute_s")}
 
     def step_data_waits_s(self) -> list[float]:
         """This epoch's data wait of every step so far, in step order (what the peers attribute their slow steps

@@ -35,6 +35,7 @@ def test_replan_moves_work_off_a_rank_slowed_mid_run(tmp_path: Path) -> None:
         # each step's lead (runtime.timing: the data wait and loop before its forward), none for an epoch's first
         assert all(x["lead_ms"][0] is None and len(x["lead_ms"]) == 12 for x in lines)
         assert all(v >= 0 for x in lines for v in x["lead_ms"][1:])
+        assert all(x["host_compute_ms"] == x["compute_ms"] for x in lines)  # on the host clock the spans are one
         assert all("pinned" not in x for x in lines)  # the pinned-host pool's counters are CUDA's only
         # the garbage collections of each epoch (apps.steps.GcPauses), per generation and each long pause
         assert all(len(x["gc"]["collections"]) == 3 and isinstance(x["gc"]["pauses"], list) for x in lines)

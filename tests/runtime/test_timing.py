@@ -234,3 +234,27 @@ def test_host_lead_is_the_data_wait_and_loop_before_compute() -> None:
     for wait in (0.5, 0.02, 0.07):
         _host_step(timer, clock, wait=wait, compute=0.1, tail=0.01)
     assert timer.series()["lead_s"] == [None, pytest.approx(0.02), pytest.approx(0.07)]
+
+
+def test_host_compute_is_the_hosts_own_span_beside_the_devices() -> None:
+    """``host_compute_s``: the host clock from compute_start to compute_end.  A device span as long as its host span
+    was closed late by the host (the last bucket's hook), not by the device's kernels."""
+    dev, clock = FakeEvents(), FakeClock()
+    timer = StepTimer("cpu", clock=clock, warmup_steps=0, event_factory=dev.factory)
+    for host, device in ((0.030, 0.096), (0.140, 0.140)):  # the host ahead; then the host late to the last hook
+        timer.compute_start()
+        clock.advance(host)
+        dev.next_stamp += device
+        timer.compute_end()
+        clock.advance(0.01)
+        timer.compute_end()  # the after-backward fallback changes nothing once the hook closed the span
+        dev.next_stamp += 0.005
+        dev.device_t = dev.next_stamp
+        timer.step_end()
+    series = timer.series()
+    assert series["host_compute_s"] == pytest.approx([0.030, 0.140])
+    assert series["compute_s"] == pytest.approx([0.096, 0.140])
+    clock2 = FakeClock()
+    host = StepTimer("cpu", clock=clock2, warmup_steps=0)
+    _host_step(host, clock2, wait=0.0, compute=0.25, tail=0.01)
+    assert host.series()["host_compute_s"] == host.series()["compute_s"] == [pytest.approx(0.25)]
