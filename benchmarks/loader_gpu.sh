@@ -18,6 +18,9 @@
 #   skewSN, loaderN  skewS and loader with every loader worker at nice 10 (--loader-nice 10), so the training
 #           processes get the busy host's cores first (session 15: rank 0's compute spiked in 15-35% of its steps
 #           while its workers kept the host busy, and not in the drain epoch)
+#   skewSC, loaderC  skewS and loader with NCCL at 2 CTAs (NCCL_MIN_CTAS=NCCL_MAX_CTAS=2, the profile's launch
+#           variant, here forced): session 16 found rank 0's compute tails only with DataLoaders and a DDP peer
+#           together; if they are a rank's all-reduce kernels waiting beside its backward, fewer CTAs leave it more SMs
 #   midrun  rank 1 turns 3x slower from epoch 1 on (--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1): the
 #           profile and start plan see no skew, so the Replanner must find and adopt a real gain (one epoch more)
 # Every launch profiles afresh (--auto), so the robust loader profile is checked each time.  Raw files per launch
@@ -51,11 +54,13 @@ read -r -a extra <<< "${EXTRA:-}"
 t0=$(date +%s)
 for i in $(seq 1 "$LAUNCHES"); do
   for case in $CASES; do
-    pin_threads=${PLANNER_PIN_THREADS:-4}; emulate_mode=${PLANNER_EMULATE_MODE:-}
+    pin_threads=${PLANNER_PIN_THREADS:-4}; emulate_mode=${PLANNER_EMULATE_MODE:-}; nccl=()
     case $case in
       skew) emulate=(--emulate-slowdown 1=3); epochs=$EPOCHS ;;
       skewS) emulate=(--emulate-slowdown 1=3); epochs=$EPOCHS; emulate_mode=stall ;;
       skewSN) emulate=(--emulate-slowdown 1=3 --loader-nice 10); epochs=$EPOCHS; emulate_mode=stall ;;
+      skewSC) emulate=(--emulate-slowdown 1=3); epochs=$EPOCHS; emulate_mode=stall; nccl=(NCCL_MIN_CTAS=2 NCCL_MAX_CTAS=2) ;;
+      loaderC) emulate=(--emulate-loader 1=2); epochs=$EPOCHS; nccl=(NCCL_MIN_CTAS=2 NCCL_MAX_CTAS=2) ;;
       loaderN) emulate=(--emulate-loader 1=2 --loader-nice 10); epochs=$EPOCHS ;;
       loader) emulate=(--emulate-loader 1=2); epochs=$EPOCHS ;;
       loader16) emulate=(--emulate-loader 1=2 --max-workers-per-rank 16); epochs=$EPOCHS ;;
@@ -76,7 +81,7 @@ for i in $(seq 1 "$LAUNCHES"); do
     if [ "$left" -lt "$MIN_LAUNCH_S" ]; then echo "budget spent: $tag and later launches skipped"; break 2; fi
     echo "[$(( $(date +%s) - t0 )) s] $tag: planner train --auto --replan ${emulate[*]}"
     # A launch that hangs must not eat the others' time: 4 minutes each at most, never past the budget.
-    PLANNER_EMULATE_MODE=$emulate_mode PLANNER_PIN_THREADS=$pin_threads timeout -k 10 $(( left < 240 ? left : 240 )) "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m planner train --auto \
+    env "${nccl[@]}" PLANNER_EMULATE_MODE=$emulate_mode PLANNER_PIN_THREADS=$pin_threads timeout -k 10 $(( left < 240 ? left : 240 )) "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m planner train --auto \
       --global-batch "$GLOBAL_BATCH" --model "$MODEL" $AMP --epochs "$epochs" --num-samples "$NUM_SAMPLES" \
       --replan "${emulate[@]}" "${extra[@]}" --quiet --log-file "$OUT/${tag}_run.jsonl" --plan-out "$OUT/${tag}_plan.json" \
       --step-log "$OUT/${tag}_steps{rank}.jsonl" --profile-out "$OUT/${tag}_profile.json" > "$OUT/${tag}_train.log" 2>&1

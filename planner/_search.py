@@ -169,6 +169,63 @@ def _settle(pieces: Pieces, p: np.ndarray, w: np.ndarray, b: np.ndarray, lo: np.
     return _polish(busy, b, lo, hi)
 
 
+MOVE_MIN_GAIN = 0.02
+"""A worker move must make the predicted step at least this much faster: smaller gains are inside the model's
+error, and chasing them walks the plan into corners (on the recorded profiles, [478, 34] on [28, 2] workers to
+[495, 17] on [29, 1] for 0.01-0.6%: session 14 measured such a corner 124-157 ms a step against 121-138 for the
+splits beside it)."""
+MAX_MOVES = 64
+"""Most candidate moves a round may try (one MILP each): past it -- hosts of more than 8 loader-fed ranks -- the
+search keeps the greedy workers."""
+
+
+def improve_workers(found: Found, models: list[RankModel], models_at: Callable[[list[int]], list[RankModel]],
+                    caps: list[int], budgets: dict[str, int], B: int, opts: SolveOptions) -> Found:
+    """Move one loader worker between two ranks of a host when that makes the predicted step at least
+    ``MOVE_MIN_GAIN`` faster, re-solving the batches at the candidate's workers (and the loader costs at its host
+    load: ``models_at``; ``models``: at ``found``'s own workers); the best such move, or ``found``.
+
+    Why: the workers are fixed greedily at a bisected step time (``bisect_workers``) and the MILP then places the
+    samples around them, so a worker more on one rank and less on its neighbour is never tried.  On session 15's
+    skew profile (2x H100, rank 1 emulated 3x slower, all 30 workers of the host busy) the search planned
+    [387, 125] on [22, 8] workers for a 103.1 ms step, while [393, 119] on [23, 7] predicts 100.1 ms
+    (docs/BENCHMARKS.md section 24).  One move, not a hill climb, and never taking a rank below 2 workers: the
+    model's small gains lead to lopsided corners the runs did not bear out (``MOVE_MIN_GAIN``).  A plan without
+    accumulation only, on hosts whose moves number at most ``MAX_MOVES``."""
+    if int(found.steps.max()) > 1:
+        return found
+    on_host: dict[str, list[int]] = {}
+    for i, m in enumerate(models):
+        if not m.serial_loader:
+            on_host.setdefault(m.host, []).append(i)
+    pairs = [(i, j) for idx in on_host.values() for i in idx for j in idx if i != j]
+    if not pairs or len(pairs) > MAX_MOVES:
+        return found
+    best, t_best = found, _step(models, found) * (1 - MOVE_MIN_GAIN)
+    for i, j in pairs:
+        w = found.workers.copy()
+        if w[i] <= 2 or w[j] >= models[j].max_workers:  # a loader of one worker has nothing to absorb a slow batch
+            continue
+        w[i] -= 1
+        w[j] += 1
+        moved = models_at(w.tolist())
+        cand = at_workers(moved, caps, budgets, B, opts, w, method=f"{found.method}+move")
+        t = _step(moved, cand)
+        if t < t_best:
+            best, t_best = cand, t
+    return best
+
+
+def at_workers(models: list[RankModel], caps: list[int], budgets: dict[str, int], B: int, opts: SolveOptions,
+               w: np.ndarray, *, method: str) -> Found:
+    """The best batches with the workers fixed at ``w`` (``_optimize``'s second step, then the same settling)."""
+    pieces, p, _, _ = _arrays(models, budgets)
+    cap_arr = np.asarray(caps, dtype=np.int64)
+    b, _, status = solve_milp(pieces, cap_arr, B, opts.min_batch, loader=(p, w), time_limit_s=opts.time_limit_s)
+    b = _settle(pieces, p, w, b, np.full(len(b), opts.min_batch, dtype=np.int64), cap_arr)
+    return Found(batch_sizes=b, steps=np.ones(len(b), dtype=np.int64), workers=w, method=method, status=status)
+
+
 # -- with accumulation -------------------------------------------------------------------------------------------
 def _accumulation(models: list[RankModel], pieces: Pieces, opts: SolveOptions) -> Accumulation:
     return Accumulation(

@@ -54,7 +54,7 @@ from planner._model import (
     fewest_steps,
     worker_budgets,
 )
-from planner._search import search
+from planner._search import improve_workers, search
 from planner.errors import PlanError, ValidationError
 from planner.options import SolveOptions, resolve_options
 from planner.plan import Bottleneck, Plan, Predicted, RankPlan
@@ -126,6 +126,11 @@ def solve(
         found = search(models, _check_feasible(models, global_batch, opts), budgets, global_batch, opts)
     else:
         models = build_models(profile, opts, workers=found.workers.tolist())  # predictions at its own workers
+    # one loader worker moved between two ranks of a host, when the greedy workers left a clearly faster split
+    moved = improve_workers(found, models, lambda w: build_models(profile, opts, workers=w),
+                            _check_feasible(models, global_batch, opts), budgets, global_batch, opts)
+    if moved is not found:
+        found, models = moved, build_models(profile, opts, workers=moved.workers.tolist())
     b, k, workers = found.batch_sizes, found.steps, found.workers
     solver: dict[str, object] = {"method": found.method, "status": found.status, "solve_time_s": 0.0,
                                  "profile_fingerprint": profile.fingerprint(), "options": opts.to_dict()}

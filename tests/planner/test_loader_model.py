@@ -291,3 +291,45 @@ def test_the_workers_handed_out_are_as_many_as_before_only_shared_differently() 
             on = hosts == h
             spare = int(budgets[h]) - int(on.sum())
             assert int(w[on].sum()) - int(on.sum()) == min(spare, int((need[on] - 1).sum()))
+
+
+def test_one_worker_moved_between_ranks_when_the_greedy_workers_leave_a_clearly_faster_split(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Session 15's skew profile (2x H100, rank 1 emulated 3x slower, the host's 30 workers all busy): the greedy
+    workers at the bisected step were [22, 8], and the MILP placed [387, 125] around them for 103.1 ms; one worker
+    moved to rank 0 gives [393, 119] on [23, 7] for 100.1 ms.  Without the move (a gain threshold no move meets)
+    the solver plans as before."""
+    import importlib
+
+    search = importlib.import_module("planner._search")
+    profile = Profile.load(RESULTS / "h100x2_train_auto_replan_s15a_skew_r3_profile.json")
+    plan = planner.solve(profile, global_batch=512, min_gain=0.0)
+    assert plan.batch_sizes == (393, 119) and [r.num_workers for r in plan.ranks] == [23, 7]
+    assert plan.solver["method"] == "milp+workers+move"
+    assert plan.predicted.step_time_s == pytest.approx(0.1001, abs=2e-4)
+    # the same split and workers, evaluated: the move's prediction is the model's, not a search artefact
+    same = planner.evaluate(profile, [393, 119], num_workers=[23, 7])
+    assert same.predicted.step_time_s == pytest.approx(plan.predicted.step_time_s, rel=1e-9)
+    monkeypatch.setattr(search, "MOVE_MIN_GAIN", 1.0)
+    before = planner.solve(profile, global_batch=512, min_gain=0.0)
+    assert before.batch_sizes == (387, 125) and [r.num_workers for r in before.ranks] == [22, 8]
+    assert before.predicted.step_time_s == pytest.approx(0.1031, abs=2e-4)
+
+
+def test_a_move_needs_a_clear_gain_and_leaves_every_loader_two_workers() -> None:
+    """Session 6's first loader launch planned [478, 34] on [28, 2]; moving rank 1's second worker to rank 0 predicts
+    2.8% faster ([495, 17] on [29, 1]), the corner session 14 measured at 124-157 ms a step: no move takes a rank
+    below 2 workers.  And the loader case of session 16 keeps its plan: no move gains 2%."""
+    for name, split, workers in (("s6_loader_r1", (478, 34), [28, 2]), ("s16c_loader_r1", (474, 38), [28, 2])):
+        profile = Profile.load(RESULTS / f"h100x2_train_auto_replan_{name}_profile.json")
+        plan = planner.solve(profile, global_batch=512, min_gain=0.0)
+        assert plan.batch_sizes == split and [r.num_workers for r in plan.ranks] == workers
+        assert "move" not in plan.solver["method"]
+    # a plan with accumulation, or ranks on hosts of their own, has nothing to move
+    import numpy as np
+
+    from planner._search import Found, improve_workers
+
+    found = Found(batch_sizes=np.array([4, 4]), steps=np.array([2, 1]), workers=np.array([3, 3]), method="m",
+                  status="s")
+    assert improve_workers(found, [], lambda w: [], [8, 8], {}, 12, SolveOptions()) is found
