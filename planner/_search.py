@@ -192,15 +192,15 @@ def improve_workers(found: Found, models: list[RankModel], models_at: Callable[[
     (docs/BENCHMARKS.md section 24).  One move, not a hill climb, and never taking a rank below 2 workers: the
     model's small gains lead to lopsided corners the runs did not bear out (``MOVE_MIN_GAIN``).  A plan without
     accumulation only, on hosts whose moves number at most ``MAX_MOVES``."""
-    if int(found.steps.max()) > 1:
-        return found
+    if int(found.steps.max()) > 1 or "workers" not in found.method:
+        return found  # accumulating, or no loader bound the step (the compute-only MILP was already optimal)
     on_host: dict[str, list[int]] = {}
     for i, m in enumerate(models):
         if not m.serial_loader:
             on_host.setdefault(m.host, []).append(i)
+    if not 0 < sum(len(idx) * (len(idx) - 1) for idx in on_host.values()) <= MAX_MOVES:
+        return found  # nothing to move, or too many moves to try (counted before listing: thousands of ranks)
     pairs = [(i, j) for idx in on_host.values() for i in idx for j in idx if i != j]
-    if not pairs or len(pairs) > MAX_MOVES:
-        return found
     best, t_best = found, _step(models, found) * (1 - MOVE_MIN_GAIN)
     for i, j in pairs:
         w = found.workers.copy()
