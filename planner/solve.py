@@ -17,7 +17,10 @@ that T with the host's cores (checked by a MILP over b and w at fixed T), that i
 loader rows bind; p_i * b_i <= w_i * T is bilinear in (w, T), so step 2 bisects on T, each probe a feasibility
 MILP over integer (b, w) at fixed T (where the row is linear), to a relative tolerance of 1e-5.  Finally a
 one-sample exchange pass removes any improvement smaller than the MILP gap, so no single sample moved between
-two ranks lowers the predicted step time.
+two ranks lowers the predicted step time.  The workers step 2 fixes are the host's cores shared greedily at the
+bisected T (planner._program.greedy_workers), and the host's load then moves each loader's cost (planner.loader),
+so the batches are solved again at the plan's own workers; last, one worker moved between two loader-fed ranks of
+a host is tried, and kept when it predicts a step at least 2% faster (planner._search.improve_workers).
 
 Gradient accumulation (memory-heterogeneous clusters).  A rank's batch b_i may run as k_i micro-steps of at most
 its memory cap u_i each, then one optimizer step; the step time is linear in (b_i, k_i) (planner._accumulation),
