@@ -57,7 +57,7 @@ from planner._model import (
     fewest_steps,
     worker_budgets,
 )
-from planner._search import improve_workers, search
+from planner._search import improve_workers, search, with_loader_slack
 from planner.errors import PlanError, ValidationError
 from planner.options import SolveOptions, resolve_options
 from planner.plan import Bottleneck, Plan, Predicted, RankPlan
@@ -134,6 +134,9 @@ def solve(
                             _check_feasible(models, global_batch, opts), budgets, global_batch, opts)
     if moved is not found:
         found, models = moved, build_models(profile, opts, workers=moved.workers.tolist())
+    # a loader-bound rank's loader kept under the step, where that costs at most 1% of it
+    found, models = with_loader_slack(found, models, lambda w: build_models(profile, opts, workers=w),
+                                      _check_feasible(models, global_batch, opts), budgets, global_batch, opts)
     b, k, workers = found.batch_sizes, found.steps, found.workers
     solver: dict[str, object] = {"method": found.method, "status": found.status, "solve_time_s": 0.0,
                                  "profile_fingerprint": profile.fingerprint(), "options": opts.to_dict()}
