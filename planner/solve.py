@@ -20,7 +20,9 @@ one-sample exchange pass removes any improvement smaller than the MILP gap, so n
 two ranks lowers the predicted step time.  The workers step 2 fixes are the host's cores shared greedily at the
 bisected T (planner._program.greedy_workers), and the host's load then moves each loader's cost (planner.loader),
 so the batches are solved again at the plan's own workers; last, one worker moved between two loader-fed ranks of
-a host is tried, and kept when it predicts a step at least 2% faster (planner._search.improve_workers).
+a host is tried, and kept when it predicts a step at least 2% faster (planner._search.improve_workers), and a
+plan whose busiest loader takes over 93% of the step is solved again with the loaders 7% costlier, kept when it
+predicts at most 1% slower: a loader's pace moves with its host, a GPU's does not (planner._search.with_loader_slack).
 
 Gradient accumulation (memory-heterogeneous clusters).  A rank's batch b_i may run as k_i micro-steps of at most
 its memory cap u_i each, then one optimizer step; the step time is linear in (b_i, k_i) (planner._accumulation),
