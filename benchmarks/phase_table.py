@@ -32,17 +32,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
-
-def _read(prefix: str) -> dict[int, list[dict[str, Any]]]:
-    out: dict[int, list[dict[str, Any]]] = {}
-    rank = 0
-    while Path(f"{prefix}_steps{rank}.jsonl").exists():
-        out[rank] = [json.loads(x) for x in Path(f"{prefix}_steps{rank}.jsonl").read_text().splitlines() if x]
-        rank += 1
-    return out
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_log_segments import read_step_logs
 
 
 def _corr(xs: list[float], ys: list[float]) -> float | None:
@@ -53,7 +48,7 @@ def _corr(xs: list[float], ys: list[float]) -> float | None:
 
 def epoch_rows(prefix: str, rank: int = 0, long_ms: float = 15.0, early_ms: float = 5.0) -> list[dict[str, Any]]:
     """One row per epoch that every rank logged with leads (module docstring)."""
-    logs = _read(prefix)
+    logs = read_step_logs(prefix)
     if rank not in logs or len(logs) < 2:
         return []
     rows = []

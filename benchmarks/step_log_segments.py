@@ -20,12 +20,18 @@ from pathlib import Path
 from typing import Any
 
 
-def _read(prefix: str) -> dict[int, list[dict[str, Any]]]:
+def read_step_logs(prefix: str) -> dict[int, list[dict[str, Any]]]:
+    """Rank -> its epochs' lines of ``<prefix>_steps<rank>.jsonl`` (ranks 0, 1, .. while the files exist)."""
     out: dict[int, list[dict[str, Any]]] = {}
     rank = 0
     while Path(f"{prefix}_steps{rank}.jsonl").exists():
         out[rank] = [json.loads(x) for x in Path(f"{prefix}_steps{rank}.jsonl").read_text().splitlines() if x]
         rank += 1
+    return out
+
+
+def _read(prefix: str) -> dict[int, list[dict[str, Any]]]:
+    out = read_step_logs(prefix)
     if not out:
         raise SystemExit(f"step_log_segments: no {prefix}_steps0.jsonl")
     return out
