@@ -171,19 +171,21 @@ def _settle(pieces: Pieces, p: np.ndarray, w: np.ndarray, b: np.ndarray, lo: np.
 
 MOVE_MIN_GAIN = 0.02
 """A worker move must make the predicted step at least this much faster: smaller gains are inside the model's
-error, and chasing them walks the plan into corners (on the recorded profiles, [478, 34] on [28, 2] workers to
-[495, 17] on [29, 1] for 0.01-0.6%: session 14 measured such a corner 124-157 ms a step against 121-138 for the
-splits beside it)."""
+error, and chasing them walks the plan into corners (on the recorded profiles, moves led from [478, 34] on [28, 2]
+workers to [495, 17] on [29, 1] for 0.01-2.8% -- the 2.8% by one move leaving rank 1 a single worker; session 14
+measured such a corner 124-157 ms a step against 121-138 for the splits beside it)."""
 MAX_MOVES = 64
-"""Most candidate moves a round may try (one MILP each): past it -- hosts of more than 8 loader-fed ranks -- the
-search keeps the greedy workers."""
+"""Most candidate moves ``improve_workers`` tries (one MILP each): past it -- a host of more than 8 loader-fed
+ranks -- the search keeps the greedy workers."""
 
 
 def improve_workers(found: Found, models: list[RankModel], models_at: Callable[[list[int]], list[RankModel]],
-                    caps: list[int], budgets: dict[str, int], B: int, opts: SolveOptions) -> Found:
+                    caps: list[int], budgets: dict[str, int], B: int,
+                    opts: SolveOptions) -> tuple[Found, list[RankModel]]:
     """Move one loader worker between two ranks of a host when that makes the predicted step at least
     ``MOVE_MIN_GAIN`` faster, re-solving the batches at the candidate's workers (and the loader costs at its host
-    load: ``models_at``; ``models``: at ``found``'s own workers); the best such move, or ``found``.
+    load: ``models_at``; ``models``: at ``found``'s own workers); the best such move with its models, or ``found``
+    with ``models``.
 
     Why: the workers are fixed greedily at a bisected step time (``bisect_workers``) and the MILP then places the
     samples around them, so a worker more on one rank and less on its neighbour is never tried.  On session 15's
@@ -193,15 +195,15 @@ def improve_workers(found: Found, models: list[RankModel], models_at: Callable[[
     model's small gains lead to lopsided corners the runs did not bear out (``MOVE_MIN_GAIN``).  A plan without
     accumulation only, on hosts whose moves number at most ``MAX_MOVES``."""
     if int(found.steps.max()) > 1 or "workers" not in found.method:
-        return found  # accumulating, or no loader bound the step (the compute-only MILP was already optimal)
+        return found, models  # accumulating, or no loader bound the step (the compute-only MILP was optimal)
     on_host: dict[str, list[int]] = {}
     for i, m in enumerate(models):
         if not m.serial_loader:
             on_host.setdefault(m.host, []).append(i)
     if not 0 < sum(len(idx) * (len(idx) - 1) for idx in on_host.values()) <= MAX_MOVES:
-        return found  # nothing to move, or too many moves to try (counted before listing: thousands of ranks)
+        return found, models  # nothing to move, or too many moves to try (counted before listing)
     pairs = [(i, j) for idx in on_host.values() for i in idx for j in idx if i != j]
-    best, t_best = found, _step(models, found) * (1 - MOVE_MIN_GAIN)
+    best, best_models, t_best = found, models, _step(models, found) * (1 - MOVE_MIN_GAIN)
     for i, j in pairs:
         w = found.workers.copy()
         if w[i] <= 2 or w[j] >= models[j].max_workers:  # a loader of one worker has nothing to absorb a slow batch
@@ -212,8 +214,8 @@ def improve_workers(found: Found, models: list[RankModel], models_at: Callable[[
         cand = at_workers(moved, caps, budgets, B, opts, w, method=f"{found.method}+move")
         t = _step(moved, cand)
         if t < t_best:
-            best, t_best = cand, t
-    return best
+            best, best_models, t_best = cand, moved, t
+    return best, best_models
 
 
 LOADER_SLACK = 0.07

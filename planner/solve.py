@@ -131,14 +131,15 @@ def solve(
         found = search(models, _check_feasible(models, global_batch, opts), budgets, global_batch, opts)
     else:
         models = build_models(profile, opts, workers=found.workers.tolist())  # predictions at its own workers
-    # one loader worker moved between two ranks of a host, when the greedy workers left a clearly faster split
-    moved = improve_workers(found, models, lambda w: build_models(profile, opts, workers=w),
-                            _check_feasible(models, global_batch, opts), budgets, global_batch, opts)
-    if moved is not found:
-        found, models = moved, build_models(profile, opts, workers=moved.workers.tolist())
-    # a loader-bound rank's loader kept under the step, where that costs at most 1% of it
-    found, models = with_loader_slack(found, models, lambda w: build_models(profile, opts, workers=w),
-                                      _check_feasible(models, global_batch, opts), budgets, global_batch, opts)
+    # one loader worker moved between two ranks of a host, when the greedy workers left a clearly faster split;
+    # then a loader-bound rank's loader kept under the step, where that costs at most 1% of it
+    caps = _check_feasible(models, global_batch, opts)
+
+    def models_at(w: list[int]) -> list[RankModel]:
+        return build_models(profile, opts, workers=w)
+
+    found, models = improve_workers(found, models, models_at, caps, budgets, global_batch, opts)
+    found, models = with_loader_slack(found, models, models_at, caps, budgets, global_batch, opts)
     b, k, workers = found.batch_sizes, found.steps, found.workers
     solver: dict[str, object] = {"method": found.method, "status": found.status, "solve_time_s": 0.0,
                                  "profile_fingerprint": profile.fingerprint(), "options": opts.to_dict()}

@@ -336,7 +336,7 @@ def test_a_move_needs_a_clear_gain_and_leaves_every_loader_two_workers(monkeypat
 
     found = Found(batch_sizes=np.array([4, 4]), steps=np.array([2, 1]), workers=np.array([3, 3]), method="m",
                   status="s")
-    assert improve_workers(found, [], lambda w: [], [8, 8], {}, 12, SolveOptions()) is found
+    assert improve_workers(found, [], lambda w: [], [8, 8], {}, 12, SolveOptions())[0] is found
 
 
 def test_a_loader_bound_rank_keeps_slack_when_it_costs_at_most_one_percent(monkeypatch: pytest.MonkeyPatch) -> None:
