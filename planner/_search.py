@@ -218,57 +218,6 @@ def improve_workers(found: Found, models: list[RankModel], models_at: Callable[[
     return best, best_models
 
 
-LOADER_SLACK = 0.07
-"""A plan whose busiest loader (its workers, or the hand-over) takes more than 1 - this share of the step is
-re-solved with every loader this much costlier, and the result kept when it predicts at most ``SLACK_MAX_COST``
-slower: a loader measured to within a few percent then no longer sets the step.  Why: a DataLoader's pace moves
-with the host (measured / planned loader period over 156 rank-epochs of sessions 6-15: interquartile 0.94-1.07,
-docs/BENCHMARKS.md section 23), while a GPU's does not, and a synchronous step waits for the slowest rank, so a
-rank whose loader is planned at 96-98% of the step paces the job whenever its loader runs slow.  Session 16's
-loader bench (2x H100, rank 1 capped at 2 workers, planned at 96%) ran its later rounds 14-22% over the
-prediction while rank 1's workers built 9-19% slower than planned (section 24).  0.07 is that interquartile's
-upper end."""
-SLACK_MAX_COST = 0.01
-"""Most predicted step time (a share) ``with_loader_slack`` gives for a loader's slack."""
-
-
-def with_loader_slack(found: Found, models: list[RankModel], models_at: Callable[[list[int]], list[RankModel]],
-                      caps: list[int], budgets: dict[str, int], B: int,
-                      opts: SolveOptions) -> tuple[Found, list[RankModel]]:
-    """``found`` (with ``models``, at its own workers), or a split whose loaders keep ``LOADER_SLACK`` of the step
-    free when that costs at most ``SLACK_MAX_COST`` of the predicted step (then with its models, from
-    ``models_at``).  Only without accumulation; the prediction stays the model's own, not the padded one's.
-
-    Where every loader of a host binds (its cores are the job's bottleneck, session 15's skew case) the padded
-    split is slower by about the slack and is not taken; where one capped rank's loader binds (the loader case),
-    a few samples move to its neighbours: [474, 38] on [28, 2] workers became [477, 35] for 0.5% of predicted step
-    on session 16's profile, rank 1's loader from 98% of the step to 90%."""
-    if int(found.steps.max()) > 1:
-        return found, models
-    t = _step(models, found)
-    use = _loader_use(models, found, t)
-    if use <= 1.0 - LOADER_SLACK:
-        return found, models
-    f = 1.0 / (1.0 - LOADER_SLACK)
-    padded = [m if m.serial_loader else replace(m, sec_per_sample=m.sec_per_sample * f, handover_s=m.handover_s * f)
-              for m in models]
-    cand = search(padded, caps, budgets, B, opts)
-    if int(cand.steps.max()) > 1:
-        return found, models
-    real = models_at(cand.workers.tolist())
-    t_cand = _step(real, cand)
-    if t_cand > t * (1.0 + SLACK_MAX_COST) or not _loader_use(real, cand, t_cand) < use:
-        return found, models
-    return replace(cand, method=f"{cand.method}+slack"), real
-
-
-def _loader_use(models: list[RankModel], found: Found, t: float) -> float:
-    """The largest share of the step ``t`` any rank's loader (its workers, or the hand-over) takes; 0 without."""
-    parts = [m.busy_time(int(b), int(w))[2] for m, b, w in zip(models, found.batch_sizes, found.workers, strict=True)
-             if not m.serial_loader and w > 0]
-    return max(parts, default=0.0) / t if t > 0 else 0.0
-
-
 def at_workers(models: list[RankModel], caps: list[int], budgets: dict[str, int], B: int, opts: SolveOptions,
                w: np.ndarray, *, method: str) -> Found:
     """The best batches with the workers fixed at ``w`` (``_optimize``'s second step, then the same settling)."""

@@ -20,9 +20,7 @@ one-sample exchange pass removes any improvement smaller than the MILP gap, so n
 two ranks lowers the predicted step time.  The workers step 2 fixes are the host's cores shared greedily at the
 bisected T (planner._program.greedy_workers), and the host's load then moves each loader's cost (planner.loader),
 so the batches are solved again at the plan's own workers; last, one worker moved between two loader-fed ranks of
-a host is tried, and kept when it predicts a step at least 2% faster (planner._search.improve_workers), and a
-plan whose busiest loader takes over 93% of the step is solved again with the loaders 7% costlier, kept when it
-predicts at most 1% slower: a loader's pace moves with its host, a GPU's does not (planner._search.with_loader_slack).
+a host is tried, and kept when it predicts a step at least 2% faster (planner._search.improve_workers).
 
 Gradient accumulation (memory-heterogeneous clusters).  A rank's batch b_i may run as k_i micro-steps of at most
 its memory cap u_i each, then one optimizer step; the step time is linear in (b_i, k_i) (planner._accumulation),
@@ -59,7 +57,7 @@ from planner._model import (
     fewest_steps,
     worker_budgets,
 )
-from planner._search import improve_workers, search, with_loader_slack
+from planner._search import improve_workers, search
 from planner.errors import PlanError, ValidationError
 from planner.options import SolveOptions, resolve_options
 from planner.plan import Bottleneck, Plan, Predicted, RankPlan
@@ -131,15 +129,9 @@ def solve(
         found = search(models, _check_feasible(models, global_batch, opts), budgets, global_batch, opts)
     else:
         models = build_models(profile, opts, workers=found.workers.tolist())  # predictions at its own workers
-    # one loader worker moved between two ranks of a host, when the greedy workers left a clearly faster split;
-    # then a loader-bound rank's loader kept under the step, where that costs at most 1% of it
-    caps = _check_feasible(models, global_batch, opts)
-
-    def models_at(w: list[int]) -> list[RankModel]:
-        return build_models(profile, opts, workers=w)
-
-    found, models = improve_workers(found, models, models_at, caps, budgets, global_batch, opts)
-    found, models = with_loader_slack(found, models, models_at, caps, budgets, global_batch, opts)
+    # one loader worker moved between two ranks of a host, when the greedy workers left a clearly faster split
+    found, models = improve_workers(found, models, lambda w: build_models(profile, opts, workers=w),
+                                    _check_feasible(models, global_batch, opts), budgets, global_batch, opts)
     b, k, workers = found.batch_sizes, found.steps, found.workers
     solver: dict[str, object] = {"method": found.method, "status": found.status, "solve_time_s": 0.0,
                                  "profile_fingerprint": profile.fingerprint(), "options": opts.to_dict()}

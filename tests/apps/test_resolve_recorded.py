@@ -10,7 +10,7 @@ from tests._scripts import benchmark
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
 
-def test_the_worker_move_and_the_loaders_slack_each_change_their_case(tmp_path: Path) -> None:
+def test_the_worker_move_changes_session_15s_skew_plan_and_leaves_the_loader_case(tmp_path: Path) -> None:
     for name in ("h100x2_train_auto_replan_s15a_skew_r3", "h100x2_train_auto_replan_s16c_loader_r1"):
         for part in ("plan", "profile"):
             shutil.copy(RESULTS / f"{name}_{part}.json", tmp_path / f"{name}_{part}.json")
@@ -23,10 +23,4 @@ def test_the_worker_move_and_the_loaders_slack_each_change_their_case(tmp_path: 
     assert (skew["after"], skew["after_workers"]) == ([393, 119], [23, 7])
     assert skew["after_step_ms"] < 0.98 * skew["before_step_ms"]
     loader = rows["h100x2_train_auto_replan_s16c_loader_r1_plan.json"]
-    assert loader["before"] == loader["after"] == [477, 35]  # the move leaves it; the loaders' slack moved it
-    slack = {r["plan"]: r for r in benchmark("resolve_recorded").compare(tmp_path, "slack")}
-    loader = slack["h100x2_train_auto_replan_s16c_loader_r1_plan.json"]
-    assert (loader["before"], loader["after"]) == ([474, 38], [477, 35])
-    assert loader["before_step_ms"] < loader["after_step_ms"] <= 1.01 * loader["before_step_ms"]
-    skew = slack["h100x2_train_auto_replan_s15a_skew_r3_plan.json"]
-    assert skew["before"] == skew["after"] == [393, 119]
+    assert loader["before"] == loader["after"] == [474, 38]
