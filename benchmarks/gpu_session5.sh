@@ -7,6 +7,9 @@
 #   cot4h   the same with heavy co-tenants: one full-duty loop on GPU 2, two on GPU 3
 #   prof4   wall time of a 4-rank `planner profile --model resnet50 --dataset fake` (fp32 224), and its loader spread
 #   sweep   2 ranks, F = 1.5, 2, 4 (one launch each); loader  2 ranks, --data loader --emulate-loader 1=2
+#   stall-F 2 ranks at F with the stall emulation (PLANNER_EMULATE_MODE=stall), 3 rounds, step logs (e.g. stall-3:
+#           session 16 ran the plan alone at F = 3 on device, 0.983 of ideal at -0.6%; #16 asks equal and
+#           proportional beside it, section 24)
 #   sweep2  F = 1.5 (GPUs 0,1) beside F = 2 (GPUs 2,3), then F = 4 beside the loader skew, two launches at a time
 #   pair-F  2 ranks at F: interleaved emulation on GPUs 0,1 beside block emulation on GPUs 2,3 (e.g. pair-3)
 #   sweep-interleave  F = 1.5 (GPUs 0,1) beside F = 2 (GPUs 2,3), interleaved emulation
@@ -120,6 +123,8 @@ for p in "$@"; do
              BUDGET_S=$1 bash benchmarks/loader_gpu.sh' "$WORK/train18_churn" "${BUDGET_C:-190}"
         together ;;
     sweep) for f in 1.5 2 4; do b2 "resnet50_F${f}_$TAG" --emulate-slowdown "1=$f"; done ;;
+    stall-*) f=${p#stall-}; PLANNER_EMULATE_MODE=stall b2 "resnet50_F${f}_stall_$TAG" --emulate-slowdown "1=$f" \
+          --step-log "$WORK/${CARD}x2_resnet50_F${f}_stall_${TAG}_steps_{strategy}_r{round}_{rank}.jsonl" ;;
     loader)  # about 300 s with its standalone "ideal" part on 2x H100 (session 14: LIMIT=290 cut it before that)
         LIMIT=$(( LIMIT > ${LOADER_LIMIT:-360} ? LIMIT : ${LOADER_LIMIT:-360} )) \
           b2 resnet50_loader_skew_$TAG --data loader --emulate-loader 1=2 \

@@ -17,6 +17,8 @@
 #   contention  benchmarks/cpu_contention_probe.py on GPU 0 (~2 minutes): rank 0's compute span beside 0-30 CPU
 #             burners running the PIL pipeline, nice'd or kept off its cores (session 16: the skew case's compute tail)
 #             CONTENTION_ARGS passes more, e.g. "--batch 393 --conditions idle,burn30"
+#   s5-<part>  benchmarks/gpu_session5.sh's part <part> (e.g. s5-stall-3: the F = 3 bench with the stall emulation,
+#             3 rounds), its files under $WORK/s5
 #   t18-<cases>  benchmarks/loader_gpu.sh with CASES="<cases>" (comma-separated, e.g. t18-loader, t18-skew,midrun),
 #             LAUNCHES launches each, BUDGET_S seconds at most
 # benchmarks/hostmon.py samples the host (busy cores, steal, cgroup throttling, MHz, top processes) every second
@@ -35,6 +37,7 @@ for p in "$@"; do
   echo "$(date +%s.%N) $p" >> "$WORK/marks.txt"
   case $p in
     bench) mkdir -p /tmp/s8_s5tar; WORK=$WORK/bench OUT=/tmp/s8_s5tar bash "$HERE/gpu_session5.sh" loader ;;
+    s5-*) mkdir -p /tmp/s8_s5tar; WORK=$WORK/s5 OUT=/tmp/s8_s5tar bash "$HERE/gpu_session5.sh" "${p#s5-}" ;;
     t18-*) cases=${p#t18-}; dir=$WORK/t18_${cases//,/_}; mkdir -p "$dir"
            OUT=$dir CASES="${cases//,/ }" LAUNCHES=${LAUNCHES:-3} BUDGET_S=${BUDGET_S:-500} \
              bash "$HERE/loader_gpu.sh" 2>&1 | tee "$dir/loader_gpu.log" ;;
