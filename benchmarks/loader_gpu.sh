@@ -91,6 +91,8 @@ for i in $(seq 1 "$LAUNCHES"); do
         --log "$OUT/${tag}_run.jsonl" --out "$OUT/${tag}_report.html" --json "$OUT/${tag}_report.json" \
         > "$OUT/${tag}_report.txt" 2>&1 || echo "  report rc=$?"
     fi
+    # rank 0's long compute steps per epoch: started early, or closed late by the host (benchmarks/phase_table.py)
+    "$PY" benchmarks/phase_table.py "$OUT/${tag}" 2>&1 | tail -n +3 | sed 's/^/  /' 
   done
 done
 "$PY" benchmarks/loader_summary.py "$OUT" --out "$OUT/loader_summary.json"
