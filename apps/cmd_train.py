@@ -116,7 +116,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(docs/BENCHMARKS.md section 21)")
     t.add_argument("--loader-nice", type=count(0, 19), default=0, metavar="N",
                    help="raise each DataLoader worker's nice value by N (0-19, default 0: unchanged), so the "
-                        "training process gets a busy host's cores before its workers do; not measured to help yet")
+                        "training process gets a busy host's cores before its workers do; not shown to help (one launch, "
+                        "docs/BENCHMARKS.md section 24)")
     t.add_argument("--restart-loader-each-epoch", action="store_true",
                    help="start the DataLoader afresh each epoch, as `for batch in loader` does; by default its "
                         "workers run on into the next epoch while the plan holds, so an epoch after the first does "

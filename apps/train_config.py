@@ -77,9 +77,11 @@ class TrainConfig:
     a late one are pinned by the time it arrives; ``PinAhead`` takes them in order and pins each only then."""
     loader_nice: int = 0
     """Raise each loader worker's nice value by this much (``os.nice`` in the worker; 0: leave it), so the
-    training process's threads get a busy host's cores first (``--loader-nice``).  Not measured yet (session 15
-    found rank 0's compute spiking 20-50 ms in 17-41 of 115 steps an epoch while its 23 workers kept the host busy,
-    and not once in the drain epoch, when they idled: docs/BENCHMARKS.md section 23)."""
+    training process's threads get a busy host's cores first (``--loader-nice``).  Built for session 15's reading of
+    rank 0's long compute steps as the training process waiting for a core; session 16 (2x H100) disproved that
+    reading -- 30 CPU burners, nice or not, left a GPU's compute span flat -- and one launch with nice 10 ran 0.925
+    of its prediction against a median of 0.930 over three without (docs/BENCHMARKS.md section 24): not shown to
+    help."""
     gpu_normalize: bool = False
     """The built-in image datasets hand over uint8 images, normalized on the device (Workload.normalize): a
     quarter of the bytes through shared memory, the pin thread and the host-to-device copy."""

@@ -27,13 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loader_summary import _plans, launch_summary
+from step_log_segments import read_step_logs
 
 from planner.runlog import read_run_log
 
 
 def _steps(prefix: str, rank: int) -> list[dict[str, Any]]:
-    path = Path(f"{prefix}_steps{rank}.jsonl")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return read_step_logs(prefix).get(rank, [])
 
 
 def _started(prefix: str) -> float:

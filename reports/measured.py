@@ -9,8 +9,8 @@ Four things a report must not get wrong when the user hands it a run log:
     wait for data), or every rank on time and the difference in synchronization;
   * a slow rank inside the tolerance -- a rank more than 5% over its prediction in the per-rank table's epoch
     (issue #18's per-rank target) gets a line with its likely cause too, among them a compute that is on its curve
-    in most steps but averages more through a tail of long steps (on a busy host: the training process waiting
-    for a core beside the loader workers);
+    in most steps but averages more through a tail of long steps (found only with DataLoaders and DDP peers
+    together, ``compute_tail_cause``);
   * measured equal split vs plan -- when the log holds epochs of both (a run that started equal and re-planned,
     or two runs appended to one log), their measured ratio, beside the predicted one.
 
