@@ -335,31 +335,54 @@ def gpu_pass_ms(inner: Any, loss_fn: Callable[..., Any], x: Any, y: Any, params:
     """The GPU's own time for one forward+backward of ``inner`` on (x, y), in ms, whatever the CPU's pace: each
     timed pass is queued behind a GPU sleep of ``lead_ms``, so its kernels are all launched before the GPU reaches
     them; a pass the GPU reached while the CPU was still launching it (its start event already passed) is timed
-    again behind twice the sleep.  Timing passes launched straight away measured the CPU's launch pace instead: in
-    session 15's first stall-mode launches (2x H100, 30 loader workers starting) one shape measured 3.3x its
-    profiled time and kept it (docs/BENCHMARKS.md section 23)."""
+    again behind twice the sleep (``pass_time_ms`` has the policy and its bound).  Timing passes launched straight
+    away measured the CPU's launch pace instead: in session 15's first stall-mode launches (2x H100, 30 loader
+    workers starting) one shape measured 3.3x its profiled time and kept it (docs/BENCHMARKS.md section 23)."""
     import torch
 
-    times: list[float] = []
     with _frozen_batchnorm(inner):
         _extra_pass(inner, loss_fn, x, y, params)  # warm-up: allocator, cudnn autotuning, clocks up
         per_ms = _cycles_per_ms(x.device, fresh=True)
-        for _ in range(CALIBRATION_PASSES + 8):  # at most 8 retries, each with twice the lead
+
+        def timed(lead: float) -> tuple[float, bool]:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(int(lead_ms * per_ms))
+            if lead > 0:
+                torch.cuda._sleep(int(lead * per_ms))
+            else:
+                torch.cuda.synchronize(x.device)
             start.record()
             _extra_pass(inner, loss_fn, x, y, params)
             end.record()
-            queued = not start.query()  # the GPU was still asleep when the pass's last kernel was launched
+            queued = lead > 0 and not start.query()  # the GPU was still asleep when the pass's last kernel launched
             end.synchronize()
-            if queued:
-                times.append(start.elapsed_time(end))
-                if len(times) == CALIBRATION_PASSES:
-                    break
-            else:
-                lead_ms *= 2
-    if not times:
-        raise RuntimeError(f"stall mode: could not time a pass on the GPU alone ({x.shape}, lead {lead_ms:.0f} ms)")
+            return start.elapsed_time(end), queued
+
+        return pass_time_ms(timed, lead_ms)
+
+
+MAX_LEAD_MS = 800.0
+"""The longest GPU sleep a stall-mode calibration queues a pass behind.  When the CPU cannot launch a pass ahead
+of even this sleep, it is blocked by the device itself -- near the memory limit the caching allocator frees and
+synchronizes inside the pass -- and no sleep would help: on 2x H200 (session 17) the profiler's largest batch (3072
+samples) doubled its lead to 102 s and rank 0's next collective timed out after 120 s.  Such a pass is long, so the
+CPU's launch pace is hidden in it anyway: it is timed straight, after a device synchronize."""
+
+
+def pass_time_ms(timed: Callable[[float], tuple[float, bool]], lead_ms: float = 50.0,
+                 max_lead_ms: float = MAX_LEAD_MS) -> float:
+    """Median of ``CALIBRATION_PASSES`` pass times from ``timed(lead_ms) -> (ms, queued)``: a pass not queued
+    behind its lead is timed again behind twice the lead; past ``max_lead_ms``, passes are timed with lead 0 (a
+    synchronized start; ``MAX_LEAD_MS``).  At most log2(max_lead_ms / lead_ms) + 1 passes are thrown away."""
+    times: list[float] = []
+    while len(times) < CALIBRATION_PASSES:
+        if lead_ms > max_lead_ms:
+            times.append(timed(0.0)[0])
+            continue
+        ms, queued = timed(lead_ms)
+        if queued:
+            times.append(ms)
+        else:
+            lead_ms *= 2
     return float(statistics.median(times))
 
 

@@ -346,3 +346,35 @@ def test_stall_calibration_times_the_gpu_not_the_cpus_launches() -> None:
         hog.join()
     assert busy == pytest.approx(quiet, rel=0.15), (quiet, busy, launched_ms)
     assert busy < 0.8 * launched_ms, (quiet, busy, launched_ms)  # the pass is launch-bound beside the hog
+
+
+def test_stall_calibration_retries_a_pass_the_gpu_reached_early_behind_twice_the_lead() -> None:
+    """A pass the GPU reached while the CPU still launched it is timed again behind a doubled sleep; only queued
+    passes count."""
+    from workloads.emulate import CALIBRATION_PASSES, pass_time_ms
+
+    leads: list[float] = []
+
+    def timed(lead: float) -> tuple[float, bool]:
+        leads.append(lead)
+        return (99.0, False) if lead < 200 else (10.0 + len(leads), True)
+
+    assert pass_time_ms(timed, lead_ms=50.0) == 14.0  # the passes timed 3rd, 4th and 5th: 13, 14, 15 ms
+    assert leads == [50.0, 100.0] + [200.0] * CALIBRATION_PASSES
+
+
+def test_stall_calibration_is_bounded_when_the_cpu_never_gets_ahead_of_the_gpu() -> None:
+    """Session 17 (2x H200): near the memory limit the allocator synchronizes the device inside the pass, so no
+    sleep lets the CPU launch ahead; the lead doubled to 102 s and a peer's collective timed out.  Past
+    ``max_lead_ms`` the passes are timed straight (lead 0, a synchronized start), and the sleeps stay bounded."""
+    from workloads.emulate import CALIBRATION_PASSES, MAX_LEAD_MS, pass_time_ms
+
+    leads: list[float] = []
+
+    def timed(lead: float) -> tuple[float, bool]:
+        leads.append(lead)
+        return (700.0 if lead == 0 else 5000.0), False  # never queued
+
+    assert pass_time_ms(timed) == 700.0
+    assert leads == [50.0, 100.0, 200.0, 400.0, 800.0] + [0.0] * CALIBRATION_PASSES
+    assert sum(leads) <= 2 * MAX_LEAD_MS
