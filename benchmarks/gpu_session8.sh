@@ -43,7 +43,7 @@ for p in "$@"; do
              bash "$HERE/loader_gpu.sh" 2>&1 | tee "$dir/loader_gpu.log" ;;
     mech) mkdir -p "$WORK/mech"; python3 "$HERE/loader_mechanism.py" --json "$WORK/mech/loader_mechanism.json" \
             --drift-s "${DRIFT_S:-40}" ${DRIFT_ONLY:+--drift-only} 2>&1 | grep -v -E "UserWarning|check_worker" | tee "$WORK/mech/loader_mechanism.log" ;;
-    gate) timeout 150 python3 -m pytest -q -p no:cacheprovider -rA -s "$HERE/../tests/workloads/test_emulate.py" \
+    gate) timeout 150 python3 -m pytest -q -p no:cacheprovider -rA -s --tb=line "$HERE/../tests/workloads/test_emulate.py" \
             -k "gpu or calibration" 2>&1 | grep -v Warning | tail -30 | tee "$WORK/gpu_tests.txt"
           if ! grep -qE "^[0-9]+ passed" "$WORK/gpu_tests.txt" || grep -qE "failed|error" "$WORK/gpu_tests.txt"; then
             echo "gate: the GPU tests did not all pass; the later parts are skipped"; pack; exit 1

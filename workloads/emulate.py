@@ -70,6 +70,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -344,45 +345,53 @@ def gpu_pass_ms(inner: Any, loss_fn: Callable[..., Any], x: Any, y: Any, params:
         _extra_pass(inner, loss_fn, x, y, params)  # warm-up: allocator, cudnn autotuning, clocks up
         per_ms = _cycles_per_ms(x.device, fresh=True)
 
-        def timed(lead: float) -> tuple[float, bool]:
+        def timed(lead: float) -> tuple[float, bool, float]:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             if lead > 0:
                 torch.cuda._sleep(int(lead * per_ms))
             else:
                 torch.cuda.synchronize(x.device)
+            t0 = time.perf_counter()
             start.record()
             _extra_pass(inner, loss_fn, x, y, params)
             end.record()
+            host_ms = (time.perf_counter() - t0) * 1e3
             queued = lead > 0 and not start.query()  # the GPU was still asleep when the pass's last kernel launched
             end.synchronize()
-            return start.elapsed_time(end), queued
+            return start.elapsed_time(end), queued, host_ms
 
         return pass_time_ms(timed, lead_ms)
 
 
-MAX_LEAD_MS = 800.0
-"""The longest GPU sleep a stall-mode calibration queues a pass behind.  When the CPU cannot launch a pass ahead
-of even this sleep, it is blocked by the device itself -- near the memory limit the caching allocator frees and
-synchronizes inside the pass -- and no sleep would help: on 2x H200 (session 17) the profiler's largest batch (3072
-samples) doubled its lead to 102 s and rank 0's next collective timed out after 120 s.  Such a pass is long, so the
-CPU's launch pace is hidden in it anyway: it is timed straight, after a device synchronize."""
+MAX_LEAD_MS = 10_000.0
+"""The longest GPU sleep a stall-mode calibration queues a pass behind (``pass_time_ms``)."""
 
 
-def pass_time_ms(timed: Callable[[float], tuple[float, bool]], lead_ms: float = 50.0,
+def pass_time_ms(timed: Callable[[float], tuple[float, bool, float]], lead_ms: float = 50.0,
                  max_lead_ms: float = MAX_LEAD_MS) -> float:
-    """Median of ``CALIBRATION_PASSES`` pass times from ``timed(lead_ms) -> (ms, queued)``: a pass not queued
-    behind its lead is timed again behind twice the lead; past ``max_lead_ms``, passes are timed with lead 0 (a
-    synchronized start; ``MAX_LEAD_MS``).  At most log2(max_lead_ms / lead_ms) + 1 passes are thrown away."""
+    """Median of ``CALIBRATION_PASSES`` pass times from ``timed(lead_ms) -> (ms, queued, host_ms)``, where
+    ``host_ms`` is the CPU's time to launch the pass behind the lead's sleep.
+
+    A pass the GPU reached before the CPU had launched it all is timed again behind a longer sleep: twice the lead,
+    or three times the launch time it just took (a launch slowed by a thread holding the GIL takes hundreds of ms;
+    the GPU tests' ResNet-18 beside a spinning thread).  When the CPU cannot get ahead even of a sleep sized from its
+    own launch time -- its launch lasted the whole sleep again, so the device itself blocks it: near the memory
+    limit the caching allocator frees and synchronizes inside the pass -- no sleep helps, and the passes are timed
+    straight after a device synchronize (lead 0): such a pass is long, so the CPU's launch pace is hidden in it
+    anyway.  Before this bound, on 2x H200 (session 17) the profiler's largest batch (3072 samples) doubled its
+    lead to 102 s and rank 0's next collective timed out after 120 s."""
     times: list[float] = []
+    retried, straight = False, False
     while len(times) < CALIBRATION_PASSES:
-        if lead_ms > max_lead_ms:
+        if straight:
             times.append(timed(0.0)[0])
             continue
-        ms, queued = timed(lead_ms)
+        ms, queued, host_ms = timed(lead_ms)
         if queued:
             times.append(ms)
-        else:
-            lead_ms *= 2
+            continue
+        straight = (retried and host_ms >= lead_ms) or 2 * lead_ms > max_lead_ms
+        lead_ms, retried = min(max_lead_ms, max(2 * lead_ms, 3 * host_ms)), True
     return float(statistics.median(times))
 
 

@@ -348,33 +348,48 @@ def test_stall_calibration_times_the_gpu_not_the_cpus_launches() -> None:
     assert busy < 0.8 * launched_ms, (quiet, busy, launched_ms)  # the pass is launch-bound beside the hog
 
 
-def test_stall_calibration_retries_a_pass_the_gpu_reached_early_behind_twice_the_lead() -> None:
-    """A pass the GPU reached while the CPU still launched it is timed again behind a doubled sleep; only queued
-    passes count."""
+def test_stall_calibration_retries_a_pass_the_gpu_reached_early_behind_a_longer_lead() -> None:
+    """A pass the GPU reached while the CPU still launched it is timed again behind a longer sleep (twice the lead,
+    or three times the launch time it took); only queued passes count."""
     from workloads.emulate import CALIBRATION_PASSES, pass_time_ms
 
     leads: list[float] = []
 
-    def timed(lead: float) -> tuple[float, bool]:
+    def timed(lead: float) -> tuple[float, bool, float]:  # launching takes 60 ms: a lead of 50 is too short
         leads.append(lead)
-        return (99.0, False) if lead < 200 else (10.0 + len(leads), True)
+        return (99.0, False, 60.0) if lead < 60 else (10.0 + len(leads), True, 60.0)
 
-    assert pass_time_ms(timed, lead_ms=50.0) == 14.0  # the passes timed 3rd, 4th and 5th: 13, 14, 15 ms
-    assert leads == [50.0, 100.0] + [200.0] * CALIBRATION_PASSES
+    assert pass_time_ms(timed, lead_ms=50.0) == 13.0  # the passes timed 2nd, 3rd and 4th: 12, 13, 14 ms
+    assert leads == [50.0] + [180.0] * CALIBRATION_PASSES
 
 
-def test_stall_calibration_is_bounded_when_the_cpu_never_gets_ahead_of_the_gpu() -> None:
-    """Session 17 (2x H200): near the memory limit the allocator synchronizes the device inside the pass, so no
-    sleep lets the CPU launch ahead; the lead doubled to 102 s and a peer's collective timed out.  Past
-    ``max_lead_ms`` the passes are timed straight (lead 0, a synchronized start), and the sleeps stay bounded."""
-    from workloads.emulate import CALIBRATION_PASSES, MAX_LEAD_MS, pass_time_ms
+def test_stall_calibration_waits_out_a_launch_slowed_by_the_gil() -> None:
+    """A launch slowed to 300 ms by a thread holding the GIL: the next lead is sized from it, and the pass queues."""
+    from workloads.emulate import pass_time_ms
 
     leads: list[float] = []
 
-    def timed(lead: float) -> tuple[float, bool]:
+    def timed(lead: float) -> tuple[float, bool, float]:
         leads.append(lead)
-        return (700.0 if lead == 0 else 5000.0), False  # never queued
+        host = 300.0 + (50.0 if len(leads) == 2 else 0.0)  # jitter: one launch took longer than the first
+        return 2.0, host < lead, host
+
+    assert pass_time_ms(timed) == 2.0
+    assert 0.0 not in leads and leads[:2] == [50.0, 900.0]
+
+
+def test_stall_calibration_is_bounded_when_the_cpu_never_gets_ahead_of_the_gpu() -> None:
+    """Session 17 (2x H200): near the memory limit the allocator synchronizes the device inside the pass, so the
+    CPU's launch lasts the whole sleep, however long; the lead doubled to 102 s and a peer's collective timed out.
+    Now the passes are timed straight (lead 0, a synchronized start) once a lead sized from the launch time fails
+    the same way."""
+    from workloads.emulate import CALIBRATION_PASSES, pass_time_ms
+
+    leads: list[float] = []
+
+    def timed(lead: float) -> tuple[float, bool, float]:
+        leads.append(lead)
+        return (700.0 if lead == 0 else 5000.0), False, lead + 600.0  # the host waits out the sleep and the pass
 
     assert pass_time_ms(timed) == 700.0
-    assert leads == [50.0, 100.0, 200.0, 400.0, 800.0] + [0.0] * CALIBRATION_PASSES
-    assert sum(leads) <= 2 * MAX_LEAD_MS
+    assert leads == [50.0, 1950.0] + [0.0] * CALIBRATION_PASSES
