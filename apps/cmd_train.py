@@ -39,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-workers-per-rank", type=count(), default=None, metavar="W",
                    help="--auto: most loader workers the plan gives one rank (default: no cap of its own; the "
                         "host's cores less one per rank bound them all)")
+    g.add_argument("--loader-check-s", type=real(0.0, 600.0), default=None, metavar="S",
+                   help="--auto: seconds every rank runs its plan's DataLoader at once, before training, to scale the "
+                        "profile's loader costs to what they measured and solve again (default 3, 1 with --quick; "
+                        "0: no check)")
     g.add_argument("--plan-out", default=None, metavar="PATH",
                    help=f"--auto: where rank 0 writes the plan (default {AUTO_PLAN_OUT}, which is only replaced if an "
                         "earlier --auto wrote it; name it here to overwrite any file)")
@@ -150,6 +154,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.auto and args.max_workers_per_rank is not None:
         raise ValidationError("--max-workers-per-rank applies to --auto, which solves the plan; with --plan the plan's "
                               "workers are used: re-plan with `planner plan --max-workers-per-rank W`")
+    if not args.auto and args.loader_check_s is not None:
+        raise ValidationError("--loader-check-s applies to --auto, which solves the plan; with --plan the plan is used "
+                              "as it is")
     pre = preflight(args)
     plan_out = None
     if args.auto:
@@ -289,7 +296,7 @@ def config_from_args(args: argparse.Namespace, env: Any, slowdowns: dict[int, fl
         resume=args.resume, resume_changes=resume_changes, weighting=args.weighting.replace("-", "_"),
         trace_path=args.trace_file.replace("{rank}", str(env.rank)) if args.trace_file else None,
         restart_loader_each_epoch=args.restart_loader_each_epoch, pin_memory=args.pin_memory, pin_ahead=args.pin_ahead,
-        loader_nice=args.loader_nice,
+        loader_nice=args.loader_nice, loader_check_s=args.loader_check_s,
         gpu_normalize=args.gpu_normalize,
         step_log_path=args.step_log.replace("{rank}", str(env.rank)) if args.step_log else None,
         mixed_devices=env.device.type == "cuda" and env.backend == "gloo",

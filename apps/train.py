@@ -530,6 +530,7 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool,
     """
     import sys
 
+    from apps.loader_check import CHECK_S, MIN_CHANGE, QUICK_CHECK_S, checked_profile, time_rank_loader
     from planner.cmd_plan import record_workload
     from planner.quality import check_profile, keep_equal_within_noise
     from profiler.run import gather_profile, profile_this_rank
@@ -540,17 +541,18 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool,
                                      channels_last=channels_last_for(workload, env.device, cfg.mixed_devices),
                                      progress=progress, loader_per_host=True,  # every rank: the same dataset
                                      loader_pin=pin_tree if cfg.pin_ahead else None)  # timed as it will pin
-    profile = gather_profile(rank_profile, workload=workload, progress=progress)
+    gathered = gather_profile(rank_profile, workload=workload, progress=progress)  # rank 0's; None elsewhere
 
-    def decide() -> dict[str, Any]:
-        assert profile is not None
+    options = planner.SolveOptions(
+        min_batch=max(min_batch, 2) if workload.has_batchnorm else min_batch,
+        mode="fsdp" if cfg.fsdp else "ddp",  # FSDP2: the same micro-step count on every rank
+        **({} if max_workers_per_rank is None else {"max_workers_per_rank": max_workers_per_rank}))
+
+    def decide(profile: Profile, warn: bool = True) -> dict[str, Any]:
         quality = check_profile(profile)
-        for line in quality.warning_lines():
-            print(line, file=sys.stderr, flush=True)
-        options = planner.SolveOptions(
-            min_batch=max(min_batch, 2) if workload.has_batchnorm else min_batch,
-            mode="fsdp" if cfg.fsdp else "ddp",  # FSDP2: the same micro-step count on every rank
-            **({} if max_workers_per_rank is None else {"max_workers_per_rank": max_workers_per_rank}))
+        if warn:
+            for line in quality.warning_lines():
+                print(line, file=sys.stderr, flush=True)
         plan = planner.solve(profile, global_batch=global_batch, options=options)
         plan = record_workload(keep_equal_within_noise(profile, plan, quality), profile)
         plan = dataclasses.replace(plan, meta={**plan.meta, "written_by": AUTO_WRITER})
@@ -560,7 +562,34 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool,
             profile.save(profile_out)
         return {"plan": plan.to_dict(), "profile": profile.to_dict()}
 
-    shared = decide_on_rank0(decide)
+    def first() -> dict[str, Any]:
+        assert gathered is not None
+        return decide(gathered)
+
+    shared = decide_on_rank0(first)
+    plan, profile = Plan.from_dict(shared["plan"]), Profile.from_dict(shared["profile"])
+    seconds = cfg.loader_check_s if cfg.loader_check_s is not None else (QUICK_CHECK_S if quick else CHECK_S)
+    if seconds <= 0 or cfg.data_on_device or not any(r.loader is not None for r in profile.ranks):
+        return plan, profile
+    # The plan's loaders, every rank's at once, at its own batches and workers (apps.loader_check).
+    mine = next(r for r in plan.ranks if r.rank == env.rank)
+    workers = mine.num_workers if cfg.loader_workers_cap is None else min(mine.num_workers, cfg.loader_workers_cap)
+    if progress is not None:
+        progress(f"loader check: {workers} workers at {mine.batch_size} samples, {seconds:g} s on every rank")
+    measured = all_gather_json(time_rank_loader(workload.dataset, mine.batch_size, workers, seconds))
+    checked = checked_profile(profile, plan, options, measured, seconds)
+    if checked is None:
+        if env.is_main:
+            print(f"loader check: the plan's loaders ran as modelled (within {MIN_CHANGE:.0%}); plan kept", flush=True)
+        return plan, profile
+    if env.is_main:
+        rec = checked.meta["loader_check"]
+        said = ", ".join(f"rank {i} {1e3 * m:.2f} (model {1e3 * p:.2f})"
+                         for i, (m, p) in enumerate(zip(rec["measured_s_per_sample"], rec["modelled_s_per_sample"],
+                                                        strict=True)) if m is not None)
+        print(f"loader check, ms a sample costs a worker at the plan: {said}; solving again on the measured loaders",
+              flush=True)
+    shared = decide_on_rank0(lambda: decide(checked, warn=False))
     return Plan.from_dict(shared["plan"]), Profile.from_dict(shared["profile"])
 
 

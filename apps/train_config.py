@@ -82,6 +82,10 @@ class TrainConfig:
     reading -- 30 CPU burners, nice or not, left a GPU's compute span flat -- and one launch with nice 10 ran 0.925
     of its prediction against a median of 0.930 over three without (docs/BENCHMARKS.md section 24): not shown to
     help."""
+    loader_check_s: float | None = None
+    """``--auto``: seconds every rank runs its plan's DataLoader at once before training, to scale the profile's
+    loader curves to what they measured and solve again (apps.loader_check; 0: no check; None: 3 s, 1 s with
+    ``--quick``); ``--loader-check-s``."""
     gpu_normalize: bool = False
     """The built-in image datasets hand over uint8 images, normalized on the device (Workload.normalize): a
     quarter of the bytes through shared memory, the pin thread and the host-to-device copy."""

@@ -1,0 +1,91 @@
+"""`planner train --auto`: the plan's DataLoaders timed at the plan's own batches and workers, every rank's at once,
+before training; the loader curves are scaled to what they measured and the plan solved again (#16 item 3, #18
+item 3).
+
+Why.  The profile's loader curve R(n) is taken beside the compute sweep (profiler.loader.measure_scaling), under
+whatever the sweep's phase puts on the host's cores, and the model loads it with the plan's workers
+(planner.loader).  On one host type the cost a worker paid a sample *in training* was steady (2x H100 and 2x
+H200, the PIL pipeline, 30 of 32 cores' workers busy: 6.0-6.8 ms), while the profiles' curves put it anywhere in
+5.3-7.2 ms: the curve's top point R(32) ranged 4410-5602 samples/s over ten profiles of one host type.  A plan
+whose step a loader sets inherits that error whole: session 17's skew launch (2x H200) predicted its loaders
+at 5.33 ms and they ran at 6.06 (+14%), and the Replanner could only confirm it an epoch later.
+
+What.  After the plan is solved, every rank runs its plan's DataLoader (its workers, its batch) for
+``seconds`` at the same time -- the host's real worker contention, which is what the curve is for -- and times
+each batch in the workers (the mean build time, each worker's first batch left out: ``measure_scaling``).
+A rank's measured seconds per sample per worker over the model's at the plan (``loader_costs_s``) scales its
+loader curve (``scaled_loader``); rank 0 solves again on the scaled profile, which the plan, its predictions and
+the Replanner then use.  ``profile.meta["loader_check"]`` keeps what was measured.  The GPUs are idle meanwhile,
+so the training processes' own CPU (launches, pinning: about a core each) is not on the host yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Any
+
+import torch.distributed as dist
+
+from planner.loader import loader_costs_s, scaled_loader
+from planner.options import SolveOptions
+from planner.plan import Plan
+from planner.profile import Profile
+
+CHECK_S = 3.0
+"""Seconds each rank's check iterates its DataLoader (after each worker's first batch); ``--loader-check-s``."""
+QUICK_CHECK_S = 1.0
+"""The same under ``--quick`` (CI-sized runs)."""
+SCALE_ROUNDS = 8
+"""Refinements of the scale factors (``checked_profile``): a few suffice to 1e-4."""
+MIN_CHANGE = 0.02
+"""A measured cost within this fraction of the model's leaves the profile as it is (nothing to correct)."""
+
+
+def time_rank_loader(dataset: Any, batch_size: int, num_workers: int, seconds: float) -> float | None:
+    """Seconds per sample per worker of this rank's DataLoader at its plan (``num_workers`` workers building
+    ``batch_size``-sample batches), every rank timing at once (a barrier first when distributed); None when the
+    rank has no workers or nothing was timed."""
+    from profiler.loader import measure_scaling
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    if num_workers <= 0 or batch_size <= 0:
+        return None
+    points = measure_scaling(dataset, [num_workers], batch_size=batch_size, seconds=seconds)
+    return num_workers / points[0].samples_per_s if points and points[0].samples_per_s > 0 else None
+
+
+def checked_profile(profile: Profile, plan: Plan, options: SolveOptions,
+                    measured: list[float | None], seconds: float) -> Profile | None:
+    """The profile with each rank's loader curve scaled by measured / modelled seconds per sample per worker at
+    ``plan`` (``measured`` by rank), and ``meta["loader_check"]``; None when no rank moved by ``MIN_CHANGE``."""
+    by_rank = sorted(plan.ranks, key=lambda r: r.rank)
+    workers = [r.num_workers for r in by_rank]
+    modelled = loader_costs_s(profile, options, workers=workers)
+    factors = [m / p if m is not None and p > 0 and r.loader is not None else None
+               for m, p, r in zip(measured, modelled, profile.by_rank, strict=True)]
+    if all(f is None or abs(f - 1.0) < MIN_CHANGE for f in factors):
+        return None
+    # Scaling a curve also moves the host's load the model counts from it (planner.loader.host_loads), so the
+    # factors are refined until the checked profile's costs at the plan are the measured ones.
+    checked = profile
+    total = [1.0 if f is None else f for f in factors]
+    for _ in range(SCALE_ROUNDS):
+        checked = _scaled(profile, total)
+        at = loader_costs_s(checked, options, workers=workers)
+        off = [m / a if m is not None and f is not None and a > 0 else 1.0
+               for m, a, f in zip(measured, at, factors, strict=True)]
+        if all(abs(o - 1.0) < 1e-4 for o in off):
+            break
+        total = [t * o for t, o in zip(total, off, strict=True)]
+    record = {"seconds": seconds, "batch_sizes": [r.batch_size for r in by_rank], "workers": workers,
+              "measured_s_per_sample": measured, "modelled_s_per_sample": modelled, "factors": factors, "scale": total,
+              "median_factor": statistics.median([f for f in factors if f is not None])}
+    return dataclasses.replace(checked, meta={**profile.meta, "loader_check": record})
+
+
+def _scaled(profile: Profile, factors: list[float]) -> Profile:
+    ranks = tuple(r if f == 1.0 or r.loader is None else dataclasses.replace(r, loader=scaled_loader(r.loader, f))
+                  for r, f in zip(profile.by_rank, factors, strict=True))
+    return dataclasses.replace(profile, ranks=ranks)
