@@ -22,6 +22,7 @@ so the training processes' own CPU (launches, pinning: about a core each) is not
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 from typing import Any
 
@@ -44,15 +45,22 @@ MIN_CHANGE = 0.02
 
 def time_rank_loader(dataset: Any, batch_size: int, num_workers: int, seconds: float) -> float | None:
     """Seconds per sample per worker of this rank's DataLoader at its plan (``num_workers`` workers building
-    ``batch_size``-sample batches), every rank timing at once (a barrier first when distributed); None when the
-    rank has no workers or nothing was timed."""
+    ``batch_size``-sample batches, prefetching as training will: ``apps.steps.loader_prefetch``), every rank
+    timing at once (a barrier first when distributed); None when the rank has no workers or nothing was timed."""
+    from apps.steps import loader_prefetch, shm_free_bytes, tensor_nbytes
     from profiler.loader import measure_scaling
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     if num_workers <= 0 or batch_size <= 0:
         return None
-    points = measure_scaling(dataset, [num_workers], batch_size=batch_size, seconds=seconds)
+    try:
+        sample = tensor_nbytes(dataset[0])
+    except Exception:  # an iterable or failing dataset: torch's own prefetch
+        sample = 0
+    prefetch, _ = loader_prefetch(num_workers, sample * batch_size, shm_free_bytes(),
+                                  int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    points = measure_scaling(dataset, [num_workers], batch_size=batch_size, seconds=seconds, prefetch_factor=prefetch)
     return num_workers / points[0].samples_per_s if points and points[0].samples_per_s > 0 else None
 
 

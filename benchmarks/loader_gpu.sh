@@ -85,7 +85,7 @@ for i in $(seq 1 "$LAUNCHES"); do
       --global-batch "$GLOBAL_BATCH" --model "$MODEL" $AMP --epochs "$epochs" --num-samples "$NUM_SAMPLES" \
       --replan "${emulate[@]}" "${extra[@]}" --quiet --log-file "$OUT/${tag}_run.jsonl" --plan-out "$OUT/${tag}_plan.json" \
       --step-log "$OUT/${tag}_steps{rank}.jsonl" --profile-out "$OUT/${tag}_profile.json" > "$OUT/${tag}_train.log" 2>&1
-    echo "  train rc=$?"; grep -E "^epoch" "$OUT/${tag}_train.log" | tail -"$epochs"
+    echo "  train rc=$?"; grep -E "^loader check" "$OUT/${tag}_train.log"; grep -E "^epoch" "$OUT/${tag}_train.log" | tail -"$epochs"
     if [ -s "$OUT/${tag}_run.jsonl" ] && [ -s "$OUT/${tag}_plan.json" ]; then
       "$PY" -m planner report --profile "$OUT/${tag}_profile.json" --plan "$OUT/${tag}_plan.json" \
         --log "$OUT/${tag}_run.jsonl" --out "$OUT/${tag}_report.html" --json "$OUT/${tag}_report.json" \

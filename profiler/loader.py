@@ -242,7 +242,7 @@ def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, second
                     collate_fn: Callable[[list[Any]], Any] | None = None,
                     walls: dict[int, float] | None = None,
                     handover: list[tuple[float, int]] | None = None,
-                    pin: Callable[[Any], Any] | None = None) -> list[LoaderPoint]:
+                    pin: Callable[[Any], Any] | None = None, prefetch_factor: int | None = None) -> list[LoaderPoint]:
     """samples/s of a DataLoader with each worker count: ``w * batch / mean build time`` of the batches its
     workers built in ``seconds`` of iteration, each worker's first batch (start-up, first touch) left out.  The
     mean, not the median: W workers deliver a batch per mean build time / W, slow batches included, and the run's
@@ -256,15 +256,17 @@ def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, second
     count's wall seconds (start-up, timing and shut-down: what the scan costs).  ``handover``, when given (a
     CUDA host), gets (bytes/s, bytes) of each big batch pinned while the last worker count runs
     (``_HandoverReader``): the training process's pin while the host's workers build at full load
-    (planner.loader.handover_costs_s), pinned with ``pin`` (LoaderOptions.pin)."""
+    (planner.loader.handover_costs_s), pinned with ``pin`` (LoaderOptions.pin).  ``prefetch_factor``: the
+    DataLoader's (None: torch's default), for big batches on a small /dev/shm (apps.loader_check)."""
     out = []
     timed = _BuildTimed(dataset, collate_fn or default_collate)
     reader: _HandoverReader | None = None
     for w in workers:
         t_point = time.perf_counter()
         batches = BatchSampler(RandomSampler(range(len(dataset))), batch_size, drop_last=True)
-        loader: DataLoader[tuple[Any, float]] = DataLoader(timed, sampler=batches, batch_size=None, num_workers=w,
-                                                            persistent_workers=False)
+        loader: DataLoader[tuple[Any, float]] = DataLoader(
+            timed, sampler=batches, batch_size=None, num_workers=w, persistent_workers=False,
+            prefetch_factor=prefetch_factor if w > 0 else None)
         builds: list[float] = []
         it = iter(loader)
         try:
