@@ -14,8 +14,13 @@ What.  After the plan is solved, every rank runs its plan's DataLoader (its work
 ``seconds`` at the same time -- the host's real worker contention, which is what the curve is for -- and times
 each batch in the workers (the mean build time, each worker's first batch left out: ``measure_scaling``).
 A rank's measured seconds per sample per worker over the model's at the plan (``loader_costs_s``) scales its
-loader curve (``scaled_loader``); rank 0 solves again on the scaled profile, which the plan, its predictions and
-the Replanner then use.  ``profile.meta["loader_check"]`` keeps what was measured.  The GPUs are idle meanwhile,
+loader curve (``scaled_loader``); the plan's predictions, and the Replanner's, then come from the scaled profile.
+The split itself changes only for a gain of ``min_gain`` (the Replanner's threshold, ``after_check``): the
+model's optimum is flat -- on session 17's skew profiles (2x H200) splits as far apart as [393, 119] on [23, 7]
+workers and [462, 50] on [27, 3] predicted within 1% of each other -- and the first version of this check, which
+always took the new optimum, jumped to such far corners on 3-6% loader changes in both its skew launches
+([462, 50] and [478, 34]); they ran 20-28% slower than the split they left, and the Replanner took an epoch to
+move back.  ``profile.meta["loader_check"]`` keeps what was measured.  The GPUs are idle meanwhile,
 so the training processes' own CPU (launches, pinning: about a core each) is not on the host yet.
 """
 
@@ -28,6 +33,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+import planner
 from planner.loader import loader_costs_s, scaled_loader
 from planner.options import SolveOptions
 from planner.plan import Plan
@@ -97,3 +103,22 @@ def _scaled(profile: Profile, factors: list[float]) -> Profile:
     ranks = tuple(r if f == 1.0 or r.loader is None else dataclasses.replace(r, loader=scaled_loader(r.loader, f))
                   for r, f in zip(profile.by_rank, factors, strict=True))
     return dataclasses.replace(profile, ranks=ranks)
+
+
+def after_check(checked: Profile, plan: Plan, options: SolveOptions, min_gain: float) -> tuple[Plan, str]:
+    """(plan, what was done): the split solved again on the checked profile when that predicts at least
+    ``min_gain`` faster than ``plan``'s own split evaluated on it; else ``plan``'s split with its predictions from
+    the checked profile (module docstring: the optimum is flat, and far corners ran slow)."""
+    by_rank = sorted(plan.ranks, key=lambda r: r.rank)
+    kept = planner.evaluate(checked, [r.batch_size for r in by_rank], [r.accumulation_steps for r in by_rank],
+                            num_workers=[r.num_workers for r in by_rank], options=options)
+    again = planner.solve(checked, global_batch=plan.global_batch, options=options)
+    t_kept, t_again = kept.predicted.step_time_s, again.predicted.step_time_s
+    if t_again <= t_kept * (1.0 - min_gain):
+        return again, f"solved again: {1e3 * t_kept:.1f} ms -> {1e3 * t_again:.1f} ms predicted"
+    solver = {**plan.solver, "profile_fingerprint": checked.fingerprint(),
+              "loader_check": {"kept": True, "resolved_step_time_s": t_again,
+                               "resolved_batch_sizes": [r.batch_size for r in again.ranks]}}
+    return (dataclasses.replace(kept, solver=solver, meta=plan.meta),
+            f"split kept, predicted {1e3 * t_kept:.1f} ms (a re-solve gained {1 - t_again / t_kept:.1%}, under "
+            f"{min_gain:.0%})")

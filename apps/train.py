@@ -530,7 +530,7 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool,
     """
     import sys
 
-    from apps.loader_check import CHECK_S, MIN_CHANGE, QUICK_CHECK_S, checked_profile, time_rank_loader
+    from apps.loader_check import CHECK_S, MIN_CHANGE, QUICK_CHECK_S, after_check, checked_profile, time_rank_loader
     from planner.cmd_plan import record_workload
     from planner.quality import check_profile, keep_equal_within_noise
     from profiler.run import gather_profile, profile_this_rank
@@ -548,13 +548,18 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool,
         mode="fsdp" if cfg.fsdp else "ddp",  # FSDP2: the same micro-step count on every rank
         **({} if max_workers_per_rank is None else {"max_workers_per_rank": max_workers_per_rank}))
 
-    def decide(profile: Profile, warn: bool = True) -> dict[str, Any]:
+    def decide(profile: Profile, warn: bool = True, checked_from: Plan | None = None) -> dict[str, Any]:
         quality = check_profile(profile)
         if warn:
             for line in quality.warning_lines():
                 print(line, file=sys.stderr, flush=True)
-        plan = planner.solve(profile, global_batch=global_batch, options=options)
-        plan = record_workload(keep_equal_within_noise(profile, plan, quality), profile)
+        if checked_from is None:
+            plan = planner.solve(profile, global_batch=global_batch, options=options)
+            plan = keep_equal_within_noise(profile, plan, quality)
+        else:  # after the loader check: a new split only for a real gain (apps.loader_check.after_check)
+            plan, done = after_check(profile, checked_from, options, cfg.replan_threshold)
+            print(f"loader check: {done}", flush=True)
+        plan = record_workload(plan, profile)
         plan = dataclasses.replace(plan, meta={**plan.meta, "written_by": AUTO_WRITER})
         if plan_out:
             plan.save(plan_out)
@@ -587,9 +592,8 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool,
         said = ", ".join(f"rank {i} {1e3 * m:.2f} (model {1e3 * p:.2f})"
                          for i, (m, p) in enumerate(zip(rec["measured_s_per_sample"], rec["modelled_s_per_sample"],
                                                         strict=True)) if m is not None)
-        print(f"loader check, ms a sample costs a worker at the plan: {said}; solving again on the measured loaders",
-              flush=True)
-    shared = decide_on_rank0(lambda: decide(checked, warn=False))
+        print(f"loader check, ms a sample costs a worker at the plan: {said}", flush=True)
+    shared = decide_on_rank0(lambda: decide(checked, warn=False, checked_from=plan))
     return Plan.from_dict(shared["plan"]), Profile.from_dict(shared["profile"])
 
 

@@ -81,3 +81,34 @@ def test_auto_checks_the_plans_loaders_and_keeps_plan_and_profile_together(tmp_p
         assert rec["seconds"] == 0.5 and len(rec["measured_s_per_sample"]) == 2
     else:
         assert "plan kept" in lines[0] and "loader_check" not in profile.meta
+
+
+def test_after_the_check_the_split_changes_only_for_a_real_gain() -> None:
+    """Session 17's first skew launch with the check (2x H200): the check put the loaders 3.6% and 6.5% above the
+    model, and always taking the new optimum jumped from [393, 119] on [23, 7] workers to [462, 50] on [27, 3]
+    (predicted 0.9% faster; it ran 20% slower).  Now the split is kept, with its predictions from the checked
+    profile, unless a re-solve gains the Replanner's 5%."""
+    import dataclasses
+
+    from apps.loader_check import after_check
+    from planner.loader import scaled_loader
+
+    checked = Profile.load(str(RESULTS / "h200x2_train_auto_replan_s17d_skewS_r1_profile.json"))
+    opts = Plan.load(str(RESULTS / "h200x2_train_auto_replan_s17d_skewS_r1_plan.json")).options
+    scale = checked.meta["loader_check"]["scale"]
+    unchecked = dataclasses.replace(checked, ranks=tuple(
+        dataclasses.replace(r, loader=scaled_loader(r.loader, 1 / s)) for r, s in zip(checked.by_rank, scale)))
+    first = planner.solve(unchecked, global_batch=512, options=opts)
+    assert [r.batch_size for r in first.ranks] == [393, 119] and [r.num_workers for r in first.ranks] == [23, 7]
+
+    kept, said = after_check(checked, first, opts, 0.05)
+    assert [r.batch_size for r in kept.ranks] == [393, 119] and [r.num_workers for r in kept.ranks] == [23, 7]
+    assert "kept" in said and kept.solver["loader_check"]["kept"] is True
+    assert kept.solver["profile_fingerprint"] == checked.fingerprint()
+    # its predictions are the checked profile's: slower than the first plan's, as the loaders measured
+    again_at = planner.evaluate(checked, [393, 119], num_workers=[23, 7], options=opts)
+    assert kept.predicted.step_time_s == pytest.approx(again_at.predicted.step_time_s)
+    assert kept.predicted.step_time_s > 1.03 * first.predicted.step_time_s
+
+    moved, said = after_check(checked, first, opts, 0.0)  # no threshold: the far corner the launch ran
+    assert [r.batch_size for r in moved.ranks] == [462, 50] and "solved again" in said
