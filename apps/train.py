@@ -69,7 +69,7 @@ from runtime.accumulate import MicroStep, micro_steps
 from runtime.replan import Replanner
 from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler
-from runtime.timing import StepTimer, close_compute_on_last_gradient, peer_data_waits
+from runtime.timing import ComputeStart, StepTimer, close_compute_on_last_gradient, peer_data_waits
 from runtime.weighting import loss_scale, register_weighted_hook, step_weights
 from workloads.emulate import Slowdown
 from workloads.specs import Workload, build_workload
@@ -116,6 +116,9 @@ class Run:
     """The plan this invocation was started with (recorded in checkpoints; a resume compares it)."""
     last_saved: tuple[int, int] | None = None
     """(epoch, step) of the newest checkpoint of this run: the last finite state when the loss diverges."""
+    open_compute: Callable[[], None] | None = None
+    """Opens the step's compute span (runtime.timing.ComputeStart: under DDP, after its buffer broadcast); None:
+    ``timer.compute_start``."""
     micro: _MicroFlag = field(default_factory=lambda: _MicroFlag())
     """Whether the micro-batch being run is its step's last (the compute-span hook reads it)."""
     progress: Progress = field(default_factory=no_progress)
@@ -201,7 +204,7 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
                optimizer=torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9), timer=timer, hetero=hetero,
                batch_sampler=batch_sampler, dsampler=dsampler, scale_loss=scale_loss, channels_last=cl,
                replanner=replanner, log=RunLogWriter(None), to_device=DeviceCopy(device, cl, workload.normalize),
-               start_plan=plan, micro=micro)
+               start_plan=plan, micro=micro, open_compute=ComputeStart(ddp, timer))
 
 
 def rank_loader(run: Run) -> Any:
@@ -270,7 +273,7 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
         token_scale = (step_weights(run.workload.weight_fn(y)).loss_scale()
                        if run.scale_loss and run.workload.weight_fn is not None else None)
         if first_micro:
-            run.timer.compute_start()
+            (run.open_compute or run.timer.compute_start)()
         run.micro.last = last
         with sync_only_if(run.ddp, last):
             with autocast_for(cfg, device):

@@ -126,8 +126,9 @@ class _Step:
     end_event: DeviceEvent | None = None
     lead_s: float | None = None
     """Seconds from the previous step's end (after its optimizer step) to this step's forward start: on CUDA the
-    device's idle time before the step (its batch's copy, the host launching late), on the host clock the data
-    wait and the loop between.  None for an epoch's first step."""
+    device's idle time before the step (its batch's copy, the host launching late, and -- with the span opened by
+    ``ComputeStart`` -- its wait for a late peer in DDP's forward-start buffer broadcast), on the host clock the
+    data wait and the loop between.  None for an epoch's first step."""
     prev_end: DeviceEvent | None = None
     host_compute_s: float | None = None
     """The host clock from ``compute_start`` to ``compute_end`` (None: not closed).  With device events the host
@@ -492,6 +493,39 @@ class StepTimer:
             if worst - mine > limit:
                 late.update((i, i + 1))
         return late
+
+
+class ComputeStart:
+    """Opens a timer's compute span where the model's own forward begins: after DDP's forward-start work.
+
+    ``DistributedDataParallel`` (``broadcast_buffers=True``, its default) broadcasts the module's buffers from
+    rank 0 at the start of every training forward -- a collective.  A rank that starts its step ahead of a late
+    peer waits in it, so a span opened before ``ddp(x)`` counts that wait as the rank's own compute.  Session 17
+    (2x H200, the skew case, docs/BENCHMARKS.md section 25): the rank that never waited for data showed the long
+    compute spans (p90 96-120 ms on a median of 83.5) in the steps it started ahead of its data-starved peer.
+    Under DDP this instance registers a forward pre-hook on the wrapped module; calling it arms the hook, which
+    opens the span once, when DDP hands the batch to the module.  The wait moves from ``compute_s`` to the step's
+    ``lead_s``.  Without DDP (one rank, FSDP2) calling it opens the span at once.  Call it right before the step's
+    first forward (``compute_start``'s place)."""
+
+    def __init__(self, model: torch.nn.Module, timer: StepTimer) -> None:
+        self._timer = timer
+        self._armed = False
+        inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
+        self.hooked = isinstance(inner, torch.nn.Module)
+        if self.hooked:
+            inner.register_forward_pre_hook(self._fire)  # type: ignore[union-attr]
+
+    def __call__(self) -> None:
+        if self.hooked:
+            self._armed = True
+        else:
+            self._timer.compute_start()
+
+    def _fire(self, _module: Any, _args: Any) -> None:
+        if self._armed:  # once a step: the emulation's extra passes call the module again
+            self._armed = False
+            self._timer.compute_start()
 
 
 def close_compute_on_last_gradient(model: torch.nn.Module, timer: StepTimer,

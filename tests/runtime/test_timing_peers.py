@@ -78,3 +78,64 @@ def _exchange_worker(rank: int, world_size: int) -> None:
 def test_peer_data_waits_over_gloo() -> None:
     run_distributed(_exchange_worker, 2, timeout_s=120.0)
     assert peer_data_waits(StepTimer("cpu")) == [[]]  # no process group: this rank's own only
+
+
+LATE_S = 0.25
+
+
+def _late_peer_steps(rank: int, world_size: int, hooked: bool) -> None:
+    """Rank 1 starts every step LATE_S after rank 0.  Under DDP rank 0 then waits in the forward's buffer broadcast
+    (BatchNorm's running stats): inside its compute span when the span opens before ``ddp(x)``, in its lead when
+    ``ComputeStart`` opens it where the module's forward begins."""
+    import statistics
+    import time
+
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from runtime.timing import ComputeStart
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 1))
+    ddp = DDP(model)
+    timer = StepTimer("cpu")
+    opener = ComputeStart(ddp, timer)
+    assert opener.hooked
+    start = opener if hooked else timer.compute_start
+    x = torch.randn(32, 8)
+    for _ in range(6):
+        if rank == 1:
+            time.sleep(LATE_S)
+        start()
+        ddp(x).sum().backward()
+        timer.compute_end()
+        timer.step_end()
+    series = timer.series()
+    compute = statistics.median(c for c in series["compute_s"][1:] if c is not None)
+    lead = statistics.median(v for v in series["lead_s"][1:] if v is not None)
+    if rank == 0 and hooked:
+        assert compute < 0.5 * LATE_S < lead, (compute, lead)  # the wait is the step's lead, not its compute
+    elif rank == 0:
+        assert compute > 0.8 * LATE_S, (compute, lead)  # the negative control: the wait read as compute
+    else:
+        assert compute < 0.5 * LATE_S < lead, (compute, lead)  # the late rank's own sleep is its lead
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("hooked", [True, False])
+def test_a_wait_in_ddps_buffer_broadcast_is_lead_not_compute(hooked: bool) -> None:
+    run_distributed(_late_peer_steps, 2, hooked)
+
+
+def test_compute_start_without_ddp_opens_the_span_at_once() -> None:
+    import torch
+
+    from runtime.timing import ComputeStart
+
+    timer = StepTimer("cpu")
+    opener = ComputeStart(torch.nn.Linear(2, 2), timer)
+    assert not opener.hooked
+    opener()
+    timer.compute_end()
+    timer.step_end()
+    assert timer.series()["compute_s"][0] is not None
