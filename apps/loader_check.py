@@ -1,13 +1,13 @@
 """`planner train --auto`: the plan's DataLoaders timed at the plan's own batches and workers, every rank's at once,
-before training; the loader curves are scaled to what they measured and the plan solved again (#16 item 3, #18
-item 3).
+before training; the loader curves are scaled to what they measured, and the plan's predictions with them (#16
+item 3, #18 item 3).
 
 Why.  The profile's loader curve R(n) is taken beside the compute sweep (profiler.loader.measure_scaling), under
 whatever the sweep's phase puts on the host's cores, and the model loads it with the plan's workers
-(planner.loader).  On one host type the cost a worker paid a sample *in training* was steady (2x H100 and 2x
-H200, the PIL pipeline, 30 of 32 cores' workers busy: 6.0-6.8 ms), while the profiles' curves put it anywhere in
-5.3-7.2 ms: the curve's top point R(32) ranged 4410-5602 samples/s over ten profiles of one host type.  A plan
-whose step a loader sets inherits that error whole: session 17's skew launch (2x H200) predicted its loaders
+(planner.loader).  Against what a worker paid a sample *in training* (the step logs of 53 launches on 2x H100 and
+2x H200, the PIL pipeline) the model's cost missed by a median 5.4% and by up to 21%, and the curve itself moved
+between profiles of one host type: its top point R(32) ranged 4410-5602 samples/s over nine skew profiles on
+2x H100.  A plan whose step a loader sets inherits that error whole: session 17's skew launch (2x H200) predicted its loaders
 at 5.33 ms and they ran at 6.06 (+14%), and the Replanner could only confirm it an epoch later.
 
 What.  After the plan is solved, every rank runs its plan's DataLoader (its workers, its batch) for
