@@ -82,6 +82,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="plan+replan only: rank R becomes F x slower from its second epoch (default: none)")
     p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES), metavar="LIST",
                    help=f"subset of {','.join(STRATEGIES)} (ideal is always measured)")
+    p.add_argument("--loader-check-s", type=real(0.0, 600.0), default=None, metavar="S",
+                   help="--data loader: seconds every rank runs the plan's DataLoader at once before the rounds, to "
+                        "correct the loader costs as `planner train --auto` does (default 3, 1 with --quick; 0: no "
+                        "check)")
     p.add_argument("--label", default=None, metavar="TEXT", help="name of the heterogeneity, stored in the JSON")
     p.add_argument("--timeout", type=real(0.0, lo_open=True), default=1800.0, metavar="S", help="kill every rank after S seconds")
     p.add_argument("--json", default=None, metavar="PATH",
@@ -309,13 +313,16 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     if env.is_main:  # the plan below is only as good as this profile: say so before the numbers
         for line in quality.warning_lines():
             print(line, file=sys.stderr, flush=True)
-    if env.is_main and opts.get("profile_out"):
-        profile.save(opts["profile_out"])
     profile_s = time.perf_counter() - t0
     min_batch = 2 if workload.has_batchnorm else 1
 
     # What `planner plan` would hand the user: the equal split when the optimum's gain is inside the profile's noise.
     plan = keep_equal_within_noise(profile, planner.solve(profile, global_batch=B, min_batch=min_batch), quality)
+    loader_check = None
+    if not on_device:  # as `planner train --auto` does: the plan's loaders timed at once (apps.loader_check)
+        profile, plan, loader_check = _check_loaders(env, opts, workload, profile, plan, cap)
+    if env.is_main and opts.get("profile_out"):
+        profile.save(opts["profile_out"])
     if env.is_main:
         for line in extrapolation_lines(plan, profile):
             print(line, file=sys.stderr, flush=True)
@@ -437,8 +444,29 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
         # Which batches the profile measured on each rank: a prediction there is in-sample (summarize_bench.py).
         "profile_batch_sizes": [[p.batch_size for p in r.compute] for r in profile.by_rank],
         "plan": plan.to_dict(),
+        # The loader check before the rounds (None: not run): what it measured, and whether the split moved.
+        "loader_check": loader_check,
     }
     return out
+
+
+def _check_loaders(env: Any, opts: dict[str, Any], workload: Any, profile: Any, plan: Any,
+                   cap: int | None) -> tuple[Any, Any, dict[str, Any] | None]:
+    """(profile, plan, record) after `planner train --auto`'s loader check (apps.loader_check; every rank at once,
+    ``--loader-check-s``); the inputs and None when it does not run (0 s, or no loader in the profile)."""
+    from apps.loader_check import KEEP_UNLESS_GAIN, after_check, check_seconds, checked_profile, measure_plan_loaders
+
+    seconds = check_seconds(opts.get("loader_check_s"), opts["quick"])
+    if seconds <= 0 or not any(r.loader is not None for r in profile.ranks):
+        return profile, plan, None
+    measured = measure_plan_loaders(env.rank, workload.dataset, plan, seconds, cap)
+    checked = checked_profile(profile, plan, plan.options, measured, seconds)
+    if checked is None:
+        return profile, plan, {"seconds": seconds, "measured_s_per_sample": measured, "changed": False}
+    plan, done = after_check(checked, plan, plan.options, KEEP_UNLESS_GAIN)
+    if env.is_main:
+        print(f"loader check: {done}", file=sys.stderr, flush=True)
+    return checked, plan, {**checked.meta["loader_check"], "changed": True, "done": done}
 
 
 def proportional_split(profile: Any, B: int, min_batch: int) -> list[int]:

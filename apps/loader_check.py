@@ -45,6 +45,8 @@ QUICK_CHECK_S = 1.0
 """The same under ``--quick`` (CI-sized runs)."""
 SCALE_ROUNDS = 8
 """Refinements of the scale factors (``checked_profile``): a few suffice to 1e-4."""
+KEEP_UNLESS_GAIN = 0.05
+"""``after_check``'s bar where no Replanner threshold applies (`planner bench`): the Replanner's default."""
 MIN_CHANGE = 0.02
 """A measured cost within this fraction of the model's leaves the profile as it is (nothing to correct)."""
 
@@ -68,6 +70,22 @@ def time_rank_loader(dataset: Any, batch_size: int, num_workers: int, seconds: f
                                   int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     points = measure_scaling(dataset, [num_workers], batch_size=batch_size, seconds=seconds, prefetch_factor=prefetch)
     return num_workers / points[0].samples_per_s if points and points[0].samples_per_s > 0 else None
+
+
+def check_seconds(given: float | None, quick: bool) -> float:
+    """The check's seconds: ``--loader-check-s`` when given, else ``CHECK_S`` (``QUICK_CHECK_S`` with ``--quick``)."""
+    return (QUICK_CHECK_S if quick else CHECK_S) if given is None else float(given)
+
+
+def measure_plan_loaders(rank: int, dataset: Any, plan: Plan, seconds: float,
+                         cap: int | None = None) -> list[float | None]:
+    """Collective: every rank's ``time_rank_loader`` at ``plan`` (its workers, capped at ``cap``: an emulated
+    worker cap), by rank."""
+    from collectives import all_gather_json
+
+    mine = next(r for r in plan.ranks if r.rank == rank)
+    workers = mine.num_workers if cap is None else min(cap, mine.num_workers)
+    return [x for x in all_gather_json(time_rank_loader(dataset, mine.batch_size, workers, seconds))]
 
 
 def checked_profile(profile: Profile, plan: Plan, options: SolveOptions,

@@ -533,7 +533,7 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool,
     """
     import sys
 
-    from apps.loader_check import CHECK_S, MIN_CHANGE, QUICK_CHECK_S, after_check, checked_profile, time_rank_loader
+    from apps.loader_check import MIN_CHANGE, after_check, check_seconds, checked_profile, measure_plan_loaders
     from planner.cmd_plan import record_workload
     from planner.quality import check_profile, keep_equal_within_noise
     from profiler.run import gather_profile, profile_this_rank
@@ -576,15 +576,13 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool,
 
     shared = decide_on_rank0(first)
     plan, profile = Plan.from_dict(shared["plan"]), Profile.from_dict(shared["profile"])
-    seconds = cfg.loader_check_s if cfg.loader_check_s is not None else (QUICK_CHECK_S if quick else CHECK_S)
+    seconds = check_seconds(cfg.loader_check_s, quick)
     if seconds <= 0 or cfg.data_on_device or not any(r.loader is not None for r in profile.ranks):
         return plan, profile
     # The plan's loaders, every rank's at once, at its own batches and workers (apps.loader_check).
-    mine = next(r for r in plan.ranks if r.rank == env.rank)
-    workers = mine.num_workers if cfg.loader_workers_cap is None else min(mine.num_workers, cfg.loader_workers_cap)
     if progress is not None:
-        progress(f"loader check: {workers} workers at {mine.batch_size} samples, {seconds:g} s on every rank")
-    measured = all_gather_json(time_rank_loader(workload.dataset, mine.batch_size, workers, seconds))
+        progress(f"loader check: the plan's DataLoaders, {seconds:g} s on every rank")
+    measured = measure_plan_loaders(env.rank, workload.dataset, plan, seconds, cfg.loader_workers_cap)
     checked = checked_profile(profile, plan, options, measured, seconds)
     if checked is None:
         if env.is_main:

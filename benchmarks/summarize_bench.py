@@ -60,6 +60,10 @@ WINDOW = "synchronized window"
 PREFETCH = "window inside the loader's prefetch"
 """A DataLoader-fed launch whose window opened after one step of its epoch, before the batches the workers had
 built ahead were spent (apps.steps.loader_drain_steps): a loader-bound rank ran on them, not at its loader's pace."""
+LOADER_CHECK = "loader check before the rounds"
+"""A DataLoader-fed launch that timed the plan's loaders before its rounds and corrected the profile by them
+(apps.loader_check, `meta.loader_check`; session 17): its predictions come from another model than the launches
+before it."""
 PART_CYCLE = "window over part of the loader workers' cycle"
 """A DataLoader-fed launch whose window for some split was not whole cycles of the workers of the ranks near their
 loader's pace (apps.bench.window_steps, session 8): those workers deliver in bursts, and a window over part of a
@@ -164,6 +168,8 @@ def launch_from(file: str, r: dict[str, Any]) -> Launch:
             setting = f"{setting}; {PREFETCH}"
         elif "DataLoader" in str(m.get("data", "")) and _part_cycle(r):
             setting = f"{setting}; {PART_CYCLE}"
+    if m.get("loader_check"):
+        setting = f"{setting}; {LOADER_CHECK}" if setting else LOADER_CHECK
     key = (_hardware(m.get("devices", [])), workload, str(m.get("heterogeneity")), setting)
     rounds, pred, batches, ins = {}, {}, {}, {}
     for name in ORDER:

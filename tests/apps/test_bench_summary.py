@@ -129,6 +129,17 @@ def test_loader_windows_over_part_of_a_worker_cycle_form_their_own_group() -> No
     assert part.key[:3] == whole.key[:3]
 
 
+def test_launches_with_the_loader_check_form_their_own_group() -> None:
+    """A loader-fed launch whose profile the loader check corrected (meta.loader_check, session 17) predicts from
+    another model than the launches before it: not pooled with them."""
+    results = ROOT / "docs" / "results"
+    before = json.loads((results / "h100x2_resnet50_loader_skew_s16.json").read_text())
+    after = json.loads(json.dumps(before))
+    after["meta"]["loader_check"] = {"seconds": 3.0, "changed": True}
+    a, b = sb.launch_from("a.json", before), sb.launch_from("b.json", after)
+    assert a.key[:3] == b.key[:3] and a.key[3] != b.key[3] and sb.LOADER_CHECK in b.key[3]
+
+
 def test_each_emulation_mode_forms_its_own_group() -> None:
     """Session 16's F = 3 launch with the stall emulation (PLANNER_EMULATE_MODE=stall, meta.emulate_mode) is not
     pooled with the default interleave launches at F = 3."""
