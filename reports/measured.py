@@ -228,21 +228,23 @@ def compute_tail_cause(rank: int, pred: float, median: float, mean: float, sprea
     train`'s skew case ran 20-50 ms long in 15-40% of its steps, but its compute span stayed flat (p90 within 0.3 ms
     of its median) on one GPU beside 30 CPU burners (nice 0 or 10), beside a 23-worker DataLoader whose pinned
     batches it trained on, and on two GPUs under DDP with the batches already on the device.  A busy host alone --
-    session 15's reading -- is therefore not the cause.  Two suspects, not yet told apart: ranks starting a step
-    out of step, so the early rank's all-reduce kernels wait on its GPU beside its own backward (the fast-rank
-    effect of section 12), or the host closing the span late (the hook that records its end waiting for the GIL or
-    a core); the step log's ``lead_ms`` and ``host_compute_ms`` and benchmarks/phase_table.py test them.  The
-    host's busy share is named as context."""
+    session 15's reading -- is therefore not the cause.  Session 17 (2x H200, section 25) told the suspects apart
+    with the step log's ``lead_ms`` (benchmarks/phase_table.py): 57 of the 60 long spans of the rank that never
+    waited for data came in steps it started ahead of its data-starved peer, the span tracking the head start with
+    a correlation of 0.98-1.00 -- its wait for the peer in DDP's buffer broadcast at the forward's start, which
+    spans opened before ``ddp(x)`` counted as compute.  Runs since open the span after it
+    (runtime.timing.ComputeStart), so such a tail in a newer log is something else.  The host's busy share is named
+    as context."""
     head = (f"rank {rank}'s compute is on its curve in most steps (median {1000 * median:.1f} ms against "
             f"{1000 * pred:.1f} ms predicted for the rank) but averages {1000 * mean:.1f} ms: some steps run far "
             f"longer than the typical {1000 * spread:.1f} ms spread")
     busy = f" (its host's cores {host_busy:.0%} busy)" if host_busy is not None else ""
     if loader_and_peers:
         return (f"{head}{busy} -- on 2x H100 such long steps came only with DataLoaders and DDP peers together, "
-                "not from a busy CPU or the loader alone; the suspects are the ranks starting steps out of step (an "
-                "early rank's all-reduce kernels waiting beside its backward) and the host closing the span late; "
-                "`planner train --step-log` records each step's lead and host span to tell them apart "
-                "(benchmarks/phase_table.py)")
+                "not from a busy CPU or the loader alone; on 2x H200 they were steps this rank started ahead of a "
+                "peer late with its data, waiting for it in DDP's buffer broadcast at the forward's start (spans "
+                "now open after it): look at the peers' data waits; `planner train --step-log` records each step's "
+                "lead (benchmarks/phase_table.py)")
     return (f"{head}{busy} -- something else stalls it now and then (a co-tenant, the garbage collector, the host); "
             "`planner train --step-log` records every step to find when")
 

@@ -193,6 +193,8 @@ def test_the_compute_tail_names_what_session_16_measured_not_the_busy_host() -> 
                            "for the rank) but averages 104.4 ms")
     assert "(its host's cores 94% busy) -- on 2x H100 such long steps came only with DataLoaders and DDP peers" in line
     assert "not from a busy CPU or the loader alone" in line and "lead" in line
+    # session 17's step leads: steps started ahead of a data-late peer, the wait in DDP's buffer broadcast
+    assert "waiting for it in DDP's buffer broadcast" in line and "peers' data waits" in line
     assert "waits for a core" not in line and "--max-workers-per-rank" not in line
     alone = compute_tail_cause(0, 0.0952, 0.0975, 0.1044, 0.0015, None, loader_and_peers=False)
     assert "something else stalls it" in alone and "busy" not in alone
