@@ -454,7 +454,14 @@ def _check_loaders(env: Any, opts: dict[str, Any], workload: Any, profile: Any, 
                    cap: int | None) -> tuple[Any, Any, dict[str, Any] | None]:
     """(profile, plan, record) after `planner train --auto`'s loader check (apps.loader_check; every rank at once,
     ``--loader-check-s``); the inputs and None when it does not run (0 s, or no loader in the profile)."""
-    from apps.loader_check import KEEP_UNLESS_GAIN, after_check, check_seconds, checked_profile, measure_plan_loaders
+    from apps.loader_check import (
+        KEEP_UNLESS_GAIN,
+        after_check,
+        check_seconds,
+        checked_profile,
+        measure_plan_loaders,
+        measured_line,
+    )
 
     seconds = check_seconds(opts.get("loader_check_s"), opts["quick"])
     if seconds <= 0 or not any(r.loader is not None for r in profile.ranks):
@@ -465,7 +472,7 @@ def _check_loaders(env: Any, opts: dict[str, Any], workload: Any, profile: Any, 
         return profile, plan, {"seconds": seconds, "measured_s_per_sample": measured, "changed": False}
     plan, done = after_check(checked, plan, plan.options, KEEP_UNLESS_GAIN)
     if env.is_main:
-        print(f"loader check: {done}", file=sys.stderr, flush=True)
+        print(f"{measured_line(checked)}\nloader check: {done}", file=sys.stderr, flush=True)
     return checked, plan, {**checked.meta["loader_check"], "changed": True, "done": done}
 
 

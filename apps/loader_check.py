@@ -123,6 +123,15 @@ def _scaled(profile: Profile, factors: list[float]) -> Profile:
     return dataclasses.replace(profile, ranks=ranks)
 
 
+def measured_line(checked: Profile) -> str:
+    """One line of what a check measured, by rank, against the model (``checked.meta["loader_check"]``)."""
+    rec = checked.meta["loader_check"]
+    said = ", ".join(f"rank {i} {1e3 * m:.2f} (model {1e3 * p:.2f})"
+                     for i, (m, p) in enumerate(zip(rec["measured_s_per_sample"], rec["modelled_s_per_sample"],
+                                                    strict=True)) if m is not None)
+    return f"loader check, ms a sample costs a worker at the plan: {said}"
+
+
 def after_check(checked: Profile, plan: Plan, options: SolveOptions, min_gain: float) -> tuple[Plan, str]:
     """(plan, what was done): the split solved again on the checked profile when that predicts at least
     ``min_gain`` faster than ``plan``'s own split evaluated on it; else ``plan``'s split with its predictions from

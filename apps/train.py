@@ -533,7 +533,14 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool,
     """
     import sys
 
-    from apps.loader_check import MIN_CHANGE, after_check, check_seconds, checked_profile, measure_plan_loaders
+    from apps.loader_check import (
+        MIN_CHANGE,
+        after_check,
+        check_seconds,
+        checked_profile,
+        measure_plan_loaders,
+        measured_line,
+    )
     from planner.cmd_plan import record_workload
     from planner.quality import check_profile, keep_equal_within_noise
     from profiler.run import gather_profile, profile_this_rank
@@ -589,11 +596,7 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool,
             print(f"loader check: the plan's loaders ran as modelled (within {MIN_CHANGE:.0%}); plan kept", flush=True)
         return plan, profile
     if env.is_main:
-        rec = checked.meta["loader_check"]
-        said = ", ".join(f"rank {i} {1e3 * m:.2f} (model {1e3 * p:.2f})"
-                         for i, (m, p) in enumerate(zip(rec["measured_s_per_sample"], rec["modelled_s_per_sample"],
-                                                        strict=True)) if m is not None)
-        print(f"loader check, ms a sample costs a worker at the plan: {said}", flush=True)
+        print(measured_line(checked), flush=True)
     shared = decide_on_rank0(lambda: decide(checked, warn=False, checked_from=plan))
     return Plan.from_dict(shared["plan"]), Profile.from_dict(shared["profile"])
 

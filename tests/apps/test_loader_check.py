@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import planner
-from apps.loader_check import MIN_CHANGE, checked_profile
+from apps.loader_check import MIN_CHANGE, checked_profile, measured_line
 from planner.loader import loader_costs_s
 from planner.plan import Plan
 from planner.profile import Profile
@@ -37,6 +37,8 @@ def test_the_checked_profile_predicts_at_the_plan_what_the_check_measured() -> N
     rec = checked.meta["loader_check"]
     assert rec["measured_s_per_sample"] == measured and rec["modelled_s_per_sample"] == pytest.approx(modelled)
     assert rec["factors"] == pytest.approx([m / p for m, p in zip(measured, modelled)])  # type: ignore[operator]
+    assert measured_line(checked) == ("loader check, ms a sample costs a worker at the plan: rank 0 6.09 (model 5.33), "
+                                      "rank 1 6.08 (model 5.33)")
     # solved again on the measured loaders, the plan predicts the slower loaders it will meet (it was loader-bound)
     again = planner.solve(checked, global_batch=plan.global_batch, options=opts)
     assert again.predicted.step_time_s > 1.1 * plan.predicted.step_time_s
