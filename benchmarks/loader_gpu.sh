@@ -21,6 +21,8 @@
 #   skewSC, loaderC  skewS and loader with NCCL at 2 CTAs (NCCL_MIN_CTAS=NCCL_MAX_CTAS=2, the profile's launch
 #           variant, here forced): session 16 found rank 0's compute tails only with DataLoaders and a DDP peer
 #           together; if they are a rank's all-reduce kernels waiting beside its backward, fewer CTAs leave it more SMs
+#   skewS0, loader0  skewS and loader without the loader check before training (--loader-check-s 0; session 17's
+#           default check scales the profile's loader curves to what the plan's DataLoaders measured, apps.loader_check)
 #   midrun  rank 1 turns 3x slower from epoch 1 on (--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1): the
 #           profile and start plan see no skew, so the Replanner must find and adopt a real gain (one epoch more)
 # Every launch profiles afresh (--auto), so the robust loader profile is checked each time.  Raw files per launch
@@ -60,6 +62,8 @@ for i in $(seq 1 "$LAUNCHES"); do
       skewS) emulate=(--emulate-slowdown 1=3); epochs=$EPOCHS; emulate_mode=stall ;;
       skewSN) emulate=(--emulate-slowdown 1=3 --loader-nice 10); epochs=$EPOCHS; emulate_mode=stall ;;
       skewSC) emulate=(--emulate-slowdown 1=3); epochs=$EPOCHS; emulate_mode=stall; nccl=(NCCL_MIN_CTAS=2 NCCL_MAX_CTAS=2) ;;
+      skewS0) emulate=(--emulate-slowdown 1=3 --loader-check-s 0); epochs=$EPOCHS; emulate_mode=stall ;;  # no loader check
+      loader0) emulate=(--emulate-loader 1=2 --loader-check-s 0); epochs=$EPOCHS ;;
       loaderC) emulate=(--emulate-loader 1=2); epochs=$EPOCHS; nccl=(NCCL_MIN_CTAS=2 NCCL_MAX_CTAS=2) ;;
       loaderN) emulate=(--emulate-loader 1=2 --loader-nice 10); epochs=$EPOCHS ;;
       loader) emulate=(--emulate-loader 1=2); epochs=$EPOCHS ;;
