@@ -85,7 +85,7 @@ def measure_plan_loaders(rank: int, dataset: Any, plan: Plan, seconds: float,
 
     mine = next(r for r in plan.ranks if r.rank == rank)
     workers = mine.num_workers if cap is None else min(cap, mine.num_workers)
-    return [x for x in all_gather_json(time_rank_loader(dataset, mine.batch_size, workers, seconds))]
+    return list(all_gather_json(time_rank_loader(dataset, mine.batch_size, workers, seconds)))
 
 
 def checked_profile(profile: Profile, plan: Plan, options: SolveOptions,
@@ -101,16 +101,15 @@ def checked_profile(profile: Profile, plan: Plan, options: SolveOptions,
         return None
     # Scaling a curve also moves the host's load the model counts from it (planner.loader.host_loads), so the
     # factors are refined until the checked profile's costs at the plan are the measured ones.
-    checked = profile
     total = [1.0 if f is None else f for f in factors]
     for _ in range(SCALE_ROUNDS):
-        checked = _scaled(profile, total)
-        at = loader_costs_s(checked, options, workers=workers)
+        at = loader_costs_s(_scaled(profile, total), options, workers=workers)
         off = [m / a if m is not None and f is not None and a > 0 else 1.0
                for m, a, f in zip(measured, at, factors, strict=True)]
         if all(abs(o - 1.0) < 1e-4 for o in off):
             break
         total = [t * o for t, o in zip(total, off, strict=True)]
+    checked = _scaled(profile, total)
     record = {"seconds": seconds, "batch_sizes": [r.batch_size for r in by_rank], "workers": workers,
               "measured_s_per_sample": measured, "modelled_s_per_sample": modelled, "factors": factors, "scale": total,
               "median_factor": statistics.median([f for f in factors if f is not None])}
