@@ -104,6 +104,8 @@ class Run:
     log: RunLogWriter
     to_device: DeviceCopy
     """Each batch's host-to-device copy, on a side stream (CUDA), with the channels_last conversion."""
+    open_compute: Callable[[], None]
+    """Opens the step's compute span (runtime.timing.ComputeStart: under DDP, after its buffer broadcast)."""
     loader: Any = None
     trace: IO[str] | None = None
     device_state: DeviceStateSampler | None = None
@@ -116,9 +118,6 @@ class Run:
     """The plan this invocation was started with (recorded in checkpoints; a resume compares it)."""
     last_saved: tuple[int, int] | None = None
     """(epoch, step) of the newest checkpoint of this run: the last finite state when the loss diverges."""
-    open_compute: Callable[[], None] | None = None
-    """Opens the step's compute span (runtime.timing.ComputeStart: under DDP, after its buffer broadcast); None:
-    ``timer.compute_start``."""
     micro: _MicroFlag = field(default_factory=lambda: _MicroFlag())
     """Whether the micro-batch being run is its step's last (the compute-span hook reads it)."""
     progress: Progress = field(default_factory=no_progress)
@@ -273,7 +272,7 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
         token_scale = (step_weights(run.workload.weight_fn(y)).loss_scale()
                        if run.scale_loss and run.workload.weight_fn is not None else None)
         if first_micro:
-            (run.open_compute or run.timer.compute_start)()
+            run.open_compute()
         run.micro.last = last
         with sync_only_if(run.ddp, last):
             with autocast_for(cfg, device):

@@ -336,7 +336,7 @@ def gpu_pass_ms(inner: Any, loss_fn: Callable[..., Any], x: Any, y: Any, params:
     """The GPU's own time for one forward+backward of ``inner`` on (x, y), in ms, whatever the CPU's pace: each
     timed pass is queued behind a GPU sleep of ``lead_ms``, so its kernels are all launched before the GPU reaches
     them; a pass the GPU reached while the CPU was still launching it (its start event already passed) is timed
-    again behind twice the sleep (``pass_time_ms`` has the policy and its bound).  Timing passes launched straight
+    again behind a longer sleep (``pass_time_ms`` has the policy and its bound).  Timing passes launched straight
     away measured the CPU's launch pace instead: in session 15's first stall-mode launches (2x H100, 30 loader
     workers starting) one shape measured 3.3x its profiled time and kept it (docs/BENCHMARKS.md section 23)."""
     import torch
