@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner.argcheck import count, real
+from planner.argcheck import GPU_NORMALIZE_CHOICES, count, real
 
 if TYPE_CHECKING:
     from apps.bench_window import TimedWindow
@@ -59,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", choices=("device", "loader"), default="device",
                    help="device: synthetic batches on the device (isolates compute); loader: the real DataLoader")
     p.add_argument("--image-size", type=count(), default=None, metavar="PX", help="input side (fake data)")
+    p.add_argument("--gpu-normalize", nargs="?", const="on", default="auto", choices=GPU_NORMALIZE_CHOICES,
+                   help="--data loader, built-in image datasets: uint8 images normalized on the GPU, for every "
+                        "strategy alike, as `planner train` does (auto: on when every rank is on CUDA)")
     p.add_argument("--num-samples", type=count(), default=None, metavar="N", help="dataset length")
     p.add_argument("--global-batch", type=count(), default=None, metavar="B",
                    help="global batch (default 512 on CUDA, 64 on CPU); a multiple of the rank count")
@@ -293,15 +296,18 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     from planner.solve import equal_accumulation_split
     from profiler.run import gather_profile, profile_this_rank
     from workloads.emulate import Slowdown
-    from workloads.specs import build_workload
+    from workloads.specs import build_workload, gpu_normalize_for
 
     on_device = opts["data"] == "device"
+    mixed = bool(opts["rank_devices"]) and "cpu" in opts["rank_devices"] and "cuda" in opts["rank_devices"]
     # Fake data is made per index on demand: a long dataset costs nothing and leaves room for a loader-fed window.
     workload = build_workload(opts["model"], opts["dataset"], image_size=opts["image_size"],
-                              num_samples=opts["num_samples"] or 1_000_000)
+                              num_samples=opts["num_samples"] or 1_000_000,
+                              gpu_normalize=not on_device and gpu_normalize_for(
+                                  opts.get("gpu_normalize", "auto"), opts["model"], opts["dataset"],
+                                  ["cpu" if mixed else env.device.type]))
     B, W = int(opts["global_batch"]), env.world_size
     t0 = time.perf_counter()
-    mixed = bool(opts["rank_devices"]) and "cpu" in opts["rank_devices"] and "cuda" in opts["rank_devices"]
     cl = channels_last_for(workload, env.device, mixed)  # as the trainer does
     progress.phase("profile")
     rp = profile_this_rank(workload, env.device, quick=opts["quick"], slowdown=slow, loader_workers_cap=cap,
@@ -434,6 +440,8 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     out["meta"] = {
         "world_size": W, "global_batch": B, "model": opts["model"], "amp": opts["amp"],
         "data": "synthetic on device (loader excluded)" if on_device else f"DataLoader over {opts['dataset']}",
+        # uint8 images normalized on the device (--gpu-normalize): a quarter of the loader's bytes
+        "gpu_normalize": workload.normalize is not None,
         "devices": all_gather_json(_device_name(env.device)),
         "emulate_slowdown": opts["emulate_slowdown"], "emulate_loader": opts["emulate_loader"],
         "emulate_memory": opts.get("emulate_memory"),

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any
 
-from planner.argcheck import check_ranks, count, real
+from planner.argcheck import GPU_NORMALIZE_CHOICES, check_ranks, count, real
 from planner.errors import ValidationError
 from planner.paths import Output, check_outputs
 from planner.profile import Profile
@@ -61,9 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto",
                    help="channels_last memory format for image models (auto: on for CUDA)")
     p.add_argument("--no-loader", action="store_true", help="skip the dataloader measurement")
-    p.add_argument("--gpu-normalize", action="store_true",
-                   help="built-in image datasets only: measure the loader handing over uint8 images (as `planner "
-                        "train --gpu-normalize` runs it)")
+    p.add_argument("--gpu-normalize", nargs="?", const="on", default="auto", choices=GPU_NORMALIZE_CHOICES,
+                   help="built-in image datasets: measure the loader handing over uint8 images that the GPU "
+                        "normalizes, as `planner train` runs it (auto, the default: on when every device profiled "
+                        "is CUDA; off: the workers normalize)")
     p.add_argument("--emulate-slowdown", default=None, metavar="R=F,..",
                    help="emulate slower ranks: rank R runs F x its real compute (e.g. 1=3,2=1.5)")
     p.add_argument("--emulate-memory", default=None, metavar="R=GIB,..",
@@ -103,10 +104,15 @@ def run(args: argparse.Namespace) -> int:
     from planner.quality import check_profile
     from profiler import run as prun
     from profiler.sweep import SweepOptions
-    from workloads.specs import build_workload
+    from workloads.specs import build_workload, gpu_normalize_for
 
+    if args.devices:
+        kinds = [resolve_device(d.strip(), 0, flag=f"--devices {args.devices}").type
+                 for d in args.devices.split(",") if d.strip()]
+    else:  # this rank's device, as `planner train` resolves it
+        kinds = [resolve_device(args.device, int(os.environ.get("LOCAL_RANK", "0"))).type]
     workload = build_workload(args.model, args.dataset, image_size=args.image_size, num_classes=args.num_classes,
-                              gpu_normalize=args.gpu_normalize)
+                              gpu_normalize=gpu_normalize_for(args.gpu_normalize, args.model, args.dataset, kinds))
     overrides: dict[str, Any] = {}
     if args.max_batch is not None:
         overrides["max_batch"] = args.max_batch

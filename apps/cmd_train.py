@@ -8,7 +8,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from planner.argcheck import ALLOW_RESUME_FLAG, count, real
+from planner.argcheck import ALLOW_RESUME_FLAG, GPU_NORMALIZE_CHOICES, count, real
 
 HELP = "train with a plan under torchrun (reference trainer)"
 AUTO_PLAN_OUT = "plan.json"
@@ -104,10 +104,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "interval and its batch's build seconds (warm-up included): the raw series behind the run "
                         "log's per-rank means, e.g. to find stalls; {rank} in FILE becomes the rank, else the ranks "
                         "append to one file")
-    t.add_argument("--gpu-normalize", action="store_true",
-                   help="built-in image datasets only: the workers hand over uint8 images and the GPU normalizes "
-                        "them, a quarter of the bytes through shared memory, the pin thread and the copy to the "
-                        "GPU (profile with the same flag)")
+    t.add_argument("--gpu-normalize", nargs="?", const="on", default="auto", choices=GPU_NORMALIZE_CHOICES,
+                   help="built-in image datasets: the workers hand over uint8 images and the GPU normalizes them, a "
+                        "quarter of the bytes through shared memory, the pin copy and PCIe (auto, the default: on "
+                        "when every rank trains on CUDA; off: the workers normalize; profile with the same choice)")
     t.add_argument("--no-pin-memory", dest="pin_memory", action="store_false",
                    help="no pinning thread: the loop copies each batch to the GPU from the workers' "
                         "shared memory (the pin thread copies every batch once more, on one core: 85 ms for a "
@@ -283,8 +283,10 @@ def config_from_args(args: argparse.Namespace, env: Any, slowdowns: dict[int, fl
                      loader_caps: dict[int, int], resume_changes: tuple[str, ...] = ()) -> Any:
     """This rank's TrainConfig from the command line (the config checks itself on construction)."""
     from apps.train import TrainConfig
+    from workloads.specs import gpu_normalize_for
 
     late = args.emulate_slowdown_from_epoch > 0
+    mixed = env.device.type == "cuda" and env.backend == "gloo"  # CPU ranks beside CUDA ones
     return TrainConfig(
         model=args.model, dataset=args.dataset, image_size=args.image_size, num_samples=args.num_samples,
         epochs=args.epochs, max_steps_per_epoch=args.max_steps_per_epoch, lr=args.lr, amp=args.amp,
@@ -297,7 +299,8 @@ def config_from_args(args: argparse.Namespace, env: Any, slowdowns: dict[int, fl
         trace_path=args.trace_file.replace("{rank}", str(env.rank)) if args.trace_file else None,
         restart_loader_each_epoch=args.restart_loader_each_epoch, pin_memory=args.pin_memory, pin_ahead=args.pin_ahead,
         loader_nice=args.loader_nice, loader_check_s=args.loader_check_s,
-        gpu_normalize=args.gpu_normalize,
+        gpu_normalize=gpu_normalize_for(args.gpu_normalize, args.model, args.dataset,
+                                        ["cpu" if mixed else env.device.type]),
         step_log_path=args.step_log.replace("{rank}", str(env.rank)) if args.step_log else None,
-        mixed_devices=env.device.type == "cuda" and env.backend == "gloo",
+        mixed_devices=mixed,
     )

@@ -24,6 +24,9 @@ MAX_COUNT = 2**31 - 1
 integer bounds are doubles (exact to 2**53); 2**31 - 1 leaves room for every sum and product the planner forms."""
 
 ALLOW_RESUME_FLAG = "--allow-resume-changes"
+GPU_NORMALIZE_CHOICES = ("auto", "on", "off")
+"""``--gpu-normalize`` (workloads.specs.gpu_normalize_for): auto (on when every rank trains on CUDA and the
+transforms are ours), on, off."""
 
 
 def count(lo: int = 1, hi: int = MAX_COUNT) -> Callable[[str], int]:

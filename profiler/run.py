@@ -379,8 +379,11 @@ def profile_devices(workload: Workload, devices: Sequence[str], *, quick: bool,
 
 
 def _workload_info(workload: Workload) -> dict[str, Any]:
-    return {"workload": workload.name, "sample_shape": list(workload.sample_shape),
+    info = {"workload": workload.name, "sample_shape": list(workload.sample_shape),
             "num_classes": workload.num_classes, "has_batchnorm": workload.has_batchnorm}
+    if workload.normalize is not None:  # the loader was measured handing over uint8 images (--gpu-normalize)
+        info["gpu_normalize"] = True
+    return info
 
 
 def assemble_profile(ranks: Sequence[RankProfile], hosts: Sequence[HostProfile], model_name: str,

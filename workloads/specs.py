@@ -19,13 +19,14 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from planner.argcheck import GPU_NORMALIZE_CHOICES
 from planner.errors import ValidationError
 from workloads.lm import build_lm, count_tokens, is_lm_spec, lm_loss
 
@@ -67,6 +68,29 @@ class Workload:
     tokens of variable-length text (runtime.weighting.step_weights). None: samples (packed text included)."""
 
 
+def owns_transforms(model_spec: str, dataset_spec: str) -> bool:
+    """True for an image model on a built-in image dataset: the transforms, normalization included, are ours."""
+    return not is_lm_spec(model_spec) and dataset_spec.partition(":")[0] in IMAGE_DATASETS
+
+
+def gpu_normalize_for(choice: str, model_spec: str, dataset_spec: str, device_types: Sequence[str]) -> bool:
+    """Whether the workers hand over uint8 images that the training process normalizes (``build_workload``).
+
+    ``auto`` is on when the transforms are ours and every device named is CUDA: a batch of 224-pixel images is
+    4 bytes a value as float32 and 1 as uint8, and every byte passes the workers' shared memory, the pin copy and
+    PCIe.  Session 17 on 2x H200 (docs/BENCHMARKS.md section 25): rank 0's 28 workers built a 477-sample batch in
+    98.7 ms, and its float batches (287 MB) reached the loop at 2.2 GB/s, 35 ms a step late.  timm's prefetcher
+    hands the GPU uint8 batches the same way.  Off on CPU (the normalization would move from the workers into the
+    training process) and where a CPU rank trains beside CUDA ones (``device_types`` then holds "cpu"): every rank
+    runs the same pipeline.  ``on`` is refused by ``build_workload`` where the transforms are not ours.
+    """
+    if choice not in GPU_NORMALIZE_CHOICES:
+        raise ValidationError(f"--gpu-normalize: expected {', '.join(GPU_NORMALIZE_CHOICES)}, got {choice!r}")
+    if choice != "auto":
+        return choice == "on"
+    return owns_transforms(model_spec, dataset_spec) and bool(device_types) and all(t == "cuda" for t in device_types)
+
+
 def build_workload(
     model_spec: str,
     dataset_spec: str,
@@ -90,7 +114,7 @@ def build_workload(
     Raises:
         ValidationError: unknown spec (the message lists the choices) or a dataset folder that is missing.
     """
-    if gpu_normalize and (is_lm_spec(model_spec) or dataset_spec.partition(":")[0] not in IMAGE_DATASETS):
+    if gpu_normalize and not owns_transforms(model_spec, dataset_spec):
         raise ValidationError(f"--gpu-normalize applies to the built-in image datasets ({', '.join(IMAGE_DATASETS)}), "
                               f"not --dataset {dataset_spec} with --model {model_spec}: a dataset of your own "
                               "normalizes in its own transforms")

@@ -109,6 +109,7 @@ def test_planner_train_streams_its_loader_and_logs_the_drain(tmp_path: Path, cap
     epochs, the last two epochs are wholly its drain and the run log marks them; --restart-loader-each-epoch
     drains every epoch as `for batch in loader` does."""
     from planner.cli import main
+    from planner.profile import Profile
     from planner.runlog import read_run_log
     from tests.reliability.test_divergence import one_rank_plan
 
@@ -127,6 +128,7 @@ def test_planner_train_streams_its_loader_and_logs_the_drain(tmp_path: Path, cap
 def test_planner_train_and_profile_run_with_gpu_normalize(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--gpu-normalize end to end on one CPU rank: uint8 batches from 2 workers, normalized by the device copy."""
     from planner.cli import main
+    from planner.profile import Profile
     from planner.runlog import read_run_log
     from tests.reliability.test_divergence import one_rank_plan
 
@@ -136,6 +138,9 @@ def test_planner_train_and_profile_run_with_gpu_normalize(tmp_path: Path, capsys
     assert all(e.loss is not None and e.loss == e.loss for e in read_run_log(tmp_path / "run.jsonl").epochs)
     assert main(["profile", "--device", "cpu", "--model", "mlp", "--quick", "--gpu-normalize", "--quiet",
                  "--out", str(tmp_path / "p.json")]) == 0
+    assert Profile.load(tmp_path / "p.json").meta["gpu_normalize"] is True  # the loader measured as it will run
+    assert main(["train", "--plan", str(plan), "--device", "cpu", "--model", "mlp", "--num-samples", "64",
+                 "--epochs", "1", "--quiet", "--gpu-normalize", "off"]) == 0
     assert main(["train", "--plan", str(plan), "--device", "cpu", "--model", "mlp", "--dataset",
                  "tests.workloads.test_specs:nothing", "--gpu-normalize"]) == 2
     assert "--gpu-normalize applies to the built-in image datasets" in capsys.readouterr().err

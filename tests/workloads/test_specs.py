@@ -15,7 +15,7 @@ from profiler.comm import DDP_BUCKET_BYTES, bucket_sizes
 from profiler.compute import StepRunner
 from profiler.inventory import device_facts, host_profile
 from profiler.loader import LoaderOptions, profile_loader, worker_counts
-from workloads.specs import build_workload, synthetic_batch
+from workloads.specs import build_workload, gpu_normalize_for, synthetic_batch
 
 
 @pytest.mark.parametrize(
@@ -143,3 +143,19 @@ def test_gpu_normalize_hands_over_uint8_and_the_device_copy_restores_the_inputs(
 def test_gpu_normalize_is_refused_where_the_transforms_are_not_ours(model: str, dataset: str) -> None:
     with pytest.raises(ValidationError, match="--gpu-normalize applies to the built-in image datasets"):
         build_workload(model, dataset, gpu_normalize=True)
+    assert gpu_normalize_for("auto", model, dataset, ["cuda"]) is False  # auto leaves such data alone
+
+
+@pytest.mark.parametrize(("choice", "devices", "want"), [
+    ("auto", ["cuda"], True), ("auto", ["cuda", "cuda"], True),
+    ("auto", ["cpu"], False),  # the normalization would move from the workers into the training process
+    ("auto", ["cuda", "cpu"], False), ("auto", [], False),  # a CPU rank beside CUDA ones: one pipeline for all
+    ("on", ["cpu"], True), ("off", ["cuda"], False)])
+def test_gpu_normalize_auto_is_on_where_every_rank_trains_on_cuda(choice: str, devices: list[str], want: bool) -> None:
+    assert gpu_normalize_for(choice, "resnet50", "fake", devices) is want
+    assert gpu_normalize_for(choice, "cifar_cnn", "imagefolder:/data", devices) is want
+
+
+def test_gpu_normalize_refuses_an_unknown_choice() -> None:
+    with pytest.raises(ValidationError, match="--gpu-normalize: expected auto, on, off, got 'yes'"):
+        gpu_normalize_for("yes", "resnet50", "fake", ["cuda"])
