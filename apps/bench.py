@@ -540,7 +540,7 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
     from profiler.compute import StepRunner
 
     runner = StepRunner(workload, device, amp=opts["amp"], slowdown=slow, channels_last=cl)
-    to_device = DeviceCopy(device, runner.channels_last)
+    to_device = DeviceCopy(device, runner.channels_last, workload.normalize)  # uint8 images: normalized as training does
     # Timed once the workers' start-up and the batches they build ahead are spent, and over whole cycles of its
     # workers (runtime.timing.worker_cycle), as the strategies' windows are.
     steps, warmup = whole_cycles(max(5, min(int(opts["steps"]), 20)), [workers]), max(3, loader_drain_steps(workers))

@@ -115,10 +115,13 @@ def test_a_loader_fed_window_opens_once_the_prefetched_batches_are_spent(tmp_pat
     rc = main(["bench", "--device", "cpu", "--nproc", "2", "--model", "mlp", "--quick", "--global-batch", str(B),
                "--steps", str(STEPS), "--strategies", "equal,proportional,plan", "--data", "loader",
                "--emulate-loader", "1=1", "--timeout", "150", "--quiet", "--json", str(out),
-               "--profile-out", str(tmp_path / "profile.json"),
+               "--profile-out", str(tmp_path / "profile.json"), "--gpu-normalize", "on",
                "--step-log", str(tmp_path / "steps_{strategy}_{round}_{rank}.jsonl")])
     assert rc == 0
     res = json.loads(out.read_text())
+    # uint8 images from the workers (auto turns this on where every rank is on CUDA), normalized by the device copy
+    # in every strategy and in the standalone runs behind "ideal" (session 18's first GPU bench crashed there)
+    assert res["meta"]["gpu_normalize"] is True and res["ideal"]["samples_per_s"] > 0
     # --step-log: each strategy's one epoch, per rank, as planner train writes it
     for name in COMPARED:
         for rank in (0, 1):
