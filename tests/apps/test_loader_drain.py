@@ -109,7 +109,6 @@ def test_planner_train_streams_its_loader_and_logs_the_drain(tmp_path: Path, cap
     epochs, the last two epochs are wholly its drain and the run log marks them; --restart-loader-each-epoch
     drains every epoch as `for batch in loader` does."""
     from planner.cli import main
-    from planner.profile import Profile
     from planner.runlog import read_run_log
     from tests.reliability.test_divergence import one_rank_plan
 
