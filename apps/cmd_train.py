@@ -282,6 +282,7 @@ def check_workload(plan: Any, profile: Any, *, model: str, sample_shape: tuple[i
 def config_from_args(args: argparse.Namespace, env: Any, slowdowns: dict[int, float],
                      loader_caps: dict[int, int], resume_changes: tuple[str, ...] = ()) -> Any:
     """This rank's TrainConfig from the command line (the config checks itself on construction)."""
+    from apps.preflight import DEFAULTS
     from apps.train import TrainConfig
     from workloads.specs import gpu_normalize_for
 
@@ -299,8 +300,8 @@ def config_from_args(args: argparse.Namespace, env: Any, slowdowns: dict[int, fl
         trace_path=args.trace_file.replace("{rank}", str(env.rank)) if args.trace_file else None,
         restart_loader_each_epoch=args.restart_loader_each_epoch, pin_memory=args.pin_memory, pin_ahead=args.pin_ahead,
         loader_nice=args.loader_nice, loader_check_s=args.loader_check_s,
-        gpu_normalize=gpu_normalize_for(args.gpu_normalize, args.model, args.dataset,
-                                        ["cpu" if mixed else env.device.type]),
+        gpu_normalize=gpu_normalize_for(args.gpu_normalize, args.model or DEFAULTS["model"],
+                                        args.dataset or DEFAULTS["dataset"], ["cpu" if mixed else env.device.type]),
         step_log_path=args.step_log.replace("{rank}", str(env.rank)) if args.step_log else None,
         mixed_devices=mixed,
     )

@@ -9,7 +9,9 @@ communication instead.  The profile's DDP rounds (``meta["ddp_cost[default]"]``)
 balanced split; their ratio to the standalone curve there (the optimizer step taken out: the span ends before it)
 is the factor this script applies to a compute-bound rank's predicted time:
 
-    predicted under DDP = (t_i(b_i) - opt_i) * span_i / (t_i(b'_i) - opt_i) + opt_i,  b' = the balanced batch
+    predicted under DDP = (t_i(b_i) - opt_i) * span_i / (t_i(b'_i) - opt_i),  b' = the balanced batch
+
+(the span ends before the optimizer step, which the standalone step t_i includes).
 
 Nothing is fitted to the launch: the factor comes from the profile taken before training.  Loader-bound ranks
 keep the plan's time (the loader's time is not the span).
@@ -47,7 +49,9 @@ def check(prefix: str) -> list[tuple[int, float, float, float, float]]:
         busy = statistics.median(e.measured_busy_s[r.rank] for e in epochs)
         under = pred
         if pr["bottleneck"] == "compute":
-            under = max((curve(pr["batch_size"]) - opt) * factor + opt, pr.get("predicted_loader_s") or 0.0)
+            # the span ends before the optimizer step: a compute-bound rank's busy time is its span (its data
+            # wait predicted nil)
+            under = max((curve(pr["batch_size"]) - opt) * factor, pr.get("predicted_loader_s") or 0.0)
         rows.append((r.rank, busy, pred, factor, under))
     return rows
 

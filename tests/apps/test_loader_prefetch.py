@@ -151,3 +151,27 @@ def test_loader_nice_lowers_only_the_workers_priority() -> None:
                              sampler, 2, torch.device("cpu"))
         assert [int(v) for batch in loader for v in batch] == [want] * 6
     assert os.nice(0) == base
+
+
+def test_the_command_line_normalizes_on_the_gpu_where_every_rank_trains_on_cuda() -> None:
+    """--gpu-normalize auto (the default): uint8 images on CUDA ranks under NCCL; the workers normalize on a CPU rank,
+    on every rank of a CPU + CUDA job (gloo), and with --gpu-normalize off (workloads.specs.gpu_normalize_for)."""
+    import argparse
+    from types import SimpleNamespace
+
+    from apps.cmd_train import add_arguments, config_from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    base = ["--plan", "plan.json", "--model", "resnet18", "--lr", "0.1"]
+
+    def normalized(argv: list[str], device: str, backend: str) -> bool:
+        env = SimpleNamespace(rank=0, device=torch.device(device), backend=backend)
+        return bool(config_from_args(p.parse_args(argv), env, {}, {}).gpu_normalize)
+
+    assert normalized(base, "cuda:0", "nccl")
+    assert not normalized(base, "cuda:0", "gloo")  # a CPU rank trains beside this one: one pipeline for all
+    assert not normalized(base, "cpu", "gloo")
+    assert not normalized([*base, "--gpu-normalize", "off"], "cuda:0", "nccl")
+    assert normalized([*base, "--gpu-normalize"], "cpu", "gloo")  # the bare flag is "on", as before
+    assert not normalized([*base, "--dataset", "tests.workloads.test_specs:nothing"], "cuda:0", "nccl")
