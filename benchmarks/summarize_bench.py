@@ -64,6 +64,9 @@ LOADER_CHECK = "loader check before the rounds"
 """A DataLoader-fed launch that timed the plan's loaders before its rounds and corrected the profile by them
 (apps.loader_check, `meta.loader_check`; session 17): its predictions come from another model than the launches
 before it."""
+UINT8 = "uint8 images normalized on the GPU"
+"""A DataLoader-fed launch whose workers handed over uint8 images (``--gpu-normalize``, the default on CUDA since
+session 18; ``meta.gpu_normalize``): a quarter of the bytes through the hand-over, cheaper workers, other plans."""
 PART_CYCLE = "window over part of the loader workers' cycle"
 """A DataLoader-fed launch whose window for some split was not whole cycles of the workers of the ranks near their
 loader's pace (apps.bench.window_steps, session 8): those workers deliver in bursts, and a window over part of a
@@ -170,6 +173,8 @@ def launch_from(file: str, r: dict[str, Any]) -> Launch:
             setting = f"{setting}; {PART_CYCLE}"
     if m.get("loader_check"):
         setting = f"{setting}; {LOADER_CHECK}" if setting else LOADER_CHECK
+    if m.get("gpu_normalize"):
+        setting = f"{setting}; {UINT8}" if setting else UINT8
     key = (_hardware(m.get("devices", [])), workload, str(m.get("heterogeneity")), setting)
     rounds, pred, batches, ins = {}, {}, {}, {}
     for name in ORDER:

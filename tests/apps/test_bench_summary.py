@@ -138,6 +138,10 @@ def test_launches_with_the_loader_check_form_their_own_group() -> None:
     after["meta"]["loader_check"] = {"seconds": 3.0, "changed": True}
     a, b = sb.launch_from("a.json", before), sb.launch_from("b.json", after)
     assert a.key[:3] == b.key[:3] and a.key[3] != b.key[3] and sb.LOADER_CHECK in b.key[3]
+    # uint8 images normalized on the GPU (meta.gpu_normalize, session 18): cheaper workers, other plans
+    after["meta"]["gpu_normalize"] = True
+    c = sb.launch_from("c.json", after)
+    assert c.key[:3] == b.key[:3] and c.key[3] == f"{b.key[3]}; {sb.UINT8}"
 
 
 def test_each_emulation_mode_forms_its_own_group() -> None:
