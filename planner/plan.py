@@ -77,11 +77,21 @@ class RankPlan:
     """The cap the solver used for this rank (memory fit, measured max or --max-batch-per-rank)."""
     predicted_compute_s: float | None = None
     predicted_loader_s: float | None = None
+    predicted_busy_s: float | None = None
+    """What the rank's step timer should read as busy a step (``runtime.timing``: its compute span under DDP plus
+    its data wait), where the profile measured its span under DDP (``CommProfile.span_factors``): a compute-bound
+    rank's standalone step less the optimizer step, times its factor.  None: ``predicted_step_time_s``."""
     accumulation_steps: int = 1
     """Micro-steps (forward+backward) per optimizer step; 1 = no gradient accumulation."""
     micro_batch_size: int = 0
     """Largest micro-batch, ceil(batch_size / accumulation_steps) (0 in a constructor call means derive it):
     what must fit the rank's memory. The micro-batches are ``micro_batch_sizes(batch_size, accumulation_steps)``."""
+
+    @property
+    def timer_busy_s(self) -> float:
+        """What the rank's step timer should read as busy a step: ``predicted_busy_s`` where the profile measured
+        the rank's span under DDP, else ``predicted_step_time_s`` (the run log's per-rank prediction)."""
+        return self.predicted_step_time_s if self.predicted_busy_s is None else self.predicted_busy_s
 
     def __post_init__(self) -> None:
         b, k = self.batch_size, self.accumulation_steps
@@ -335,7 +345,7 @@ def _rank_from(v: Any, path: str) -> RankPlan:
         v,
         path,
         required=("rank", "batch_size", "share", "num_workers", "predicted_step_time_s", "bottleneck"),
-        allowed=("device", "host", "max_batch_size", "predicted_compute_s", "predicted_loader_s",
+        allowed=("device", "host", "max_batch_size", "predicted_compute_s", "predicted_loader_s", "predicted_busy_s",
                  *_ACCUMULATION_FIELDS),
     )
     if ("micro_batch_size" in d) != ("accumulation_steps" in d):
@@ -344,6 +354,7 @@ def _rank_from(v: Any, path: str) -> RankPlan:
     if bottleneck not in BOTTLENECKS:
         raise ValidationError(f"{path}.bottleneck: {bottleneck!r} is not one of {', '.join(BOTTLENECKS)}")
     mb, pc, pl = opt(d, "max_batch_size"), opt(d, "predicted_compute_s"), opt(d, "predicted_loader_s")
+    pb = opt(d, "predicted_busy_s")
     given = "micro_batch_size" in d
     fields: JSONDict = {
         "rank": as_int(d["rank"], f"{path}.rank", min_value=0),
@@ -357,6 +368,7 @@ def _rank_from(v: Any, path: str) -> RankPlan:
         "max_batch_size": None if mb is None else as_int(mb, f"{path}.max_batch_size", min_value=1),
         "predicted_compute_s": None if pc is None else as_num(pc, f"{path}.predicted_compute_s", non_negative=True),
         "predicted_loader_s": None if pl is None else as_num(pl, f"{path}.predicted_loader_s", non_negative=True),
+        "predicted_busy_s": None if pb is None else as_num(pb, f"{path}.predicted_busy_s", non_negative=True),
         "accumulation_steps": as_int(d.get("accumulation_steps", 1), f"{path}.accumulation_steps", min_value=1),
         "micro_batch_size": as_int(d["micro_batch_size"], f"{path}.micro_batch_size", min_value=1) if given else 0,
     }

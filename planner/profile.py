@@ -158,6 +158,12 @@ class CommProfile:
     launch_env: Mapping[str, str] | None = None
     """A launch setting the profile measured to help (e.g. {"NCCL_MAX_CTAS": "2"}); wait_factors and exposed_s
     were measured under it.  None: NCCL's defaults (nothing measured better)."""
+    span_factors: tuple[float, ...] | None = None
+    """By rank (>= 1): the rank's compute span under DDP (forward start to its last gradient bucket, what
+    ``runtime.timing`` measures) over its standalone step less the optimizer step, at the profile's balanced split:
+    the backward shares the device with the all-reduce of the buckets before its last one.  Only what a rank is
+    predicted to measure reads it (``RankPlan.predicted_busy_s``); the step and the solve never do (``exposed_s``
+    already holds that time).  Session 18, 2x H200: 1.015-1.051.  None: not measured (one rank, or older profiles)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -307,6 +313,8 @@ def _comm_to_dict(c: CommProfile) -> JSONDict:
         d["wait_factors"] = list(c.wait_factors)
     if c.launch_env is not None:
         d["launch_env"] = dict(c.launch_env)
+    if c.span_factors is not None:
+        d["span_factors"] = list(c.span_factors)
     return d
 
 
@@ -447,13 +455,17 @@ def _model_from(v: Any, path: str) -> ModelInfo:
 
 
 def _comm_from(v: Any, path: str) -> CommProfile:
-    d = as_obj(v, path, allowed=("backend", "allreduce_s", "exposed_s", "wait_factors", "launch_env"))
+    d = as_obj(v, path, allowed=("backend", "allreduce_s", "exposed_s", "wait_factors", "launch_env", "span_factors"))
     b, a, e = opt(d, "backend"), opt(d, "allreduce_s"), opt(d, "exposed_s")
-    w, env = opt(d, "wait_factors"), opt(d, "launch_env")
+    w, env, sf = opt(d, "wait_factors"), opt(d, "launch_env"), opt(d, "span_factors")
     factors = None
     if w is not None:
         factors = tuple(as_num(x, f"{path}.wait_factors[{i}]", positive=True)
                         for i, x in enumerate(as_list(w, f"{path}.wait_factors", non_empty=True)))
+    spans = None
+    if sf is not None:
+        spans = tuple(as_num(x, f"{path}.span_factors[{i}]", positive=True)
+                      for i, x in enumerate(as_list(sf, f"{path}.span_factors", non_empty=True)))
     launch = None
     if env is not None:
         obj = as_obj(env, f"{path}.launch_env", allowed=tuple(env) if isinstance(env, dict) else ())
@@ -464,4 +476,5 @@ def _comm_from(v: Any, path: str) -> CommProfile:
         exposed_s=None if e is None else _time(e, f"{path}.exposed_s", positive=False),
         wait_factors=factors,
         launch_env=launch,
+        span_factors=spans,
     )

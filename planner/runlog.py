@@ -82,7 +82,9 @@ class EpochRecord:
     loss: float | None
     batch_sizes: tuple[int, ...]
     predicted_step_time_s: tuple[float, ...]
-    """Per-rank predicted busy time of the plan in force this epoch (max of compute and loader)."""
+    """Per-rank predicted busy time of the plan in force this epoch, what the step timer's busy time (compute span
+    plus data wait) is compared with: ``RankPlan.timer_busy_s`` (the span under DDP where the profile measured it,
+    else the max of compute and loader)."""
     ranks: tuple[StepStats, ...] = ()
     """What every rank measured this epoch, in rank order."""
     device_state: tuple[DeviceState | None, ...] = ()

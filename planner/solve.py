@@ -360,6 +360,19 @@ def _check_feasible(models: list[RankModel], B: int, opts: SolveOptions) -> list
                     f"--max-accumulation-steps {need} would reach it, or lower the global batch or add devices")
 
 
+def _busy_under_ddp(m: RankModel, spans: Sequence[float] | None, steps: int, workers: int, tc: float,
+                    tl: float) -> float | None:
+    """What the rank's step timer should read as busy (``RankPlan.predicted_busy_s``), or None where the profile did
+    not measure the rank's span under DDP.  The span runs from the forward's start to the last gradient bucket: the
+    standalone step less its optimizer step, stretched by the all-reduce sharing the device with the backward
+    (``CommProfile.span_factors``).  None too for a loader-bound rank (the loader paces its whole step), one that
+    loads in the training process (its data wait adds to the span), and one with micro-steps (only the last one's
+    backward overlaps the all-reduce): ``predicted_step_time_s`` is their prediction."""
+    if spans is None or steps != 1 or tl > tc or ((workers == 0 or m.serial_loader) and tl > 0):
+        return None
+    return max((tc - m.optimizer_s) * max(1.0, float(spans[m.rank])), tl)
+
+
 def _doubling(start: int) -> Sequence[int]:
     out, k = [], max(1, start)
     while True:
@@ -393,6 +406,9 @@ def _make_plan(
         busy.append(t)
         ranks.append((m, int(b[i]), int(w[i]), ki, t, tc, tl))
     t_max = max(busy)
+    spans = profile.comm.span_factors if profile.comm is not None and opts.mode == "ddp" else None
+    if spans is not None and len(spans) != len(models):
+        spans = None
     rank_plans = []
     for m, bi, wi, ki, t, tc, tl in ranks:
         bottleneck: Bottleneck = "compute"
@@ -412,6 +428,7 @@ def _make_plan(
                 predicted_step_time_s=t,
                 predicted_compute_s=tc,
                 predicted_loader_s=tl,
+                predicted_busy_s=_busy_under_ddp(m, spans, ki, wi, tc, tl),
                 bottleneck=bottleneck,
                 max_batch_size=m.cap,
                 accumulation_steps=ki,

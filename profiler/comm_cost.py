@@ -99,7 +99,9 @@ def measure_comm(grad_bytes: int, ranks: list[RankProfile], make_runner: Callabl
         # the wrong rank on 2x H100 (ResNet-50 bf16, F = 3: f = [1.0, 1.14] for the *slow* rank; the plan then ran
         # 1.79x equal against the proportional split's 1.86x, docs/results/h100x2_resnet50_F3_s4_waitfactors*).
         # A factor measured at the plan's own split is the open part of issue 16 item 4.
+        # The span factors only say what each rank's step timer will read (planner.solve: predicted_busy_s).
         return (dataclasses.replace(comm, exposed_s=cost.exposed_s, wait_factors=None,
+                                    span_factors=cost.span_factors or None,
                                     launch_env=dict(launch) if launch else None), meta)
     finally:
         if group is not None:
@@ -114,4 +116,4 @@ def _cost_meta(name: str, cost: Any) -> dict[str, Any]:
         "balanced_step_s": [round(x, 6) for x in cost.balanced.step_s],
         "balanced_compute_s": [round(x, 6) for x in cost.balanced.compute_s],
         "predicted_balanced_s": round(cost.predicted_balanced_s, 6), "exposed_s": round(cost.exposed_s, 6),
-        "wait_factors": list(cost.wait_factors)}}
+        "wait_factors": list(cost.wait_factors), "span_factors": list(cost.span_factors)}}

@@ -220,6 +220,9 @@ class DDPCost:
     balanced: SplitRounds
     predicted_balanced_s: float
     """max_i t_i(b_i) + exposed at the balanced split: the plan's model checked against balanced.step_s."""
+    span_factors: tuple[float, ...] = ()
+    """By rank (>= 1): the compute span under DDP at the balanced split over the standalone step less its optimizer
+    step (planner.profile.CommProfile.span_factors): what the step timer reads, not snapped to a noise band."""
 
     @property
     def some_rank_waits(self) -> bool:
@@ -245,6 +248,7 @@ def measure_ddp_cost(make_runner: Callable[[], TimedSteps], ranks: Sequence[Rank
     # Alone, the marked part of a step is all of it but the optimizer step (it runs after the last bucket).
     alone = [max(1e-9, c(bi) - (r.optimizer_step_s or 0.0)) for c, bi, r in zip(curves, bal, ranks, strict=True)]
     factors = wait_factors(bal_r.compute_s, alone, noise=max(0.01, bal_r.compute_spread))
+    spans = tuple(round(max(1.0, s / a), 4) for s, a in zip(bal_r.compute_s, alone, strict=True))
     # What DDP adds to a step over the slowest rank alone.  The factors are evidence only (profiler.comm_cost
     # keeps them out of the plan's model), so the tail is taken against the unscaled curves.
     slowest = max(c(b) for c in curves)
@@ -252,7 +256,7 @@ def measure_ddp_cost(make_runner: Callable[[], TimedSteps], ranks: Sequence[Rank
     exposed = statistics.median(rounds_s)
     predicted = max(c(bi) for c, bi in zip(curves, bal, strict=True)) + exposed
     return DDPCost(exposed_s=exposed, exposed_rounds_s=rounds_s, wait_factors=factors, equal=eq_r, balanced=bal_r,
-                   predicted_balanced_s=predicted)
+                   predicted_balanced_s=predicted, span_factors=spans)
 
 
 def measure_exposed_rounds_s(make_runner: Callable[[], TimedSteps], ranks: Sequence[RankProfile], *,

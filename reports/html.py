@@ -209,7 +209,9 @@ def _log_section(rep: Report, pngs: dict[str, bytes]) -> str:
     assert log is not None
     parts = ['<h2 id="log">Predicted vs measured (run log)</h2>']
     parts.append(_figure(pngs, "log", "Predicted and measured busy time per rank over epochs",
-                         "Measured busy = compute + data wait (what a rank spends before it waits for its peers); where "
+                         "Measured busy = compute + data wait (what a rank spends before it waits for its peers); "
+                         "predicted: the rank's compute span under DDP where the profile measured it (comm.span_factors), "
+                         "else its standalone step or its loader's time; where "
                          "the data wait is over 10% of the step the loader paced the rank and busy is the whole step "
                          "(its workers keep loading through the all-reduce tail); where the workers timed their "
                          "batches, busy is never below the loader's own time per step (a loader that kept up only "

@@ -54,7 +54,8 @@ def format_summary(rep: Report) -> str:
             if last is not final:
                 drained = f": epoch {final.epoch} has {final.drain_steps} steps in the loaders' final drain"
                 why = f"the last steady one{drained if final.drain_steps else ''}; "
-            out.append(f"Run log, epoch {last.epoch} ({why}busy = compute + data wait; the whole step where "
+            out.append(f"Run log, epoch {last.epoch} ({why}busy = compute + data wait, predicted as the compute span "
+                       "under DDP where the profile measured it; the whole step where "
                        "the loader paced the rank; never below the loader's own time, its workers' build time "
                        "per step over the workers, up to the step):\n"
                        + table(["rank", "predicted ms", "measured ms", "error", "loader ms"], rows))

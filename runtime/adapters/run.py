@@ -198,7 +198,7 @@ class PlannedRun:
         self.log.write(EpochRecord(epoch=epoch, plan_fingerprint=plan.fingerprint, samples_per_s=sps,
                                    step_time_s=step_s if math.isfinite(step_s) else None, loss=loss,
                                    batch_sizes=tuple(sizes), ranks=tuple(all_stats),
-                                   predicted_step_time_s=tuple(r.predicted_step_time_s for r in plan.ranks)))
+                                   predicted_step_time_s=tuple(r.timer_busy_s for r in plan.ranks)))
         return decision
 
     def finish(self, epochs: int) -> None:

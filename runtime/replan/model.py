@@ -245,6 +245,9 @@ class CorrectionModel:
         """The original profile with each rank's compute points corrected and loader costs raised as measured."""
         maps = [self.time_map(i) for i in range(self.world_size)]  # one correction per rank, not per point
         profile = self.base.with_compute_times(lambda rank, b, t: maps[rank](b, t))
+        if profile.comm is not None and profile.comm.span_factors is not None:
+            # The corrections come from spans measured under DDP: the corrected curves hold DDP's share already.
+            profile = replace(profile, comm=replace(profile.comm, span_factors=None))
         start = self.loader_costs_s or tuple(_loader_spp(r.loader) for r in self.base.by_rank)
         raised = {i for i, (p0, c) in enumerate(zip(start, self.ranks, strict=True)) if c.loader_sec_per_sample != p0}
         handed = {i for i, (h0, c) in enumerate(zip(handover_costs_s(self.base), self.ranks, strict=True))

@@ -147,3 +147,65 @@ def test_planner_plan_prints_the_setting_for_scripts(tmp_path: Path, capsys: pyt
     prof.save(path)  # nothing measured better: no line at all
     assert main(["plan", "--profile", str(path), "--global-batch", "512", "--print-env"]) == 0
     assert capsys.readouterr().out == ""
+
+
+def _with_span_factors(prefix: str) -> Profile:
+    """A recorded `planner train --auto` profile (session 18, 2x H200) with the span factors its DDP rounds give,
+    computed as profiler.ddp.measure_ddp_cost does (the profile predates the field)."""
+    data = json.loads((RESULTS / f"{prefix}_profile.json").read_text())
+    prof = Profile.from_dict(data)
+    ddp = data["meta"]["ddp_cost[default]"]
+    spans = tuple(
+        round(max(1.0, ddp["balanced_compute_s"][r.rank]
+                  / (fit_envelope(r.compute)(ddp["balanced_batches"][r.rank]) - (r.optimizer_step_s or 0.0))), 4)
+        for r in prof.by_rank)
+    assert prof.comm is not None
+    return dataclasses.replace(prof, comm=dataclasses.replace(prof.comm, span_factors=spans))
+
+
+def _measured_busy_s(prefix: str) -> list[float]:
+    import statistics
+
+    from planner.runlog import read_run_log
+
+    epochs = [e for e in read_run_log(RESULTS / f"{prefix}_run.jsonl").epochs if e.epoch in (2, 3)]
+    return [statistics.median(e.measured_busy_s[i] for e in epochs) for i in range(len(epochs[0].ranks))]
+
+
+def test_a_compute_bound_rank_is_predicted_as_its_span_under_ddp(tmp_path: Path) -> None:
+    """CommProfile.span_factors: the run log's per-rank table compares a rank's compute span under DDP (plus its data
+    wait) with the plan; with the factors the plan predicts that span -- the standalone step less the optimizer
+    step, stretched by DDP -- and the step itself is unchanged.  On session 18's skew launch (2x H200, rank 1 3x
+    slower, [392, 120]) the standalone times read 4.5% and 5.3% under what the ranks measured, the spans within
+    3%; a loader-bound rank keeps its loader's time (the loader paces its whole step)."""
+    from runtime.replan.model import CorrectionModel
+
+    skew = "h200x2_train_auto_replan_s18a_skewS_r2"
+    prof = _with_span_factors(skew)
+    assert prof.comm is not None and prof.comm.span_factors == (1.0300, 1.0487)
+    bare = dataclasses.replace(prof, comm=dataclasses.replace(prof.comm, span_factors=None))
+    plan = evaluate(prof, [392, 120], num_workers=[23, 7], min_batch=2)
+    before = evaluate(bare, [392, 120], num_workers=[23, 7], min_batch=2)
+    assert plan.predicted == before.predicted and plan.fingerprint == before.fingerprint  # the step: as before
+    busy = _measured_busy_s(skew)
+    for r, old, measured in zip(plan.ranks, before.ranks, busy, strict=True):
+        assert r.bottleneck == "compute" and old.predicted_busy_s is None and old.timer_busy_s == old.predicted_step_time_s
+        assert r.predicted_busy_s is not None and r.timer_busy_s == r.predicted_busy_s
+        assert measured / old.predicted_step_time_s - 1 > 0.04  # what the table read
+        assert abs(measured / r.predicted_busy_s - 1) < 0.03, (measured, r.predicted_busy_s)
+    # The loader case: rank 1's two workers pace its step, so its prediction stays the loader's time.
+    loader = evaluate(_with_span_factors("h200x2_train_auto_replan_s18b_loader_r2"), [471, 41], num_workers=[28, 2],
+                      min_batch=2)
+    assert [r.bottleneck for r in loader.ranks] == ["compute", "loader"]
+    assert loader.ranks[1].predicted_busy_s is None and loader.ranks[0].predicted_busy_s is not None
+    # Both formats carry them (optional fields: older files load unchanged).
+    data = prof.to_dict()
+    jsonschema.validate(data, json.loads((ROOT / "planner" / "schemas" / "profile.schema.json").read_text()))
+    assert Profile.from_dict(json.loads(json.dumps(data))).comm.span_factors == (1.0300, 1.0487)  # type: ignore[union-attr]
+    plan.save(tmp_path / "plan.json")
+    jsonschema.validate(json.loads((tmp_path / "plan.json").read_text()),
+                        json.loads((ROOT / "planner" / "schemas" / "plan.schema.json").read_text()))
+    assert [r.predicted_busy_s for r in Plan.load(tmp_path / "plan.json").ranks] == [r.predicted_busy_s
+                                                                                      for r in plan.ranks]
+    # The Replanner's corrected curves come from measured spans: they hold DDP's share, so its profile drops them.
+    assert CorrectionModel.of(prof).corrected_profile().comm.span_factors is None  # type: ignore[union-attr]

@@ -50,13 +50,20 @@ def _worker(rank: int, world: int, slowdowns: list[float]) -> None:
 
     ranks = [RankProfile.from_dict(d) for d in all_gather_json(mine.to_dict())]
     cost = measure_ddp_cost(make_runner, ranks, rounds=2, repeats=2)
-    got = all_gather_json([cost.exposed_s, list(cost.wait_factors), list(cost.balanced.batch_sizes)])
+    got = all_gather_json([cost.exposed_s, list(cost.wait_factors), list(cost.balanced.batch_sizes),
+                           list(cost.span_factors)])
     assert all(g == got[0] for g in got), got  # every rank holds the same numbers
     assert cost.equal.batch_sizes == (ddp_equal_batch(ranks),) * 2 and cost.equal.batch_sizes[0] >= 16
     assert cost.balanced.batch_sizes[1] <= 32 and cost.balanced.batch_sizes[0] <= 64
     assert cost.exposed_s >= 0 and len(cost.exposed_rounds_s) == 2
     assert len(cost.wait_factors) == world and min(cost.wait_factors) == 1.0 and max(cost.wait_factors) <= 2.0
     assert all(c > 0 for c in cost.balanced.compute_s) and cost.predicted_balanced_s > 0
+    # Each rank's span under DDP over its standalone step (no optimizer step recorded here), floored at 1, unsnapped
+    from planner.curves import fit_envelope
+
+    alone = [fit_envelope(r.compute)(b) for r, b in zip(ranks, cost.balanced.batch_sizes, strict=True)]
+    assert cost.span_factors == tuple(round(max(1.0, c / a), 4)
+                                      for c, a in zip(cost.balanced.compute_s, alone, strict=True))
     if slowdowns[1] > 1:  # the emulated rank gets the smaller batch
         assert cost.balanced.batch_sizes[1] < cost.balanced.batch_sizes[0]
     assert dist.get_backend() == "gloo"
