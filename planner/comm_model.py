@@ -37,7 +37,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
-from planner.curves import Envelope
+from planner.curves import Envelope, fit_envelope
+from planner.profile import Profile
 
 MAX_WAIT_FACTOR = 2.0
 """A factor above this is a measurement gone wrong (a stall, a co-tenant burst), never a model: clipped."""
@@ -96,6 +97,26 @@ def wait_factors(ddp_compute_s: Sequence[float], alone_compute_s: Sequence[float
     base = min(ratios)
     factors = [r / base if base > 0 else 1.0 for r in ratios]
     return tuple(1.0 if f - 1.0 <= noise else round(min(f, MAX_WAIT_FACTOR), 4) for f in factors)
+
+
+def span_factors(ddp_compute_s: Sequence[float], alone_compute_s: Sequence[float]) -> tuple[float, ...]:
+    """By rank: the compute span under DDP over the standalone step less its optimizer step, both at the same batch,
+    floored at 1 and not snapped (``CommProfile.span_factors``: what each rank's step timer will read)."""
+    assert len(ddp_compute_s) == len(alone_compute_s) and ddp_compute_s
+    return tuple(round(max(1.0, d / a), 4) if a > 0 else 1.0
+                 for d, a in zip(ddp_compute_s, alone_compute_s, strict=True))
+
+
+def recorded_span_factors(profile: Profile) -> tuple[float, ...] | None:
+    """The span factors of a profile written before ``CommProfile.span_factors`` existed, from the DDP rounds its
+    meta keeps (``meta["ddp_cost[default]"]``, profiler.comm_cost); None where the meta has none.  For replaying
+    recorded launches (benchmarks/ddp_span_check.py)."""
+    ddp = profile.meta.get("ddp_cost[default]") if isinstance(profile.meta, Mapping) else None
+    if not isinstance(ddp, Mapping) or "balanced_compute_s" not in ddp or "balanced_batches" not in ddp:
+        return None
+    alone = [fit_envelope(r.compute)(ddp["balanced_batches"][r.rank]) - (r.optimizer_step_s or 0.0)
+             for r in profile.by_rank]
+    return span_factors(ddp["balanced_compute_s"], alone)
 
 
 def rank_factors(factors: Sequence[float] | None, world_size: int) -> tuple[float, ...]:

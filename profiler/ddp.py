@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from planner.comm_model import balanced_split, relative_spread, wait_factors
+from planner.comm_model import balanced_split, relative_spread, span_factors, wait_factors
 from planner.curves import fit_envelope
 from planner.profile import RankProfile
 from profiler.compute import TimedSteps
@@ -248,7 +248,7 @@ def measure_ddp_cost(make_runner: Callable[[], TimedSteps], ranks: Sequence[Rank
     # Alone, the marked part of a step is all of it but the optimizer step (it runs after the last bucket).
     alone = [max(1e-9, c(bi) - (r.optimizer_step_s or 0.0)) for c, bi, r in zip(curves, bal, ranks, strict=True)]
     factors = wait_factors(bal_r.compute_s, alone, noise=max(0.01, bal_r.compute_spread))
-    spans = tuple(round(max(1.0, s / a), 4) for s, a in zip(bal_r.compute_s, alone, strict=True))
+    spans = span_factors(bal_r.compute_s, alone)
     # What DDP adds to a step over the slowest rank alone.  The factors are evidence only (profiler.comm_cost
     # keeps them out of the plan's model), so the tail is taken against the unscaled curves.
     slowest = max(c(b) for c in curves)

@@ -12,7 +12,14 @@ import jsonschema
 import pytest
 
 from planner import Plan, Profile, evaluate, solve
-from planner.comm_model import balanced_split, choose_launch_env, export_lines, rank_factors, wait_factors
+from planner.comm_model import (
+    balanced_split,
+    choose_launch_env,
+    export_lines,
+    rank_factors,
+    recorded_span_factors,
+    wait_factors,
+)
 from planner.curves import fit_envelope
 from planner.profile import CommProfile, ComputePoint, HostProfile, RankProfile
 
@@ -150,16 +157,11 @@ def test_planner_plan_prints_the_setting_for_scripts(tmp_path: Path, capsys: pyt
 
 
 def _with_span_factors(prefix: str) -> Profile:
-    """A recorded `planner train --auto` profile (session 18, 2x H200) with the span factors its DDP rounds give,
-    computed as profiler.ddp.measure_ddp_cost does (the profile predates the field)."""
-    data = json.loads((RESULTS / f"{prefix}_profile.json").read_text())
-    prof = Profile.from_dict(data)
-    ddp = data["meta"]["ddp_cost[default]"]
-    spans = tuple(
-        round(max(1.0, ddp["balanced_compute_s"][r.rank]
-                  / (fit_envelope(r.compute)(ddp["balanced_batches"][r.rank]) - (r.optimizer_step_s or 0.0))), 4)
-        for r in prof.by_rank)
-    assert prof.comm is not None
+    """A recorded `planner train --auto` profile (session 18, 2x H200) with the span factors of the DDP rounds its
+    meta keeps (the profile predates the field; profiler.ddp.measure_ddp_cost computes them the same way)."""
+    prof = Profile.load(RESULTS / f"{prefix}_profile.json")
+    spans = recorded_span_factors(prof)
+    assert prof.comm is not None and spans is not None
     return dataclasses.replace(prof, comm=dataclasses.replace(prof.comm, span_factors=spans))
 
 
