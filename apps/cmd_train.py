@@ -206,6 +206,10 @@ def run(args: argparse.Namespace) -> int:
                 plan = pre.plan
                 if not args.allow_workload_mismatch:
                     check_workload(plan, profile, model=cfg.model, sample_shape=workload.sample_shape)
+                if env.is_main and profile is not None and not cfg.data_on_device:
+                    line = normalize_mismatch(profile, uint8=workload.normalize is not None)
+                    if line:
+                        print(line, file=sys.stderr, flush=True)
             train(cfg, env, plan, profile, workload, progress=progress)
         finished = True
     finally:
@@ -277,6 +281,16 @@ def check_workload(plan: Any, profile: Any, *, model: str, sample_shape: tuple[i
         if isinstance(got, list) and tuple(got) != tuple(sample_shape):
             raise ValidationError(f"{what} was measured for inputs {'x'.join(map(str, got))} but this run feeds "
                                   f"{shape} (--image-size); {fix}")
+
+
+def normalize_mismatch(profile: Any, *, uint8: bool) -> str | None:
+    """A warning when the profile's loader handed over other images than this run's (``--gpu-normalize``): uint8
+    images skip the workers' float conversion and normalization, so the loader costs it measured are not this run's."""
+    if not any(r.loader is not None for r in profile.ranks) or bool(profile.meta.get("gpu_normalize")) == uint8:
+        return None
+    said = {True: "uint8 images (--gpu-normalize on)", False: "float images (--gpu-normalize off)"}
+    return (f"warning: the profile timed the loader handing over {said[not uint8]}, this run hands over "
+            f"{said[uint8]}: its loader costs are not this run's; profile again with the same --gpu-normalize")
 
 
 def config_from_args(args: argparse.Namespace, env: Any, slowdowns: dict[int, float],

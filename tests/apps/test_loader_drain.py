@@ -138,8 +138,16 @@ def test_planner_train_and_profile_run_with_gpu_normalize(tmp_path: Path, capsys
     assert main(["profile", "--device", "cpu", "--model", "mlp", "--quick", "--gpu-normalize", "--quiet",
                  "--out", str(tmp_path / "p.json")]) == 0
     assert Profile.load(tmp_path / "p.json").meta["gpu_normalize"] is True  # the loader measured as it will run
+    capsys.readouterr()
     assert main(["train", "--plan", str(plan), "--device", "cpu", "--model", "mlp", "--num-samples", "64",
-                 "--epochs", "1", "--quiet", "--gpu-normalize", "off"]) == 0
+                 "--epochs", "1", "--quiet", "--gpu-normalize", "off", "--profile", str(tmp_path / "p.json"),
+                 "--allow-workload-mismatch"]) == 0
+    assert ("warning: the profile timed the loader handing over uint8 images (--gpu-normalize on), this run hands "
+            "over float images (--gpu-normalize off)") in capsys.readouterr().err
+    assert main(["train", "--plan", str(plan), "--device", "cpu", "--model", "mlp", "--num-samples", "64",
+                 "--epochs", "1", "--quiet", "--gpu-normalize", "--profile", str(tmp_path / "p.json"),
+                 "--allow-workload-mismatch"]) == 0
+    assert "warning: the profile timed the loader" not in capsys.readouterr().err  # the same images: no word
     assert main(["train", "--plan", str(plan), "--device", "cpu", "--model", "mlp", "--dataset",
                  "tests.workloads.test_specs:nothing", "--gpu-normalize"]) == 2
     assert "--gpu-normalize applies to the built-in image datasets" in capsys.readouterr().err
