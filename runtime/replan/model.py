@@ -47,6 +47,13 @@ Charged to the workers, such a wait made every split look loader-bound (session 
 raised the host's loader cost and predicted 0-4% for moving work to rank 1, where [394, 118] had run 121-124 ms in
 another launch).
 
+Spans under DDP: c_i is the rank's compute span (forward start to its last gradient bucket), which under DDP runs
+longer than the standalone step it is compared with, less its optimizer step (the backward shares the device with
+the earlier buckets' all-reduce).  Where the profile measured that (``CommProfile.span_factors`` f_i, DDP only), c_i
+first becomes the standalone step it stands for, c_i / f_i + opt_i, so the corrected curves stay standalone curves
+and the plan's exposed communication is not counted twice (session 18, 2x H200: the Replanner predicted 88-89 ms
+for steps that ran 86.8).
+
 The corrected compute points, loader costs and hand-over rates form a new ``planner.Profile``
 (``CorrectionModel.corrected_profile``; a loader p_i times its starting value has its sec_per_sample and its
 measured rates scaled by that factor, ``planner.loader.scaled_loader``; a raised h_i sets the rank's
@@ -187,6 +194,9 @@ class CorrectionModel:
     """By rank id."""
     loader_costs_s: tuple[float, ...] = ()
     """p_i of the original profile as the planner models it (by rank id; empty: each loader's sec_per_sample)."""
+    spans: tuple[tuple[float, float], ...] = ()
+    """(f_i, optimizer seconds) by rank id where the profile measured each rank's span under DDP (module docstring);
+    empty: the measured compute is taken as the standalone step."""
 
     @classmethod
     def of(cls, profile: Profile, options: SolveOptions | None = None,
@@ -195,11 +205,15 @@ class CorrectionModel:
         ``options`` (worker caps and CPU reserve; default ``SolveOptions()``) with ``workers`` (by rank: the plan's,
         whose load the measured loaders run under; default the budget split equally)."""
         by_rank = profile.by_rank
-        costs = tuple(loader_costs_s(profile, options or SolveOptions(), workers=workers))
+        opts = options or SolveOptions()
+        costs = tuple(loader_costs_s(profile, opts, workers=workers))
+        factors = profile.comm.span_factors if profile.comm is not None and opts.mode == "ddp" else None
+        spans = () if factors is None or len(factors) != len(by_rank) else tuple(
+            (max(1.0, float(f)), r.optimizer_step_s or 0.0) for f, r in zip(factors, by_rank, strict=True))
         return cls(base=profile, envelopes=tuple(fit_envelope(r.compute) for r in by_rank),
                    ranks=tuple(RankCorrection(loader_sec_per_sample=c, handover_s=h)
                                for c, h in zip(costs, handover_costs_s(profile), strict=True)),
-                   loader_costs_s=costs)
+                   loader_costs_s=costs, spans=spans)
 
     @property
     def world_size(self) -> int:
@@ -225,6 +239,15 @@ class CorrectionModel:
         """The model's compute time of ``rank`` at ``batch_size``."""
         return self.time_map(rank)(batch_size, self.envelopes[rank](batch_size))
 
+    def span_s(self, rank: int, batch_size: float) -> float:
+        """The model's compute span of ``rank`` at ``batch_size`` under DDP, what its step timer reads (module
+        docstring); ``compute_s`` where the profile did not measure the span."""
+        t = self.compute_s(rank, batch_size)
+        if not self.spans:
+            return t
+        f, opt = self.spans[rank]
+        return max(0.0, t - opt) * f
+
     def ratio(self, rank: int, batch_size: float) -> float:
         """The model's time over the original curve's at ``batch_size``."""
         return self.compute_s(rank, batch_size) / self.envelopes[rank](batch_size)
@@ -232,6 +255,9 @@ class CorrectionModel:
     def updated(self, by_rank: Sequence[StepStats], *, smoothing: float, loader_wait_frac: float) -> CorrectionModel:
         """The model after one epoch; ``by_rank[i]`` is rank i's checked stats."""
         assert len(by_rank) == self.world_size and all(s.rank == i for i, s in enumerate(by_rank))
+        if self.spans:  # a span under DDP stands for the standalone step c / f + opt (module docstring)
+            by_rank = [replace(s, compute_s=s.compute_s / f + opt) for s, (f, opt) in zip(by_rank, self.spans,
+                                                                                          strict=True)]
         ranks = tuple(r.updated(s, env, smoothing=smoothing, loader_wait_frac=loader_wait_frac)
                       for r, s, env in zip(self.ranks, by_rank, self.envelopes, strict=True))
         return replace(self, ranks=ranks)
@@ -245,9 +271,6 @@ class CorrectionModel:
         """The original profile with each rank's compute points corrected and loader costs raised as measured."""
         maps = [self.time_map(i) for i in range(self.world_size)]  # one correction per rank, not per point
         profile = self.base.with_compute_times(lambda rank, b, t: maps[rank](b, t))
-        if profile.comm is not None and profile.comm.span_factors is not None:
-            # The corrections come from spans measured under DDP: the corrected curves hold DDP's share already.
-            profile = replace(profile, comm=replace(profile.comm, span_factors=None))
         start = self.loader_costs_s or tuple(_loader_spp(r.loader) for r in self.base.by_rank)
         raised = {i for i, (p0, c) in enumerate(zip(start, self.ranks, strict=True)) if c.loader_sec_per_sample != p0}
         handed = {i for i, (h0, c) in enumerate(zip(handover_costs_s(self.base), self.ranks, strict=True))

@@ -152,7 +152,7 @@ class Replanner:
                                   predicted_gain=None, measured_compute_s=measured, predicted_compute_s=(),
                                   scale_factors=self.scale_factors)
         by_rank = sorted(stats, key=lambda s: s.rank)
-        predicted = tuple(self._model.compute_s(i, s.batch_size) for i, s in enumerate(by_rank))
+        predicted = tuple(self._model.span_s(i, s.batch_size) for i, s in enumerate(by_rank))  # as measured
         self._model = self._model.updated(by_rank, smoothing=self.smoothing, loader_wait_frac=self.loader_wait_frac)
         self._last_epoch = epoch
         step_s = max(s.step_time_s for s in by_rank)  # the synchronous step waits for the slowest rank
