@@ -216,7 +216,7 @@ def test_a_compute_bound_rank_is_predicted_as_its_span_under_ddp(tmp_path: Path)
 def test_the_replanner_reads_a_span_under_ddp_as_the_standalone_step_it_stands_for() -> None:
     """Replayed on the same launch's four epochs: taken as standalone steps, the spans raised both curves by 4-5%
     and the Replanner, adding the exposed communication again, predicted 89.1-89.2 ms for epochs 1-3, which ran
-    86.8-87.1 ms (+2.3-2.8%).  Turned back into standalone steps (span / f + optimizer step), the curves move 0.6-2.2%
+    86.8-87.1 ms (+2.2-2.8%).  Turned back into standalone steps (span / f + optimizer step), the curves move 0.6-2.2%
     and it predicts 87.1-87.2 ms; the spans it expects match the measured ones (the record's predicted_compute_s)."""
     import re
 
