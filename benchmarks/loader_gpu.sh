@@ -12,7 +12,10 @@
 #   loaderPA  the loader case pinned a few batches ahead by the training process (--pin-ahead,
 #           runtime.pinning.PinAhead), against the default, the DataLoader's own pin_memory=True (section 21)
 #   loaderPA1 the same with each batch copied by one thread (PLANNER_PIN_THREADS=1, profile too; default 4)
-#   loaderU, skewU  the loader and skew cases handing over uint8 images normalized on the GPU (--gpu-normalize)
+#   loaderU, skewU  the loader and skew cases handing over uint8 images normalized on the GPU (--gpu-normalize on);
+#           since session 18 that is the default on CUDA, so every case above runs it too
+#   loaderF, skewSF  the loader and skewS cases with the workers normalizing float images (--gpu-normalize off, the
+#           pipeline before session 18), for an A/B against loader and skewS in one call
 #   skewS, midrunS  the skew and midrun cases emulated with GPU sleeps (PLANNER_EMULATE_MODE=stall, profile too;
 #           workloads.emulate): no extra passes for the CPU to launch, against the default interleave mode's passes
 #   skewSN, loaderN  skewS and loader with every loader worker at nice 10 (--loader-nice 10), so the training
@@ -72,6 +75,8 @@ for i in $(seq 1 "$LAUNCHES"); do
       skewR) emulate=(--emulate-slowdown 1=3 --restart-loader-each-epoch); epochs=$EPOCHS ;;
       loaderU) emulate=(--emulate-loader 1=2 --gpu-normalize); epochs=$EPOCHS ;;
       skewU) emulate=(--emulate-slowdown 1=3 --gpu-normalize); epochs=$EPOCHS ;;
+      loaderF) emulate=(--emulate-loader 1=2 --gpu-normalize off); epochs=$EPOCHS ;;
+      skewSF) emulate=(--emulate-slowdown 1=3 --gpu-normalize off); epochs=$EPOCHS; emulate_mode=stall ;;
       loaderNP) emulate=(--emulate-loader 1=2 --no-pin-memory); epochs=$EPOCHS ;;
       loaderPA) emulate=(--emulate-loader 1=2 --pin-ahead); epochs=$EPOCHS ;;
       loaderPA1) emulate=(--emulate-loader 1=2 --pin-ahead); epochs=$EPOCHS; pin_threads=1 ;;
