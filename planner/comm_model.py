@@ -107,6 +107,26 @@ def span_factors(ddp_compute_s: Sequence[float], alone_compute_s: Sequence[float
                  for d, a in zip(ddp_compute_s, alone_compute_s, strict=True))
 
 
+def applied_span_factors(profile: Profile, mode: str) -> tuple[float, ...] | None:
+    """The span factors a plan predicts its ranks' step timers with (``CommProfile.span_factors``, floored at 1), by
+    rank; None where the profile has none for its ranks, or outside DDP (they were measured under DDP)."""
+    factors = profile.comm.span_factors if profile.comm is not None else None
+    if mode != "ddp" or factors is None or len(factors) != profile.world_size:
+        return None
+    return tuple(max(1.0, float(f)) for f in factors)
+
+
+def span_under_ddp_s(step_s: float, optimizer_s: float, factor: float) -> float:
+    """The compute span a step timer reads under DDP (forward start to the last gradient bucket) for a standalone
+    step of ``step_s``: the step less its optimizer step, times the rank's span factor."""
+    return max(0.0, step_s - optimizer_s) * factor
+
+
+def standalone_step_s(span_s: float, optimizer_s: float, factor: float) -> float:
+    """The standalone step a span measured under DDP stands for (``span_under_ddp_s`` inverted)."""
+    return span_s / factor + optimizer_s
+
+
 def recorded_span_factors(profile: Profile) -> tuple[float, ...] | None:
     """The span factors of a profile written before ``CommProfile.span_factors`` existed, from the DDP rounds its
     meta keeps (``meta["ddp_cost[default]"]``, profiler.comm_cost); None where the meta has none.  For replaying

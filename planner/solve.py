@@ -58,6 +58,7 @@ from planner._model import (
     worker_budgets,
 )
 from planner._search import improve_workers, search
+from planner.comm_model import applied_span_factors, span_under_ddp_s
 from planner.errors import PlanError, ValidationError
 from planner.options import SolveOptions, resolve_options
 from planner.plan import Bottleneck, Plan, Predicted, RankPlan
@@ -370,7 +371,7 @@ def _busy_under_ddp(m: RankModel, spans: Sequence[float] | None, steps: int, wor
     backward overlaps the all-reduce): ``predicted_step_time_s`` is their prediction."""
     if spans is None or steps != 1 or tl > tc or ((workers == 0 or m.serial_loader) and tl > 0):
         return None
-    return max((tc - m.optimizer_s) * max(1.0, float(spans[m.rank])), tl)
+    return max(span_under_ddp_s(tc, m.optimizer_s, spans[m.rank]), tl)
 
 
 def _doubling(start: int) -> Sequence[int]:
@@ -406,9 +407,7 @@ def _make_plan(
         busy.append(t)
         ranks.append((m, int(b[i]), int(w[i]), ki, t, tc, tl))
     t_max = max(busy)
-    spans = profile.comm.span_factors if profile.comm is not None and opts.mode == "ddp" else None
-    if spans is not None and len(spans) != len(models):
-        spans = None
+    spans = applied_span_factors(profile, opts.mode)
     rank_plans = []
     for m, bi, wi, ki, t, tc, tl in ranks:
         bottleneck: Bottleneck = "compute"

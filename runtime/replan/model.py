@@ -66,6 +66,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from planner.comm_model import applied_span_factors, span_under_ddp_s, standalone_step_s
 from planner.curves import Envelope, fit_envelope
 from planner.loader import handover_costs_s, loader_costs_s, scaled_loader
 from planner.options import SolveOptions
@@ -207,9 +208,9 @@ class CorrectionModel:
         by_rank = profile.by_rank
         opts = options or SolveOptions()
         costs = tuple(loader_costs_s(profile, opts, workers=workers))
-        factors = profile.comm.span_factors if profile.comm is not None and opts.mode == "ddp" else None
-        spans = () if factors is None or len(factors) != len(by_rank) else tuple(
-            (max(1.0, float(f)), r.optimizer_step_s or 0.0) for f, r in zip(factors, by_rank, strict=True))
+        factors = applied_span_factors(profile, opts.mode)
+        spans = () if factors is None else tuple(
+            (f, r.optimizer_step_s or 0.0) for f, r in zip(factors, by_rank, strict=True))
         return cls(base=profile, envelopes=tuple(fit_envelope(r.compute) for r in by_rank),
                    ranks=tuple(RankCorrection(loader_sec_per_sample=c, handover_s=h)
                                for c, h in zip(costs, handover_costs_s(profile), strict=True)),
@@ -246,7 +247,7 @@ class CorrectionModel:
         if not self.spans:
             return t
         f, opt = self.spans[rank]
-        return max(0.0, t - opt) * f
+        return span_under_ddp_s(t, opt, f)
 
     def ratio(self, rank: int, batch_size: float) -> float:
         """The model's time over the original curve's at ``batch_size``."""
@@ -256,8 +257,8 @@ class CorrectionModel:
         """The model after one epoch; ``by_rank[i]`` is rank i's checked stats."""
         assert len(by_rank) == self.world_size and all(s.rank == i for i, s in enumerate(by_rank))
         if self.spans:  # a span under DDP stands for the standalone step c / f + opt (module docstring)
-            by_rank = [replace(s, compute_s=s.compute_s / f + opt) for s, (f, opt) in zip(by_rank, self.spans,
-                                                                                          strict=True)]
+            by_rank = [replace(s, compute_s=standalone_step_s(s.compute_s, opt, f))
+                       for s, (f, opt) in zip(by_rank, self.spans, strict=True)]
         ranks = tuple(r.updated(s, env, smoothing=smoothing, loader_wait_frac=loader_wait_frac)
                       for r, s, env in zip(self.ranks, by_rank, self.envelopes, strict=True))
         return replace(self, ranks=ranks)
