@@ -84,11 +84,11 @@ for p in "$@"; do
           b4 resnet50_cotenant_$TAG --label "real co-tenants: duty-0.3 bf16 matmul loop on GPU 2, duty-0.6 on GPU 3"
           kill $c1 $c2 2>/dev/null; wait $c1 $c2 2>/dev/null ;;
     prof4) t0=$(date +%s.%N)
-           part prof4 timeout "$LIMIT" $PY -m torch.distributed.run --standalone --nproc-per-node "${NPROC4:-4}" \
+           part "prof4_$TAG" timeout "$LIMIT" $PY -m torch.distributed.run --standalone --nproc-per-node "${NPROC4:-4}" \
              -m planner profile --model resnet50 --dataset fake ${TINY:+--device cpu --model mlp --quick} \
              --out "$WORK/${CARD}x4_profile_speed_$TAG.json"
            $PY -c "import sys; print('prof4 wall', round(float(sys.argv[2]) - float(sys.argv[1]), 1), 's')" \
-             "$t0" "$(date +%s.%N)" | tee "$WORK/prof4.wall" ;;
+             "$t0" "$(date +%s.%N)" | tee "$WORK/prof4_$TAG.wall" ;;
     cot4h) pids=()
            $PY benchmarks/cotenant.py --device "${COT_DEV[0]}" --duty 1 > "$WORK/cotenant_gpu2.log" 2>&1 & pids+=($!)
            for i in 1 2; do

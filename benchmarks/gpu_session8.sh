@@ -21,6 +21,10 @@
 #             3 rounds), its files under $WORK/s5
 #   t18-<cases>  benchmarks/loader_gpu.sh with CASES="<cases>" (comma-separated, e.g. t18-loader, t18-skew,midrun),
 #             LAUNCHES launches each, BUDGET_S seconds at most
+#   t18pair   on a 4-GPU host: loader_gpu.sh with CASES=$A_CASES on GPUs 0,1 and the first half of the cores, beside
+#             CASES=$B_CASES on GPUs 2,3 and the second half (so each launch has what a 2-GPU host gives it), files
+#             under $WORK/t18a_<cases> and $WORK/t18b_<cases>; A_ENV/B_ENV add settings to one side only, e.g.
+#             B_ENV="EPOCHS=10 NUM_SAMPLES=40960 LAUNCHES=2"
 # benchmarks/hostmon.py samples the host (busy cores, steal, cgroup throttling, MHz, top processes) every second
 # into $WORK/hostmon.jsonl through all parts, and $WORK/marks.txt holds "unix_time part" at each part's start.
 # Every part's files go under $WORK and $OUT/s8.tar is refreshed after each part: a device call returns at most
@@ -41,6 +45,16 @@ for p in "$@"; do
     t18-*) cases=${p#t18-}; dir=$WORK/t18_${cases//,/_}; mkdir -p "$dir"
            OUT=$dir CASES="${cases//,/ }" LAUNCHES=${LAUNCHES:-3} BUDGET_S=${BUDGET_S:-500} \
              bash "$HERE/loader_gpu.sh" 2>&1 | tee "$dir/loader_gpu.log" ;;
+    t18pair) n=$(nproc --all); h=$(( n / 2 )); pids=(); logs=()
+           for side in a b; do
+             if [ $side = a ]; then c=${A_CASES:-skewS}; g=0,1; cores=0-$(( h - 1 )); e=${A_ENV:-}
+             else c=${B_CASES:-loader}; g=2,3; cores=$h-$(( n - 1 )); e=${B_ENV:-}; fi
+             dir=$WORK/t18${side}_${c//,/_}; mkdir -p "$dir"; logs+=("$dir/loader_gpu.log")
+             # shellcheck disable=SC2086  # $e is a list of VAR=value words
+             env CUDA_VISIBLE_DEVICES=$g OUT="$dir" CASES="${c//,/ }" LAUNCHES=${LAUNCHES:-3} BUDGET_S=${BUDGET_S:-500} $e \
+               taskset -c "$cores" bash "$HERE/loader_gpu.sh" > "$dir/loader_gpu.log" 2>&1 & pids+=($!)
+           done
+           wait "${pids[@]}"; for l in "${logs[@]}"; do echo "== $l"; cat "$l"; done ;;
     mech) mkdir -p "$WORK/mech"; python3 "$HERE/loader_mechanism.py" --json "$WORK/mech/loader_mechanism.json" \
             --drift-s "${DRIFT_S:-40}" ${DRIFT_ONLY:+--drift-only} 2>&1 | grep -v -E "UserWarning|check_worker" | tee "$WORK/mech/loader_mechanism.log" ;;
     gate) timeout 150 python3 -m pytest -q -p no:cacheprovider -rA -s --tb=line "$HERE/../tests/workloads/test_emulate.py" \
