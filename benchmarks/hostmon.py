@@ -177,7 +177,7 @@ def monitor(out: Path, interval: float) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    with out.open("w") as f:
+    with out.open("a") as f:
         f.write(json.dumps(facts()) + "\n")
         f.flush()
         cpu0, _ = proc_stat()
