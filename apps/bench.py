@@ -472,7 +472,7 @@ def _check_loaders(env: Any, opts: dict[str, Any], workload: Any, profile: Any, 
     )
 
     seconds = check_seconds(opts.get("loader_check_s"), opts["quick"])
-    if seconds <= 0 or not any(r.loader is not None for r in profile.ranks):
+    if seconds <= 0 or not profile.has_loader:
         return profile, plan, None
     measured = measure_plan_loaders(env.rank, workload.dataset, plan, seconds, cap)
     checked = checked_profile(profile, plan, plan.options, measured, seconds)

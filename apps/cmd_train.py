@@ -286,7 +286,7 @@ def check_workload(plan: Any, profile: Any, *, model: str, sample_shape: tuple[i
 def normalize_mismatch(profile: Any, *, uint8: bool) -> str | None:
     """A warning when the profile's loader handed over other images than this run's (``--gpu-normalize``): uint8
     images skip the workers' float conversion and normalization, so the loader costs it measured are not this run's."""
-    if not any(r.loader is not None for r in profile.ranks) or bool(profile.meta.get("gpu_normalize")) == uint8:
+    if not profile.has_loader or bool(profile.meta.get("gpu_normalize")) == uint8:
         return None
     said = {True: "uint8 images (--gpu-normalize on)", False: "float images (--gpu-normalize off)"}
     return (f"warning: the profile timed the loader handing over {said[not uint8]}, this run hands over "

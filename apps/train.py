@@ -583,7 +583,7 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool,
     shared = decide_on_rank0(first)
     plan, profile = Plan.from_dict(shared["plan"]), Profile.from_dict(shared["profile"])
     seconds = check_seconds(cfg.loader_check_s, quick)
-    if seconds <= 0 or cfg.data_on_device or not any(r.loader is not None for r in profile.ranks):
+    if seconds <= 0 or cfg.data_on_device or not profile.has_loader:
         return plan, profile
     # The plan's loaders, every rank's at once, at its own batches and workers (apps.loader_check).
     if progress is not None:

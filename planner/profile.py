@@ -230,6 +230,11 @@ class Profile:
     def world_size(self) -> int:
         return len(self.ranks)
 
+    @property
+    def has_loader(self) -> bool:
+        """Whether any rank's loader was profiled (the run feeds a DataLoader, not batches made on the device)."""
+        return any(r.loader is not None for r in self.ranks)
+
     def rank(self, i: int) -> RankProfile:
         return self.by_rank[i]
 

@@ -38,6 +38,13 @@ def test_rate_interpolates_and_keeps_the_last_per_worker_rate() -> None:
     assert rate_at(LoaderProfile(sec_per_sample=0.003), 4) == 0.0
 
 
+def test_a_profile_has_a_loader_when_any_rank_profiled_one() -> None:
+    assert linear_profile([0.001, 0.003], loader_s=[0.0004, 0.0007], cores=16).has_loader
+    assert not linear_profile([0.001, 0.003]).has_loader  # batches made on the device
+    fed = linear_profile([0.001, 0.003], loader_s=[0.0004, 0.0007], cores=16)
+    assert replace(fed, ranks=(replace(fed.ranks[0], loader=None), fed.ranks[1])).has_loader
+
+
 def test_without_a_scaling_run_the_cost_is_sec_per_sample() -> None:
     profile = linear_profile([0.001, 0.003], loader_s=[0.0004, 0.0007], cores=16)
     assert loader_costs_s(profile, SolveOptions()) == [0.0004, 0.0007]
