@@ -76,12 +76,14 @@ HEADLINES = (
     ("2x NVIDIA", "resnet50", "emulated compute skew 1=3", ""),
     ("2x NVIDIA", "resnet50", "emulated compute skew 1=3", "interleaved emulation"),
     ("2x NVIDIA", "resnet50", "emulated compute skew 1=3", "block emulation"),
+    ("2x NVIDIA", "resnet50", "emulated compute skew 1=3", "stall emulation"),
     ("2x NVIDIA", "resnet50", "emulated compute skew 1=3", "NCCL_MAX_NCHANNELS=2"),
     ("2x NVIDIA", "resnet50", "real loader skew (workers capped 1=2)", ""),
     ("2x NVIDIA", "resnet50", "real co-tenant: a duty-0.5 bf16 matmul loop on GPU 1", ""),
     ("1x NVIDIA", "resnet18", "real device mix cuda:0,cpu", ""),
     ("4x NVIDIA", "resnet50", "emulated compute skew 2=2,3=4", ""),
     ("4x NVIDIA", "resnet50", "emulated compute skew 2=2,3=4", "interleaved emulation"),
+    ("4x NVIDIA", "resnet50", "emulated compute skew 2=2,3=4", "stall emulation"),
     ("4x NVIDIA", "resnet50", "real co-tenants: one full-duty bf16 matmul loop on GPU 2, two on GPU 3", ""),
 )
 """The groups the README's headline sentence names: (hardware prefix, model, heterogeneity, setting); every
@@ -360,6 +362,8 @@ def headline(launches: Sequence[Launch]) -> str:
     for hw, model, het, setting in HEADLINES:
         for g in _pick(groups, hw, model, het, setting):
             pe, pp = paired(g, "plan", "equal"), paired(g, "plan", "proportional")
+            if not pe:
+                continue  # a plan-only launch (no equal split beside it): no headline ratio
             prop = (f"{_x(pp, '{:.3f}x')} the throughput-proportional split ({verdict(pp)})" if pp
                     else "the proportional split not run")
             key = g[0].key
