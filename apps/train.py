@@ -28,7 +28,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -345,8 +345,25 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
                        device_states=[g[5] for g in gathered], predicted_step_time_s=run.plan.predicted.step_time_s,
                        wall_s=max(g[6] for g in gathered), samples=n_total,
                        diverged_step=min(bad) if bad else None,
-                       refilled=streamed and fresh and epoch > run.start_epoch
-                       and not any(s.get("fill_steps") for s in all_stats))
+                       unsteady=unsteady_start(streamed=streamed, fresh=fresh, first=epoch == run.start_epoch,
+                                               fill=fill, fill_steps=[s.get("fill_steps", 0) for s in all_stats]))
+
+
+def unsteady_start(*, streamed: bool, fresh: bool, first: bool, fill: int, fill_steps: Sequence[int]) -> str | None:
+    """Why an epoch's times cannot judge a re-plan (None when they can): it began a new loader stream and held no
+    steady window after the fill (every rank's ``fill_steps`` 0: runtime.timing ``epoch_summary``).
+
+    Streamed, the epochs before a re-plan ran on a full pipeline and the one after it refills it: judged on it, the
+    new plan (on trial) and the model would carry the refill.  The run's first epoch, when its loaders' fill took
+    all of it, likewise: judged on it, the start plan's fill is compared with another split's steady pace (session
+    19, 2x H100, 80-step epochs: epoch 0 ran 130 ms a step in the fill, a 10.7% gain was adopted on it, and the new
+    split ran 119.7 ms where the start split ran 101 ms in the other launches).  ``fill``: the epoch's fill steps
+    (``apps.steps.loader_fill_drain``); ``first``: the run's first epoch (its start epoch when resumed)."""
+    if not (streamed and fresh) or any(fill_steps):
+        return None
+    if not first:
+        return "this epoch refilled the loaders after the re-plan"
+    return "the loaders filled their pipelines through all of this first epoch, leaving no steady window" if fill > 0 else None
 
 
 def _write_step_log(path: str, epoch: int, rank: int, t_start: float, series: dict[str, list[float | None]],
@@ -371,10 +388,8 @@ def _write_step_log(path: str, epoch: int, rank: int, t_start: float, series: di
 def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
     """Re-plan (collective), log the epoch and checkpoint it; the next epoch runs ``run.plan``."""
     cfg, env = run.cfg, run.env
-    if run.replanner is not None and res.epoch + 1 < cfg.epochs and res.refilled:
-        # Streamed, the epochs before the re-plan ran on a full pipeline and this one refilled it: judged on it, the
-        # new plan (on trial) and the model would carry the refill.  The next epoch decides.
-        res.replan = {"reason": "not judged: this epoch refilled the loaders after the re-plan; the next one decides"}
+    if run.replanner is not None and res.epoch + 1 < cfg.epochs and res.unsteady:  # the next epoch decides
+        res.replan = {"reason": f"not judged: {res.unsteady}; the next one decides"}
     elif run.replanner is not None and res.epoch + 1 < cfg.epochs:
         decision = run.replanner.step(planner.StepStats.from_dict(res.stats[env.rank]), res.epoch)
         record = decision.to_record()

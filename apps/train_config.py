@@ -137,7 +137,7 @@ class EpochResult:
     """Samples the epoch trained, all ranks together."""
     diverged_step: int | None = None
     """First global step of this epoch whose loss (or the weights after it) was not finite, on any rank."""
-    refilled: bool = False
-    """The epoch started a new loader stream after a re-plan (apps.steps.StreamedEpochs) and held no steady window
-    after its fill: its times are the refill's, not the new plan's pace."""
+    unsteady: str | None = None
+    """Why the epoch's times cannot judge a re-plan (``apps.train.unsteady_start``: a loader stream's refill after a
+    re-plan, or the run's first fill, with no steady window after it); None when they can."""
 

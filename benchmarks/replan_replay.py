@@ -6,11 +6,12 @@ Each PREFIX names a launch's ``<prefix>_profile.json`` and ``<prefix>_run.jsonl`
 Replanner starts from the log's start plan and takes each epoch's logged per-rank stats in turn, printing its
 decision, for as long as the log ran the plan the replay holds: once the replay adopts a split the run did not (or
 the run adopted one the replay did not), later epochs measured another split and the replay stops, saying so.  The
-run's last epoch is not replayed (no decision follows it), nor, as `planner train` does with its streamed loader,
-the epoch that refilled the loaders after an adopted re-plan (``--restarted``: the run restarted its DataLoader
-every epoch, ``--restart-loader-each-epoch``, and judged every epoch).  A change to the correction model is checked this way
-against every recorded launch before it is measured on a GPU (session 14: the hand-over rule of
-runtime/replan/model.py, over sessions 12-14's 24 launches).
+run's last epoch is not replayed (no decision follows it), nor, as `planner train` does with its streamed loader
+(``apps.train.unsteady_start``), an epoch that began a new stream with no steady window after its fill: the refill
+after an adopted re-plan, or the run's first epoch when the fill took all of it (``--restarted``: the run
+restarted its DataLoader every epoch, ``--restart-loader-each-epoch``, and judged every epoch).  A change to the
+correction model is checked this way against every recorded launch before it is measured on a GPU (session 14:
+the hand-over rule of runtime/replan/model.py, over sessions 12-14's 24 launches).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from apps.steps import loader_fill_drain
+from apps.train import unsteady_start
 from planner.profile import Profile
 from planner.runlog import read_run_log
 from runtime.replan import Replanner
@@ -32,19 +35,24 @@ def replay(prefix: str, *, streamed: bool = True) -> list[str]:
     if log.start_plan is None:
         return ["no start plan in the log: nothing to replay"]
     rp = Replanner(Profile.load(f"{prefix}_profile.json"), log.start_plan)
-    out, refill = [], False
+    out, fresh = [], True
     for e in log.epochs[:-1]:
         if tuple(e.batch_sizes) != tuple(rp.plan.batch_sizes):
             out.append(f"epoch {e.epoch}: the run measured {list(e.batch_sizes)}, the replay holds "
                        f"{list(rp.plan.batch_sizes)}: stopped")
             break
-        if refill:
-            out.append(f"epoch {e.epoch}: not judged (it refilled the loaders after the re-plan)")
-            refill = False
+        # the trainer's rule (apps.train.unsteady_start); a run with loader workers had a fill to take
+        workers = max(r.num_workers for r in e.ranks)
+        why = unsteady_start(streamed=streamed, fresh=fresh, first=e is log.epochs[0],
+                             fill=loader_fill_drain(workers)[0] if workers else 0,
+                             fill_steps=[r.fill_steps for r in e.ranks])
+        if why is not None:
+            out.append(f"epoch {e.epoch}: not judged ({why})")
+            fresh = False
             continue
         d = rp.decide(list(e.ranks), epoch=e.epoch)
         out.append(f"epoch {e.epoch}: {'ADOPTED ' if d.adopted else ''}{d.reason}")
-        refill = streamed and d.adopted
+        fresh = d.adopted  # an adopted plan starts a new stream
     return out
 
 

@@ -94,3 +94,18 @@ def test_a_streamed_loader_does_not_judge_a_replan_on_its_refill(tmp_path: Path)
     after = adopted[0] + 1  # refilled: not judged, and never the last epoch here (the first adoption is at 0 or 1)
     assert after not in decisions
     assert f"epoch {after}:" in out and "not judged: this epoch refilled the loaders after the re-plan" in out
+
+
+def test_an_epoch_is_judged_unless_it_began_a_stream_with_no_steady_window() -> None:
+    from apps.train import unsteady_start
+
+    def why(**kw: Any) -> str | None:
+        return unsteady_start(**{"streamed": True, "fresh": True, "first": False, "fill": 15,
+                                 "fill_steps": [0, 0], **kw})
+
+    assert why() == "this epoch refilled the loaders after the re-plan"  # a re-plan's new stream, all of it fill
+    assert "through all of this first epoch" in str(why(first=True))  # the run's first fill took all of it
+    assert why(fill_steps=[15, 0]) is None and why(first=True, fill_steps=[0, 15]) is None  # a steady window after it
+    assert why(fresh=False) is None  # the stream ran on from the epoch before
+    assert why(streamed=False) is None  # a DataLoader restarted each epoch: every epoch fills alike and is judged
+    assert why(first=True, fill=0) is None  # batches made on the device: nothing to fill
