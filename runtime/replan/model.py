@@ -8,6 +8,12 @@ Rank i ran batch b_i and measured mean compute c_i, data wait d_i, step time s_i
                                                    noisy epoch moves the model only part of the way
     points_i  = original compute points, step_time_s * factor_i      (same curve shape, rescaled)
 
+A device change replaces the factor instead: raw_i at least 1.5x (or at most 1/1.5x) factor_i and more than 10
+standard errors of the epoch's mean away (``DEVICE_CHANGE``, ``CHANGE_SIGMAS``) means the device itself changed
+(a slowdown, a co-tenant arriving or leaving), so the smoothed history describes the old device: factor_i <- raw_i,
+and the rank's observations below restart from this one.  Epoch-to-epoch noise never comes near it (2% jitter;
+over 500 pairs of recorded epochs at one split, every such jump but two was a real slowdown).
+
 Shape correction: a profile's curve can be right at one batch size and off in slope elsewhere -- e.g. near the
 knee where a launch-bound GPU turns compute-bound, a uniformly rescaled curve then sends too much work to a rank
 (measured on 2x H200, ResNet-50, emulated 3x rank: the re-plan moved 38 samples and the step got 4% slower).
@@ -87,6 +93,25 @@ launch-bound floor and the linear part can make them differ by 1.5x)."""
 SAME_BATCH_CHANGE = math.log(1.10)
 """The same batch size measured more than 10% off its last time: the device changed; its history is dropped."""
 
+DEVICE_CHANGE = math.log(1.5)
+"""A rank's compute at least 1.5x, or at most 1/1.5x, what its model says, far beyond the epoch's own noise
+(``CHANGE_SIGMAS``): the device itself changed -- a slowdown, a co-tenant arriving or leaving -- and the smoothed
+factor's history describes the old device.  The newest epoch then replaces it, instead of moving it ``smoothing``
+of the way (session 19, 2x H100, rank 1 3x slower from epoch 1: the factor went from 1.0-1.4 to 2.6 on a measured
+2.95, the adopted split ran 117-123 ms a step on a predicted 103-105, and a second re-plan was needed two epochs
+later; replayed with this rule the first re-plan goes straight to [377-384, 128-135], where the second one went)."""
+CHANGE_SIGMAS = 10.0
+"""How far beyond the epoch mean's relative standard error a device change must lie (``DEVICE_CHANGE``)."""
+
+
+def device_changed(raw: float, scale: float, s: StepStats) -> bool:
+    """Whether a rank's measured ratio ``raw`` says its device changed since the model's ``scale`` (``DEVICE_CHANGE``)."""
+    if not (raw > 0 and scale > 0) or abs(math.log(raw / scale)) <= DEVICE_CHANGE:
+        return False
+    rel_se = s.compute_s_std / math.sqrt(max(1, s.num_steps)) / s.compute_s if s.compute_s > 0 else math.inf
+    return abs(raw / scale - 1.0) > CHANGE_SIGMAS * rel_se
+
+
 TimeMap = Callable[[float, float], float]
 """f(batch_size, t): the model's time at ``batch_size`` for a point the original profile gave time ``t``."""
 
@@ -159,8 +184,11 @@ class RankCorrection:
         raw = s.compute_s / envelope(s.batch_size)
         b = int(s.batch_size)
         same = [o.ratio for o in self.observations if o.batch_size == b]
-        if same and abs(math.log(raw / same[0])) > SAME_BATCH_CHANGE:
-            obs: tuple[Observation, ...] = (Observation(batch_size=b, ratio=raw),)  # what it showed no longer holds
+        changed = device_changed(raw, self.scale, s)
+        if changed:
+            obs: tuple[Observation, ...] = (Observation(batch_size=b, ratio=raw),)  # the old device's shape is gone
+        elif same and abs(math.log(raw / same[0])) > SAME_BATCH_CHANGE:
+            obs = (Observation(batch_size=b, ratio=raw),)  # what it showed no longer holds
         else:
             others = [o for o in self.observations if o.batch_size != b]
             obs = (*others[-1:], Observation(batch_size=b, ratio=raw))
@@ -179,7 +207,8 @@ class RankCorrection:
                 else:
                     seen = s.data_wait_s / s.batch_size
                 spp = max(spp, (1.0 - a) * spp + a * seen)  # only raised: see the module docstring
-        return RankCorrection(scale=(1.0 - a) * self.scale + a * raw, loader_sec_per_sample=spp, observations=obs,
+        return RankCorrection(scale=raw if changed else (1.0 - a) * self.scale + a * raw,
+                              loader_sec_per_sample=spp, observations=obs,
                               handover_s=handover)
 
 

@@ -52,11 +52,12 @@ def test_rank_three_times_slower_is_replanned_toward_rank0() -> None:
     assert d.new_plan.global_batch == 512
     assert d.new_plan.batch_sizes[0] > plan.batch_sizes[0] and d.new_plan.batch_sizes[1] < plan.batch_sizes[1]
     assert d.predicted_gain is not None and d.predicted_gain > 0.05
-    # EMA 0.5 from the profile's 1.0: half way to the measured 3.0.
-    assert d.scale_factors == pytest.approx((1.0, 2.0))
+    # 3x the profile in a quiet epoch is a device change (runtime.replan.model.DEVICE_CHANGE): the factor is the
+    # measured 3.0, not the EMA's half way.
+    assert d.scale_factors == pytest.approx((1.0, 3.0))
     assert d.measured_compute_s[1] == pytest.approx(3 * d.predicted_compute_s[1])
-    # The profile in use is the original, rank 1's points doubled: the single source of truth.
-    assert [p.step_time_s for p in rp.profile.rank(1).compute] == pytest.approx([0.060, 0.150, 0.510])
+    # The profile in use is the original, rank 1's points tripled: the single source of truth.
+    assert [p.step_time_s for p in rp.profile.rank(1).compute] == pytest.approx([0.090, 0.225, 0.765])
     assert rp.profile.rank(0).compute == profile.rank(0).compute
 
     log = d.to_log()
@@ -65,10 +66,10 @@ def test_rank_three_times_slower_is_replanned_toward_rank0() -> None:
     assert log["new_batch_sizes"] == list(d.new_plan.batch_sizes)
     assert planner.Plan.from_dict(json.loads(json.dumps(log, allow_nan=False))["plan"]) == d.new_plan
 
-    # The slowdown persists: the model keeps converging toward 3x and the split keeps moving the same way.
+    # The slowdown persists: the model stays at 3x and the split where the first re-plan put it.
     d2 = rp.decide(_stats(profile, rp.plan, 1, slow=(1.0, 3.0)), epoch=1)
-    assert d2.scale_factors[1] == pytest.approx(2.5)
-    assert d2.plan.batch_sizes[0] >= d.new_plan.batch_sizes[0]
+    assert d2.scale_factors[1] == pytest.approx(3.0)
+    assert not d2.adopted and d2.plan.batch_sizes == d.new_plan.batch_sizes
 
 
 def test_noise_alone_does_not_churn_over_ten_epochs() -> None:
@@ -176,7 +177,7 @@ def test_state_round_trip_continues_identically() -> None:
     b.load_state_dict(state)
     assert b.plan == a.plan and b.plan.fingerprint == a.plan.fingerprint
     assert b.scale_factors == a.scale_factors and b.loader_sec_per_sample == a.loader_sec_per_sample
-    nxt = _stats(profile, a.plan, 1, slow=(1.0, 3.0))
+    nxt = _stats(profile, a.plan, 1, slow=(1.0, 3.6))  # a little slower again: the model moves, a new plan
     la, lb = a.decide(nxt, epoch=1).to_log(), b.decide(nxt, epoch=1).to_log()
     pa, pb = la.pop("plan"), lb.pop("plan")  # the solver's own timing differs between the two solves
     assert la == lb and pa["fingerprint"] == pb["fingerprint"]

@@ -20,27 +20,51 @@ def _profile() -> Profile:
 
 
 def _epoch(model: CorrectionModel, times: dict[int, tuple[int, float]], *, smoothing: float = 1.0,
-           wait_s: tuple[float, float] = (0.0, 0.0), workers: int = 2) -> CorrectionModel:
-    """One epoch: rank i ran batch b at c seconds of compute (ranks not named ran as profiled at 64)."""
+           wait_s: tuple[float, float] = (0.0, 0.0), workers: int = 2, rel_std: float = 0.02) -> CorrectionModel:
+    """One epoch of 50 steps: rank i ran batch b at c seconds of compute, its steps' std ``rel_std`` x c (ranks
+    not named ran as profiled at 64)."""
     stats = []
     for i in range(model.world_size):
         b, c = times.get(i, (64, model.envelopes[i](64)))
         stats.append(StepStats(rank=i, epoch=0, num_steps=50, batch_size=b, num_workers=workers,
-                               data_wait_s=wait_s[i], compute_s=c, step_time_s=c + wait_s[i]))
+                               data_wait_s=wait_s[i], compute_s=c, step_time_s=c + wait_s[i],
+                               compute_s_std=rel_std * c))
     return model.updated(stats, smoothing=smoothing, loader_wait_frac=0.10)
 
 
 def test_scale_factors_are_an_ema_from_one_and_the_model_is_never_mutated() -> None:
     m0 = CorrectionModel.of(_profile())
     t = m0.envelopes[1](128)
-    m1 = _epoch(m0, {1: (128, 3 * t)}, smoothing=0.8)
-    m2 = _epoch(m1, {1: (128, 3 * t)}, smoothing=0.8)
+    m1 = _epoch(m0, {1: (128, 1.4 * t)}, smoothing=0.8)
+    m2 = _epoch(m1, {1: (128, 1.4 * t)}, smoothing=0.8)
     assert m0.scale_factors == (1.0, 1.0)
-    assert m1.scale_factors == pytest.approx((1.0, 2.6))
-    assert m2.scale_factors == pytest.approx((1.0, 1 + 2 * (1 - 0.2**2)))  # 96% of the way after two epochs
+    assert m1.scale_factors == pytest.approx((1.0, 1.32))
+    assert m2.scale_factors == pytest.approx((1.0, 1 + 0.4 * (1 - 0.2**2)))  # 96% of the way after two epochs
     # One batch size seen: the uniform factor applies at every batch size.
     assert m2.ratio(1, 16) == m2.ratio(1, 500) == pytest.approx(m2.scale_factors[1])
     assert m2.compute_s(1, 128) == pytest.approx(m2.scale_factors[1] * t)
+
+
+def test_a_device_change_replaces_the_factor_and_the_old_shape() -> None:
+    """A rank measured 3x its model with a quiet epoch: its device changed (a slowdown, a co-tenant), so the factor
+    is the measured one at once, not 80% of the way there, and what two batch sizes showed before is dropped."""
+    m = CorrectionModel.of(_profile())
+    t = m.envelopes[1]
+    m = _epoch(_epoch(m, {1: (64, 1.1 * t(64))}, smoothing=0.8), {1: (128, 1.1 * t(128))}, smoothing=0.8)
+    assert len(m.ranks[1].observations) == 2  # the shape correction in force
+    after = _epoch(m, {1: (96, 3.0 * t(96))}, smoothing=0.8)
+    assert after.scale_factors[1] == pytest.approx(3.0)
+    assert after.ranks[1].observations == (Observation(batch_size=96, ratio=pytest.approx(3.0)),)
+    assert after.compute_s(1, 200) == pytest.approx(3.0 * t(200))  # uniform again until a second batch size
+    back = _epoch(after, {1: (96, 1.0 * t(96))}, smoothing=0.8)  # and it leaves
+    assert back.scale_factors[1] == pytest.approx(1.0)
+    # The same 3x within a noisy epoch (steps' std 1.5x their mean over 50 steps: a 21% standard error) is no
+    # evidence of a change beyond the smoothing: 80% of the way.
+    noisy = _epoch(CorrectionModel.of(_profile()), {1: (96, 3.0 * t(96))}, smoothing=0.8, rel_std=1.5)
+    assert noisy.scale_factors[1] == pytest.approx(2.6)
+    # Under 1.5x is never a change, however quiet the epoch.
+    small = _epoch(CorrectionModel.of(_profile()), {1: (96, 1.45 * t(96))}, smoothing=0.8, rel_std=0.0)
+    assert small.scale_factors[1] == pytest.approx(1 + 0.8 * 0.45)
 
 
 @pytest.mark.parametrize(("alpha", "beta"), [(1.5, -0.01), (0.5, 0.02)])  # truly steeper / truly flatter
