@@ -21,7 +21,13 @@ The first four measure the noise of the compute curves -- repeat spreads as the 
 median over points of spread / sqrt(repeats): a point is a median, and one disturbed point does not move a curve
 fitted through all of them); the others as the relative error they show -- and the largest is the profile's
 ``noise_frac``: a plan whose predicted gain over the equal split is smaller than that is inside the profile's own
-noise, and ``keep_equal_within_noise`` keeps the equal split and records why.  Identical devices measured apart may
+noise, and ``keep_equal_within_noise`` keeps the equal split and records why.  Each of them says the largest batch
+its evidence touches (``QualityIssue.batch_size``), and a plan is judged only by the issues at batch sizes it or the
+equal split runs (``ProfileQuality.noise_for``: down to ``RELEVANT_FRACTION`` of the smaller of the two): a small
+batch's launch-bound jitter says nothing of a step 10x longer (session 19, 4x H100, one of three default 4-rank
+ResNet-50 profiles: batches 8-24 off the curve by 43% and 1.6x out of order, 16-31 ms steps beside the loader
+measurement, while a 1.6x slower rank's plan ran batches of 173-294 -- the whole profile's noise would have kept the
+equal split against a predicted 44% gain).  Identical devices measured apart may
 be real (a co-tenant, throttling), and the DDP overhead adds to every split alike, so those two only warn.
 
 Pure: functions of Profile and Plan, no I/O; callers print ``warning_lines``.
@@ -43,6 +49,10 @@ from planner.solve import equal_split, evaluate
 
 FIX = "re-profile with a longer --budget-s on an idle machine"
 COMPUTE_CHECKS = ("repeat_spread", "fit_residual", "non_monotone", "implausible")
+RELEVANT_FRACTION = 0.5
+"""A compute issue judges a plan when its batch size is at least this fraction of the smaller of the rank's
+planned batch and the equal split's (``ProfileQuality.relevant``): the fitted curve at a batch rests on the
+measured points around it, the sweep's grid steps are 1.33-1.5x, and two of them down is about half."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -77,6 +87,9 @@ class QualityIssue:
     what: str
     """What is wrong, with the numbers."""
     fix: str = FIX
+    batch_size: int | None = None
+    """The largest batch size the problem's evidence touches: the rank's curve up to it is in doubt (None: the
+    whole curve, or no batch at all)."""
 
     @property
     def message(self) -> str:
@@ -103,8 +116,30 @@ class ProfileQuality:
         compute = [i for i in self.issues if i.check in COMPUTE_CHECKS]
         return max(compute, key=lambda i: i.noise_frac) if compute else None
 
+    def relevant(self, batch_sizes: Sequence[int], equal: float) -> ProfileQuality:
+        """The compute issues that touch the batch sizes a split runs (``batch_sizes``, by rank: the forward's, a
+        micro-batch under accumulation) or the equal split's (``equal``) on their rank, down to
+        ``RELEVANT_FRACTION`` of the smaller of the two; an issue without a batch size always does."""
+        def touches(i: QualityIssue) -> bool:
+            if i.batch_size is None:
+                return True
+            low = min((min(batch_sizes[k], equal) if k < len(batch_sizes) else equal for k in i.ranks), default=equal)
+            return i.batch_size >= RELEVANT_FRACTION * low
+
+        return ProfileQuality(issues=tuple(i for i in self.issues if i.check in COMPUTE_CHECKS and touches(i)))
+
+    def noise_for(self, plan: Plan) -> float:
+        """``noise_frac`` of the issues that touch ``plan``'s batch sizes or the equal split's (``relevant``)."""
+        return self.relevant(*_split_of(plan)).noise_frac
+
     def warning_lines(self) -> list[str]:
         return [f"warning: {i.message}" for i in self.issues]
+
+
+def _split_of(plan: Plan) -> tuple[list[int], float]:
+    """(each rank's forward batch, by rank; the equal split's batch) of ``plan``: what ``relevant`` judges."""
+    by_rank = sorted(plan.ranks, key=lambda r: r.rank)
+    return [r.micro_batch_size or r.batch_size for r in by_rank], plan.global_batch / max(1, plan.world_size)
 
 
 def _ms(t_s: float) -> str:
@@ -148,21 +183,30 @@ def _rank_issues(r: RankProfile, lim: QualityLimits) -> list[QualityIssue]:
         at, s, _ = max(spreads, key=lambda x: x[1])
         if s > lim.max_spread:
             where = f" at batch {at}" if at is not None else ""
+            spread_at = [b for b, x, _ in spreads if x > lim.max_spread and b is not None]
             # Each point is a median of n repeats, whose own error is about spread / sqrt(n); and one disturbed
             # point does not move a curve fitted through all of them: the typical point's error is the noise.
             typical = statistics.median(x / math.sqrt(n) for _, x, n in spreads)
             out.append(QualityIssue(
                 check="repeat_spread", ranks=(r.rank,), noise_frac=typical, subject=_who(r),
                 what=f"repeated steps of one batch size differ by up to {s:.0%} of their median{where} "
-                     f"(limit {lim.max_spread:.0%}): something else was running"))
+                     f"(limit {lim.max_spread:.0%}): something else was running",
+                batch_size=max(spread_at) if spread_at else None))
     pts = sorted(r.compute, key=lambda p: p.batch_size)
     if len(pts) >= 2:
-        resid = fit_envelope(r.compute).max_rel_residual
+        env = fit_envelope(r.compute)
+        resid = env.max_rel_residual
         if resid > lim.max_fit_residual:
+            off = [(abs(env(p.batch_size) - p.step_time_s) / p.step_time_s, p.batch_size) for p in pts
+                   if p.step_time_s > 0]
+            far = [b for x, b in off if x > lim.max_fit_residual]
+            at = max(off)[1] if off else None
             out.append(QualityIssue(
                 check="fit_residual", ranks=(r.rank,), noise_frac=resid, subject=_who(r),
-                what=f"a measured step is {resid:.0%} away from the fitted step-time curve "
-                     f"(limit {lim.max_fit_residual:.0%}), so predictions for this rank are unreliable"))
+                what=f"a measured step{f' (batch {at})' if at is not None else ''} is {resid:.0%} away from the "
+                     f"fitted step-time curve (limit {lim.max_fit_residual:.0%}), so predictions for this rank "
+                     f"{f'up to batch {max(far)} ' if far else ''}are unreliable",
+                batch_size=max(far) if far else None))
     drops = [(a, b) for a, b in itertools.pairwise(pts) if a.step_time_s > lim.max_drop * b.step_time_s]
     if drops:
         a, b = max(drops, key=lambda ab: ab[0].step_time_s / ab[1].step_time_s)
@@ -170,7 +214,8 @@ def _rank_issues(r: RankProfile, lim: QualityLimits) -> list[QualityIssue]:
         out.append(QualityIssue(
             check="non_monotone", ranks=(r.rank,), noise_frac=ratio - 1.0, subject=_who(r),
             what=f"batch {a.batch_size} took {_ms(a.step_time_s)} but the larger batch {b.batch_size} took "
-                 f"{_ms(b.step_time_s)} ({ratio:.1f}x less), which a real device does not do"))
+                 f"{_ms(b.step_time_s)} ({ratio:.1f}x less), which a real device does not do",
+            batch_size=max(y.batch_size for _, y in drops)))
     jumps = [(a, b) for a, b in itertools.pairwise(pts)
              if b.step_time_s / a.step_time_s > lim.max_growth * b.batch_size / a.batch_size]
     if jumps:
@@ -180,7 +225,8 @@ def _rank_issues(r: RankProfile, lim: QualityLimits) -> list[QualityIssue]:
             check="implausible", ranks=(r.rank,), noise_frac=growth - 1.0, subject=_who(r),
             what=f"batch {b.batch_size} took {_ms(b.step_time_s)}, {b.step_time_s / a.step_time_s:.1f}x batch "
                  f"{a.batch_size}'s {_ms(a.step_time_s)} for {b.batch_size / a.batch_size:g}x the samples "
-                 "(implausible)"))
+                 "(implausible)",
+            batch_size=max(y.batch_size for _, y in jumps)))
     return out
 
 
@@ -246,9 +292,10 @@ def predicted_gain(plan: Plan) -> float | None:
 
 
 def within_noise(plan: Plan, quality: ProfileQuality) -> bool:
-    """True when the plan departs from the equal split by less than the profile can tell apart."""
+    """True when the plan departs from the equal split by less than the profile can tell apart at the batch sizes
+    the two run (``ProfileQuality.noise_for``)."""
     gain = predicted_gain(plan)
-    return gain is not None and gain > 0 and gain <= quality.noise_frac
+    return gain is not None and gain > 0 and gain <= quality.noise_for(plan)
 
 
 def keep_equal_within_noise(profile: Profile, plan: Plan, quality: ProfileQuality) -> Plan:
@@ -265,7 +312,7 @@ def keep_equal_within_noise(profile: Profile, plan: Plan, quality: ProfileQualit
                     options=plan.options, method="equal")
     solver = {**plan.solver, "method": "equal (optimum within the profile's noise)",
               "optimum_batch_sizes": list(plan.batch_sizes), "optimum_step_time_s": plan.predicted.step_time_s,
-              "kept_for": "profile noise", "profile_noise": round(quality.noise_frac, 4)}
+              "kept_for": "profile noise", "profile_noise": round(quality.noise_for(plan), 4)}
     return replace(even, solver=solver, meta=plan.meta)
 
 
@@ -287,9 +334,12 @@ def _factor(frac: float) -> str:
 
 def noise_line(plan: Plan, quality: ProfileQuality) -> str | None:
     """One line for people: why the equal split was kept, or why the plan's gain is not to be trusted."""
-    worst = quality.worst
-    cause = f" ({worst.subject}: {worst.what})" if worst is not None else ""
     kept = kept_within_noise(plan)
+    batches, equal = _split_of(plan)
+    if kept is not None:
+        batches = kept[0]  # the optimum it was judged by
+    worst = quality.relevant(batches, equal).worst
+    cause = f" ({worst.subject}: {worst.what})" if worst is not None else ""
     if kept is not None:
         optimum, gain, noise = kept
         return (f"kept the equal split: the optimum {optimum} is predicted {1.0 + gain:.2f}x as fast, but the "
@@ -298,7 +348,7 @@ def noise_line(plan: Plan, quality: ProfileQuality) -> str | None:
     if within_noise(plan, quality):
         gain = predicted_gain(plan) or 0.0
         return (f"the plan's predicted {1.0 + gain:.2f}x over the equal split is inside the profile's own noise "
-                f"(measurements off by up to {_factor(quality.noise_frac)}{cause}): do not trust it; {FIX}")
+                f"(measurements off by up to {_factor(quality.noise_for(plan))}{cause}): do not trust it; {FIX}")
     return None
 
 

@@ -19,7 +19,7 @@ def test_each_clean_epoch_at_the_checked_split_is_set_against_the_check() -> Non
     # s18a r1 kept its checked split [392, 120] for 5 epochs: epochs 1-3 are clean (0 fills, 4 drains)
     got = rows(str(RESULTS / "h200x2_train_auto_replan_s18a_skewS_r1_profile.json"))
     assert [(e, r) for _, e, r, *_ in got] == [(1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1)]
-    name, epoch, rank, check, train, model = got[0]
+    name, _, _, check, train, model = got[0]
     assert name == "h200x2_train_auto_replan_s18a_skewS_r1"
     assert check == pytest.approx(4.513e-3, rel=1e-3) and train == pytest.approx(4.545e-3, rel=1e-3)
     assert 0.5 < model <= 1.0  # training's load at most the check's (every worker busy)
