@@ -298,7 +298,7 @@ def make_findings(profile: Profile, plan: Plan, rows: Sequence[RankRow], thr: Th
             f"gain of {min_gain:.0%} -- within the planner's prediction error, and on flat (launch-bound) curves such "
             "lopsided splits measured slower; `planner plan --min-gain 0` plans it anyway.")
     resolve_gain = thr.resolved_samples_per_s / thr.plan_samples_per_s - 1.0
-    noise = quality.noise_frac if quality is not None else 0.0
+    noise = quality.noise_for(plan) if quality is not None else 0.0
     if resolve_gain > 0.001 and resolve_gain > noise:  # a "gain" inside the noise is no reason to re-plan
         lines.append(
             f"Re-solving this profile gives {fmt_rate(thr.resolved_samples_per_s)} samples/s "

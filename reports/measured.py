@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from planner.plan import Plan
 from planner.profile import Profile
-from planner.quality import ProfileQuality
+from planner.quality import ProfileQuality, QualityIssue
 from planner.runlog import EpochRecord, RunLog
 from planner.stats import WORKERS_KEPT_UP
 
@@ -138,9 +138,17 @@ def _slow_loader(rank: int, period: float, planned: float, steal: float | None) 
             f"plan ({period / planned - 1:+.0%}): {why}; --replan takes the measured loader cost")
 
 
+def _noise_at(quality: ProfileQuality | None, split: MeasuredSplit) -> QualityIssue | None:
+    """The profile's worst compute issue at the batch sizes ``split`` (or the equal split) ran, if any."""
+    if quality is None or not split.batch_sizes:
+        return None
+    return quality.relevant(split.batch_sizes, sum(split.batch_sizes) / len(split.batch_sizes)).worst
+
+
 def likely_cause(log: RunLog, split: MeasuredSplit, profile: Profile, quality: ProfileQuality | None) -> str:
-    """The most likely reason a split missed its prediction, in plain words with the numbers."""
-    worst = quality.worst if quality is not None else None
+    """The most likely reason a split missed its prediction, in plain words with the numbers (a noisy profile only
+    where its noise touches the split's batch sizes: planner.quality.ProfileQuality.relevant)."""
+    worst = _noise_at(quality, split)
     if worst is not None:
         return (f"the profile is noisy ({worst.subject}: {worst.what}); re-profile with a longer --budget-s on an "
                 "idle machine")
@@ -388,7 +396,7 @@ def _table_epoch_note(log: RunLog, table: tuple[EpochRecord, MeasuredSplit], pro
         return None
     row = max(rows, key=lambda r: r[1] / r[2])
     i, busy, pred = row[0], row[1], row[2]
-    worst = quality.worst if quality is not None else None
+    worst = _noise_at(quality, one)
     if worst is not None and i in worst.ranks:
         cause = f"its profile is noisy ({worst.subject}: {worst.what})"
     else:
