@@ -11,8 +11,9 @@ Rank i ran batch b_i and measured mean compute c_i, data wait d_i, step time s_i
 A device change replaces the factor instead: raw_i at least 1.5x (or at most 1/1.5x) factor_i and more than 10
 standard errors of the epoch's mean away (``DEVICE_CHANGE``, ``CHANGE_SIGMAS``) means the device itself changed
 (a slowdown, a co-tenant arriving or leaving), so the smoothed history describes the old device: factor_i <- raw_i,
-and the rank's observations below restart from this one.  Epoch-to-epoch noise never comes near it (2% jitter;
-over 500 pairs of recorded epochs at one split, every such jump but two was a real slowdown).
+and the rank's observations below restart from this one.  Epoch-to-epoch noise does not come near it (2% jitter):
+of 500 consecutive rank-epoch pairs at one split in the recorded launches (sessions 4-19), six clear it, four of them
+real 3x slowdowns (the mid-run cases) and two a loader-bound rank's small compute.
 
 Shape correction: a profile's curve can be right at one batch size and off in slope elsewhere -- e.g. near the
 knee where a launch-bound GPU turns compute-bound, a uniformly rescaled curve then sends too much work to a rank
