@@ -129,7 +129,9 @@ def _slow_loader(rank: int, period: float, planned: float, steal: float | None) 
     from reports.evidence import STEAL_MIN_CORES
 
     if steal is not None and steal >= STEAL_MIN_CORES:
-        why = (f"the hypervisor took {steal:.2f} core(s) from its cores (steal): a busy VM host, not this job, "
+        # "may": steal of this size came with ~15% slower loaders on a 32-vCPU host (session 13), but 4.5 stolen
+        # cores of a 64-vCPU host left one launch's loaders on plan (session 19, s19b skewS r3 epoch 2).
+        why = (f"the hypervisor took {steal:.2f} core(s) from its cores (steal) meanwhile: a busy VM host may have "
                "slowed its workers")
     else:
         shown = f" (steal {steal:.2f} core(s))" if steal is not None else ""
