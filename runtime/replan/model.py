@@ -8,8 +8,9 @@ Rank i ran batch b_i and measured mean compute c_i, data wait d_i, step time s_i
                                                    noisy epoch moves the model only part of the way
     points_i  = original compute points, step_time_s * factor_i      (same curve shape, rescaled)
 
-A device change replaces the factor instead: raw_i at least 1.5x (or at most 1/1.5x) factor_i and more than 10
-standard errors of the epoch's mean away (``DEVICE_CHANGE``, ``CHANGE_SIGMAS``) means the device itself changed
+A device change replaces the factor instead: raw_i at least 1.5x (or at most 1/1.5x) what the model said at that
+batch -- 2x at a batch size not measured before, where the shape correction below may explain up to that -- and more
+than 10 standard errors of the epoch's mean away (``DEVICE_CHANGE``, ``CHANGE_SIGMAS``) means the device itself changed
 (a slowdown, a co-tenant arriving or leaving), so the smoothed history describes the old device: factor_i <- raw_i,
 and the rank's observations below restart from this one.  Epoch-to-epoch noise does not come near it (2% jitter):
 of 500 consecutive rank-epoch pairs at one split in the recorded launches (sessions 4-19), six clear it, four of them
@@ -105,12 +106,16 @@ CHANGE_SIGMAS = 10.0
 """How far beyond the epoch mean's relative standard error a device change must lie (``DEVICE_CHANGE``)."""
 
 
-def device_changed(raw: float, scale: float, s: StepStats) -> bool:
-    """Whether a rank's measured ratio ``raw`` says its device changed since the model's ``scale`` (``DEVICE_CHANGE``)."""
-    if not (raw > 0 and scale > 0) or abs(math.log(raw / scale)) <= DEVICE_CHANGE:
+def device_changed(raw: float, expected: float, s: StepStats, *, seen: bool) -> bool:
+    """Whether a rank's measured ratio ``raw`` says its device changed, against the ratio its model ``expected`` at
+    that batch (the shape correction's where one is in force, else the uniform factor: ``DEVICE_CHANGE``).  At a batch
+    size not measured before (``seen`` False) a curve's shape may be off by up to ``SHAPE_MAX_LOG`` (2x), which the
+    shape correction is there to learn: only a larger jump is a changed device there."""
+    bound = DEVICE_CHANGE if seen else max(DEVICE_CHANGE, SHAPE_MAX_LOG)
+    if not (raw > 0 and expected > 0) or abs(math.log(raw / expected)) <= bound:
         return False
     rel_se = s.compute_s_std / math.sqrt(max(1, s.num_steps)) / s.compute_s if s.compute_s > 0 else math.inf
-    return abs(raw / scale - 1.0) > CHANGE_SIGMAS * rel_se
+    return abs(raw / expected - 1.0) > CHANGE_SIGMAS * rel_se
 
 
 TimeMap = Callable[[float, float], float]
@@ -178,14 +183,24 @@ class RankCorrection:
     """Seconds per sample the training process takes to hand a built batch to the loop (0: not measured): the
     profile's, raised when the workers kept up and the rank still waited for data."""
 
+    def time_map(self, envelope: Envelope) -> TimeMap:
+        """This rank's correction as f(batch_size, t) (see ``TimeMap``): the shape correction once two batch sizes
+        were measured, else the uniform factor; ``envelope`` is the rank's original curve."""
+        shape = shape_correction(self.observations, envelope)
+        if shape is not None:
+            return shape.time_at
+        scale = self.scale
+        return lambda _b, t: scale * t
+
     def updated(self, s: StepStats, envelope: Envelope, *, smoothing: float,
                 loader_wait_frac: float) -> RankCorrection:
         """This rank after one more epoch of (already checked: finite, positive) stats."""
         a = smoothing
-        raw = s.compute_s / envelope(s.batch_size)
+        t0 = envelope(s.batch_size)
+        raw = s.compute_s / t0
         b = int(s.batch_size)
         same = [o.ratio for o in self.observations if o.batch_size == b]
-        changed = device_changed(raw, self.scale, s)
+        changed = device_changed(raw, self.time_map(envelope)(s.batch_size, t0) / t0, s, seen=bool(same))
         if changed:
             obs: tuple[Observation, ...] = (Observation(batch_size=b, ratio=raw),)  # the old device's shape is gone
         elif same and abs(math.log(raw / same[0])) > SAME_BATCH_CHANGE:
@@ -260,11 +275,7 @@ class CorrectionModel:
 
     def time_map(self, rank: int) -> TimeMap:
         """The rank's correction as f(batch_size, t) (see ``TimeMap``)."""
-        shape = shape_correction(self.ranks[rank].observations, self.envelopes[rank])
-        if shape is not None:
-            return shape.time_at
-        scale = self.ranks[rank].scale
-        return lambda _b, t: scale * t
+        return self.ranks[rank].time_map(self.envelopes[rank])
 
     def compute_s(self, rank: int, batch_size: float) -> float:
         """The model's compute time of ``rank`` at ``batch_size``."""

@@ -67,6 +67,19 @@ def test_a_device_change_replaces_the_factor_and_the_old_shape() -> None:
     assert small.scale_factors[1] == pytest.approx(1 + 0.8 * 0.45)
 
 
+def test_a_measurement_the_shape_correction_predicts_is_no_device_change() -> None:
+    """A rank truly steeper than profiled: 1.0x at batch 16, 1.9x at 256, so its factor is 1.9 (smoothing 1.0).
+    Measured at 16 again at 1.0x, it is 1.9x off the uniform factor but exactly what the shape correction in force
+    says: the shape stays, nothing changed."""
+    m = CorrectionModel.of(_profile())
+    t = m.envelopes[1]
+    m = _epoch(_epoch(m, {1: (16, 1.0 * t(16))}), {1: (256, 1.9 * t(256))})
+    assert m.scale_factors[1] == pytest.approx(1.9) and len(m.ranks[1].observations) == 2
+    again = _epoch(m, {1: (16, 1.0 * t(16))})
+    assert [o.batch_size for o in again.ranks[1].observations] == [256, 16]  # both kept: the shape holds
+    assert again.compute_s(1, 16) == pytest.approx(t(16)) and again.compute_s(1, 256) == pytest.approx(1.9 * t(256))
+
+
 @pytest.mark.parametrize(("alpha", "beta"), [(1.5, -0.01), (0.5, 0.02)])  # truly steeper / truly flatter
 def test_two_measurements_correct_the_shape(alpha: float, beta: float) -> None:
     m = CorrectionModel.of(_profile())
