@@ -112,7 +112,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
         ns = parser.parse_args(args_list[1:])
         return int(module.run(ns) or 0)  # type: ignore[attr-defined]
     except (UserError, ValidationError, PlanError) as e:
-        print(f"error: {e}" if not str(e).startswith("planner") else f"{e}", file=sys.stderr)
+        # One write of the whole line: under torchrun every rank reports the same error to one stderr at once, and
+        # print's separate write of the newline let two ranks' lines run together (a fresh-clone test run, session 19).
+        line = str(e) if str(e).startswith("planner") else f"error: {e}"
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
