@@ -50,6 +50,19 @@ def test_a_device_change_is_adopted_in_one_re_plan() -> None:
         assert lines[2].startswith(f"epoch 2: the run measured {ran}")
 
 
+def test_the_device_change_rule_on_a_gpu_adopted_what_the_replay_predicts() -> None:
+    """s20a: the first GPU launch with the device-change rule (2x H100, rank 1 3x slower from epoch 1).  The run
+    adopted [380, 132] after its first slow epoch, inside the range the s19d replays above gave, and ran it at
+    rank 1's predicted span (106.3 ms measured against 105.5 ms); the replay of its log makes every decision the
+    run made, so the recorded launch and today's Replanner agree."""
+    lines = replay(str(ROOT / "docs" / "results" / "h100x2_train_auto_replan_s20a_midrunS_r1"))
+    assert lines[0].startswith("epoch 0: predicted step") and "below the threshold" in lines[0]
+    assert lines[1].startswith("epoch 1: ADOPTED") and "[256, 256] -> [380, 132]" in lines[1], lines
+    assert lines[2] == "epoch 2: not judged (this epoch refilled the loaders after the re-plan)"
+    assert lines[3].startswith("epoch 3: predicted step") and "adopted only if the next epoch confirms" in lines[3]
+    assert len(lines) == 4
+
+
 def test_a_first_epoch_that_was_all_fill_is_not_judged() -> None:
     """Three launches that adopted a split on their first epoch while its loaders' fill took all of it (80- and
     120-step epochs against 174-step fills): s19d23 r1's [404, 108] -> [362, 150] then ran 119.7 ms a step for nine
