@@ -124,8 +124,29 @@ def _steal_cores(log: RunLog, split: MeasuredSplit, rank: int) -> float | None:
     return float(statistics.median(seen)) if seen else None
 
 
-def _slow_loader(rank: int, period: float, planned: float, steal: float | None) -> str:
-    """A rank whose workers built slower than its plan said, with what the host shows of why."""
+def _loader_remedy(log: RunLog, split: MeasuredSplit) -> str:
+    """What re-planning does, or did, with a loader cost that the run measured off its plan.
+
+    A run without re-planning is told to use it. A run that re-planned is told what its ``--replan`` did over
+    ``split``'s epochs: the split it moved to, or the most a re-solve would have gained. Session 20's loader launch
+    (2x H100, s20b r3) was told to "train with --replan" although it did, and to "give it more workers" for a loader
+    23% faster than planned."""
+    if not any(r.event == "replan" for r in log.replans):
+        return "train with --replan, which takes the measured loader cost"
+    seen = [r for r in log.replans if r.event == "replan" and r.epoch in split.epochs]
+    moved = [r for r in seen if r.adopted]
+    if moved:
+        return f"--replan took the measured cost and moved the split after epoch {moved[0].epoch}"
+    gains = [r.predicted_gain for r in seen if r.predicted_gain is not None]
+    if gains:
+        return (f"--replan took the measured cost, and no re-solve over these epochs gained more than "
+                f"{max(gains):.1%}, so it kept the split")
+    return "--replan took the measured cost"
+
+
+def _slow_loader(rank: int, period: float, planned: float, steal: float | None, remedy: str) -> str:
+    """A rank whose workers built slower than its plan said, with what the host shows of why, and ``remedy``
+    (``_loader_remedy``)."""
     from reports.evidence import STEAL_MIN_CORES
 
     if steal is not None and steal >= STEAL_MIN_CORES:
@@ -137,7 +158,7 @@ def _slow_loader(rank: int, period: float, planned: float, steal: float | None) 
         shown = f" (steal {steal:.2f} core(s))" if steal is not None else ""
         why = f"the host gave its workers less than when profiled{shown}: other load, clocks or memory bandwidth"
     return (f"rank {rank}'s workers built a batch every {1000 * period:.1f} ms against {1000 * planned:.1f} ms in the "
-            f"plan ({period / planned - 1:+.0%}): {why}; --replan takes the measured loader cost")
+            f"plan ({period / planned - 1:+.0%}): {why}; {remedy}")
 
 
 def _noise_at(quality: ProfileQuality | None, split: MeasuredSplit) -> QualityIssue | None:
@@ -178,7 +199,7 @@ def _rank_cause(log: RunLog, split: MeasuredSplit, profile: Profile,
     if period is not None and loader_plan and period > (1.0 + LOADER_SLOW_TOL) * loader_plan and period > pred:
         # the workers themselves fell behind the plan (session 13: 111-129 ms against 107-111 planned while the
         # VM host lost 0.3 cores to steal); whatever the hand-over adds comes after
-        cause = _slow_loader(i, period, loader_plan, _steal_cores(log, split, i))
+        cause = _slow_loader(i, period, loader_plan, _steal_cores(log, split, i), _loader_remedy(log, split))
         if wait > HANDOVER_WAIT * busy and period <= WORKERS_KEPT_UP * busy:
             cause += (f"; beyond that it waits {1000 * wait:.1f} ms per step for data, the hand-over of each "
                       "batch to the training loop")
@@ -189,11 +210,13 @@ def _rank_cause(log: RunLog, split: MeasuredSplit, profile: Profile,
                       + (f", its host's cores {spikes[3]:.0%} busy" if spikes[3] is not None else ""))
         return cause
     if period is not None and period >= WORKERS_KEPT_UP * busy:
-        return (f"rank {i}'s loader needs {1000 * period:.1f} ms per step (its workers' own build time) against "
-                f"{1000 * pred:.1f} ms predicted for the rank: the loader is "
-                f"{'slower' if period > pred else 'faster'} than profiled (host contention, transforms); train "
-                "with --replan, which takes the measured loader cost, or give it more workers "
-                "(--max-workers-per-rank)")
+        head = (f"rank {i}'s loader needs {1000 * period:.1f} ms per step (its workers' own build time) against "
+                f"{1000 * pred:.1f} ms predicted for the rank: ")
+        if period > pred:
+            return (f"{head}the loader is slower than profiled (host contention, transforms); give it more workers "
+                    f"(--max-workers-per-rank) or lighter transforms; {_loader_remedy(log, split)}")
+        return (f"{head}its workers built faster than planned (the host gave them more than when measured), which "
+                f"does not slow the step; {_loader_remedy(log, split)}")
     if period is not None and wait > HANDOVER_WAIT * busy and period <= WORKERS_KEPT_UP * busy:
         return handover_cause(i, busy, wait, period, split.batch_sizes[i], profile, _steal_cores(log, split, i))
     if wait > 0.5 * busy:
