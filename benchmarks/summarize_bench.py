@@ -79,6 +79,8 @@ HEADLINES = (
     ("2x NVIDIA", "resnet50", "emulated compute skew 1=3", "stall emulation"),
     ("2x NVIDIA", "resnet50", "emulated compute skew 1=3", "NCCL_MAX_NCHANNELS=2"),
     ("2x NVIDIA", "resnet50", "real loader skew (workers capped 1=2)", ""),
+    ("2x NVIDIA", "resnet50", "real loader skew (workers capped 1=2)",
+     "synchronized window; loader check before the rounds; uint8 images normalized on the GPU"),  # today's pipeline
     ("2x NVIDIA", "resnet50", "real co-tenant: a duty-0.5 bf16 matmul loop on GPU 1", ""),
     ("1x NVIDIA", "resnet18", "real device mix cuda:0,cpu", ""),
     ("4x NVIDIA", "resnet50", "emulated compute skew 2=2,3=4", ""),
