@@ -131,9 +131,10 @@ def _loader_remedy(log: RunLog, split: MeasuredSplit) -> str:
     ``split``'s epochs: the split it moved to, or the most a re-solve would have gained. Session 20's loader launch
     (2x H100, s20b r3) was told to "train with --replan" although it did, and to "give it more workers" for a loader
     23% faster than planned."""
-    if not any(r.event == "replan" for r in log.replans):
+    decisions = [r for r in log.replans if r.event == "replan"]  # reverts aside
+    if not decisions:
         return "train with --replan, which takes the measured loader cost"
-    seen = [r for r in log.replans if r.event == "replan" and r.epoch in split.epochs]
+    seen = [r for r in decisions if r.epoch in split.epochs]
     moved = [r for r in seen if r.adopted]
     if moved:
         return f"--replan took the measured cost and moved the split after epoch {moved[0].epoch}"
