@@ -222,8 +222,11 @@ def run(args: argparse.Namespace) -> int:
 
 def apply_launch_env(launch_env: Mapping[str, str]) -> None:
     """Set the plan's measured launch setting (Plan.launch_env) in this process's environment, before the
-    process group starts; a variable the user set already is kept, and said so."""
-    for name, value in sorted(launch_env.items()):
+    process group starts; a variable the user set already is kept, and said so.  Only the allowed NCCL
+    variables are ever set (planner.launchenv): the plan checked them at load, and they are checked again here."""
+    from planner.launchenv import check_launch_env
+
+    for name, value in sorted(check_launch_env(launch_env, "plan.launch_env").items()):
         have = os.environ.get(name)
         if have is None:
             os.environ[name] = value

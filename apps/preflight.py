@@ -97,6 +97,29 @@ def _saved_meta(state: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
+def _saved_value(key: str, value: Any, checkpoint_dir: str) -> Any:
+    """A value the checkpoint's run record supplies for a flag the user left off.
+
+    A ``--model``/``--dataset`` spec that names code (``package.module:factory``) is refused: a checkpoint is data,
+    and data never chooses the code a command imports.  The user types the spec; the record is only compared with
+    it (``compare_with_checkpoint``).
+    """
+    flag = f"--{key.replace('_', '-')}"
+    expected = {"model": str, "dataset": str, "seed": int, "lr": float}[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float) if expected is float else expected):
+        raise ValidationError(f"--resume: the checkpoint in {checkpoint_dir} records {flag} as "
+                              f"{type(value).__name__} {str(value)[:40]!r}, not a {expected.__name__}; give {flag} "
+                              "yourself, or start afresh in another --checkpoint folder")
+    if key in ("model", "dataset"):
+        from workloads.specs import names_code
+
+        if names_code(str(value), flag):
+            raise ValidationError(f"--resume: the checkpoint in {checkpoint_dir} was trained with {flag} {value!r}, "
+                                  f"which names code to import; a checkpoint never chooses code -- pass {flag} "
+                                  "yourself to resume it")
+    return value
+
+
 def compare_with_checkpoint(args: argparse.Namespace, meta: dict[str, Any], plan: Plan | None) -> tuple[list[str], list[str]]:
     """(changes accepted, notes) for a resume; raises ValidationError for a refused difference."""
     B = meta.get("global_batch")
@@ -182,9 +205,9 @@ def preflight(args: argparse.Namespace) -> Preflight:
         out.saved_global_batch = meta["global_batch"]
         changes, out.notes = compare_with_checkpoint(args, meta, out.plan)
         out.changes = tuple(changes)
-        for key in DEFAULTS:  # not given: the checkpoint's
+        for key in DEFAULTS:  # not given: the checkpoint's (data only: never a spec that names code)
             if getattr(args, key) is None and meta.get(key) is not None:
-                setattr(args, key, meta[key])
+                setattr(args, key, _saved_value(key, meta[key], args.checkpoint))
         for key in ("image_size", "num_samples"):
             if getattr(args, key) is None and meta.get(key) is not None:
                 setattr(args, key, meta[key])

@@ -8,8 +8,8 @@ import sys
 from dataclasses import replace
 
 from planner.argcheck import MAX_COUNT, count
-from planner.comm_model import export_lines
 from planner.errors import ValidationError
+from planner.launchenv import export_lines
 from planner.options import DEFAULT_MIN_GAIN, MODES, SolveOptions
 from planner.paths import Output, check_outputs
 from planner.plan import Plan

@@ -178,6 +178,3 @@ def choose_launch_env(default: tuple[Sequence[float], Sequence[float]],
     return None if best is None else (best[1], best[2])
 
 
-def export_lines(env: Mapping[str, str]) -> list[str]:
-    """``export NAME=VALUE`` lines for a shell script (names sorted, so the output is stable)."""
-    return [f"export {k}={v}" for k, v in sorted(env.items())]

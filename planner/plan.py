@@ -33,6 +33,7 @@ from planner.jsonio import (
     read_json,
     write_json_atomic,
 )
+from planner.launchenv import check_launch_env
 from planner.options import MODES, SolveOptions
 
 PLAN_VERSION = 1
@@ -160,6 +161,7 @@ class Plan:
     group starts; `planner plan --print-env` prints it as export lines.  Empty: NCCL's defaults."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "launch_env", check_launch_env(self.launch_env, "plan.launch_env"))
         if self.mode not in MODES:
             raise ValidationError(f"plan.mode: {self.mode!r} is not one of {', '.join(MODES)}")
         if self.world_size != len(self.ranks):
@@ -310,7 +312,7 @@ class Plan:
         launch_env = {}
         if opt(d, "launch_env") is not None:
             env = as_obj(d["launch_env"], f"{path}.launch_env", allowed=tuple(d["launch_env"]))
-            launch_env = {k: as_str(v, f"{path}.launch_env.{k}") for k, v in env.items()}
+            launch_env = check_launch_env(env, f"{path}.launch_env")
         if mode not in MODES:
             raise ValidationError(f"{path}.mode: {mode!r} is not one of {', '.join(MODES)}")
         plan = cls(

@@ -28,6 +28,7 @@ from planner.jsonio import (
     read_json,
     write_json_atomic,
 )
+from planner.launchenv import check_launch_env
 
 PROFILE_VERSION = 1
 
@@ -164,6 +165,10 @@ class CommProfile:
     the backward shares the device with the all-reduce of the buckets before its last one.  Only what a rank is
     predicted to measure reads it (``RankPlan.predicted_busy_s``); the step and the solve never do (``exposed_s``
     already holds that time).  Session 18, 2x H200: 1.015-1.051.  None: not measured (one rank, or older profiles)."""
+
+    def __post_init__(self) -> None:
+        if self.launch_env is not None:
+            object.__setattr__(self, "launch_env", check_launch_env(self.launch_env, "comm.launch_env"))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -474,7 +479,7 @@ def _comm_from(v: Any, path: str) -> CommProfile:
     launch = None
     if env is not None:
         obj = as_obj(env, f"{path}.launch_env", allowed=tuple(env) if isinstance(env, dict) else ())
-        launch = {k: as_str(x, f"{path}.launch_env.{k}") for k, x in obj.items()}
+        launch = check_launch_env(obj, f"{path}.launch_env")
     return CommProfile(
         backend=None if b is None else as_str(b, f"{path}.backend"),
         allreduce_s=None if a is None else _time(a, f"{path}.allreduce_s", positive=False),

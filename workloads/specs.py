@@ -35,6 +35,21 @@ DATASET_KINDS = ("fake", "cifar10:DIR", "mnist:DIR", "imagefolder:DIR", "fake_te
 IMAGE_DATASETS = ("fake", "cifar10", "mnist", "imagefolder")
 """The built-in image datasets, whose transforms this module owns (``gpu_normalize``)."""
 DEFAULT_FAKE_SAMPLES = 8192
+BUILTIN_KINDS: dict[str, frozenset[str]] = {
+    "--model": frozenset({"tiny_lm"}),
+    "--dataset": frozenset({"fake_text", "cifar10", "mnist", "imagefolder"}),
+}
+"""The ``kind:ARG`` specs resolved from a fixed table; any other ``a:b`` spec imports module ``a``."""
+
+
+def names_code(spec: str, flag: str) -> bool:
+    """True when a ``--model``/``--dataset`` spec names code to import and call (``package.module:factory``).
+
+    Such a spec may come from the command line only: a file (a checkpoint's run record, a profile) can be compared
+    with it, never imported from (docs/SECURITY.md).  Built-in names and ``kind:ARG`` specs of ``BUILTIN_KINDS``
+    are data: they select from a fixed table.
+    """
+    return ":" in spec and spec.partition(":")[0] not in BUILTIN_KINDS[flag]
 
 # Default input shape per small model; torchvision models default to 3x224x224.
 _SMALL_SHAPES = {"mlp": (1, 28, 28), "mnist_cnn": (1, 28, 28), "cifar_cnn": (3, 32, 32)}
@@ -284,7 +299,7 @@ def _build_dataset(
         except (RuntimeError, FileNotFoundError) as e:
             raise ValidationError(f"--dataset {spec}: cannot open {kind} data in {arg!r} ({e}); "
                                   "download it yourself first") from None
-    if ":" in spec:
+    if names_code(spec, "--dataset"):
         factory = _import_factory(spec, "--dataset")
         ds = factory()
         if not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")) or isinstance(ds, (str, bytes)):

@@ -15,12 +15,12 @@ from planner import Plan, Profile, evaluate, solve
 from planner.comm_model import (
     balanced_split,
     choose_launch_env,
-    export_lines,
     rank_factors,
     recorded_span_factors,
     wait_factors,
 )
 from planner.curves import fit_envelope
+from planner.launchenv import export_lines
 from planner.profile import CommProfile, ComputePoint, HostProfile, RankProfile
 
 ROOT = Path(__file__).resolve().parents[2]
