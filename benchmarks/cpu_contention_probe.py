@@ -7,7 +7,7 @@ kept the host 93-97% busy.  In the drain epoch (workers idle) the tail was gone.
 (`--loader-nice 10`) did not remove it in one launch.
 
 This probe runs the same step alone on one GPU -- ResNet-50 bf16, channels_last, SGD, batch B copied from pinned
-memory as `planner train` does (apps.steps.DeviceCopy), free-running like the trainer (no per-step sync) -- beside
+memory as `planner train` does (planner.cli.steps.DeviceCopy), free-running like the trainer (no per-step sync) -- beside
 CPU burners that run the fake dataset's PIL transform in a loop, in these conditions (``--conditions``):
 
   idle                 no burners
@@ -53,7 +53,7 @@ def _burn(nice: int, cpus: list[int] | None) -> None:
     if cpus:
         os.sched_setaffinity(0, cpus)
     torch.set_num_threads(1)
-    from workloads.specs import build_workload
+    from profiler.workloads.specs import build_workload
 
     ds = build_workload("resnet50", "fake", num_samples=100_000).dataset
     i = 0
@@ -80,7 +80,7 @@ def main() -> int:
     ap.add_argument("--conditions", default="idle,burn30,burn30_nice10,burn24,burn16,burn30_own")
     ap.add_argument("--json")
     args = ap.parse_args()
-    from apps.steps import DeviceCopy
+    from planner.cli.steps import DeviceCopy
 
     dev = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
@@ -135,7 +135,7 @@ def main() -> int:
             if c["loader"]:
                 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
-                from workloads.specs import build_workload
+                from profiler.workloads.specs import build_workload
 
                 ds = build_workload("resnet50", "fake", num_samples=1_000_000).dataset
                 loader = DataLoader(ds, batch_sampler=BatchSampler(RandomSampler(ds), args.batch, drop_last=True),

@@ -5,7 +5,7 @@
 
 Per framework, in one launch (same processes, same warm-up for both variants):
   1. profile: profiler.api.profile_job of the very training step both variants run (ResNet-50, bf16 autocast,
-     channels_last, SGD; rank 1 repeats forward+backward to take 3x its compute, workloads.emulate.Slowdown), then
+     channels_last, SGD; rank 1 repeats forward+backward to take 3x its compute, profiler.workloads.emulate.Slowdown), then
      planner.solve at the global batch -> the plan (gathered profile and plan land in the JSON);
   2. rounds (default 3), interleaved: ``default`` -- the framework's own DDP with equal batches (Lightning:
      strategy="ddp" and its DistributedSampler; Accelerate: a DataLoader(batch_size=B/2) through
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import planner
 from profiler.api import batches_from, profile_job
 from profiler.sweep import SweepOptions
-from workloads.emulate import Slowdown
+from profiler.workloads.emulate import Slowdown
 
 SLOW_RANK, FACTOR = 1, 3.0
 
@@ -246,7 +246,7 @@ def main() -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({
             "benchmark": "frameworks_gpu", "framework": args.framework, "args": vars(args),
-            "heterogeneity": f"emulated compute skew: rank {SLOW_RANK} x{FACTOR} (workloads.emulate.Slowdown)",
+            "heterogeneity": f"emulated compute skew: rank {SLOW_RANK} x{FACTOR} (profiler.workloads.emulate.Slowdown)",
             "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
             "torch": torch.__version__, "profile_s": profile_s, "plan": plan.to_dict(), "profile": profile.to_dict(),
             "rounds": rounds, "summary": summary}, indent=1))

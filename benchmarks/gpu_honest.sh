@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 16's re-runs on a 2-GPU machine: every headline group again, timed over the bench's synchronized window
-# (apps/bench_window.py), 5 interleaved rounds per launch, the proportional split in every one.
+# (planner/cli/bench_window.py), 5 interleaved rounds per launch, the proportional split in every one.
 # Usage: benchmarks/gpu_honest.sh [PART...]   (no PART: all of them, about 25 minutes on 2x H100)
 #   f1       ResNet-50 bf16, B = 512, equal ranks: the plan must not cost anything
 #   f3       ResNet-50 bf16, B = 512, rank 1 emulated 3x slower (NCCL defaults)

@@ -31,7 +31,7 @@ from planner.table import table
 from profiler.compute import StepRunner
 from profiler.run import gather_profile, profile_this_rank
 from profiler.sweep import SweepOptions
-from workloads.specs import build_workload
+from profiler.workloads.specs import build_workload
 
 
 def get_args_parser() -> argparse.ArgumentParser:

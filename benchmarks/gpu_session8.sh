@@ -11,7 +11,7 @@
 #   handover  benchmarks/handover_probe.py (~1 minute): batches/s a DataLoader hands the loop with the workers'
 #             build cost taken away, pin_memory on and off (session 10's 150-195 ms a delivered batch);
 #             HANDOVER_ARGS passes more, e.g. "--batch 32,128,455 --load 24 --pin-only" (sizes, under load)
-#   gate      the GPU tests of the emulation (tests/workloads/test_emulate.py -k "gpu or calibration", ~60 s, output
+#   gate      the GPU tests of the emulation (tests/profiler/test_emulate.py -k "gpu or calibration", ~60 s, output
 #             in $WORK/gpu_tests.txt); when any fails the later parts are skipped, so a broken emulation does not
 #             spend a call's launches (session 15's call 2 did: 478 s of void skew numbers)
 #   contention  benchmarks/cpu_contention_probe.py on GPU 0 (~2 minutes): rank 0's compute span beside 0-30 CPU

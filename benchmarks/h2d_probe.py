@@ -10,7 +10,7 @@ right before the step's compute span.  One GPU, ResNet-50 bf16 (autocast, channe
   step_copy_ms                      the same step after copying its batch from pinned memory on the compute stream
                                     (what `planner train` does)
   step_prefetch_ms                  the same with the next batch copied on a side stream during this step
-  step_devicecopy_ms                the same through `apps.steps.DeviceCopy` (what `planner train` does since
+  step_devicecopy_ms                the same through `planner.cli.steps.DeviceCopy` (what `planner train` does since
                                     session 10: the copy on a side stream once the loader hands the batch over)
 
     python benchmarks/h2d_probe.py [--batches 104,408,465] [--steps 20] [--json out.json]
@@ -30,7 +30,7 @@ import torch
 import torchvision
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from apps.steps import DeviceCopy
+from planner.cli.steps import DeviceCopy
 
 
 def _median_ms(fn: Any, n: int) -> float:

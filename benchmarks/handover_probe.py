@@ -77,7 +77,7 @@ def measure(batch: int, side: int, workers: int, pin: bool, batches: int, warmup
     t0 = time.perf_counter()
     for _ in range(batches):
         x, _y = next(it)
-        if stream is not None:  # as apps.steps.DeviceCopy: on a side stream; here waited for, to time it whole
+        if stream is not None:  # as planner.cli.steps.DeviceCopy: on a side stream; here waited for, to time it whole
             with torch.cuda.stream(stream):
                 x.to("cuda", non_blocking=True)
             stream.synchronize()
@@ -95,9 +95,9 @@ def measure(batch: int, side: int, workers: int, pin: bool, batches: int, warmup
 
 
 def _pinned() -> dict[str, float] | None:
-    """The pinned-host pool's counters (apps.steps.pinned_pool_stats), to tell whether the timed window still
+    """The pinned-host pool's counters (planner.cli.steps.pinned_pool_stats), to tell whether the timed window still
     created page-locked blocks (cudaHostAlloc) or ran on the pool's reused ones."""
-    from apps.steps import pinned_pool_stats
+    from planner.cli.steps import pinned_pool_stats
 
     return pinned_pool_stats(torch.device("cuda"))
 

@@ -4,9 +4,9 @@
     torchrun --standalone --nproc-per-node 2 benchmarks/hf_gpu.py --tiny          # the logic on CPU in ~1 minute
 
 In one launch (same processes, same warm-up for every variant):
-  1. per slowdown F (default 2 and 3): profiler.api.profile_job of the very step both variants run (workloads.lm
+  1. per slowdown F (default 2 and 3): profiler.api.profile_job of the very step both variants run (profiler.workloads.lm
      ``tiny_lm:125m`` -- GPT-2-small shape, 110M parameters, packed sequences of 1024 tokens, bf16 autocast,
-     AdamW; rank 1 repeats forward+backward to take F x its compute, workloads.emulate.Slowdown), then
+     AdamW; rank 1 repeats forward+backward to take F x its compute, profiler.workloads.emulate.Slowdown), then
      then the Trainer's own per-step overhead (runtime.adapters.hf.measure_trainer_overhead: a scratch stock
      Trainer at the equal split, --warmup + --calibrate-steps steps, planner.calibrate_overhead), then
      planner.solve at the global batch -> the plan; the profile, the plan and the uncalibrated plan land in the
@@ -50,15 +50,15 @@ from transformers import Trainer, TrainingArguments
 import planner
 from profiler.api import batches_from, profile_job
 from profiler.sweep import SweepOptions
+from profiler.workloads.emulate import Slowdown
+from profiler.workloads.lm import FakeText, TinyLM, lm_config, lm_loss
 from runtime.adapters.hf import measure_trainer_overhead, planned_trainer, step_window
-from workloads.emulate import Slowdown
-from workloads.lm import FakeText, TinyLM, lm_config, lm_loss
 
 SLOW_RANK = 1
 
 
 class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
-    """workloads.lm.FakeText as the dict batches a Trainer feeds: {"input_ids", "labels"} (labels already the next
+    """profiler.workloads.lm.FakeText as the dict batches a Trainer feeds: {"input_ids", "labels"} (labels already the next
     tokens, -100 on padding; packed by default)."""
 
     def __init__(self, n: int, seq_len: int, vocab_size: int) -> None:
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({
             "benchmark": "hf_gpu", "args": vars(args), "world_size": dist.get_world_size(),
-            "heterogeneity": f"emulated compute skew: rank {SLOW_RANK} x F (workloads.emulate.Slowdown)",
+            "heterogeneity": f"emulated compute skew: rank {SLOW_RANK} x F (profiler.workloads.emulate.Slowdown)",
             "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
             "transformers": __import__("transformers").__version__, "total_s": total_s,
             "setups": {f"{f:g}": {"profile_s": s["profile_s"], "plan": s["plan"].to_dict(),

@@ -10,7 +10,7 @@ Variants (each a fresh DDP model; they alternate in rounds so drift hits all ali
   loss_scale   plain DDP, loss multiplied by runtime.weighting.loss_scale(sampler, step) (exact, no hook)
   loss_scale+timer the above + StepTimer, compute end recorded after backward() returns
   loss_scale+gradtimer  the above, compute end recorded when the first parameter's gradient is accumulated
-                   (apps.train.close_compute_on_last_gradient) -- what `planner train` runs by default
+                   (planner.cli.train.close_compute_on_last_gradient) -- what `planner train` runs by default
 Equal batches on every rank (a homogeneous plan), synthetic data on the device, bf16 autocast, SGD.
 Prints ms/step per variant and the ratio to plain DDP; --json writes them.
 """
@@ -28,11 +28,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from apps.train import close_compute_on_last_gradient
+from planner.cli.train import close_compute_on_last_gradient
+from profiler.workloads.specs import build_workload
 from runtime.sampler import HeteroBatchSampler
 from runtime.timing import StepTimer
 from runtime.weighting import loss_scale, register_weighted_hook
-from workloads.specs import build_workload
 
 VARIANTS = ("ddp", "pyhook", "weighted", "weighted+timer", "loss_scale", "loss_scale+timer", "loss_scale+gradtimer")
 

@@ -3,7 +3,7 @@ overstate the contention of training, where a compute-bound rank's workers idle 
 
     python benchmarks/loader_check_vs_train.py docs/results/*_train_auto_replan_s1[789]*_profile.json
 
-For each launch whose profile holds a loader check (``meta.loader_check``, apps.loader_check) and each clean epoch
+For each launch whose profile holds a loader check (``meta.loader_check``, planner.cli.loader_check) and each clean epoch
 at the checked split (not the first, not a refill after a re-plan, not the last), each rank's cost per sample per
 worker in training (the run log's ``loader_s`` over the batch) is set against the check's, beside the loader model's
 own ratio of the two loads (``planner.loader``: the plan's training load over every worker busy).  Session 19: over

@@ -7,7 +7,7 @@
 #   loader16  the same with every rank's workers capped at 16 (--max-workers-per-rank 16): session 9's old default,
 #           against the uncapped one in epochs long enough for a steady middle (docs/BENCHMARKS.md section 18)
 #   loaderR, skewR  the loader and skew cases with a DataLoader pass per epoch (--restart-loader-each-epoch),
-#           as before session 11, against the default one that runs across epochs (apps.steps.StreamedEpochs)
+#           as before session 11, against the default one that runs across epochs (planner.cli.steps.StreamedEpochs)
 #   loaderNP, skewNP  the loader and skew cases without the DataLoader's pin-memory thread (--no-pin-memory)
 #   loaderPA  the loader case pinned a few batches ahead by the training process (--pin-ahead,
 #           runtime.pinning.PinAhead), against the default, the DataLoader's own pin_memory=True (section 21)
@@ -17,7 +17,7 @@
 #   loaderF, skewSF  the loader and skewS cases with the workers normalizing float images (--gpu-normalize off, the
 #           pipeline before session 18), for an A/B against loader and skewS in one call
 #   skewS, midrunS  the skew and midrun cases emulated with GPU sleeps (PLANNER_EMULATE_MODE=stall, profile too;
-#           workloads.emulate): no extra passes for the CPU to launch, against the default interleave mode's passes
+#           profiler.workloads.emulate): no extra passes for the CPU to launch, against the default interleave mode's passes
 #   skewSN, loaderN  skewS and loader with every loader worker at nice 10 (--loader-nice 10), so the training
 #           processes get the busy host's cores first (session 15: rank 0's compute spiked in 15-35% of its steps
 #           while its workers kept the host busy, and not in the drain epoch)
@@ -25,7 +25,7 @@
 #           variant, here forced): session 16 found rank 0's compute tails only with DataLoaders and a DDP peer
 #           together; if they are a rank's all-reduce kernels waiting beside its backward, fewer CTAs leave it more SMs
 #   skewS0, loader0  skewS and loader without the loader check before training (--loader-check-s 0; session 17's
-#           default check scales the profile's loader curves to what the plan's DataLoaders measured, apps.loader_check)
+#           default check scales the profile's loader curves to what the plan's DataLoaders measured, planner.cli.loader_check)
 #   midrun  rank 1 turns 3x slower from epoch 1 on (--emulate-slowdown 1=3 --emulate-slowdown-from-epoch 1): the
 #           profile and start plan see no skew, so the Replanner must find and adopt a real gain (one epoch more)
 # Every launch profiles afresh (--auto), so the robust loader profile is checked each time.  Raw files per launch
@@ -35,8 +35,8 @@
 #
 # Trade-off: the acceptance speaks of 10 steady epochs; 6 launches x 10 epochs does not fit ~8 minutes, so the
 # default is EPOCHS=4 of 122880 samples (240 steps of 512): epochs 2 and 3 are read, after the Replanner's two
-# chances (epochs 0 and 1).  The loader runs across epochs (apps.steps.StreamedEpochs): only epoch 0 starts with
-# every DataLoader worker building its prefetch at once (the fill, apps.steps.loader_drain_steps: 28 workers x
+# chances (epochs 0 and 1).  The loader runs across epochs (planner.cli.steps.StreamedEpochs): only epoch 0 starts with
+# every DataLoader worker building its prefetch at once (the fill, planner.cli.steps.loader_drain_steps: 28 workers x
 # (4 + 1) = 140 steps), and only the run's last 28 x 4 = 112 steps run on batches built before (the drain, at the
 # GPU's pace: session 12, 2x H200, 97-102 ms steps there against 108-117 before).  With 4 epochs the drain falls in
 # epoch 3 and epoch 2 is whole steady middle: loader_summary.py's ``clean_wall_ratio`` reads such epochs by the wall

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from profiler.loader import LoaderOptions, _BuildTimed, measure_sample_cost, measure_scaling, usable_cores
-from workloads.specs import build_workload
+from profiler.workloads.specs import build_workload
 
 
 def rate_series(stamps: list[float], batch: int, bin_s: float) -> list[float]:

@@ -9,7 +9,7 @@ the start and one more is sent as the loop takes each batch; one pin thread copi
 order they finish, in ``pin_ms``; the loop takes batch i once it is pinned and then steps for its logged compute
 time.  Its output is the wait per step that those alone cause, beside the wait the rank measured.
 
-With ``gc`` in the step log (``apps.steps.GcPauses``) it also says how much of the long data waits fell in steps
+With ``gc`` in the step log (``planner.cli.steps.GcPauses``) it also says how much of the long data waits fell in steps
 where a garbage collection began (``waits_in_gc``).
 
 Session 13 (2x H100, the loader case, the DataLoader's pinning): the model gives no wait in any epoch, even with a
@@ -73,7 +73,7 @@ def replay(path: Path, workers: int, prefetch: int, pin_ms: float, skip: int = 5
 
 
 def waits_in_gc(path: Path, min_wait_ms: float = 20.0) -> list[dict[str, float]]:
-    """Per epoch of a step log with ``gc`` pauses (apps.steps.GcPauses, session 13 on): the data wait of steps of at
+    """Per epoch of a step log with ``gc`` pauses (planner.cli.steps.GcPauses, session 13 on): the data wait of steps of at
     least ``min_wait_ms`` in all, and the part of it in steps during which a garbage collection of 5 ms or more
     began (a step's span: the sum of the step times before it, from the loop's start)."""
     out = []

@@ -43,7 +43,7 @@ def launch_summary(log: RunLog, profile: dict[str, Any] | None) -> dict[str, Any
     plans = _plans(log)
     epochs: list[dict[str, Any]] = []
     # the first epoch of an adopted re-plan starts a new loader stream, whose workers refill from nothing
-    # (apps.steps.StreamedEpochs): like epoch 0's fill, not a steady reading (session 13: 0.570 by the wall)
+    # (planner.cli.steps.StreamedEpochs): like epoch 0's fill, not a steady reading (session 13: 0.570 by the wall)
     refills = log.plan_starts() - {log.epochs[0].epoch} if log.epochs else set()
     for e in log.epochs:
         plan = plans.get(e.plan_fingerprint)

@@ -26,7 +26,7 @@ import torch
 from planner.curves import fit_envelope
 from profiler.compute import StepRunner
 from profiler.sweep import SweepOptions, run_sweep
-from workloads.specs import build_workload
+from profiler.workloads.specs import build_workload
 
 BATCHES = (8, 32, 64, 128, 256, 512)
 

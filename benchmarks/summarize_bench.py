@@ -52,24 +52,24 @@ SETTINGS = {
     "_mainscaling_": "loader scaling curve timed by the drawing thread",
 }
 """File-name part -> a setting the file's meta does not record (environment, solver option, the emulation mode
-of workloads.emulate before bench recorded it as meta.emulate_mode), from the run's notes: such launches are not
+of profiler.workloads.emulate before bench recorded it as meta.emulate_mode), from the run's notes: such launches are not
 pooled with the default ones (benchmarks/gpu_honest.sh and gpu_session5.sh name their files so).  Launches before
 session 5 all used the block emulation."""
 MODES = {"interleave": "interleaved emulation", "block": "block emulation", "stall": "stall emulation"}
 WINDOW = "synchronized window"
 PREFETCH = "window inside the loader's prefetch"
 """A DataLoader-fed launch whose window opened after one step of its epoch, before the batches the workers had
-built ahead were spent (apps.steps.loader_drain_steps): a loader-bound rank ran on them, not at its loader's pace."""
+built ahead were spent (planner.cli.steps.loader_drain_steps): a loader-bound rank ran on them, not at its loader's pace."""
 LOADER_CHECK = "loader check before the rounds"
 """A DataLoader-fed launch that timed the plan's loaders before its rounds and corrected the profile by them
-(apps.loader_check, `meta.loader_check`; session 17): its predictions come from another model than the launches
+(planner.cli.loader_check, `meta.loader_check`; session 17): its predictions come from another model than the launches
 before it."""
 UINT8 = "uint8 images normalized on the GPU"
 """A DataLoader-fed launch whose workers handed over uint8 images (``--gpu-normalize``, the default on CUDA since
 session 18; ``meta.gpu_normalize``): a quarter of the bytes through the hand-over, cheaper workers, other plans."""
 PART_CYCLE = "window over part of the loader workers' cycle"
 """A DataLoader-fed launch whose window for some split was not whole cycles of the workers of the ranks near their
-loader's pace (apps.bench.window_steps, session 8): those workers deliver in bursts, and a window over part of a
+loader's pace (planner.cli.bench.window_steps, session 8): those workers deliver in bursts, and a window over part of a
 cycle reads their pace up to a burst off (2x H100: 2,687-3,470 samples/s in three rounds of one split)."""
 HEADLINES = (
     ("2x NVIDIA", "resnet50", "emulated compute skew 1=1", ""),
@@ -139,7 +139,7 @@ def _in_sample(batch_sizes: Sequence[int], measured: Sequence[Sequence[int]] | N
 
 def _part_cycle(r: dict[str, Any]) -> bool:
     """Whether some split's window was not whole cycles of the workers of its ranks near their loader's pace (the
-    rule of apps.bench.window_steps, read from the file's per-rank predictions)."""
+    rule of planner.cli.bench.window_steps, read from the file's per-rank predictions)."""
     for name in ORDER:
         s = r.get(name)
         if not isinstance(s, dict) or "window" not in s or not s.get("ranks"):
@@ -167,7 +167,7 @@ def launch_from(file: str, r: dict[str, Any]) -> Launch:
         named.append(mode)
     setting = "; ".join(named)
     if any(isinstance(r.get(n), dict) and "window" in r[n] for n in ORDER):
-        # Timed over the synchronized window (apps/bench_window.py); older files averaged the step timer's
+        # Timed over the synchronized window (planner/cli/bench_window.py); older files averaged the step timer's
         # step-to-step intervals: two methods, so two groups.
         setting = f"{setting}; {WINDOW}" if setting else WINDOW
         if "DataLoader" in str(m.get("data", "")) and any(

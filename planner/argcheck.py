@@ -25,7 +25,7 @@ integer bounds are doubles (exact to 2**53); 2**31 - 1 leaves room for every sum
 
 ALLOW_RESUME_FLAG = "--allow-resume-changes"
 GPU_NORMALIZE_CHOICES = ("auto", "on", "off")
-"""``--gpu-normalize`` (workloads.specs.gpu_normalize_for): auto (on when every rank trains on CUDA and the
+"""``--gpu-normalize`` (profiler.workloads.specs.gpu_normalize_for): auto (on when every rank trains on CUDA and the
 transforms are ours), on, off."""
 
 

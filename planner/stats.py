@@ -71,7 +71,7 @@ class StepStats:
     drain_steps: int = 0
     """Steps of the epoch in which the job's DataLoaders had every batch of their pass handed out, so the workers
     fell idle and the GPU ran on batches built before (an epoch's end, or a stream's last epochs: a loader that runs
-    across epochs drains only where the run ends, apps.steps.StreamedEpochs).  Left out of the means when a
+    across epochs drains only where the run ends, planner.cli.steps.StreamedEpochs).  Left out of the means when a
     steady part remains; when the whole epoch is drain (``drain_steps`` >= ``num_steps``) its means are the GPU's
     pace, not the loader's."""
 

@@ -1,7 +1,7 @@
 """Measuring each rank: compute sweep, memory, dataloader cost, all-reduce, device inventory.
 
-Kept light on purpose: importing ``profiler`` does not import torch.  What it measures comes from ``workloads``
-(model/dataset specs, emulated slowdowns); `planner profile` is ``apps.cmd_profile``.  The pieces:
+Kept light on purpose: importing ``profiler`` does not import torch.  What it measures comes from
+``profiler.workloads`` (model/dataset specs, emulated slowdowns); `planner profile` is ``planner.cli.cmd_profile``.  The pieces:
 
     profiler.sweep     which batches, how many repeats, when to stop (pure; testable with fake timings)
     profiler.compute   TimedSteps (timed full training steps of any step on one device); StepRunner, a workload's

@@ -22,7 +22,7 @@ profile from here plans exactly like one from the CLI.  What one step is:
     captured one): under torch.distributed the DDP overhead is measured with a DDP wrapper passed in;
   * ``optimizer_fn(model)``: your optimizer (default SGD, lr 1e-4, momentum 0.9: an Adam step costs more).
 
-Emulated heterogeneity belongs in ``loss_fn`` (e.g. ``workloads.emulate.Slowdown(3).apply(model, F.mse_loss,
+Emulated heterogeneity belongs in ``loss_fn`` (e.g. ``profiler.workloads.emulate.Slowdown(3).apply(model, F.mse_loss,
 x, y)`` on one rank), exactly as in the training step it stands for.
 """
 
@@ -37,13 +37,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, default_collate
 
-from collectives import broadcast_json
 from planner.profile import LoaderProfile, Profile, RankProfile
 from profiler import inventory
 from profiler.compute import TimedSteps
 from profiler.loader import LoaderOptions, profile_loader
 from profiler.run import assemble_profile, gather_ranks, measure_rank, sweep_options
 from profiler.sweep import SweepOptions, SweepPoint
+from runtime.collectives import broadcast_json
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 """loss_fn(model, batch) -> scalar loss tensor (forward included)."""
@@ -168,7 +168,7 @@ def gather(rank_profile: RankProfile, model: nn.Module | Callable[[], nn.Module]
            meta: Mapping[str, Any] | None = None) -> Profile:
     """Collective: every rank's profile, the all-reduce time and the DDP overhead, as one Profile on EVERY rank.
 
-    Rank 0 assembles it (profiler.run.gather_ranks) and broadcasts it as JSON (collectives.broadcast_json), so
+    Rank 0 assembles it (profiler.run.gather_ranks) and broadcasts it as JSON (runtime.collectives.broadcast_json), so
     each rank can solve, check or save the same profile.  Without a process group: this rank's Profile.
     ``measure_ddp`` runs a few real DDP steps of the same step (``loss_fn`` gets the DDP wrapper).
     """

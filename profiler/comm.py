@@ -72,7 +72,7 @@ def nccl_group_for(env: Mapping[str, str]) -> dist.ProcessGroup | None:
     or None when `env` names something else or this torch/NCCL build cannot set it per communicator.
 
     NCCL reads its environment once per process, so a setting is compared in-process through the
-    communicator's config; a launched job gets the same through the environment (apps/cmd_train.py).
+    communicator's config; a launched job gets the same through the environment (planner/cli/cmd_train.py).
     """
     if set(env) - set(_CTA_FIELDS) or not dist.is_nccl_available():
         return None

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from profiler.sweep import DoesNotFit, Measurement
-from workloads.emulate import Slowdown
-from workloads.specs import Workload, synthetic_batch
+from profiler.workloads.emulate import Slowdown
+from profiler.workloads.specs import Workload, synthetic_batch
 
 
 def use_channels_last(workload: Workload, device: torch.device, channels_last: bool | None) -> bool:
@@ -209,7 +209,7 @@ class StepRunner(TimedSteps):
 
     def loss(self, module: torch.nn.Module, batch: Any) -> torch.Tensor:
         x, y = batch
-        # Emulated extra work where the trainer does it (workloads.emulate); Slowdown unwraps a DDP module.
+        # Emulated extra work where the trainer does it (profiler.workloads.emulate); Slowdown unwraps a DDP module.
         self.slowdown.apply(module, self.workload.loss_fn, x, y)
         return self.workload.loss_fn(module(x), y)
 

@@ -30,12 +30,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from collectives import decide_on_rank0
 from planner.options import SolveOptions
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.solve import solve
 from profiler.api import batches_from, profile_job
+from runtime.collectives import decide_on_rank0
 
 
 class TrainingStep(nn.Module):

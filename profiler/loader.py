@@ -257,7 +257,7 @@ def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, second
     CUDA host), gets (bytes/s, bytes) of each big batch pinned while the last worker count runs
     (``_HandoverReader``): the training process's pin while the host's workers build at full load
     (planner.loader.handover_costs_s), pinned with ``pin`` (LoaderOptions.pin).  ``prefetch_factor``: the
-    DataLoader's (None: torch's default), for big batches on a small /dev/shm (apps.loader_check)."""
+    DataLoader's (None: torch's default), for big batches on a small /dev/shm (planner.cli.loader_check)."""
     out = []
     timed = _BuildTimed(dataset, collate_fn or default_collate)
     reader: _HandoverReader | None = None

@@ -13,7 +13,7 @@ Ranks that share a host must not disturb each other's numbers:
   * the all-reduce is timed last, with all ranks idle otherwise.
 
 ``progress`` (optional, a callable taking one line of text) hears each phase and each measured point, so a
-program can show that a profile taking a minute is moving (apps.progress prints them).
+program can show that a profile taking a minute is moving (planner.cli.progress prints them).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from collectives import all_gather_json
 from planner import __version__
 from planner.profile import CommProfile, ComputePoint, HostProfile, LoaderProfile, ModelInfo, Profile, RankProfile
 from profiler import inventory
@@ -38,7 +37,8 @@ from profiler.loader import LoaderOptions, host_consensus, loader_to_json, profi
 from profiler.memory import find_max_batch, memory_profile
 from profiler.parts import Background, Parts
 from profiler.sweep import SweepOptions, SweepPoint, run_sweep
-from workloads.specs import Workload
+from profiler.workloads.specs import Workload
+from runtime.collectives import all_gather_json
 
 T = TypeVar("T")
 OVERLAP_FROM_STEP_S = 0.05
@@ -127,7 +127,7 @@ def profile_this_rank(
     Collective when torch.distributed is initialized with several ranks (the loader is measured in turns, or
     with ``loader_per_host`` once per host: one measurement serves every rank of the host, which loads the same
     dataset), so every rank must call it with the same ``loader_per_host``.  ``slowdown`` emulates a slower device
-    (workloads.emulate.Slowdown) exactly as the trainer applies it; ``loader_workers_cap`` is this rank's worker
+    (profiler.workloads.emulate.Slowdown) exactly as the trainer applies it; ``loader_workers_cap`` is this rank's worker
     cap: recorded as its loader's ``max_workers``, and the bound of its scaling run when it measures its own
     (in turns).  Once per host the measuring rank scans up to the host's cores whatever its own cap, since every
     rank needs the host's curve (the contention model reads it at the training load).  ``loader_pin``: how the

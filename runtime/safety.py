@@ -2,7 +2,7 @@
 
 Ranks launched with different plans, datasets or seeds would build different sampler layouts: their batch counts
 differ and some rank eventually waits in an all-reduce that never comes. One JSON all-gather up front
-(``collectives.all_gather_json``: data, never pickle) compares what every rank must agree on and raises the same clear error on every rank.
+(``runtime.collectives.all_gather_json``: data, never pickle) compares what every rank must agree on and raises the same clear error on every rank.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from collectives import all_gather_json
 from planner.errors import ValidationError
+from runtime.collectives import all_gather_json
 
 # Field name in the message -> the fix to print with it.
 _FIXES = {

@@ -505,7 +505,7 @@ class EpochStream(Sampler[list[int]]):
     The stream iterates a copy of ``sampler`` taken here: its batch sizes, its epoch and its resumed position (a
     checkpoint's mid-epoch step).  Build a new stream (and DataLoader) when the sizes change.  The training loop
     keeps the original for the layout: per epoch ``set_epoch(e)``, then :meth:`HeteroBatchSampler.begin_pass`, and
-    it takes :meth:`HeteroBatchSampler.batches_in_pass` batches from the iterator (``apps.steps.StreamedEpochs``).
+    it takes :meth:`HeteroBatchSampler.batches_in_pass` batches from the iterator (``planner.cli.steps.StreamedEpochs``).
     ``max_steps``: every epoch cut to its first ``max_steps`` steps, as such a loop stops early.
 
         stream = EpochStream(sampler, last_epoch=epochs)

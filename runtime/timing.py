@@ -56,9 +56,9 @@ from typing import Any, Protocol, TypeVar
 import torch
 import torch.distributed as dist
 
-from collectives import all_gather_json
 from planner.errors import ValidationError
 from planner.stats import StepStats
+from runtime.collectives import all_gather_json
 
 T = TypeVar("T")
 
@@ -396,7 +396,7 @@ class StepTimer:
         DataLoaders: ``step_time_s`` and ``data_wait_s`` are then the means over the last whole worker cycles
         (``worker_cycle``), the only windows in which a loader-paced step's mean is its loader's pace.
         ``fill_steps`` / ``drain_steps``: steps at the epoch's start in which the job's DataLoaders fill their
-        pipelines (every worker building its prefetch at once: apps.steps.loader_drain_steps of the most
+        pipelines (every worker building its prefetch at once: planner.cli.steps.loader_drain_steps of the most
         workers), and at its end in which they drain (every remaining batch already handed to a worker, so the
         workers fall idle and the GPU runs on batches built before: the most workers x their prefetch).  When at
         least ``STEADY_MIN_CYCLES`` whole worker cycles lie between the two, the step time, data wait and build

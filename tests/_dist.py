@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from apps.launch import spawn
+from planner.cli.launch import spawn
 
 
 def _entry(rank: int, world_size: int, store_path: str, fn: Callable[..., None], pg_timeout_s: float,
@@ -44,5 +44,5 @@ def _entry(rank: int, world_size: int, store_path: str, fn: Callable[..., None],
 def run_distributed(fn: Callable[..., None], world_size: int = 2, *args: Any, timeout_s: float = 90.0,
                     pg_timeout_s: float = 15.0) -> None:
     """Run fn(rank, world_size, *args) on world_size gloo ranks; raise on any rank's error or on a hang."""
-    # The programs' launcher (apps.launch.spawn): spawn, FileStore in a fresh temp dir, deadline, children killed.
+    # The programs' launcher (planner.cli.launch.spawn): spawn, FileStore in a fresh temp dir, deadline, children killed.
     spawn(_entry, world_size, (fn, pg_timeout_s, args), timeout_s=timeout_s, what="distributed test")

@@ -51,11 +51,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from collectives import all_gather_json, is_distributed
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
 from runtime.adapters.run import PlannedRun
+from runtime.collectives import all_gather_json, is_distributed
 from runtime.weighting import StepWeights, step_weights
 
 INSTALL_HINT = "pip install ddp-planner[hf]"

@@ -28,12 +28,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from collectives import all_gather_json
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.runlog import EndRecord, EpochRecord, RunLogWriter, StartRecord
 from planner.stats import StepStats
+from runtime.collectives import all_gather_json
 from runtime.replan import ReplanDecision, Replanner
 from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler

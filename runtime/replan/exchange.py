@@ -7,7 +7,7 @@
        the ranks cannot drift apart through the solver's own nondeterminism)
     4. all_gather_json   every rank's fingerprint of the plan it will run; a disagreement raises on every rank
 
-Everything crosses as JSON (collectives/exchange.py says why not pickle).  Four collectives per epoch, in the
+Everything crosses as JSON (runtime/collectives.py says why not pickle).  Four collectives per epoch, in the
 same order on every rank; without a process group ``decide`` runs locally.
 """
 
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from collectives import all_gather_json, decide_on_rank0, is_distributed
 from planner.errors import ValidationError
 from planner.stats import StepStats
+from runtime.collectives import all_gather_json, decide_on_rank0, is_distributed
 from runtime.replan.decision import ReplanDecision
 
 if TYPE_CHECKING:  # the Replanner imports this module to run its step

@@ -23,12 +23,12 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-from collectives import all_gather_json
 from profiler.api import batches_from, profile_job
+from profiler.workloads.emulate import Slowdown
 from runtime.adapters.accelerate import planned_dataloader
+from runtime.collectives import all_gather_json
 from runtime.sampler import HeteroBatchSampler
 from tests.frameworks._common import DictData, dict_loss, exit_without_teardown, make_net, make_optimizer, save_rank0
-from workloads.emulate import Slowdown
 
 
 def train(accelerator: Accelerator, loader: Any, model: torch.nn.Module, epochs: int = 1, *, scale: bool = True,

@@ -81,12 +81,12 @@ def train(model: nn.Module, n: int, accumulate: int, plan: str, out: str, **kw: 
 
 
 def replan(out: str, plan88: str) -> None:
-    """3 epochs of 12 steps, rank 1 doing 3x the forward+backward work (workloads.emulate.Slowdown)."""
+    """3 epochs of 12 steps, rank 1 doing 3x the forward+backward work (profiler.workloads.emulate.Slowdown)."""
     import torch.distributed as dist
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
+    from profiler.workloads.emulate import Slowdown
     from runtime.adapters.hf import planned_trainer
-    from workloads.emulate import Slowdown
 
     class SlowTrainer(Trainer):  # type: ignore[misc]
         slow = Slowdown(3.0 if dist.get_rank() == 1 else 1.0)

@@ -5,7 +5,7 @@
 exact   the planned strategy + callback, plan [7, 3], 30 float64 samples: 3 optimizer steps  -> exact.pt
 plain   the same [7, 3] batches from the user's own sampler, Lightning's plain averaging  -> plain.pt
 stock   Lightning's default: DataLoader(batch_size=5, shuffle=True), DistributedSampler   -> stock.pt
-replan  plan [8, 8], rank 1 emulated 3x slower (workloads.emulate.Slowdown), re-planning, run log -> run.jsonl
+replan  plan [8, 8], rank 1 emulated 3x slower (profiler.workloads.emulate.Slowdown), re-planning, run log -> run.jsonl
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from profiler.workloads.emulate import Slowdown
 from runtime.adapters.lightning import LightningPlan
 from runtime.sampler import HeteroBatchSampler
 from tests.frameworks._common import DictData, dict_loss, exit_without_teardown, make_net, make_optimizer, save_rank0
-from workloads.emulate import Slowdown
 
 
 class Module(L.LightningModule):

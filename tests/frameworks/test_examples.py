@@ -44,7 +44,7 @@ def _profiled_plan(tmp_path: Path) -> planner.Plan:
     """profiler.api on the Lightning example's own model and dict batches: two local 'ranks', rank 1 3x slower."""
     from profiler.api import batches_from, local_profile, profile_step
     from profiler.loader import LoaderOptions
-    from workloads.emulate import Slowdown
+    from profiler.workloads.emulate import Slowdown
 
     example = load_script(str(REPO / "examples" / "lightning_stock.py"), "lightning_example_for_profile")
     model = example.Regressor()  # type: ignore[attr-defined]

@@ -4,7 +4,7 @@
 * the framework's own averaging is exact only for equal batches: Lightning's default ([5, 5] through its
   DistributedSampler, which covers the same 10 samples per step) matches too, while the same [7, 3] batches
   with Lightning's plain averaging do not;
-* re-planning: rank 1 emulated 3x slower (workloads.emulate.Slowdown) moves the split between epochs, visible in
+* re-planning: rank 1 emulated 3x slower (profiler.workloads.emulate.Slowdown) moves the split between epochs, visible in
   the run log, and the next epochs train with the new batches.
 """
 

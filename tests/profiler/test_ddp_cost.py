@@ -12,8 +12,8 @@ from planner.curves import fit_envelope
 from planner.profile import ComputePoint, RankProfile
 from profiler.compute import StepRunner, TimedSteps
 from profiler.ddp import balanced_batches, common_batch, ddp_equal_batch, measure_ddp_cost
+from profiler.workloads.specs import build_workload
 from tests._dist import run_distributed
-from workloads.specs import build_workload
 
 
 def _rank(rank: int, times_ms: list[float]) -> RankProfile:
@@ -46,7 +46,7 @@ def _worker(rank: int, world: int, slowdowns: list[float]) -> None:
     pts = tuple(ComputePoint(batch_size=b, step_time_s=sorted(r.measure(b, 1, 5).times_s)[2]) for b in sizes)
     r.close()
     mine = RankProfile(rank=rank, host="h", device="cpu", compute=pts)
-    from collectives import all_gather_json
+    from runtime.collectives import all_gather_json
 
     ranks = [RankProfile.from_dict(d) for d in all_gather_json(mine.to_dict())]
     cost = measure_ddp_cost(make_runner, ranks, rounds=2, repeats=2)
@@ -101,7 +101,7 @@ def _overlap_worker(rank: int, world: int) -> None:
     parts = rp.meta["profile_parts_s"]
     assert seen == ["loader"] and rp.loader is not None and rp.loader.sec_per_sample == 0.001
     assert {"compute sweep", "memory search", "optimizer step", "loader (beside the sweep)"} <= set(parts)
-    from collectives import all_gather_json
+    from runtime.collectives import all_gather_json
 
     assert all_gather_json(rank) == list(range(world))  # the collectives after it still line up
 

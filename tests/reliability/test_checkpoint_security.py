@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from apps.checkpoint import CHECKPOINT_NAME, CHECKPOINT_VERSION, load_checkpoint, save_checkpoint
 from planner import solve
+from planner.cli.checkpoint import CHECKPOINT_NAME, CHECKPOINT_VERSION, load_checkpoint, save_checkpoint
 from planner.errors import ValidationError
 from runtime import HeteroBatchSampler, Replanner
 from tests.planner._profiles import linear_profile

@@ -121,7 +121,7 @@ def test_kill9_mid_epoch_then_resume_equals_uninterrupted(tmp_path: Path) -> Non
 
 def _two_rank_checkpoint(tmp_path: Path) -> Path:
     """A checkpoint written by a 2-rank run with plan [7, 5] in the middle of epoch 1 (next step: 4)."""
-    from apps.checkpoint import save_checkpoint
+    from planner.cli.checkpoint import save_checkpoint
     from planner.plan import Plan
     from runtime.sampler import HeteroBatchSampler
     from tests.reliability import _fixtures

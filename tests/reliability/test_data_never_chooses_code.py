@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from apps.checkpoint import save_checkpoint
 from planner import CommProfile, Plan, Profile, solve
+from planner.cli.checkpoint import save_checkpoint
 from planner.errors import ValidationError
 from planner.launchenv import LAUNCH_ENV_VARS, check_launch_env, export_lines
 from tests.planner._profiles import linear_profile
@@ -68,7 +68,7 @@ def test_resume_never_imports_the_code_a_checkpoint_names(key: str, spec: str, t
 
 
 def test_resume_takes_a_builtin_spec_from_the_checkpoint_and_compares_a_typed_one(tmp_path: Path) -> None:
-    from apps.preflight import _saved_value
+    from planner.cli.preflight import _saved_value
 
     assert _saved_value("model", "resnet50", "ckpt") == "resnet50"
     assert _saved_value("model", "tiny_lm:small", "ckpt") == "tiny_lm:small"
@@ -140,7 +140,7 @@ def test_the_allowlist_holds_in_every_carrier(tmp_path: Path) -> None:
         Plan.load(tmp_path / "plan.json")
     with pytest.raises(ValidationError, match="LD_PRELOAD"):
         Profile.load(_profile_with(tmp_path, bad))
-    from apps.cmd_train import apply_launch_env
+    from planner.cli.cmd_train import apply_launch_env
 
     before = os.environ.get("LD_PRELOAD")
     with pytest.raises(ValidationError, match="LD_PRELOAD"):

@@ -133,5 +133,5 @@ def test_any_other_failure_still_ends_the_log_with_why(tmp_path: Path) -> None:
 
 
 def _without_progress(err: str) -> str:
-    """stderr less the progress lines ("[train   3s] epoch 0: ..."; apps/progress.py): the error is one line."""
+    """stderr less the progress lines ("[train   3s] epoch 0: ..."; planner/cli/progress.py): the error is one line."""
     return "".join(line for line in err.splitlines(keepends=True) if not line.startswith("["))

@@ -89,10 +89,10 @@ def refused(argv: list[str], needle: str, work: Path, capsys: pytest.CaptureFixt
 
 
 PROFILE_RUN = ("profiler.run.profile_this_rank", "profiler.run.profile_devices")
-BENCH_RUN = ("apps.launch.spawn",)
-TRAIN_RUN = ("apps.distenv.init_from_env",)
-TRAIN_AFTER_SETUP = ("apps.train.train", "apps.train.auto_plan")
-DEMO_RUN = ("apps.demo._run_stage",)
+BENCH_RUN = ("planner.cli.launch.spawn",)
+TRAIN_RUN = ("planner.cli.distenv.init_from_env",)
+TRAIN_AFTER_SETUP = ("planner.cli.train.train", "planner.cli.train.auto_plan")
+DEMO_RUN = ("planner.cli.demo._run_stage",)
 PROFILE = ["profile", "--model", "mlp", "--device", "cpu", "--quick"]
 BENCH = ["bench", "--device", "cpu", "--nproc", "2", "--model", "mlp"]
 TRAIN = ["train", "--plan", "{w}/args_good_plan.json", "--device", "cpu", "--epochs", "1", "--num-samples", "64"]

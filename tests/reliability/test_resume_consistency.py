@@ -108,7 +108,7 @@ def test_allowed_changes_are_applied_and_said(trained: dict[str, Path], capsys: 
 def test_an_old_checkpoint_of_another_model_is_one_line_not_a_traceback(tmp_path: Path,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     # Written without the run record (as before it existed): only the weights themselves can tell.
-    from apps.checkpoint import save_checkpoint
+    from planner.cli.checkpoint import save_checkpoint
     from tests.reliability import _fixtures
 
     plan = one_rank_plan(tmp_path / "plan.json", 12)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from torch.utils.data import DataLoader, Dataset
 
-from apps.steps import StreamedEpochs
+from planner.cli.steps import StreamedEpochs
 from planner.errors import ValidationError
 from runtime.sampler import EpochStream, HeteroBatchSampler
 
@@ -137,7 +137,7 @@ def test_the_stream_takes_over_the_samplers_background_shuffle() -> None:
 
 def test_streamed_epochs_pinned_ahead_give_the_same_batches_and_leave_no_thread(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """`planner train`'s CUDA path (apps.steps.make_loader): the stream through TimedLoader with PinAhead.  Each
+    """`planner train`'s CUDA path (planner.cli.steps.make_loader): the stream through TimedLoader with PinAhead.  Each
     epoch still gets exactly its batches, a re-plan's new stream stops the old pinning thread, and none is left once
     the run drops its loader.  A stand-in for the pin: a CPU-only torch cannot pin."""
     import gc

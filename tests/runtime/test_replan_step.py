@@ -10,8 +10,8 @@ import pytest
 import torch.distributed as dist
 
 import planner
-from collectives import RemoteError
 from planner.errors import ValidationError
+from runtime.collectives import RemoteError
 from runtime.replan import Replanner
 from tests.runtime.test_replan import _profile, _stats
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from profiler.workloads.lm import FakeText, TinyLM, count_tokens, lm_config, lm_loss
 from runtime.sampler import HeteroBatchSampler
 from runtime.weighting import StepWeights, register_weighted_hook, step_weights
 from tests._dist import run_distributed
-from workloads.lm import FakeText, TinyLM, count_tokens, lm_config, lm_loss
 
 SPLIT = [7, 3]
 N = sum(SPLIT)

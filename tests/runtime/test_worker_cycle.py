@@ -19,9 +19,9 @@ from types import SimpleNamespace as NS
 import pytest
 from torch.utils.data import DataLoader
 
-from apps.bench import window_steps
+from planner.cli.bench import window_steps
 from runtime.timing import StepTimer, worker_cycle
-from tests.apps.test_loader_drain import _SlowBatches
+from tests.cli.test_loader_drain import _SlowBatches
 from tests.runtime.test_timing import FakeClock, _host_step
 
 
@@ -183,7 +183,7 @@ def test_an_epoch_without_a_steady_middle_keeps_the_whole_cycle_means() -> None:
 
 
 def test_a_streamed_epoch_leaves_out_the_runs_drain_and_says_when_it_is_all_drain() -> None:
-    """A loader that runs across epochs (apps.steps.StreamedEpochs) has no fill after its first epoch, and its
+    """A loader that runs across epochs (planner.cli.steps.StreamedEpochs) has no fill after its first epoch, and its
     drain is the run's last 112 steps: in a 320-step last epoch they are cut; a 50-step epoch inside them is
     wholly drain, its means the GPU's pace, and the stats say so."""
     gpu, slow = 0.116, 0.020

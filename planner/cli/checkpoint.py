@@ -1,0 +1,201 @@
+"""Atomic checkpoints: model, optimizer, sampler position, plan and re-plan state in one file.
+
+Written by rank 0 to ``DIR/checkpoint.pt`` through a temp file and ``os.replace``, so a kill -9 at any moment
+leaves either the previous checkpoint or the new one, never a torn file.
+
+A checkpoint is data, never code (docs/SECURITY.md): it holds only tensors, numbers, strings, bools, None, lists,
+tuples and dicts, and is read with ``torch.load(..., weights_only=True)``, whose unpickler refuses every global
+outside torch's tensor allowlist. A file whose pickle names anything else (a ``__reduce__`` payload, a numpy
+scalar, an object from an older format) is refused with one line before any of it is built -- nothing in it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import warnings
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from planner.errors import ValidationError
+from planner.plan import Plan
+
+CHECKPOINT_NAME = "checkpoint.pt"
+# The on-disk layout (the keys below, the plan/sampler/replanner as JSON-able data) is unchanged since version 1;
+# only the loader became strict, so checkpoints of version 1 that hold plain data still resume.
+CHECKPOINT_VERSION = 1
+_KEYS = ("version", "epoch", "step", "model", "optimizer", "plan", "sampler", "replanner")
+
+# Exact types, not isinstance: a float or int subclass (np.float64, an IntEnum) pickles under its own class name,
+# which weights_only refuses, so our own save would write a file our own load cannot read.
+_SCALARS = (bool, int, float, str, type(None))
+_DICTS = (dict, OrderedDict)  # model.state_dict() is an OrderedDict; weights_only rebuilds it, _metadata included
+_TENSORS = (torch.Tensor, torch.nn.Parameter)
+# Before 2.6 a crafted file could run code despite weights_only=True (CVE-2025-32434), so older torch is refused.
+_SAFE_LOAD_TORCH = (2, 6)
+
+
+def save_checkpoint(directory: str | os.PathLike[str], *, epoch: int, step: int, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer, plan: Plan, sampler_state: dict[str, Any] | None,
+                    replanner: Any = None, run: dict[str, Any] | None = None) -> Path:
+    """Save where training resumes: `epoch` and `step` are the next step to run.
+
+    ``run``: what the run was started with (model, lr, global batch, plan fingerprint...), JSON-able; a resume
+    compares it with its own command line (planner/cli/preflight.py) instead of silently taking the checkpoint's.
+    """
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    state = {
+        "version": CHECKPOINT_VERSION,
+        "epoch": int(epoch),
+        "step": int(step),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        # The JSON-able parts are copied as plain data (numpy scalars -> Python numbers, tuples -> lists), the
+        # same values a JSON round trip would give.
+        "plan": _plain(plan.to_dict(), "plan"),
+        "sampler": _plain(sampler_state, "sampler"),
+        "replanner": _plain(replanner.state_dict(), "replanner") if replanner is not None else None,
+        "run": _plain(run, "run"),
+    }
+    _check_data_only(state, "checkpoint")  # our invariant: what we write, load_checkpoint can read back
+    fd, tmp = tempfile.mkstemp(prefix=".checkpoint.", suffix=".tmp", dir=d)
+    os.close(fd)
+    try:
+        torch.save(state, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        target = d / CHECKPOINT_NAME
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return target
+
+
+def load_checkpoint(directory: str | os.PathLike[str], device: torch.device) -> dict[str, Any] | None:
+    """The saved state, or None when the folder holds no checkpoint yet (a fresh start).
+
+    Raises ValidationError (one line naming the file and the fix) for a file this version did not write: one
+    holding objects other than tensors and plain data, an unreadable or truncated one, or one of another layout.
+    """
+    path = Path(directory) / CHECKPOINT_NAME
+    if not path.exists():
+        return None
+    have = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
+    if have < _SAFE_LOAD_TORCH:
+        raise ValidationError(f"{path}: refused: resuming needs torch >= {'.'.join(map(str, _SAFE_LOAD_TORCH))} "
+                              f"(torch {torch.__version__} can be made to run code from a checkpoint even with "
+                              "weights_only=True, CVE-2025-32434); upgrade torch")
+    try:
+        with warnings.catch_warnings():
+            # A pickle protocol other than torch.save's makes the weights_only unpickler warn before it reads
+            # (or refuses) the file; our own files never do, and the CLI's promise is one stderr line.
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            state = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # unpickling raises many types (UnpicklingError, EOFError, RuntimeError, ...)
+        raise _refusal(path, e) from None
+    _check_layout(state, path)
+    return state  # type: ignore[no-any-return]
+
+
+def saved_global_batch(directory: str | os.PathLike[str]) -> int | None:
+    """The global batch of the run that wrote the checkpoint in `directory` (None when there is none yet)."""
+    state = load_checkpoint(directory, torch.device("cpu"))
+    return None if state is None else int(Plan.from_dict(state["plan"]).global_batch)
+
+
+def _plain(value: Any, path: str) -> Any:
+    """A copy of JSON-able `value` as plain Python data; TypeError naming `path` for anything else (our bug)."""
+    if isinstance(value, np.generic) and not isinstance(value, (np.str_, np.bytes_, np.void)):
+        return value.item()  # np.int64 -> int, np.float64 -> float, np.bool_ -> bool
+    if type(value) in _SCALARS:
+        return value
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if type(k) is not str:
+                raise TypeError(f"checkpoint {path}: key {k!r} is a {type(k).__name__}, expected str (JSON-able)")
+            out[k] = _plain(v, f"{path}.{k}")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    raise TypeError(f"checkpoint {path}: {type(value).__module__}.{type(value).__qualname__} is not plain data "
+                    "(tensors, numbers, strings, bools, None, lists and dicts only)")
+
+
+def _check_data_only(value: Any, path: str) -> None:
+    """Assert `value` is what the weights_only unpickler reads back; TypeError naming the key path if not."""
+    if type(value) in _SCALARS or type(value) in _TENSORS:
+        return
+    if type(value) in _DICTS:
+        for k, v in value.items():
+            # int keys: the optimizer's state is keyed by parameter index
+            if type(k) not in (str, int):
+                raise TypeError(f"checkpoint {path}: key {k!r} is a {type(k).__name__}, expected str or int")
+            _check_data_only(v, f"{path}.{k}")
+        return
+    if type(value) in (list, tuple):  # tuples: torch's own state_dicts hold some (Adam's betas)
+        for i, v in enumerate(value):
+            _check_data_only(v, f"{path}[{i}]")
+        return
+    raise TypeError(f"checkpoint {path}: {type(value).__module__}.{type(value).__qualname__} is not data "
+                    "(tensors, numbers, strings, bools, None, lists and dicts only)")
+
+
+_FIX = "delete it to start afresh, or resume from a checkpoint this version wrote"
+
+
+def _refusal(path: Path, e: Exception) -> ValidationError:
+    """The one-line error for a file torch.load would not read."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # torch bolds part of its message with terminal escapes
+    found = re.search(r"GLOBAL (\S+)", text) if "Weights only load failed" in text else None
+    if found is not None:
+        # The pickle names a class or function outside torch's allowlist: code, or objects we never write.
+        return ValidationError(
+            f"{path}: refused: the checkpoint holds objects other than tensors and plain data (weights_only load "
+            f"failed: unsupported global {found.group(1).rstrip('.')}); it was not written by this version of "
+            f"ddp-planner or was tampered with -- {_FIX}")
+    # Not a pickle we can read at all (garbage, truncated, another format). torch's advice to retry with
+    # weights_only=False is left out on purpose: only the line that says what is wrong is kept.
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    boilerplate = ("Weights only load failed", "Please file an issue", "Check the documentation", "(1)", "(2)")
+    why = ([ln for ln in lines if not ln.startswith(boilerplate)] or lines or [""])[0]
+    return ValidationError(f"{path}: not a readable checkpoint ({type(e).__name__}{': ' + why if why else ''}); "
+                           "delete it to start afresh or point --checkpoint at the folder of the run to resume")
+
+
+def _check_layout(state: Any, path: Path) -> None:
+    """Refuse plain data that is not a checkpoint of this version, before the trainer indexes into it."""
+    def bad(what: str) -> ValidationError:
+        return ValidationError(f"{path}: refused: {what}; it was not written by this version of ddp-planner or "
+                               f"was tampered with -- {_FIX}")
+
+    if not isinstance(state, dict):
+        raise bad(f"expected a dict of {', '.join(_KEYS)}, got a {type(state).__name__}")
+    version = state.get("version")
+    if version != CHECKPOINT_VERSION:
+        raise bad(f"checkpoint version {version!r} is not {CHECKPOINT_VERSION}")
+    missing = [k for k in _KEYS if k not in state]
+    if missing:
+        raise bad(f"missing {', '.join(missing)}")
+    for key in ("epoch", "step"):
+        if type(state[key]) is not int or state[key] < 0:
+            raise bad(f"{key} is {state[key]!r}, expected an integer >= 0")
+    for key, kinds in (("model", (dict,)), ("optimizer", (dict,)), ("plan", (dict,)),
+                       ("sampler", (dict, type(None))), ("replanner", (dict, type(None))),
+                       ("run", (dict, type(None)))):
+        if not isinstance(state.get(key), kinds):  # "run" is absent from checkpoints before it was added
+            raise bad(f"{key} is a {type(state.get(key)).__name__}, expected "
+                      + " or ".join("None" if k is type(None) else k.__name__ for k in kinds))
+    try:
+        Plan.from_dict(state["plan"], path="plan")
+    except ValidationError as e:
+        raise bad(str(e).splitlines()[0] if str(e) else "the plan is invalid") from None

@@ -1,0 +1,619 @@
+"""The reference trainer behind `planner train`: a plan applied to plain DDP.
+
+Usage (every rank runs the same command)::
+
+    torchrun --nproc-per-node 2 -m planner train --plan plan.json --epochs 2 --log-file run.jsonl
+    torchrun --nproc-per-node 2 -m planner train --auto --global-batch 512 --replan
+
+Per epoch: ``sampler.set_epoch`` -> the epoch's batches from a DataLoader over the HeteroBatchSampler (this rank's
+planned batch size and workers; one iterator runs on across epochs while the plan holds, planner.cli.steps.StreamedEpochs)
+-> DDP, each rank's mean loss scaled by n_i * W / n (exact global mean over uneven batches; or the
+weighted comm hook with ``weighting='hook'``) -> StepTimer stats -> optionally the Replanner, whose new plan the
+sampler adopts at the next epoch start.  The first collective is the agreement check (world size, plan
+fingerprint, dataset length, seed): ranks launched inconsistently fail with one clear error instead of hanging.
+
+The pieces: ``TrainConfig`` (what the user asked, checked on construction; planner/cli/train_config.py), ``Run``
+(everything one run holds: model, optimizer, sampler, loader, timer, re-planner, log), ``setup`` builds it,
+``run_epoch`` trains one epoch, ``end_epoch`` re-plans, logs and checkpoints, ``train`` loops; what a step needs
+around the model (precision, memory format, gradient sync per micro-batch, FSDP2, the loader, the process group
+of a measured launch setting) is planner/cli/steps.py, checkpoint and resume (elastic restarts included) is
+planner/cli/train_resume.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import BatchSampler, DistributedSampler
+
+import planner
+from planner.cli.distenv import DistEnv, sync_device
+from planner.cli.divergence import DivergenceWatch, divergence_error
+from planner.cli.progress import Progress, no_progress
+from planner.cli.steps import (
+    DeviceCopy,
+    GcPauses,
+    StreamedEpochs,
+    autocast_for,
+    channels_last_for,
+    fully_shard_blocks,
+    launch_group,
+    loader_fill_drain,
+    make_loader,
+    pinned_pool_stats,
+    short_epoch_warning,
+    stream_drain_note,
+    sync_only_if,
+)
+from planner.cli.train_config import EpochResult, TrainConfig
+from planner.cli.train_resume import checkpoint, resume
+from planner.devstate import DeviceState
+from planner.errors import ValidationError
+from planner.plan import Plan
+from planner.profile import Profile
+from planner.runlog import EndRecord, EpochRecord, RunLogWriter, StartRecord
+from profiler.devstate import DeviceStateSampler
+from profiler.workloads.emulate import Slowdown
+from profiler.workloads.specs import Workload, build_workload
+from runtime.accumulate import MicroStep, micro_steps
+from runtime.collectives import all_gather_json, decide_on_rank0
+from runtime.replan import Replanner
+from runtime.safety import check_agreement, check_batchnorm
+from runtime.sampler import HeteroBatchSampler
+from runtime.timing import ComputeStart, StepTimer, close_compute_on_last_gradient, peer_data_waits
+from runtime.weighting import loss_scale, register_weighted_hook, step_weights
+
+
+@dataclass(slots=True)
+class _MicroFlag:
+    last: bool = True
+
+
+@dataclass(kw_only=True, slots=True)
+class Run:
+    """Everything one training run holds; ``setup`` makes it, the epoch functions advance it."""
+
+    cfg: TrainConfig
+    env: DistEnv
+    workload: Workload
+    plan: Plan
+    model: torch.nn.Module
+    """The bare module (checkpoints, emulated extra work)."""
+    ddp: torch.nn.Module
+    """What the step calls: DDP-wrapped under a process group, else the bare module."""
+    optimizer: torch.optim.Optimizer
+    timer: StepTimer
+    hetero: HeteroBatchSampler | None
+    """The planned sampler (strategy 'plan'); None under 'equal'."""
+    batch_sampler: Any
+    dsampler: DistributedSampler[int] | None
+    scale_loss: bool
+    channels_last: bool
+    replanner: Replanner | None
+    log: RunLogWriter
+    to_device: DeviceCopy
+    """Each batch's host-to-device copy, on a side stream (CUDA), with the channels_last conversion."""
+    open_compute: Callable[[], None]
+    """Opens the step's compute span (runtime.timing.ComputeStart: under DDP, after its buffer broadcast)."""
+    loader: Any = None
+    trace: IO[str] | None = None
+    device_state: DeviceStateSampler | None = None
+    """Samples this rank's device and host once per epoch end (#17), never per step."""
+    gc_pauses: GcPauses | None = None
+    """Python's garbage collections, timed for the step log (--step-log only)."""
+    start_epoch: int = 0
+    start_step: int = 0
+    start_plan: Plan | None = None
+    """The plan this invocation was started with (recorded in checkpoints; a resume compares it)."""
+    last_saved: tuple[int, int] | None = None
+    """(epoch, step) of the newest checkpoint of this run: the last finite state when the loss diverges."""
+    micro: _MicroFlag = field(default_factory=lambda: _MicroFlag())
+    """Whether the micro-batch being run is its step's last (the compute-span hook reads it)."""
+    progress: Progress = field(default_factory=no_progress)
+    """Step lines during an epoch (rank 0, not quiet): steps/s and ETA at least every few seconds."""
+    on_step: Callable[[int, int], None] | None = None
+    """Called after each optimizer step with (epoch, steps done this epoch): `planner bench`'s timed window."""
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return self.hetero.batch_sizes if self.hetero is not None else self.plan.batch_sizes
+
+    def say(self, text: str) -> None:
+        if self.env.is_main and not self.cfg.quiet:
+            print(text, flush=True)
+
+    def rank_say(self, text: str) -> None:
+        """A note or warning about this rank's own set-up (its loader), from every rank, on stderr."""
+        print(f"rank {self.env.rank}: {text}", file=sys.stderr, flush=True)
+
+
+# -- set-up -------------------------------------------------------------------------------------------------
+def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, workload: Workload) -> Run:
+    """Model, sampler, DDP, weighting, optimizer and re-planner for this rank (collective: the agreement check)."""
+    device = env.device
+    torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts them)
+    model = workload.model_fn().to(device)
+    cl = channels_last_for(workload, device, cfg.mixed_devices)
+    if cl:
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    if plan.world_size != env.world_size:
+        raise ValidationError(
+            f"the plan is for {plan.world_size} rank(s) but {env.world_size} were launched; re-plan for this world "
+            "size (planner plan, or planner train --auto)"
+        )
+    dataset_len = len(workload.dataset)  # type: ignore[arg-type]
+    if env.distributed:
+        check_agreement(plan_fingerprint=plan.fingerprint, dataset_len=dataset_len, seed=cfg.seed,
+                        world_size=env.world_size)
+    min_batch = check_batchnorm(model, plan.min_batch)
+    if min(plan.batch_sizes) < min_batch:
+        raise ValidationError(
+            f"the model has BatchNorm but the plan gives rank {plan.batch_sizes.index(min(plan.batch_sizes))} a batch "
+            f"of {min(plan.batch_sizes)}; re-plan with --min-batch 2 (or convert to SyncBatchNorm)"
+        )
+    hetero: HeteroBatchSampler | None = None
+    dsampler: DistributedSampler[int] | None = None
+    if cfg.strategy == "equal":
+        if len(set(plan.batch_sizes)) != 1:
+            raise ValidationError(f"strategy 'equal' needs an equal split, got {list(plan.batch_sizes)}")
+        indices: Any = range(dataset_len)  # DistributedSampler only needs len()
+        dsampler = DistributedSampler(indices, num_replicas=env.world_size, rank=env.rank, shuffle=True,
+                                      seed=cfg.seed, drop_last=False)
+        batch_sampler: Any = BatchSampler(dsampler, plan.batch_sizes[env.rank], drop_last=False)
+    else:
+        hetero = HeteroBatchSampler.from_plan(plan, env.rank, dataset_len, seed=cfg.seed, min_batch=min_batch)
+        batch_sampler = hetero
+    if workload.weight_fn is not None and hetero is not None:  # token-mean loss of variable-length text
+        if cfg.weighting == "hook" or max(hetero.accumulation_steps) > 1:
+            raise ValidationError("variable-length text is weighted by tokens through the loss scale, one optimizer "
+                                  "step per batch: use --weighting loss-scale and a plan without accumulation")
+    timer = StepTimer(device)
+    ddp: torch.nn.Module = model
+    scale_loss = False
+    micro = _MicroFlag()
+    if cfg.fsdp:
+        ddp = fully_shard_blocks(model, env)
+        scale_loss = hetero is not None  # n_ij * W / n: exact under FSDP2's division by W (runtime/accumulate.py)
+    elif env.distributed:
+        group = launch_group(plan, env)
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, process_group=group)
+        if hetero is not None and cfg.weighting == "hook":
+            register_weighted_hook(ddp, hetero, on_last_bucket=timer.compute_end,  # type: ignore[arg-type]
+                                   process_group=group)
+        elif hetero is not None:
+            scale_loss = True
+            close_compute_on_last_gradient(model, timer, when=lambda: micro.last)
+    replanner = None
+    if cfg.replan and hetero is not None and profile is not None:
+        # Every re-plan solves under the plan's own options (headroom, worker limits...): the Replanner's default.
+        kw = {} if cfg.replan_smoothing is None else {"smoothing": cfg.replan_smoothing}
+        replanner = Replanner(profile, plan, threshold=cfg.replan_threshold, **kw)  # type: ignore[arg-type]
+    return Run(cfg=cfg, env=env, workload=workload, plan=plan, model=model, ddp=ddp,
+               optimizer=torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9), timer=timer, hetero=hetero,
+               batch_sampler=batch_sampler, dsampler=dsampler, scale_loss=scale_loss, channels_last=cl,
+               replanner=replanner, log=RunLogWriter(None), to_device=DeviceCopy(device, cl, workload.normalize),
+               start_plan=plan, micro=micro, open_compute=ComputeStart(ddp, timer))
+
+
+def rank_loader(run: Run) -> Any:
+    """This rank's batches under the plan in effect: ``StreamedEpochs`` (one DataLoader across epochs) for the
+    planned sampler with a DataLoader, unless ``restart_loader_each_epoch``; else the loader itself."""
+    cfg, env = run.cfg, run.env
+
+    def build(batch_sampler: Any) -> Any:
+        mine = run.plan.ranks[env.rank]
+        return make_loader(cfg, run.workload, batch_sampler, mine.num_workers, env.device,
+                           on_batch=run.timer.loader_batch, batch_size=mine.batch_size, say=run.rank_say)
+
+    if run.hetero is None or cfg.data_on_device or cfg.restart_loader_each_epoch:
+        return build(run.batch_sampler)
+    return StreamedEpochs(build, last_epoch=cfg.epochs, max_steps=cfg.max_steps_per_epoch)
+
+
+# -- one epoch ----------------------------------------------------------------------------------------------
+def _loader_steps(run: Run) -> int:
+    """Optimizer steps in a whole epoch of this rank's loader (before ``max_steps_per_epoch``)."""
+    return run.hetero.num_steps if run.hetero is not None else len(run.loader)
+
+
+def total_steps(run: Run) -> int:
+    """Optimizer steps an epoch runs from its start: the loader's, cut at ``max_steps_per_epoch``."""
+    steps = _loader_steps(run)
+    return steps if run.cfg.max_steps_per_epoch is None else min(steps, run.cfg.max_steps_per_epoch)
+
+
+def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer: Iterator[Any] | None) -> EpochResult:
+    """Train one epoch from global step ``first_step``; collective (every rank's stats are gathered at the end)."""
+    cfg, env, device = run.cfg, run.env, run.env.device
+    run.timer.reset()
+    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+    watch = DivergenceWatch(device)  # planner/cli/divergence.py: no per-step synchronization
+    n_sum = 0
+    step = first_step
+    batch_sizes = run.batch_sizes
+    total = _loader_steps(run) - first_step
+    if cfg.max_steps_per_epoch is not None:
+        total = min(total, cfg.max_steps_per_epoch)
+    run.progress(f"epoch {epoch}: {total} steps of {sum(batch_sizes)} samples")
+    t_start = time.perf_counter()
+    # micro_steps starts the loader itself (the sampler's pass, hence its start position, begins there); the timer
+    # times each next() around it.
+    streamed = isinstance(run.loader, StreamedEpochs)
+    source, fresh = run.loader.epoch(run.hetero) if streamed else (run.loader, True)
+    batches: Iterator[tuple[Any, MicroStep | None]] = (
+        run.timer.iter_data(micro_steps(source, run.hetero)) if run.hetero is not None
+        else ((b, None) for b in run.timer.iter_data(source)))
+    for (x, y), micro in batches:
+        first_micro = micro is None or micro.index == 0
+        last = micro is None or micro.is_last
+        if first_micro and cfg.max_steps_per_epoch is not None and step - first_step >= cfg.max_steps_per_epoch:
+            break
+        x, y = run.to_device(x, y)  # on a side stream: overlaps the previous step's compute (planner.cli.steps.DeviceCopy)
+        if run.trace is not None:
+            idx = next(tracer) if tracer is not None else []
+            rec: dict[str, Any] = {"epoch": epoch, "step": step, "rank": env.rank, "indices": idx}
+            if micro is not None and micro.count > 1:
+                rec["micro"] = micro.index
+            run.trace.write(json.dumps(rec) + "\n")
+            run.trace.flush()  # a kill -9 must not lose lines of steps the checkpoint already covers
+        # Variable-length text: the step's token count all-reduced before the compute span opens (the ranks are
+        # aligned by the last step's gradient all-reduce, so nobody waits here for a slow peer's forward).
+        token_scale = (step_weights(run.workload.weight_fn(y)).loss_scale()
+                       if run.scale_loss and run.workload.weight_fn is not None else None)
+        if first_micro:
+            run.open_compute()
+        run.micro.last = last
+        with sync_only_if(run.ddp, last):
+            with autocast_for(cfg, device):
+                loss = run.workload.loss_fn(run.ddp(x), y)
+                # Emulated extra work goes between the real forward and backward: inside the measured compute span,
+                # and after DDP's forward-start buffer broadcast, which would otherwise make the peers wait for it.
+                slowdown.apply(run.ddp, run.workload.loss_fn, x, y)
+            if token_scale is not None:
+                (loss * token_scale).backward()
+            elif run.scale_loss:  # exact sample-weighted gradient through DDP's (or FSDP2's) averaging
+                scale = micro.loss_scale if micro is not None else loss_scale(run.hetero, step)  # type: ignore[arg-type]
+                (loss * scale).backward()
+            elif micro is not None and micro.count > 1:  # the hook weights the step; the loss, its micro-batches
+                (loss * micro.accumulation_weight).backward()
+            else:
+                loss.backward()
+        loss_sum += loss.detach().double() * x.shape[0]
+        watch.observe(loss, step)
+        n_sum += int(x.shape[0])
+        if not last:
+            continue
+        run.timer.compute_end()  # ignored when the hook already closed the span (DDP with several ranks)
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        run.timer.step_end()
+        step += 1
+        done = step - first_step
+        if run.on_step is not None:
+            run.on_step(epoch, done)
+        rate = done / max(time.perf_counter() - t_start, 1e-9)
+        run.progress.update(f"epoch {epoch}: step {done}/{total}, {rate:.2f} steps/s, "
+                            f"ETA {_eta((total - done) / rate)}")
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+            # Never save a diverged state over the last finite one. Only rank 0 saves, so only its view counts:
+            # a peer's NaN reaches rank 0's weights through the gradient all-reduce.
+            if run.env.is_main and watch.clean(run.model):
+                checkpoint(run, epoch, step)
+    sync_device(device)
+    wall_s = time.perf_counter() - t_start
+    job_workers = [] if cfg.data_on_device else [r.num_workers for r in run.plan.ranks]
+    fill, drain = loader_fill_drain(max(job_workers)) if job_workers else (0, 0)  # the busiest loader's
+    if streamed:  # it fills when its stream starts, and drains in the stream's last steps, whichever epochs hold them
+        after = (cfg.epochs - epoch - 1) * total_steps(run)
+        fill, drain = fill if fresh else 0, max(0, drain - after)
+    # One small all-gather of the per-step data waits: a step a peer reached late is not this rank's own speed.
+    stats = run.timer.epoch_summary(rank=env.rank, epoch=epoch, batch_size=batch_sizes[env.rank],
+                                    num_workers=run.plan.ranks[env.rank].num_workers,
+                                    peer_data_waits_s=peer_data_waits(run.timer), job_workers=job_workers,
+                                    fill_steps=fill, drain_steps=drain)
+    if cfg.step_log_path:
+        _write_step_log(cfg.step_log_path, epoch, env.rank, t_start, run.timer.series(), pinned_pool_stats(device),
+                        run.gc_pauses.take(t_start) if run.gc_pauses is not None else None)
+    first_bad = watch.at_epoch_end(run.model, first_step, step)
+    loss_value = float(loss_sum.item())
+    state = run.device_state.collect().to_dict() if run.device_state is not None else None
+    gathered = all_gather_json([stats.to_dict(), loss_value if math.isfinite(loss_value) else None, n_sum,
+                                first_bad, run.last_saved, state, wall_s])
+    all_stats = [g[0] for g in gathered]
+    saved = gathered[0][4]  # rank 0 saves: its record is the one every rank names if the loss diverged
+    run.last_saved = None if saved is None else (int(saved[0]), int(saved[1]))
+    bad = [g[3] for g in gathered if g[3] >= 0]
+    loss_total = sum(g[1] for g in gathered) if all(g[1] is not None for g in gathered) else float("nan")
+    n_total = sum(g[2] for g in gathered)
+    # The synchronous step is as slow as its slowest rank's step-to-step interval.
+    step_s = max((s["step_time_s"] for s in all_stats if s["num_steps"] > 0), default=float("nan"))
+    B = sum(batch_sizes)
+    sps = B / step_s if step_s and math.isfinite(step_s) and step_s > 0 else 0.0
+    return EpochResult(epoch=epoch, samples_per_s=sps, step_time_s=step_s if math.isfinite(step_s) else 0.0,
+                       loss=loss_total / max(n_total, 1), batch_sizes=tuple(batch_sizes), stats=all_stats,
+                       device_states=[g[5] for g in gathered], predicted_step_time_s=run.plan.predicted.step_time_s,
+                       wall_s=max(g[6] for g in gathered), samples=n_total,
+                       diverged_step=min(bad) if bad else None,
+                       unsteady=unsteady_start(streamed=streamed, fresh=fresh, first=epoch == run.start_epoch,
+                                               fill=fill, fill_steps=[s.get("fill_steps", 0) for s in all_stats]))
+
+
+def unsteady_start(*, streamed: bool, fresh: bool, first: bool, fill: int, fill_steps: Sequence[int]) -> str | None:
+    """Why an epoch's times cannot judge a re-plan (None when they can): it began a new loader stream and held no
+    steady window after the fill (every rank's ``fill_steps`` 0: runtime.timing ``epoch_summary``).
+
+    Streamed, the epochs before a re-plan ran on a full pipeline and the one after it refills it: judged on it, the
+    new plan (on trial) and the model would carry the refill.  The run's first epoch, when its loaders' fill took
+    all of it, likewise: judged on it, the start plan's fill is compared with another split's steady pace (session
+    19, 2x H100, 80-step epochs: epoch 0 ran 130 ms a step in the fill, a 10.7% gain was adopted on it, and the new
+    split ran 119.7 ms where the start split ran 101 ms in the other launches).  ``fill``: the epoch's fill steps
+    (``planner.cli.steps.loader_fill_drain``); ``first``: the run's first epoch (its start epoch when resumed)."""
+    if not (streamed and fresh) or any(fill_steps):
+        return None
+    if not first:
+        return "this epoch refilled the loaders after the re-plan"
+    return "the loaders filled their pipelines through all of this first epoch, leaving no steady window" if fill > 0 else None
+
+
+def _write_step_log(path: str, epoch: int, rank: int, t_start: float, series: dict[str, list[float | None]],
+                    pinned: dict[str, float] | None = None, gc_pauses: dict[str, Any] | None = None) -> None:
+    """One JSON line: this rank's steps of the epoch in milliseconds (``--step-log``); ``start_unix`` is when the
+    epoch's loop began, to line the steps up with other logs; ``pinned``: the pinned-host pool's counters at the
+    epoch's end (planner.cli.steps.pinned_pool_stats), cumulative since the process started; ``gc``: the garbage
+    collections since the last epoch's line (planner.cli.steps.GcPauses: count per generation, and each pause of 5 ms or
+    more as [ms after the loop began, ms long, generation])."""
+    start_unix = time.time() - (time.perf_counter() - t_start)
+    rec = {"epoch": epoch, "rank": rank, "start_unix": round(start_unix, 3),
+           **{k[:-2] + "_ms": [None if v is None else round(1e3 * v, 3) for v in vals]
+              for k, vals in series.items()}}
+    if pinned is not None:
+        rec["pinned"] = pinned
+    if gc_pauses is not None:
+        rec["gc"] = gc_pauses
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
+    """Re-plan (collective), log the epoch and checkpoint it; the next epoch runs ``run.plan``."""
+    cfg, env = run.cfg, run.env
+    if run.replanner is not None and res.epoch + 1 < cfg.epochs and res.unsteady:  # the next epoch decides
+        res.replan = {"reason": f"not judged: {res.unsteady}; the next one decides"}
+    elif run.replanner is not None and res.epoch + 1 < cfg.epochs:
+        decision = run.replanner.step(planner.StepStats.from_dict(res.stats[env.rank]), res.epoch)
+        record = decision.to_record()
+        res.replan = record.to_dict()
+        run.log.write(record)
+        if decision.adopted and decision.new_plan is not None:
+            old_workers = run.plan.ranks[env.rank].num_workers
+            run.plan = decision.new_plan
+            assert run.hetero is not None
+            run.hetero.set_batch_sizes(run.plan.batch_sizes, accumulation_steps=run.plan.accumulation_steps)
+            if isinstance(run.loader, StreamedEpochs):
+                run.loader.restart()  # the running stream has the old sizes: the next epoch starts a new one
+            elif run.plan.ranks[env.rank].num_workers != old_workers:
+                run.loader = rank_loader(run)
+    _log_epoch(run, res, epoch_plan)
+    checkpoint(run, res.epoch + 1, 0)
+    if env.distributed:
+        dist.barrier()
+    fill = max(res.stats, key=lambda s: s.get("fill_excess_s", 0.0))
+    wall = (f"  wall {res.wall_s:.1f} s = {res.samples / res.wall_s:.1f} samples/s"
+            if res.wall_s and res.samples and not cfg.data_on_device else "")
+    run.say(f"epoch {res.epoch}: {res.samples_per_s:9.1f} samples/s  step {1000 * res.step_time_s:7.2f} ms  "
+            f"loss {res.loss:.4f}  batches {list(res.batch_sizes)}{wall}"
+            + (f"  (steady pace between the loaders' fill and drain; the {fill['fill_steps']}-step fill took "
+               f"{fill['fill_excess_s']:.1f} s more)" if fill.get("fill_steps") else "")
+            + (f"  re-plan: {res.replan['reason']}" if res.replan else ""))
+
+
+def _log_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
+    run.log.write(EpochRecord(epoch=res.epoch, plan_fingerprint=epoch_plan.fingerprint,
+                              samples_per_s=res.samples_per_s, step_time_s=res.step_time_s, loss=res.loss,
+                              batch_sizes=res.batch_sizes,
+                              ranks=tuple(planner.StepStats.from_dict(s) for s in res.stats),
+                              predicted_step_time_s=tuple(r.timer_busy_s for r in epoch_plan.ranks),
+                              device_state=tuple(None if d is None else DeviceState.from_dict(d, strict=False)
+                                                 for d in res.device_states),
+                              wall_s=res.wall_s, samples=res.samples))
+
+
+def stop_diverged(run: Run, res: EpochResult, epoch_plan: Plan, epochs_done: int) -> ValidationError:
+    """Log the diverged epoch (loss null) and an end record that says why; the error every rank raises
+    (planner/cli/divergence.py). The epoch-end checkpoint is not made: the folder keeps the last finite state."""
+    reason = f"loss diverged at epoch {res.epoch} step {res.diverged_step}"
+    _log_epoch(run, res, epoch_plan)
+    run.log.write(EndRecord(time=time.time(), epochs=epochs_done, reason=reason))
+    return divergence_error(reason, lr=run.cfg.lr, checkpoint_dir=run.cfg.checkpoint_dir, last_saved=run.last_saved)
+def _eta(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+# -- the loop -----------------------------------------------------------------------------------------------
+def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
+          workload: Workload | None = None, on_epoch: Callable[[EpochResult], None] | None = None,
+          progress: Progress | None = None, on_start: Callable[[Run], None] | None = None,
+          on_step: Callable[[int, int], None] | None = None) -> list[EpochResult]:
+    """Train `cfg.epochs` epochs on this rank with `plan`; collective (every rank calls it).
+
+    ``progress``: where step lines go (default: stderr on rank 0 unless ``cfg.quiet``); `planner bench` passes
+    its own, which prefixes the strategy.  ``on_start(run)``: called on every rank once the run is set up (model,
+    sampler, DDP, loader), before the first epoch; ``on_step(epoch, steps_done)`` after each optimizer step.
+    `planner bench` records what each strategy runs with the first and opens/closes its timed window with the
+    second (planner/cli/bench_window.py).
+    """
+    workload = workload or build_workload(cfg.model, cfg.dataset, image_size=cfg.image_size,
+                                          num_samples=cfg.num_samples, gpu_normalize=cfg.gpu_normalize)
+    if progress is None:
+        with Progress("train", enabled=env.is_main and not cfg.quiet) as own:
+            return train(cfg, env, plan, profile, workload, on_epoch, own, on_start, on_step)
+    run = setup(cfg, env, plan, profile, workload)
+    run.progress = progress
+    run.on_step = on_step
+    resize = resume(run)
+    # Opened only once the checkpoint has loaded: a refused resume leaves no new log file behind.
+    run.log = RunLogWriter(cfg.log_path, enabled=env.is_main)
+    if run.start_epoch == 0 and run.start_step == 0:
+        run.log.write(StartRecord(time=time.time(), world_size=env.world_size, global_batch=run.plan.global_batch,
+                                  strategy=cfg.strategy, plan=run.plan,
+                                  dataset_size=len(workload.dataset)))  # type: ignore[arg-type]
+    if resize is not None:
+        run.log.write(resize)
+        run.say(f"world size {resize.old_world_size} -> {resize.new_world_size}: continuing epoch {run.start_epoch} "
+                f"at global step {run.start_step} with batches {list(run.plan.batch_sizes)}")
+    run.trace = open(cfg.trace_path, "a", encoding="utf-8") if cfg.trace_path else None
+    early, late = Slowdown(cfg.slowdown), Slowdown(cfg.slowdown_late or cfg.slowdown)
+    run.loader = rank_loader(run)
+    run.device_state = DeviceStateSampler(env.device)
+    run.gc_pauses = GcPauses() if cfg.step_log_path else None
+    if env.is_main and not cfg.data_on_device:
+        steps, workers = total_steps(run), [r.num_workers for r in run.plan.ranks]
+        streamed = isinstance(run.loader, StreamedEpochs)
+        for line in (short_epoch_warning(steps, workers, streamed=streamed),
+                     stream_drain_note(steps, cfg.epochs - run.start_epoch, workers) if streamed else None):
+            if line is not None:
+                print(line, file=sys.stderr, flush=True)
+    if on_start is not None:
+        on_start(run)
+    results: list[EpochResult] = []
+    done = run.start_epoch  # epochs completed, for an end record written on the way out
+    try:
+        for epoch in range(run.start_epoch, cfg.epochs):
+            if run.hetero is not None:
+                run.hetero.set_epoch(epoch)
+            elif run.dsampler is not None:
+                run.dsampler.set_epoch(epoch)
+            tracer = None
+            if run.trace is not None and run.hetero is not None:
+                tracer = iter(copy.deepcopy(run.hetero))  # same layout, not run ahead by the DataLoader's prefetch
+            epoch_plan = run.plan
+            res = run_epoch(run, epoch, run.start_step if epoch == run.start_epoch else 0,
+                            late if epoch >= cfg.slowdown_from_epoch else early, tracer)
+            if res.diverged_step is not None:  # every rank saw the same gathered steps: all stop here together
+                error = stop_diverged(run, res, epoch_plan, epochs_done=epoch)
+                done = -1  # its end record is written
+                raise error
+            end_epoch(run, res, epoch_plan)
+            done = epoch + 1
+            results.append(res)
+            if on_epoch is not None:
+                on_epoch(res)
+        run.log.write(EndRecord(time=time.time(), epochs=cfg.epochs))
+    except BaseException as e:
+        # Any other way out (a peer died, Ctrl-C, a full disk) still ends the log with why: the report and
+        # `planner validate` then tell a stopped run from one still going.
+        if done >= 0:
+            _end_on_error(run, done, e)
+        raise
+    finally:
+        run.log.close()
+        run.device_state.close()
+        if run.gc_pauses is not None:
+            run.gc_pauses.close()
+        if run.trace is not None:
+            run.trace.close()
+    return results
+
+
+def _end_on_error(run: Run, epochs_done: int, error: BaseException) -> None:
+    text = (str(error).strip().splitlines() or [""])[0][:200]
+    reason = "interrupted" if isinstance(error, KeyboardInterrupt) else f"stopped: {type(error).__name__}: {text}"
+    try:
+        run.log.write(EndRecord(time=time.time(), epochs=epochs_done, reason=reason))
+    except (OSError, ValueError):  # the log itself may be what failed (a full disk, a closed file)
+        pass
+
+
+def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool, workload: Workload,
+              plan_out: str | None, profile_out: str | None, min_batch: int = 1,
+              progress: Progress | None = None,
+              max_workers_per_rank: int | None = None) -> tuple[Plan, Profile | None]:
+    """Profile every rank in-process, solve on rank 0, share the plan (collective; a PlanError reaches every rank).
+
+    Rank 0 prints the profile's quality warnings, keeps the equal split when the optimum's gain is inside the
+    profile's noise (planner.quality), and writes the plan marked ``meta.written_by`` = ``planner train --auto``
+    (what lets a later ``--auto`` replace it, and nothing else).
+    """
+    import sys
+
+    from planner.cli.cmd_plan import record_workload
+    from planner.cli.loader_check import (
+        MIN_CHANGE,
+        after_check,
+        check_seconds,
+        checked_profile,
+        measure_plan_loaders,
+        measured_line,
+    )
+    from planner.quality import check_profile, keep_equal_within_noise
+    from profiler.run import gather_profile, profile_this_rank
+    from runtime.pinning import pin_tree
+
+    rank_profile = profile_this_rank(workload, env.device, quick=quick, slowdown=cfg.slowdown,
+                                     loader_workers_cap=cfg.loader_workers_cap, amp=cfg.amp, rank=env.rank,
+                                     channels_last=channels_last_for(workload, env.device, cfg.mixed_devices),
+                                     progress=progress, loader_per_host=True,  # every rank: the same dataset
+                                     loader_pin=pin_tree if cfg.pin_ahead else None)  # timed as it will pin
+    gathered = gather_profile(rank_profile, workload=workload, progress=progress)  # rank 0's; None elsewhere
+
+    options = planner.SolveOptions(
+        min_batch=max(min_batch, 2) if workload.has_batchnorm else min_batch,
+        mode="fsdp" if cfg.fsdp else "ddp",  # FSDP2: the same micro-step count on every rank
+        **({} if max_workers_per_rank is None else {"max_workers_per_rank": max_workers_per_rank}))
+
+    def decide(profile: Profile, warn: bool = True, checked_from: Plan | None = None) -> dict[str, Any]:
+        quality = check_profile(profile)
+        if warn:
+            for line in quality.warning_lines():
+                print(line, file=sys.stderr, flush=True)
+        if checked_from is None:
+            plan = planner.solve(profile, global_batch=global_batch, options=options)
+            plan = keep_equal_within_noise(profile, plan, quality)
+        else:  # after the loader check: a new split only for a real gain (planner.cli.loader_check.after_check)
+            plan, done = after_check(profile, checked_from, options, cfg.replan_threshold)
+            print(f"loader check: {done}", flush=True)
+        plan = record_workload(plan, profile)
+        plan = dataclasses.replace(plan, meta={**plan.meta, "written_by": AUTO_WRITER})
+        if plan_out:
+            plan.save(plan_out)
+        if profile_out:
+            profile.save(profile_out)
+        return {"plan": plan.to_dict(), "profile": profile.to_dict()}
+
+    def first() -> dict[str, Any]:
+        assert gathered is not None
+        return decide(gathered)
+
+    shared = decide_on_rank0(first)
+    plan, profile = Plan.from_dict(shared["plan"]), Profile.from_dict(shared["profile"])
+    seconds = check_seconds(cfg.loader_check_s, quick)
+    if seconds <= 0 or cfg.data_on_device or not profile.has_loader:
+        return plan, profile
+    # The plan's loaders, every rank's at once, at its own batches and workers (planner.cli.loader_check).
+    if progress is not None:
+        progress(f"loader check: the plan's DataLoaders, {seconds:g} s on every rank")
+    measured = measure_plan_loaders(env.rank, workload.dataset, plan, seconds, cfg.loader_workers_cap)
+    checked = checked_profile(profile, plan, options, measured, seconds)
+    if checked is None:
+        if env.is_main:
+            print(f"loader check: the plan's loaders ran as modelled (within {MIN_CHANGE:.0%}); plan kept", flush=True)
+        return plan, profile
+    if env.is_main:
+        print(measured_line(checked), flush=True)
+    shared = decide_on_rank0(lambda: decide(checked, warn=False, checked_from=plan))
+    return Plan.from_dict(shared["plan"]), Profile.from_dict(shared["profile"])
+
+
+AUTO_WRITER = "planner train --auto"
+"""``plan.meta["written_by"]`` of plans `train --auto` writes: the only plan files it will overwrite unasked."""

@@ -1,0 +1,111 @@
+"""End-to-end `planner train` on 2 CPU ranks (gloo): re-planning reacts to a slowdown and stays put without one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._torchrun import run_planner_torchrun
+
+COMMON = ["train", "--auto", "--quick", "--device", "cpu", "--model", "cifar_cnn", "--image-size", "16",
+          "--data-on-device", "--global-batch", "64", "--max-steps-per-epoch", "12", "--replan"]
+
+
+def _events(log: Path, kind: str) -> list[dict[str, Any]]:
+    return [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == kind]
+
+
+@pytest.mark.distributed
+def test_replan_moves_work_off_a_rank_slowed_mid_run(tmp_path: Path) -> None:
+    log = tmp_path / "run.jsonl"
+    rc, out = run_planner_torchrun(2, [*COMMON, "--epochs", "4", "--emulate-slowdown", "1=3",
+                                       "--emulate-slowdown-from-epoch", "1", "--plan-out", str(tmp_path / "plan.json"),
+                                       "--log-file", str(log), "--max-workers-per-rank", "3",
+                                       "--step-log", str(tmp_path / "steps{rank}.jsonl")])
+    assert rc == 0, out[-3000:]
+    # --step-log: each rank's every step, one line an epoch; the slowed rank's compute shows in its raw series
+    for rank in (0, 1):
+        lines = [json.loads(x) for x in (tmp_path / f"steps{rank}.jsonl").read_text().splitlines()]
+        assert [(x["epoch"], x["rank"]) for x in lines] == [(e, rank) for e in range(4)]
+        assert all(len(x[k]) == 12 for x in lines for k in ("data_wait_ms", "compute_ms", "step_time_ms"))
+        assert all(v > 0 for x in lines for v in x["step_time_ms"])
+        # each step's lead (runtime.timing: the data wait and loop before its forward), none for an epoch's first
+        assert all(x["lead_ms"][0] is None and len(x["lead_ms"]) == 12 for x in lines)
+        assert all(v >= 0 for x in lines for v in x["lead_ms"][1:])
+        assert all(x["host_compute_ms"] == x["compute_ms"] for x in lines)  # on the host clock the spans are one
+        assert all("pinned" not in x for x in lines)  # the pinned-host pool's counters are CUDA's only
+        # the garbage collections of each epoch (planner.cli.steps.GcPauses), per generation and each long pause
+        assert all(len(x["gc"]["collections"]) == 3 and isinstance(x["gc"]["pauses"], list) for x in lines)
+    slow = [json.loads(x) for x in (tmp_path / "steps1.jsonl").read_text().splitlines()]
+    assert sorted(slow[1]["compute_ms"])[6] > 2 * sorted(slow[0]["compute_ms"])[6]
+    # --auto solves with the worker cap it was given, and the plan records it for the Replanner's re-solves
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["solver"]["options"]["max_workers_per_rank"] == 3
+    assert all(r["num_workers"] <= 3 for r in plan["ranks"])
+    epochs = _events(log, "epoch")
+    assert [e["epoch"] for e in epochs] == [0, 1, 2, 3]
+    # the wall clock's view beside the step timer's: every sample of the epoch, and no faster than the timed pace
+    assert all(e["samples"] == 12 * 64 and e["wall_s"] > 0 for e in epochs)
+    assert all(e["samples"] / e["wall_s"] <= 1.05 * e["samples_per_s"] for e in epochs)
+    slowed, after = epochs[1], epochs[2:]
+    # Within 2 epochs of the slowdown the split moved toward the fast rank 0, and throughput recovered.
+    assert max(e["batch_sizes"][0] for e in after) > slowed["batch_sizes"][0]
+    assert max(e["samples_per_s"] for e in after) > slowed["samples_per_s"]
+    decisions = _events(log, "replan")
+    assert any(d["adopted"] for d in decisions if d["epoch"] in (1, 2)), [d["reason"] for d in decisions]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_steady_state_changes_the_plan_at_most_once_in_10_epochs(tmp_path: Path) -> None:
+    log = tmp_path / "run.jsonl"
+    rc, out = run_planner_torchrun(2, [*COMMON, "--epochs", "10", "--plan-out", str(tmp_path / "plan.json"),
+                                       "--log-file", str(log)], timeout_s=240)
+    assert rc == 0, out[-3000:]
+    decisions = _events(log, "replan")
+    assert len(decisions) == 9  # one decision after every epoch but the last, each logged with its reason
+    assert sum(d["adopted"] for d in decisions) <= 1, [d["reason"] for d in decisions]
+
+
+def test_the_worker_cap_is_refused_without_auto(capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import main
+
+    assert main(["train", "--plan", "plan.json", "--max-workers-per-rank", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max-workers-per-rank" in err and "Traceback" not in err
+
+
+@pytest.mark.distributed
+def test_a_streamed_loader_does_not_judge_a_replan_on_its_refill(tmp_path: Path) -> None:
+    """With the DataLoader running across epochs (the default), an adopted re-plan starts a new stream: that epoch
+    refills the pipeline, unlike the streamed epochs before it, so the Replanner leaves it out (no record, the
+    epoch line says why) and the next epoch decides -- the new plan's trial included."""
+    log = tmp_path / "run.jsonl"
+    common = [c for c in COMMON if c != "--data-on-device"]
+    rc, out = run_planner_torchrun(2, [*common, "--epochs", "4", "--emulate-slowdown", "1=3",
+                                       "--emulate-slowdown-from-epoch", "1", "--log-file", str(log)])
+    assert rc == 0, out[-3000:]
+    decisions = {d["epoch"]: d for d in _events(log, "replan")}
+    adopted = sorted(e for e, d in decisions.items() if d["adopted"])
+    assert adopted and adopted[0] in (0, 1), [d["reason"] for d in decisions.values()]
+    after = adopted[0] + 1  # refilled: not judged, and never the last epoch here (the first adoption is at 0 or 1)
+    assert after not in decisions
+    assert f"epoch {after}:" in out and "not judged: this epoch refilled the loaders after the re-plan" in out
+
+
+def test_an_epoch_is_judged_unless_it_began_a_stream_with_no_steady_window() -> None:
+    from planner.cli.train import unsteady_start
+
+    def why(**kw: Any) -> str | None:
+        return unsteady_start(**{"streamed": True, "fresh": True, "first": False, "fill": 15,
+                                 "fill_steps": [0, 0], **kw})
+
+    assert why() == "this epoch refilled the loaders after the re-plan"  # a re-plan's new stream, all of it fill
+    assert "through all of this first epoch" in str(why(first=True))  # the run's first fill took all of it
+    assert why(fill_steps=[15, 0]) is None and why(first=True, fill_steps=[0, 15]) is None  # a steady window after it
+    assert why(fresh=False) is None  # the stream ran on from the epoch before
+    assert why(streamed=False) is None  # a DataLoader restarted each epoch: every epoch fills alike and is judged
+    assert why(first=True, fill=0) is None  # batches made on the device: nothing to fill
