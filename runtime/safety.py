@@ -7,7 +7,9 @@ differ and some rank eventually waits in an all-reduce that never comes. One JSO
 
 from __future__ import annotations
 
+import json
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -31,7 +33,7 @@ def _short(value: Any) -> str:
 
 
 def check_agreement(*, plan_fingerprint: str, dataset_len: int, seed: int, world_size: int | None = None,
-                    group: Any = None) -> None:
+                    settings: Mapping[str, Any] | None = None, group: Any = None) -> None:
     """All-gather (world size, plan fingerprint, dataset length, seed) and raise on any disagreement.
 
     Call it as the first collective of a run, after ``init_process_group`` and before DDP's constructor (which
@@ -44,6 +46,10 @@ def check_agreement(*, plan_fingerprint: str, dataset_len: int, seed: int, world
         dataset_len: ``len(dataset)`` on this rank.
         seed: the sampler seed on this rank.
         world_size: the world size this rank expects (e.g. ``plan.world_size``); default: the group's size.
+        settings: further values every rank must share, by the flag that sets them (``{"--lr": 0.01, "--epochs":
+            10, ...}``): JSON-able.  Ranks with another learning rate train drifting replicas silently; another
+            epoch count leaves a rank waiting in an all-reduce its peers never start.  Every rank must pass the
+            same keys.
         group: process group (default: the default group).
     """
     actual = dist.get_world_size(group)
@@ -52,6 +58,7 @@ def check_agreement(*, plan_fingerprint: str, dataset_len: int, seed: int, world
         "plan fingerprint": str(plan_fingerprint),
         "dataset length": int(dataset_len),
         "seed": int(seed),
+        "settings": dict(sorted((settings or {}).items())),
     }
     by_rank = dict(enumerate(all_gather_json(mine, group)))
     for field, fix in _FIXES.items():
@@ -59,6 +66,12 @@ def check_agreement(*, plan_fingerprint: str, dataset_len: int, seed: int, world
         if len(set(values.values())) > 1:
             listed = ", ".join(f"rank {r} has {_short(v)}" for r, v in values.items())
             raise ValidationError(f"ranks disagree on {field}: {listed}; {fix}")
+    names = sorted({k for r in by_rank for k in by_rank[r]["settings"]})
+    for name in names:
+        values = {r: json.dumps(by_rank[r]["settings"].get(name), sort_keys=True) for r in sorted(by_rank)}
+        if len(set(values.values())) > 1:
+            listed = ", ".join(f"rank {r} has {_short(v)}" for r, v in values.items())
+            raise ValidationError(f"ranks disagree on {name}: {listed}; launch every rank with the same {name}")
     if mine["world size"] != actual:  # everyone agrees, but not with the group they are in
         raise ValidationError(
             f"every rank expects world size {mine['world size']} but the process group has {actual} ranks; "

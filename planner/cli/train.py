@@ -155,7 +155,7 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
     dataset_len = len(workload.dataset)  # type: ignore[arg-type]
     if env.distributed:
         check_agreement(plan_fingerprint=plan.fingerprint, dataset_len=dataset_len, seed=cfg.seed,
-                        world_size=env.world_size)
+                        world_size=env.world_size, settings=cfg.agreed_settings())
     min_batch = check_batchnorm(model, plan.min_batch)
     if min(plan.batch_sizes) < min_batch:
         raise ValidationError(

@@ -93,6 +93,17 @@ class TrainConfig:
     """A new DataLoader pass per epoch, as ``for batch in loader`` does, instead of one that runs across epoch
     boundaries (planner.cli.steps.StreamedEpochs, the default for the planned sampler): the stock behaviour, to compare."""
 
+    AGREED = ("model", "dataset", "image_size", "num_samples", "epochs", "max_steps_per_epoch", "lr", "amp",
+              "replan", "replan_threshold", "replan_smoothing", "strategy", "weighting", "fsdp", "data_on_device",
+              "checkpoint_every", "resume", "gpu_normalize", "restart_loader_each_epoch")
+    """The settings every rank must share (runtime.safety.check_agreement): they decide the model, the data, the
+    number of steps and collectives, and the update.  The rest may differ by rank (emulated slowdowns, loader caps,
+    per-rank log paths, progress output)."""
+
+    def agreed_settings(self) -> dict[str, Any]:
+        """``{"--lr": 0.01, ...}``: the values of ``AGREED`` by the flag that sets them, for the agreement check."""
+        return {"--" + name.replace("_", "-"): getattr(self, name) for name in self.AGREED}
+
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ValidationError(f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")

@@ -31,6 +31,16 @@ def agreement_worker(rank: int, world: int) -> None:
         assert str(info.value).startswith(expected), str(info.value)
     with pytest.raises(ValidationError, match="every rank expects world size 4 but the process group has 2"):
         check_agreement(**GOOD, world_size=4)  # type: ignore[arg-type]
+    # Settings beyond the sampler's: another --lr trains drifting replicas, another --epochs hangs a rank.
+    agreed = {"--lr": 0.01, "--epochs": 10, "--weighting": "loss_scale", "--amp": False, "--model": "mlp"}
+    check_agreement(**GOOD, settings=agreed)  # type: ignore[arg-type]
+    for flag, value in (("--lr", 0.11), ("--epochs", 11), ("--amp", True)):
+        mine = dict(agreed, **{flag: value}) if rank == 1 else agreed
+        with pytest.raises(ValidationError) as info:
+            check_agreement(**GOOD, settings=mine)  # type: ignore[arg-type]
+        message = str(info.value)
+        assert message.startswith(f"ranks disagree on {flag}: rank 0 has ") and "\n" not in message, message
+        assert message.endswith(f"launch every rank with the same {flag}"), message
 
 
 @pytest.mark.distributed
@@ -50,3 +60,15 @@ def test_check_batchnorm() -> None:
         assert check_batchnorm(nn.Linear(3, 4), 1) == 1
         synced = torch.nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)))
         assert check_batchnorm(synced, 1) == 1
+
+
+def test_train_agrees_on_every_setting_that_must_match() -> None:
+    from planner.cli.train_config import TrainConfig
+
+    settings = TrainConfig(lr=0.05, epochs=3).agreed_settings()
+    for flag in ("--lr", "--epochs", "--weighting", "--amp", "--model", "--dataset", "--replan",
+                 "--replan-threshold", "--fsdp", "--num-samples", "--image-size"):
+        assert flag in settings, flag
+    assert settings["--lr"] == 0.05 and settings["--epochs"] == 3
+    # per-rank by design: emulated slowdowns, loader caps, per-rank log paths
+    assert not {"--slowdown", "--loader-workers-cap", "--step-log-path", "--quiet"} & set(settings)
