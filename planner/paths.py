@@ -208,4 +208,39 @@ def check_outputs(outputs: list[Output], inputs: Mapping[str, str | None] | None
                 raise ValidationError(f"{flag} and {other_flag} both name {_show(path)}; give each its own file")
 
 
-__all__ = ["TEMP_AFFIX_BYTES", "Output", "check_output_file", "check_output_folder", "check_outputs", "same_file"]
+_HELD: dict[str, int] = {}
+"""Locks this process holds, by path, until it exits (the kernel releases them when the process ends)."""
+
+
+def hold_exclusive(path: str, flag: str, *, folder: bool = False) -> None:
+    """Hold an exclusive lock on an output for the rest of this process, or refuse in one line.
+
+    Two runs given the same ``--checkpoint`` folder or ``--log-file`` both pass the fresh-run checks, then
+    interleave their lines in one log (which then reads as one valid, finished run) and overwrite each other's
+    checkpoints.  ``flock`` on the file itself (opened for appending, as the run log's writer opens it) or on
+    the folder: advisory, released by the kernel when the process dies (kill -9 included), so a crashed run never
+    leaves a stale lock.  A process that already holds the lock (the same path named twice) keeps it.
+    """
+    try:
+        import fcntl
+    except ImportError:  # no flock on this platform: nothing to hold
+        return
+    key = os.path.realpath(path)
+    if key in _HELD:
+        return
+    if folder:
+        os.makedirs(path, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    else:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValidationError(f"{flag} {_show(path)} is in use by another run (it holds the lock); wait for it to "
+                              f"finish, or name another {'folder' if folder else 'file'}") from None
+    _HELD[key] = fd
+
+
+__all__ = ["TEMP_AFFIX_BYTES", "Output", "check_output_file", "check_output_folder", "check_outputs",
+           "hold_exclusive", "same_file"]

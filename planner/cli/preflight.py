@@ -1,13 +1,15 @@
 """What `planner train` checks on every rank before the process group starts: nothing a user typed may fail
 after an epoch of training, or destroy work.
 
-- outputs (planner/paths.py): ``--log-file`` a writable regular file, ``--checkpoint`` a folder; never an input
-  (``--log-file`` = the plan appended the run log into the plan);
+- outputs (planner/paths.py): ``--log-file``, ``--step-log``, ``--trace-file`` writable regular files,
+  ``--checkpoint`` a folder; never an input (``--log-file`` = the plan appended the run log into the plan);
 - per-rank settings for ranks the job has (``--emulate-slowdown 5=3`` on one rank), an ``--auto`` global batch
   that can give every rank its min batch (it failed only after profiling);
 - a fresh run never writes into work it did not make: a ``--log-file`` already holding a run log (the report
   merged the two runs) or a ``--checkpoint`` folder already holding a checkpoint (the first save replaced it)
   is refused -- ``--resume`` continues both;
+- one run at a time per ``--checkpoint`` folder and ``--log-file``: the writing rank holds an exclusive lock on
+  both for the run's life (planner.paths.hold_exclusive), and a second run is refused in one line;
 - ``--resume`` compares this command line with what the checkpoint's run was started with (``run_meta``) and
   refuses a difference in one line naming both values: the checkpoint's plan and learning rate used to replace
   the ones given, silently, and another model crashed in ``load_state_dict``.  ``--allow-resume-changes``
@@ -72,12 +74,13 @@ def _log_lines(path: str) -> int:
 def check_outputs_and_ranks(args: argparse.Namespace, world_size: int, rank: int) -> None:
     """Output paths and per-rank maps (see the module docstring)."""
     trace = args.trace_file.replace("{rank}", str(rank)) if args.trace_file else None
+    step_log = args.step_log.replace("{rank}", str(rank)) if getattr(args, "step_log", None) else None
     check_outputs(
         [Output(flag="--log-file", path=args.log), Output(flag="--checkpoint", path=args.checkpoint, folder=True,
                                                          files=(CHECKPOINT_FILE,)),
          Output(flag="--plan-out", path=args.plan_out if args.auto else None),
          Output(flag="--profile-out", path=args.profile_out if args.auto else None),
-         Output(flag="--trace-file", path=trace)],
+         Output(flag="--trace-file", path=trace), Output(flag="--step-log", path=step_log)],
         {"--plan": args.plan, "--profile": args.profile})
     from profiler.workloads.emulate import parse_rank_floats, parse_rank_gib, parse_rank_ints
 
@@ -180,6 +183,13 @@ def preflight(args: argparse.Namespace) -> Preflight:
     if args.allow_resume_changes and not args.resume:
         raise ValidationError(f"{ALLOW_RESUME_FLAG} only applies to --resume")
     check_outputs_and_ranks(args, world, rank)
+    if rank == 0:  # the writing rank: one run at a time per checkpoint folder and run log, before any check of them
+        from planner.paths import hold_exclusive
+
+        if args.checkpoint:
+            hold_exclusive(args.checkpoint, "--checkpoint", folder=True)
+        if args.log:
+            hold_exclusive(args.log, "--log-file")
     out = Preflight()
     if args.plan:
         out.plan = Plan.load(args.plan)

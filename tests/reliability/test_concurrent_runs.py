@@ -1,0 +1,92 @@
+"""Every output is checked before any work, and one run at a time owns a checkpoint folder and a run log.
+
+``--step-log`` pointed at the ``--plan`` file used to append JSON lines to the plan (exit 0, the plan no longer
+validated), and pointed into a missing folder it raised a traceback after the first epoch; two runs on one
+``--checkpoint``/``--log-file`` both passed the fresh-run checks, interleaved one log and overwrote each other's
+checkpoints.  Now both are refused in one line, exit 2, before anything is trained.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from planner.cli import main
+from tests.reliability.test_divergence import one_rank_plan
+
+REPO = Path(__file__).resolve().parents[2]
+COMMON = ["--device", "cpu", "--model", "mlp", "--num-samples", "32"]
+
+
+def _one_line_error(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("error:") or "Traceback" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("where", ["the-plan", "missing-folder"])
+def test_step_log_is_checked_before_any_work(where: str, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    plan = one_rank_plan(tmp_path / "plan.json", 8)
+    before = plan.read_bytes()
+    step_log = str(plan) if where == "the-plan" else str(tmp_path / "nowhere" / "steps.jsonl")
+    rc = main(["train", "--plan", str(plan), *COMMON, "--epochs", "1", "--step-log", step_log,
+               "--checkpoint", str(tmp_path / "ck")])
+    line = _one_line_error(capsys.readouterr().err)
+    assert rc == 2 and line.startswith("error: --step-log "), line
+    assert ("does not exist" if where == "missing-folder" else "--plan") in line, line
+    assert plan.read_bytes() == before
+    assert not (tmp_path / "ck" / "checkpoint.pt").exists()  # nothing trained
+
+
+def _locked(path: Path) -> bool:
+    """True when another process holds the lock a run takes on ``path`` (a folder or a file)."""
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+@pytest.mark.parametrize("shared", ["--checkpoint", "--log-file"])
+def test_a_second_run_on_the_same_outputs_is_refused(shared: str, tmp_path: Path) -> None:
+    plan = one_rank_plan(tmp_path / "plan.json", 8)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1")
+    outputs = {"--checkpoint": str(tmp_path / "ck"), "--log-file": str(tmp_path / "run.jsonl")}
+    # Run A trains for long enough to be caught holding its outputs; the test stops it.
+    first = subprocess.Popen([sys.executable, "-m", "planner", "train", "--plan", str(plan), *COMMON, "--epochs",
+                              "100000", "--quiet", "--checkpoint", outputs["--checkpoint"], "--log-file",
+                              outputs["--log-file"]], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not _locked(Path(outputs[shared])):
+            assert first.poll() is None, first.stderr.read() if first.stderr else ""
+            assert time.monotonic() < deadline, "run A never took its lock"
+            time.sleep(0.2)
+        other = {"--checkpoint": str(tmp_path / "ck2"), "--log-file": str(tmp_path / "run2.jsonl")}
+        other[shared] = outputs[shared]
+        second = subprocess.run([sys.executable, "-m", "planner", "train", "--plan", str(plan), *COMMON, "--epochs",
+                                 "1", "--resume" if shared == "--checkpoint" else "--quiet",
+                                 "--checkpoint", other["--checkpoint"], "--log-file", other["--log-file"]],
+                                cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    line = _one_line_error(second.stderr)
+    assert second.returncode == 2, second.stderr
+    assert line.startswith(f"error: {shared} {outputs[shared]} is in use by another run"), line
+    assert not (tmp_path / "ck2" / "checkpoint.pt").exists()
