@@ -275,7 +275,7 @@ def greedy_workers(
     Ranks of a host whose loaders cost the same per sample (the usual case: one dataset and pipeline) tie: any
     split of the cores among them feeds as many samples.  Where the cores cannot give all of them what they need,
     they share in proportion to it, so every rank is fed the same fraction of its compute cap.  Handed out in rank
-    order instead, the first ranks took all they needed and the last were starved (session 14, 2x H100, rank 1
+    order instead, the first ranks took all they needed and the last were starved (2x H100, rank 1
     emulated 3x slower: 29 workers and 1, [495, 17] -- rank 0 with its compute, loader and hand-over all at the
     step; it ran 124-157 ms a step, splits fed [23, 7] to [25, 5] 121-138 ms in other launches)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):

@@ -172,8 +172,8 @@ def _settle(pieces: Pieces, p: np.ndarray, w: np.ndarray, b: np.ndarray, lo: np.
 MOVE_MIN_GAIN = 0.02
 """A worker move must make the predicted step at least this much faster: smaller gains are inside the model's
 error, and chasing them walks the plan into corners (on the recorded profiles, moves led from [478, 34] on [28, 2]
-workers to [495, 17] on [29, 1] for 0.01-2.8% -- the 2.8% by one move leaving rank 1 a single worker; session 14
-measured such a corner 124-157 ms a step against 121-138 for the splits beside it)."""
+workers to [495, 17] on [29, 1] for 0.01-2.8% -- the 2.8% by one move leaving rank 1 a single worker; on 2x H100
+such a corner measured 124-157 ms a step against 121-138 for the splits beside it)."""
 MAX_MOVES = 64
 """Most candidate moves ``improve_workers`` tries (one MILP each): past it -- a host of more than 8 loader-fed
 ranks -- the search keeps the greedy workers."""
@@ -188,10 +188,10 @@ def improve_workers(found: Found, models: list[RankModel], models_at: Callable[[
     with ``models``.
 
     Why: the workers are fixed greedily at a bisected step time (``bisect_workers``) and the MILP then places the
-    samples around them, so a worker more on one rank and less on its neighbour is never tried.  On session 15's
+    samples around them, so a worker more on one rank and less on its neighbour is never tried.  On a
     skew profile (2x H100, rank 1 emulated 3x slower, all 30 workers of the host busy) the search planned
     [387, 125] on [22, 8] workers for a 103.1 ms step, while [393, 119] on [23, 7] predicts 100.1 ms
-    (docs/BENCHMARKS.md section 24).  One move, not a hill climb, and never taking a rank below 2 workers: the
+    (docs/PERFORMANCE.md).  One move, not a hill climb, and never taking a rank below 2 workers: the
     model's small gains lead to lopsided corners the runs did not bear out (``MOVE_MIN_GAIN``).  A plan without
     accumulation only, on hosts whose moves number at most ``MAX_MOVES``."""
     if int(found.steps.max()) > 1 or "workers" not in found.method:
@@ -340,7 +340,7 @@ def _polish(busy: Busy, b: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.nda
 
 SPARE_LOADER_SHARE = 0.5
 """Spare cores go to a rank's loader until its build time is at most this share of the step: twice the pace it needs,
-against a host whose cores run 1.7x slower from one second to the next (docs/BENCHMARKS.md section 17).  Past it a
+against a host whose cores run 1.7x slower from one second to the next (docs/PERFORMANCE.md).  Past it a
 worker only takes memory (its prefetched batches) and start-up time."""
 
 

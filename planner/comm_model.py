@@ -10,7 +10,7 @@ with the factors applied: e = T_DDP(equal) - max_i f_i t_i(b).  Why f_i: DDP lau
 backward produces it.  When a peer produces its buckets later in the step (a slower device whose extra work comes
 before its backward -- the emulated skew -- or a co-tenant), the early rank's NCCL kernels sit on its SMs, waiting,
 while its own backward still runs; that backward slows down by the share of SMs they hold (~ channels / SMs:
-32 CTAs of 132 SMs on an H100/H200, the +7-14% prediction error of issue 16 at F = 3).  The effect is
+32 CTAs of 132 SMs on an H100/H200: a +7-14% prediction error at F = 3 without the factor).  The effect is
 proportional to the overlapped backward, which at a balanced split is a fixed share of the step, so a factor on
 the rank's curve models it, and the program stays linear: f_i * t_i(b_i) <= T - e for every affine piece.
 
@@ -22,7 +22,7 @@ unchanged.  Recorded at F = 3 on 2 H200s (docs/results/h200x2_resnet50_F3_s3_aft
 computed 88.2 ms under DDP against 81.7 ms alone (f = 1.08), the emulated rank 81.2 against 81.3 (f = 1).
 
 Status: the factors the profiler measures at its small balanced split were wrong on 2 H100s (f = 1.14 on the
-*slow* rank of an F = 3 pair; the plan then trailed the proportional split, docs/BENCHMARKS.md section 12), so
+*slow* rank of an F = 3 pair; the plan then trailed the proportional split, docs/PERFORMANCE.md), so
 profiler.comm_cost records them in the profile's meta and leaves ``comm.wait_factors`` empty: this model applies
 to profiles that carry factors (measured at the plan's own split, or written by hand) and is the tested basis
 for measuring them there.

@@ -1,4 +1,4 @@
-"""DeviceState: what a rank's device and host looked like while it was measured (#17), and its JSON form.
+"""DeviceState: what a rank's device and host looked like while it was measured, and its JSON form.
 
 The profiler samples it over the compute sweep (``ranks[i].device_state`` of a profile) and the trainer at every
 epoch end (``device_state`` of a run-log epoch record); ``reports.causes`` reads it to say *why* a rank is slow.

@@ -96,9 +96,9 @@ def handover_costs_s(profile: Profile) -> list[float]:
     """Seconds per sample each rank's training process spends taking a delivered batch over (its pin-memory
     thread's copy into pinned memory, one thread for the rank: ``sample_bytes / handover_bytes_per_s``, measured
     at full worker load), by rank; 0 where not measured.  A rank's batch per step can take no longer than the
-    step: session 11, 2x H100/H200, 274-298 MB batches took 85-107 ms to pin on an idle host
+    step: on 2x H100/H200, 274-298 MB batches took 85-107 ms to pin on an idle host
     (benchmarks/handover_probe.py) and rank 0's steps ran at 129-137 ms with its workers' builds at 93 ms, its data
-    wait 34 ms a step (docs/BENCHMARKS.md section 19)."""
+    wait 34 ms a step (docs/PERFORMANCE.md)."""
     out = []
     for r in profile.by_rank:
         lp = r.loader
@@ -122,7 +122,7 @@ def loader_costs_s(profile: Profile, opts: SolveOptions, envelopes: Sequence[Env
     equally, capped at the rank's max (the rule of ``equal_split_workers``) -- and the rank's GPU cost per
     sample at its steepest piece; a host too small for one worker per rank loads in the training processes,
     which keep the plain ``sec_per_sample``.  ``planner.solve`` starts from the equal split and solves again at
-    its plan's own workers (a capped rank's share of the budget goes to its peers: session 11, 2x H100, rank 1
+    its plan's own workers (a capped rank's share of the budget goes to its peers: on 2x H100, rank 1
     capped at 2 workers, rank 0 given 28 -- loaded as 15, the model made the host's loaders 12% faster than they
     ran).  ``envelopes``: the ranks' fitted compute curves when the caller has them (by rank), else fitted here."""
     budgets = worker_budgets(profile, opts)

@@ -23,13 +23,13 @@ more is better served by more devices or a smaller global batch, which the error
 
 DEFAULT_MIN_GAIN = 0.05
 """Predicted gain below which solve() keeps the equal split: predictions carry a few percent of error (measured in
-docs/BENCHMARKS.md), and on flat, launch-bound curves a gain of 2% can mean a lopsided split such as [1022, 2] that
+docs/PERFORMANCE.md), and on flat, launch-bound curves a gain of 2% can mean a lopsided split such as [1022, 2] that
 ran 16% slower than equal on 2x H200 (ResNet-18, 32x32). The same 5% the Replanner asks before it changes a plan."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SolveOptions:
-    """Settings of the program (DESIGN.md section 4); every field has the CLI flag of the same name."""
+    """Settings of the program (docs/DESIGN.md, Solver model); every field has the CLI flag of the same name."""
 
     min_batch: int = 1
     """Smallest local batch any rank may get (2 or more for BatchNorm models)."""
@@ -43,9 +43,9 @@ class SolveOptions:
     """Upper bound on loader workers per rank.  None (the default): no bound of its own -- the host's worker budget
     (its cores less ``cpu_reserve_per_rank`` per rank, shared by the host's ranks) is the limit, and the profile's
     scaling curve is measured up to the host's cores, so a loader-bound rank may take the cores its neighbours'
-    loaders do not need.  The default was 16 (torchvision's reference ImageNet recipe) until session 9: on 2x H100
+    loaders do not need.  A fixed cap of 16 (torchvision's reference ImageNet recipe) is too low: on 2x H100
     with 32 cores, 16 left rank 0 loader-bound with 12 cores idle ("rank 0 needs 22 workers, has 16; the host can
-    give 30"); uncapped, the plans put it at its GPU's pace (docs/BENCHMARKS.md section 17)."""
+    give 30"); uncapped, the plans put it at its GPU's pace (docs/PERFORMANCE.md)."""
     time_limit_s: float = 20.0
     """HiGHS time limit per MILP call."""
     min_gain: float = DEFAULT_MIN_GAIN

@@ -1,6 +1,6 @@
 """The profile: what each rank measured. Frozen value types and their JSON form (``kind: "profile"``).
 
-The minimal file in DESIGN.md section 3 loads as written; every other field is optional. Validation is strict:
+The minimal file (docs/DESIGN.md, Profile JSON) loads as written; every other field is optional. Validation is strict:
 unknown keys are refused (typos such as ``step_time`` for ``step_time_s`` would otherwise be silently
 ignored); free-form data goes under ``meta``.
 """
@@ -164,7 +164,7 @@ class CommProfile:
     ``runtime.timing`` measures) over its standalone step less the optimizer step, at the profile's balanced split:
     the backward shares the device with the all-reduce of the buckets before its last one.  Only what a rank is
     predicted to measure reads it (``RankPlan.predicted_busy_s``); the step and the solve never do (``exposed_s``
-    already holds that time).  Session 18, 2x H200: 1.015-1.051.  None: not measured (one rank, or older profiles)."""
+    already holds that time).  On 2x H200: 1.015-1.051.  None: not measured (one rank, or older profiles)."""
 
     def __post_init__(self) -> None:
         if self.launch_env is not None:
@@ -183,7 +183,7 @@ class RankProfile:
     meta: Mapping[str, Any] = field(default_factory=dict)
     """Free-form facts (NVML, emulation settings...)."""
     device_state: DeviceState | None = None
-    """The device's and host's state while the compute sweep ran (#17): other processes, clocks, throttling,
+    """The device's and host's state while the compute sweep ran: other processes, clocks, throttling,
     affinity, load. Evidence for why a rank measured slow; the solver never reads it."""
     optimizer_step_s: float | None = None
     """Seconds of one optimizer step (zero_grad excluded), part of every ``compute`` time.  With gradient

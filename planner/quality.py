@@ -24,7 +24,7 @@ fitted through all of them); the others as the relative error they show -- and t
 noise, and ``keep_equal_within_noise`` keeps the equal split and records why.  Each of them says the largest batch
 its evidence touches (``QualityIssue.batch_size``), and a plan is judged only by the issues at batch sizes it or the
 equal split runs (``ProfileQuality.noise_for``: down to ``RELEVANT_FRACTION`` of the smaller of the two): a small
-batch's launch-bound jitter says nothing of a step 10x longer (session 19, 4x H100, one of three default 4-rank
+batch's launch-bound jitter says nothing of a step 10x longer (4x H100, one of three default 4-rank
 ResNet-50 profiles: batches 8-24 off the curve by 43% and 1.6x out of order, 16-31 ms steps beside the loader
 measurement, while a 1.6x slower rank's plan ran batches of 173-294 -- the whole profile's noise would have kept the
 equal split against a predicted 44% gain).  Identical devices measured apart may

@@ -7,7 +7,7 @@ report --log`` and ``planner validate`` read it; ``planner/schemas/runlog.schema
                         "dataset_size": N}
     {"event": "epoch",  "epoch": e, "plan_fingerprint": "..", "samples_per_s": x, "step_time_s": y, "loss": l,
                         "batch_sizes": [...], "ranks": [<StepStats per rank>], "predicted_step_time_s": [...],
-                        "device_state": [<DeviceState per rank, or null>]  (optional, #17),
+                        "device_state": [<DeviceState per rank, or null>]  (optional),
                         "wall_s": seconds, "samples": n  (optional: the epoch by the wall clock)}
     {"event": "replan", "epoch": e, "adopted": bool, "reason": "..", "predicted_gain": g,
                         "old_batch_sizes": [...], "new_batch_sizes": [...], "measured_compute_s": [...],
@@ -98,7 +98,7 @@ class EpochRecord:
 
     @property
     def wall_samples_per_s(self) -> float | None:
-        """The epoch's throughput by the wall clock; None when the log does not record it (before session 10)."""
+        """The epoch's throughput by the wall clock; None when the log does not record it (older logs)."""
         return self.samples / self.wall_s if self.samples and self.wall_s else None
 
     @property
@@ -269,7 +269,7 @@ class RunLog:
         """The last epoch that measured its plan at the loaders' steady pace: none of its steps in the run's final
         drain (batches built before, at the GPUs' pace) and not the first epoch of its plan (epoch 0 or a re-plan's
         first, which fill the loaders from nothing), when the log has one; else the last epoch.  What a per-rank
-        prediction check reads (session 13, 2x H100: epoch 3, 112 of its 120 steps in the drain, put rank 1 at
+        prediction check reads (2x H100: epoch 3, 112 of its 120 steps in the drain, put rank 1 at
         -14 to -18% where epoch 2 had it within 5%)."""
         if not self.epochs:
             return None

@@ -56,16 +56,15 @@ class StepStats:
     ``compute_s``): time lost to peers, shown beside the rank's own."""
     loader_s: float | None = None
     """Mean seconds per step the loader's workers spent building the step's batches, each worker's first batch
-    left out (samples' fetch and transforms plus the collate, timed in the worker: runtime.loader_timing; logs
-    before session 6 hold the median); None when not measured (synthetic batches on the device, an adapter's own
+    left out (samples' fetch and transforms plus the collate, timed in the worker: runtime.loader_timing; some
+    older logs hold the median); None when not measured (synthetic batches on the device, an adapter's own
     loader, an older log)."""
 
     fill_steps: int = 0
     """Steps at the epoch start (warm-up included) left out of ``step_time_s``, ``data_wait_s`` and ``loader_s``
     because the job's DataLoaders were filling their pipelines in them (runtime.timing: every worker builds its
     prefetch at once; the steps of the drain at the epoch's end are left out too); 0 when the epoch had no steady
-    middle between fill and drain, and the means then cover them.  Session 10's 200-step epochs recorded a
-    window after the fill that was the drain (the first code of that session): their 144 here are that."""
+    middle between fill and drain, and the means then cover them."""
     fill_excess_s: float = 0.0
     """Seconds those ``fill_steps`` took beyond the steady ``step_time_s``: what each epoch start costs."""
     drain_steps: int = 0

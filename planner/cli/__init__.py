@@ -130,7 +130,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         return int(module.run(ns) or 0)  # type: ignore[attr-defined]
     except (UserError, ValidationError, PlanError) as e:
         # One write of the whole line: under torchrun every rank reports the same error to one stderr at once, and
-        # print's separate write of the newline let two ranks' lines run together (a fresh-clone test run, session 19).
+        # print's separate write of the newline lets two ranks' lines run together.
         line = str(e) if str(e).startswith("planner") else f"error: {e}"
         sys.stderr.write(line + "\n")
         sys.stderr.flush()

@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds of compute sweep per device (default 30; 6 with --quick)")
     p.add_argument("--quick", action="store_true", help="CI-sized run: fewer repeats, small budget (seconds per device)")
     p.add_argument("--thorough", action="store_true",
-                   help="the slower profile of before issue 16: every sweep point's full repeats, the sweep growing "
+                   help="a slower, fuller profile: every sweep point's full repeats, the sweep growing "
                         "to its budget, step limit or memory even once linear, the loader after the sweep (to compare)")
     p.add_argument("--amp", action="store_true", help="bf16 autocast for forward and loss (as in training with --amp)")
     p.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto",

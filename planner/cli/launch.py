@@ -20,9 +20,9 @@ def _rank_entry(rank: int, fn: Callable[..., None], *args: Any) -> None:
     """A spawned rank: DataLoader workers (and any other multiprocessing) start as under torchrun, by fork.
 
     A spawned process inherits "spawn" as its default start method, so every DataLoader it made started each worker
-    as a fresh interpreter importing torch and the package: ~10 s a loader on 2x H100 (session 7: 11.4-18.2 s per
+    as a fresh interpreter importing torch and the package: ~10 s a loader on 2x H100 (11.4-18.2 s per
     worker count of the profile's loader scan, for 1 s of timing), paid again by every strategy's run of `planner
-    bench --data loader`.  torchrun's ranks fork their workers; ours now do too (Linux only, where fork is the
+    bench --data loader`.  torchrun's ranks fork their workers; ours do too (Linux only, where fork is the
     platform default; the workers never touch CUDA)."""
     if sys.platform.startswith("linux"):
         import multiprocessing
