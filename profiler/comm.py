@@ -60,7 +60,7 @@ def measure_allreduce(grad_bytes: int, *, repeats: int = 10, warmup: int = 2,
 
 
 NCCL_CTA_VARIANTS: tuple[dict[str, str], ...] = ({"NCCL_MIN_CTAS": "2", "NCCL_MAX_CTAS": "2"},)
-"""Launch settings the profile tries beside NCCL's default (issue 16: two channels took F = 3 on 2 H200s from
+"""Launch settings the profile tries beside NCCL's default (two channels took F = 3 on 2 H200s from
 1.84x to 1.94x equal).  Each costs one more set of DDP rounds, so the list stays short."""
 
 _CTA_FIELDS = {"NCCL_MIN_CTAS": "min_ctas", "NCCL_MAX_CTAS": "max_ctas"}

@@ -23,7 +23,7 @@ from profiler.ddp import DDPCost, measure_ddp_cost
 VARIANT_COUNTS = {"warmup": 1, "rounds": 2, "repeats": 3}
 """DDP steps per split for a launch variant: fewer than the default's, enough for a median and a spread."""
 VARIANT_MAX_S = 5.0
-"""A launch variant is timed only if its steps are predicted to take less than this (issue 16: only if cheap)."""
+"""A launch variant is timed only if its steps are predicted to take less than this (the profile stays cheap)."""
 
 
 def _say(say: Callable[[str], None] | None, text: str) -> None:
@@ -98,7 +98,7 @@ def measure_comm(grad_bytes: int, ranks: list[RankProfile], make_runner: Callabl
         # The wait factors stay in the meta, out of the model: measured at a small "balanced" split they scaled
         # the wrong rank on 2x H100 (ResNet-50 bf16, F = 3: f = [1.0, 1.14] for the *slow* rank; the plan then ran
         # 1.79x equal against the proportional split's 1.86x, docs/results/h100x2_resnet50_F3_s4_waitfactors*).
-        # A factor measured at the plan's own split is the open part of issue 16 item 4.
+        # A factor measured at the plan's own split is not implemented yet.
         # The span factors only say what each rank's step timer will read (planner.solve: predicted_busy_s).
         return (dataclasses.replace(comm, exposed_s=cost.exposed_s, wait_factors=None,
                                     span_factors=cost.span_factors or None,

@@ -102,7 +102,7 @@ class TimedSteps:
 
     def optimizer_step_s(self, batch_size: int, repeats: int = 10) -> float:
         """Median seconds of one ``optimizer.step()`` (its cost does not depend on the batch): the part of a step
-        that gradient accumulation pays once per optimizer step rather than once per micro-batch (#13)."""
+        that gradient accumulation pays once per optimizer step rather than once per micro-batch."""
         batch = self.batch_for(batch_size)
         with self.autocast():
             loss = self.loss(self.model, batch)

@@ -12,7 +12,7 @@ compute sweep (and the trainer), emulated slowdowns included, at two splits inte
   * balanced: the split that makes the standalone times equal (planner.comm_model.balanced_split), the one a
     plan lands near.  Each rank's compute -- its step start to its last gradient bucket, marked by a comm hook
     (CUDA events on GPU, the host clock on CPU) -- over its standalone compute gives f_i: a rank whose
-    all-reduce kernels wait for a later peer's buckets runs its own backward slower (issue 16: +7-14% at F = 3).
+    all-reduce kernels wait for a later peer's buckets runs its own backward slower (+7-14% at F = 3 on 2x H100/H200).
 """
 
 from __future__ import annotations

@@ -135,8 +135,8 @@ def steal_cores(before: list[tuple[float, float, float]] | None, after: list[tup
                 cores: Iterable[int]) -> float | None:
     """Cores' worth of time the hypervisor took from these cores between two per_core_times snapshots (each core's
     stolen share of its elapsed time, summed).  On a shared VM host it is what slows every CPU-bound part of the
-    job -- the loader's workers first -- while nothing inside the VM looks busier (session 13, 2x H100: 0.30-0.36
-    cores stolen in the launches whose workers built 15% slower than profiled, docs/BENCHMARKS.md section 21)."""
+    job -- the loader's workers first -- while nothing inside the VM looks busier (2x H100: 0.30-0.36
+    cores stolen in the launches whose workers built 15% slower than profiled, docs/PERFORMANCE.md)."""
     if before is None or after is None or len(before) != len(after):
         return None
     stolen = 0.0

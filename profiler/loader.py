@@ -129,7 +129,7 @@ def _spread(xs: list[float]) -> float:
 class _BuildTimed(Dataset[tuple[Any, float]]):
     """``dataset[indices] -> (collated batch, seconds the worker spent building it)``: one whole batch per index
     list, built and timed inside the DataLoader worker.  (The same idea as runtime.loader_timing.TimedBatches,
-    which the profiler may not import: DESIGN.md section 2.)"""
+    which the profiler may not import: docs/DESIGN.md, Layers.)"""
 
     def __init__(self, dataset: Any, collate_fn: Callable[[list[Any]], Any]) -> None:
         self.dataset, self.collate_fn = dataset, collate_fn
@@ -167,8 +167,8 @@ def _pin_rate(batch: Any, pin: Callable[[Any], Any] | None = None) -> tuple[floa
 HANDOVER_BYTES = 256 << 20
 """Size of the batches the hand-over reading pins: large enough to run at memory speed, as a training batch does
 (2x H100, 28 workers and 24 busy cores: 3.67 GB/s at 77 MB and 3.05-3.44 GB/s at 274-287 MB, against 4.1-4.7 GB/s
-on the profile's former 19 MB scan batches, which partly fit the CPU's caches; 2x H200 training delivered 2.5 GB/s
-where the scan batches read 3.6-4.7; docs/BENCHMARKS.md sections 19-20)."""
+on 19 MB scan batches, which partly fit the CPU's caches; 2x H200 training delivered 2.5 GB/s
+where the scan batches read 3.6-4.7; docs/PERFORMANCE.md)."""
 HANDOVER_WORKERS = 2
 """Workers that hand the reading its big batches, as a DataLoader's do: a fresh shared-memory tensor each."""
 HANDOVER_MIN_READINGS = 3
@@ -250,7 +250,7 @@ def measure_scaling(dataset: Any, workers: list[int], *, batch_size: int, second
 
     Timed in the workers, not by how fast this process drew batches: the profile runs this beside the compute
     sweep in a thread, and a sweep step that holds the GIL (a cuDNN autotune, the memory search) stalls the
-    drawing -- 2x H200, session 6: 4 workers "measured" 15 samples/s beside 564 for 2 and 1,585 for 16, and the
+    drawing -- on 2x H200, 4 workers "measured" 15 samples/s beside 564 for 2 and 1,585 for 16, and the
     plan predicted 4.7x the real loader time.  The build times still carry what the workers share (the host's
     cores, memory bandwidth, clocks), which is what the curve is for.  ``walls``, when given, gets each worker
     count's wall seconds (start-up, timing and shut-down: what the scan costs).  ``handover``, when given (a

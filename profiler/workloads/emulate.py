@@ -1,6 +1,7 @@
 """Emulated heterogeneity: one module used identically by `planner profile` and `planner train`.
 
-Our machines have identical cards, so compute skew is produced on purpose (DESIGN.md section 7a):
+Our machines have identical cards, so compute skew is produced on purpose (docs/DESIGN.md,
+Heterogeneity we can produce):
 
 ``Slowdown(factor)`` makes a rank's training step take about ``factor`` times its real compute by repeating
 real work, ``factor - 1`` extra forward+backward passes' worth per step.  Every extra pass runs on the
@@ -18,17 +19,16 @@ Where the extra work goes (``mode``):
     its pass a quarter into the backward; F = 3 one pass at once and one 5/8 into the backward).  So the slow
     rank's gradient buckets become ready spread over its step, closer to where a uniformly slower GPU's would.
     (A hooked parameter the real backward does not reach -- unused in that step -- leaves its pass undone for the
-    step; FSDP2's sharded parameters fall back to block mode.)  Measured against block mode in the same launch on 2x H100 (docs/BENCHMARKS.md section 13): the same curve
+    step; FSDP2's sharded parameters fall back to block mode.)  Measured against block mode in the same launch on 2x H100 (docs/PERFORMANCE.md): the same curve
     (rank 1 / rank 0 = 3.00-3.01 at b = 128-256 in both), and the plan's measured step within +0.9% of its
     prediction at F = 3 (block: +5.7%) and +0.6% at F = 4 (block: +5.9%).  Passes are whole: cutting them into
-    small slices was tried and costs a GPU in its flat, launch-bound region nearly a full pass per slice (F = 3
+    small slices costs a GPU in its flat, launch-bound region nearly a full pass per slice (F = 3
     gave 4.2-4.7x at b = 48-96 on H200).
   * ``"block"`` -- all the extra work at once inside ``apply``: ``floor(factor - 1)`` passes on the whole batch and
-    one on the first ``round(frac * b)`` samples.  This is what every number published before session 5 used.  Its
-    flaw: the slow rank's whole backward -- and so every gradient bucket -- comes in the last ``1/factor`` of its
+    one on the first ``round(frac * b)`` samples.  Its flaw: the slow rank's whole backward -- and so every gradient bucket -- comes in the last ``1/factor`` of its
     step, while a fast peer's buckets are ready from a third of the way through its own; the fast rank's NCCL
     all-reduce kernels are launched early and spin on SMs while its backward still runs, and at a balanced split
-    (the plan's) that costs the step 5-9% the model does not know of (session 4 measured the fast rank 7-9% slower
+    (the plan's) that costs the step 5-9% the model does not know of (the fast rank measured 7-9% slower
     beside the "slow" one; proportional splits, which leave the fast rank slack, hid it).  A real slower card
     spreads its extra time over the whole step, so the emulation, not the cluster, produced most of that cost.
 
@@ -39,13 +39,13 @@ Where the extra work goes (``mode``):
     queued behind a GPU sleep so the CPU's launch pace stays out of it, median; ``gpu_pass_ms``), with the clock's
     cycles per ms.  So the emulated card is a GPU F x slower beside the same CPU: where the step is bound by the
     CPU's launches (small batches) it is slowed by less than F, as a real slower card would be, and the profile
-    measures that (F = 3, ResNet-50 bf16 on H100, session 15's three profiles: 2.94-2.99x at 128-384 samples,
+    measures that (F = 3, ResNet-50 bf16 on H100, three profiles: 2.94-2.99x at 128-384 samples,
     1.94-2.98x at 64-96, 0.84-1.78x at 8-24, where the CPU's launches hide most of the slower GPU).  Why: the
     passes of the modes above are launched by the CPU, and in ResNet-50's launch-bound region (rank 1 at 85-120
     samples, F = 3 on H100) three passes' launches under 30 loader workers' CPU load made the emulated rank's
-    compute swing from 90 to 138 ms (p10-p90) around a 113 ms median (session 14, docs/BENCHMARKS.md section 22):
+    compute swing from 90 to 138 ms (p10-p90) around a 113 ms median (docs/PERFORMANCE.md):
     a jitter a slower card does not have, since it launches each kernel once and only runs them longer.  Measured
-    in session 15 (section 23, 3 launches each way): the skew case's clean epochs at 0.930 of the prediction
+    on 2x H100 (3 launches each way): the skew case's clean epochs at 0.930 of the prediction
     against 0.815, the emulated rank's own time flat (p90 within 3% of the median).  A sleep
     holds the stream like longer kernels and shows in CUDA-event timing, but does not load the SMs (the kernel is one
     thread), where a slower card's kernels would.  On a CPU device stall mode runs interleave's passes (no GPU to
@@ -238,7 +238,7 @@ class Slowdown:
     """``"interleave"`` (extra work spread over forward and backward, like a slower card), ``"block"`` or
     ``"stall"`` (GPU sleeps sized from the real pass, spread like a slower card's extra time); the
     default comes from the environment variable ``PLANNER_EMULATE_MODE`` (so every process of a launch -- profile,
-    train, bench -- emulates alike), else interleave (block reproduces the numbers published before session 5)."""
+    train, bench -- emulates alike), else interleave."""
 
     calibrated: dict[Any, float] = field(default_factory=dict, init=False, repr=False, compare=False)
     """Stall mode: the real pass's ms by batch shape and autocast state (``_pass_ms``)."""
@@ -337,8 +337,8 @@ def gpu_pass_ms(inner: Any, loss_fn: Callable[..., Any], x: Any, y: Any, params:
     timed pass is queued behind a GPU sleep of ``lead_ms``, so its kernels are all launched before the GPU reaches
     them; a pass the GPU reached while the CPU was still launching it (its start event already passed) is timed
     again behind a longer sleep (``pass_time_ms`` has the policy and its bound).  Timing passes launched straight
-    away measured the CPU's launch pace instead: in session 15's first stall-mode launches (2x H100, 30 loader
-    workers starting) one shape measured 3.3x its profiled time and kept it (docs/BENCHMARKS.md section 23)."""
+    away would measure the CPU's launch pace instead: on 2x H100 with 30 loader workers starting, one shape
+    measured 3.3x its profiled time that way (docs/PERFORMANCE.md)."""
     import torch
 
     with _frozen_batchnorm(inner):
@@ -378,8 +378,8 @@ def pass_time_ms(timed: Callable[[float], tuple[float, bool, float]], lead_ms: f
     own launch time -- its launch lasted the whole sleep again, so the device itself blocks it: near the memory
     limit the caching allocator frees and synchronizes inside the pass -- no sleep helps, and the passes are timed
     straight after a device synchronize (lead 0): such a pass is long, so the CPU's launch pace is hidden in it
-    anyway.  Before this bound, on 2x H200 (session 17) the profiler's largest batch (3072 samples) doubled its
-    lead to 102 s and rank 0's next collective timed out after 120 s."""
+    anyway.  Without this bound, on 2x H200 the profiler's largest batch (3072 samples) doubled its lead to 102 s
+    and rank 0's next collective timed out after 120 s."""
     times: list[float] = []
     retried, straight = False, False
     while len(times) < CALIBRATION_PASSES:

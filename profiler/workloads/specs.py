@@ -93,7 +93,7 @@ def gpu_normalize_for(choice: str, model_spec: str, dataset_spec: str, device_ty
 
     ``auto`` is on when the transforms are ours and every device named is CUDA: a batch of 224-pixel images is
     4 bytes a value as float32 and 1 as uint8, and every byte passes the workers' shared memory, the pin copy and
-    PCIe.  Session 17 on 2x H200 (docs/BENCHMARKS.md section 25): rank 0's 28 workers built a 477-sample batch in
+    PCIe.  On 2x H200 (docs/PERFORMANCE.md) rank 0's 28 workers built a 477-sample batch in
     98.7 ms, and its float batches (287 MB) reached the loop at 2.2 GB/s, 35 ms a step late.  timm's prefetcher
     hands the GPU uint8 batches the same way.  Off on CPU (the normalization would move from the workers into the
     training process) and where a CPU rank trains beside CUDA ones (``device_types`` then holds "cpu"): every rank
