@@ -1,8 +1,8 @@
 """Micro-batches: gradient accumulation inside one optimizer step, with exact weights for every micro-batch.
 
 A plan may give rank i ``accumulation_steps`` k_i: its b_i samples of an optimizer step run as k_i micro-batches
-(memory caps the micro-batch, not the step). The layout stays DESIGN.md section 5's: global step s covers
-P[s*B:(s+1)*B], rank i owns b_i of those positions, and those positions, in order, are cut into micro-batches of
+(memory caps the micro-batch, not the step). The layout stays that of docs/DESIGN.md, Runtime protocol: global step
+s covers P[s*B:(s+1)*B], rank i owns b_i of those positions, and those positions, in order, are cut into micro-batches of
 sizes ceil(b_i/k_i) ... then floor(b_i/k_i) (:func:`micro_batch_sizes`). Under DDP k_i may differ per rank
 (``no_sync`` on all but a rank's last micro-batch: one all-reduce per optimizer step on every rank); under FSDP2
 every rank runs the same number of micro-batches in every step, because each forward all-gathers.

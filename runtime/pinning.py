@@ -1,8 +1,8 @@
 """Pin a DataLoader's batches a bounded number of steps ahead of the training loop (``planner train --pin-ahead``).
 
-Opt-in: it bounds the pinned pool, but on a loader-fed rank it was slower than the DataLoader's own pinning (session
-13, 2x H100, the loader case: a clean epoch at 0.829-0.840 of the prediction by the wall clock, median, against
-0.947 with ``pin_memory=True``; rank 0 waited 24-41 ms a step for data against 3-5; docs/BENCHMARKS.md section 21).
+Opt-in: it bounds the pinned pool, but on a loader-fed rank it is slower than the DataLoader's own pinning (2x H100,
+the loader case: a clean epoch at 0.829-0.840 of the prediction by the wall clock, median, against 0.947 with
+``pin_memory=True``; rank 0 waited 24-41 ms a step for data against 3-5; docs/PERFORMANCE.md).
 The likely cause: the DataLoader's pin thread takes batches in the order the workers finish them, so the ones
 finished behind a late batch are already pinned when it arrives; ``PinAhead`` takes them from the DataLoader in
 order and pins each only then, which costs a step's time on a rank whose copy takes about as long as its step.
@@ -11,7 +11,7 @@ order and pins each only then, which costs a step's time on a rank whose copy ta
 prefetch_factor`` batches wait in pinned memory when the workers run ahead of the GPU.  Each new pinned block is a
 ``cudaHostAlloc``, and while one runs the driver serializes the process's other CUDA calls (pytorch#97432,
 pytorch#108488).  Measured on 2x H100 (`planner train --auto --emulate-loader 1=2`, ResNet-50 bf16, 28 workers of
-287 MB batches, docs/BENCHMARKS.md section 20): rank 0's pinned pool still grew by 6-19 blocks an epoch in the
+287 MB batches, docs/PERFORMANCE.md): rank 0's pinned pool still grew by 6-19 blocks an epoch in the
 steady epochs 1-2, each ~100 ms of ``cudaHostAlloc``, to 15-25 GB; its compute (forward start to last gradient
 bucket, GPU events) had a steady median of 115-116 ms and means up to 130 ms from steps 20-80 ms long.
 
@@ -21,8 +21,8 @@ the device copy still reads), its blocks are reused from the first steps on, and
 shared memory instead, as they do without pinning.  The copy into pinned memory (``pin_tree``) is the DataLoader's
 own, with a large tensor split across ``PIN_THREADS`` threads at once (``Tensor.copy_`` releases the GIL; small ones whole);
 the profile of ``planner train --auto --pin-ahead`` times the same copy (``LoaderProfile.handover_bytes_per_s``).  On 2x
-H200 with a one-thread copy 2 batches ahead rank 0 still waited 33-50 ms a step (2.5 GB/s delivered, section 20);
-hence 4 threads and 4 batches ahead (session 13, section 21).
+H200 with a one-thread copy 2 batches ahead rank 0 still waited 33-50 ms a step (2.5 GB/s delivered);
+hence 4 threads and 4 batches ahead (docs/PERFORMANCE.md).
 
     batches = PinAhead(iter(loader), torch.device("cuda", local_rank))   # loader built with pin_memory=False
     for x, y in batches:
@@ -45,7 +45,7 @@ PIN_AHEAD = 4
 """Batches pinned ahead of the training loop.  More than one: the pinning thread is nearly as busy as the loop on a
 loader-fed rank (2x H100 under load: one thread pinned a 287 MB batch in 116 ms, the step took 116 ms), and a
 thread that stops whenever its queue is full loses the time the loop runs slow.  With depth 2 rank 0 waited
-17-48 ms a step for data where the DataLoader's own unbounded pinning waited 1.5-8 ms (session 13, same card).
+17-48 ms a step for data where the DataLoader's own unbounded pinning waited 1.5-8 ms (same card).
 The pool stays at ``depth`` + 2 batches (about 1.7 GB at 287 MB) however many workers build ahead."""
 
 _POLL_S = 0.1
@@ -54,8 +54,8 @@ _POLL_S = 0.1
 
 PIN_THREADS = max(1, int(os.environ.get("PLANNER_PIN_THREADS", "4") or "4"))
 """Threads a large tensor's copy into pinned memory is split across (``PLANNER_PIN_THREADS``; 1: one core, as the
-DataLoader's own pin thread).  ``benchmarks/handover_probe.py --batch 476 --workers 28 --load 24 --pin-only
---pin-ahead 1,4`` on 2x H100 (session 13, docs/results/h100x2_handover_probe_s13b.json): 287 MB batches handed
+DataLoader's own pin thread).  Measured on 2x H100 (28 workers, 476-sample
+batches, one and four pinning threads against the DataLoader's): 287 MB batches handed
 over at 2.25 GB/s by the DataLoader's pinning, 2.46 by one thread, 3.51 by four (81.5 ms a batch against 116)."""
 PIN_SLICE_BYTES = 16 << 20
 """Smallest slice worth a thread of its own: smaller tensors are pinned whole, on the calling thread (the profile's

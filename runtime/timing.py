@@ -142,7 +142,7 @@ def _mean_build_s(steps: Sequence[_Step], workers: int, *, need: float) -> float
 
     The mean, not the median: ``workers`` workers building in parallel deliver one step per ``mean / workers``
     seconds, whatever the spread, so the mean is what the loader's throughput is.  The median missed it both ways
-    when the host's contention changed within an epoch (2x H100, session 6, a rank capped at 2 workers: median
+    when the host's contention changed within an epoch (2x H100, a rank capped at 2 workers: median
     541 ms a batch, while the rank took one every 196 ms -- at most 392 ms a batch for its two workers)."""
     loads = [float(s.loader_s) for s in steps if s.loader_s is not None and _valid(s.loader_s)]
     if len(loads) > 2 * workers:
@@ -161,7 +161,7 @@ def worker_cycle(job_workers: Sequence[int], num_steps: int) -> int:
     Why: a DataLoader hands out batches round-robin, and its workers, started together at the epoch start,
     deliver them in bursts: with W workers each needing T to build a batch, W batches arrive, the GPU takes them
     at its own pace, and the next W come T later.  In that regime W consecutive steps take exactly T wherever
-    they start, but a mean over some other count of steps is off by up to a burst: 2x H100, session 8, a
+    they start, but a mean over some other count of steps is off by up to a burst: on 2x H100 a
     16-worker rank of 455 samples a step over a 28-step epoch measured 126.6 ms a step while its workers'
     pace was 136 ms (2.18 s a batch over 16); `planner bench`'s 20-step windows on the same split read
     2,687-3,470 samples/s in three rounds."""
@@ -402,10 +402,10 @@ class StepTimer:
         least ``STEADY_MIN_CYCLES`` whole worker cycles lie between the two, the step time, data wait and build
         time are that steady middle's (its last whole cycles), and ``fill_steps`` / ``fill_excess_s`` say what
         the epoch start cost on top; otherwise the epoch has no steady middle, and the means stay over its last
-        whole cycles (``fill_steps`` 0).  Session 10, 2x H100, rank 0 with 28 workers of 4 prefetched batches
+        whole cycles (``fill_steps`` 0).  On 2x H100, rank 0 with 28 workers of 4 prefetched batches
         (fill 140 steps, drain 112): a 200-step epoch has no steady middle -- its first 144 steps took 26-33 s
         with up to 32-35 runnable threads on the host's 32 cores, its last 56 ran at the GPU's pace on batches
-        built before, ~4 cores busy (docs/BENCHMARKS.md section 18).  Neither is the pace of a long epoch.  An
+        built before, ~4 cores busy (docs/PERFORMANCE.md).  Neither is the pace of a long epoch.  An
         epoch of a loader that runs across epoch boundaries (runtime.sampler.EpochStream) fills only when its
         stream starts and drains only where it ends: pass 0 for what the epoch lacks.
         """
@@ -500,8 +500,8 @@ class ComputeStart:
 
     ``DistributedDataParallel`` (``broadcast_buffers=True``, its default) broadcasts the module's buffers from
     rank 0 at the start of every training forward -- a collective.  A rank that starts its step ahead of a late
-    peer waits in it, so a span opened before ``ddp(x)`` counts that wait as the rank's own compute.  Session 17
-    (2x H200, the skew case, docs/BENCHMARKS.md section 25): the rank that never waited for data had the long
+    peer waits in it, so a span opened before ``ddp(x)`` counts that wait as the rank's own compute.  On
+    2x H200 (the skew case, docs/PERFORMANCE.md) the rank that never waited for data had the long
     compute spans (p90 96-120 ms on a median of 83.5), 57 of its 60 long ones in steps it started ahead of its
     data-starved peer, the span tracking the head start with a correlation of 0.98-1.00.
     Under DDP this instance registers a forward pre-hook on the wrapped module; calling it arms the hook, which

@@ -251,7 +251,7 @@ def measure_trainer_overhead(profile: Profile, trainer: Any, *, steps: int = 12,
 
     The profiler times the model's step in its own DDP loop; the Trainer adds host work, synchronizations and
     callbacks to every step -- 7-8 ms on 2 H100s for a 110M LM, the same at the equal and at the planned split
-    (docs/BENCHMARKS.md, issue 15) -- which moves every prediction and never the split.  Plans solved from the
+    (docs/PERFORMANCE.md) -- which moves every prediction and never the split.  Plans solved from the
     returned profile predict the Trainer's steps; call it on every rank (collective), before ``planner.solve``:
 
         profile = measure_trainer_overhead(profile, Trainer(model=scratch_model, args=args, train_dataset=data))

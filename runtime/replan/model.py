@@ -13,7 +13,7 @@ batch -- 2x at a batch size not measured before, where the shape correction belo
 than 10 standard errors of the epoch's mean away (``DEVICE_CHANGE``, ``CHANGE_SIGMAS``) means the device itself changed
 (a slowdown, a co-tenant arriving or leaving), so the smoothed history describes the old device: factor_i <- raw_i,
 and the rank's observations below restart from this one.  Epoch-to-epoch noise does not come near it (2% jitter):
-of 500 consecutive rank-epoch pairs at one split in the recorded launches (sessions 4-19), six clear it, four of them
+of 500 consecutive rank-epoch pairs at one split in the recorded launches (docs/results), six clear it, four of them
 real 3x slowdowns (the mid-run cases) and two a loader-bound rank's small compute.
 
 Shape correction: a profile's curve can be right at one batch size and off in slope elsewhere -- e.g. near the
@@ -50,7 +50,7 @@ copying each one once more.  The wait is then the hand-over's: the rank's hand-o
 
     h_i <- max(h_i, (1 - a) * h_i + a * s_i / b_i)      (one batch handed over per step)
 
-Charged to the workers, such a wait made every split look loader-bound (session 14, 2x H100, plan [495, 17]: rank
+Charged to the workers, such a wait made every split look loader-bound (2x H100, plan [495, 17]: rank
 0's 29 workers built a batch every 114-120 ms while its 298 MB batches arrived every 143-157 ms; the Replanner
 raised the host's loader cost and predicted 0-4% for moving work to rank 1, where [394, 118] had run 121-124 ms in
 another launch).
@@ -59,8 +59,8 @@ Spans under DDP: c_i is the rank's compute span (forward start to its last gradi
 longer than the standalone step it is compared with, less its optimizer step (the backward shares the device with
 the earlier buckets' all-reduce).  Where the profile measured that (``CommProfile.span_factors`` f_i, DDP only), c_i
 first becomes the standalone step it stands for, c_i / f_i + opt_i, so the corrected curves stay standalone curves
-and the plan's exposed communication is not counted twice (session 18, 2x H200: the Replanner predicted 88-89 ms
-for steps that ran 86.8).
+and the plan's exposed communication is not counted twice (2x H200: without the mapping the Replanner
+predicted 88-89 ms for steps that ran 86.8).
 
 The corrected compute points, loader costs and hand-over rates form a new ``planner.Profile``
 (``CorrectionModel.corrected_profile``; a loader p_i times its starting value has its sec_per_sample and its
@@ -99,7 +99,7 @@ DEVICE_CHANGE = math.log(1.5)
 """A rank's compute at least 1.5x, or at most 1/1.5x, what its model says, far beyond the epoch's own noise
 (``CHANGE_SIGMAS``): the device itself changed -- a slowdown, a co-tenant arriving or leaving -- and the smoothed
 factor's history describes the old device.  The newest epoch then replaces it, instead of moving it ``smoothing``
-of the way (session 19, 2x H100, rank 1 3x slower from epoch 1: the factor went from 1.0-1.4 to 2.6 on a measured
+of the way (2x H100, rank 1 3x slower from epoch 1: with smoothing the factor went from 1.0-1.4 to 2.6 on a measured
 2.95, the adopted split ran 117-123 ms a step on a predicted 103-105, and a second re-plan was needed two epochs
 later; replayed with this rule the first re-plan goes straight to [377-384, 128-135], where the second one went)."""
 CHANGE_SIGMAS = 10.0

@@ -298,7 +298,7 @@ class Replanner:
         obs = [[(int(b), float(r)) for b, r in o][-2:] for o in raw_obs]
         if not all(b >= 1 and math.isfinite(r) and r > 0 for o in obs for b, r in o):
             raise ValidationError(f"replanner state has invalid observations {obs}")
-        # Optional too (states written before session 14 resume with the profile's hand-over costs).
+        # Optional too (older states without it resume with the profile's hand-over costs).
         handover = [float(x) for x in state.get("handover_s_per_sample") or [r.handover_s for r in self._model.ranks]]
         if len(handover) != W or not all(math.isfinite(x) and x >= 0 for x in handover):
             raise ValidationError(f"replanner state has invalid hand-over costs {handover} for {W} ranks")
