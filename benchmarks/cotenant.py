@@ -1,6 +1,6 @@
 """A co-tenant: keep one GPU (or one CPU core) busy a given fraction of the time until killed.
 
-Real heterogeneity of kind (d) in DESIGN.md section 7: another job sharing a card.  Start it beside a rank,
+Real heterogeneity (docs/DESIGN.md, Heterogeneity we can produce): another job sharing a card.  Start it beside a rank,
 profile and train, then stop it:
 
     python benchmarks/cotenant.py --device cuda:1 --duty 0.5 &      # rank 1's GPU is busy half the time

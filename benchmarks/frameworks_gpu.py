@@ -13,7 +13,7 @@ Per framework, in one launch (same processes, same warm-up for both variants):
   3. each run is one epoch of ``--steps`` global steps through the framework's own loop; the timed window runs
      from the end of step ``--warmup`` to the end of the last step, synchronized (cuda.synchronize + barrier) at
      both ends; samples/s = global batch x timed steps / window.
-Reports the median speed-up over rounds with min-max (goal >= 1.7x; DESIGN.md measured 1.85x by hand for plain DDP
+Reports the median speed-up over rounds with min-max (goal >= 1.7x; a hand-picked split ran 1.85x for plain DDP
 at this setting) and writes the raw per-round numbers to $OUT/frameworks_gpu_<framework>.json (or --json).
 
 Data: a map-style dataset of uint8 images from a bank of 64 random ones (cheap to collate; converted to float on

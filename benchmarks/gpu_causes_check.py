@@ -1,4 +1,5 @@
-"""Does the report name a real co-tenant as the cause of a slow rank?  (#17, DESIGN.md section 7 kind (d).)
+"""Does the report name a real co-tenant as the cause of a slow rank?  (A real co-tenant:
+docs/DESIGN.md, Heterogeneity we can produce.)
 
 Usage (one command on a 2-GPU machine; raw JSON, the report and logs go to $OUT, else --out-dir):
 

@@ -21,7 +21,7 @@ LOG_KEYS = ["event", "epoch", "adopted", "reason", "predicted_gain", "old_batch_
 
 
 def _profile() -> planner.Profile:
-    # The DESIGN.md minimal profile: rank 1 is 3x slower than rank 0 per sample.
+    # The minimal profile (planner/examples/minimal_profile.json): rank 1 is 3x slower than rank 0 per sample.
     return planner.Profile.load(Path(planner.__file__).parent / "examples" / "minimal_profile.json")
 
 
