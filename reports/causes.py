@@ -1,4 +1,4 @@
-"""Why a rank is slow: one finding per slow rank, naming the measured cause with its numbers (#17).
+"""Why a rank is slow: one finding per slow rank, naming the measured cause with its numbers.
 
 From the profile: ranks with the same device name are meant to be identical, so a rank whose best measured
 throughput is more than ``SLOW_TOL`` (15%) below the fastest of its kind -- its twin -- gets a finding.  Its
@@ -265,7 +265,7 @@ STATE_COLUMNS = ("other GPU procs", "SM MHz", "throttle", "power W", "temp C", "
 
 def state_table(states: tuple[DeviceState | None, ...]) -> tuple[list[str], list[list[str]]]:
     """(headers, one row per rank) of the profiled device states, keeping only columns some rank has; no rows when
-    no rank recorded a state (a profile from before #17, or one made where NVML and psutil could not tell)."""
+    no rank recorded a state (an older profile, or one made where NVML and psutil could not tell)."""
     if not any(s is not None and not s.is_empty for s in states):
         return [], []
     empty = DeviceState()

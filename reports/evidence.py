@@ -24,9 +24,9 @@ CPU_OTHER_MIN_FRAC = 0.15
 """Other processes count as load on a rank's cores from 0.2 cores or 15% of its cores, whichever is more: a
 one-core hog beside a rank on 64 unpinned cores is no cause, the same hog on its one core halves it."""
 STEAL_MIN_CORES = 0.2
-"""Cores' worth of time taken by a VM's hypervisor (``DeviceState.cpu_steal_cores``) worth naming: session 13's
-slow launches on a 32-vCPU host lost 0.30-0.36 cores to steal while their loaders built ~15% slower than profiled;
-the quiet ones lost 0.01-0.09 (docs/BENCHMARKS.md section 21)."""
+"""Cores' worth of time taken by a VM's hypervisor (``DeviceState.cpu_steal_cores``) worth naming: slow
+launches on a 32-vCPU host (2x H100) lost 0.30-0.36 cores to steal while their loaders built ~15% slower than
+profiled; the quiet ones lost 0.01-0.09 (docs/PERFORMANCE.md)."""
 LOW_MEMORY_FRAC = 0.05
 
 

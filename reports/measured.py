@@ -8,7 +8,7 @@ Four things a report must not get wrong when the user hands it a run log:
     cause read from the same log: a noisy profile, one rank slower or faster than its curve (its compute, or its
     wait for data), or every rank on time and the difference in synchronization;
   * a slow rank inside the tolerance -- a rank more than 5% over its prediction in the per-rank table's epoch
-    (issue #18's per-rank target) gets a line with its likely cause too, among them a compute that is on its curve
+    (the per-rank target) gets a line with its likely cause too, among them a compute that is on its curve
     in most steps but averages more through a tail of long steps (found only with DataLoaders and DDP peers
     together, ``compute_tail_cause``);
   * measured equal split vs plan -- when the log holds epochs of both (a run that started equal and re-planned,
@@ -128,9 +128,9 @@ def _loader_remedy(log: RunLog, split: MeasuredSplit) -> str:
     """What re-planning does, or did, with a loader cost that the run measured off its plan.
 
     A run without re-planning is told to use it. A run that re-planned is told what its ``--replan`` did over
-    ``split``'s epochs: the split it moved to, or the most a re-solve would have gained. Session 20's loader launch
-    (2x H100, s20b r3) was told to "train with --replan" although it did, and to "give it more workers" for a loader
-    23% faster than planned."""
+    ``split``'s epochs: the split it moved to, or the most a re-solve would have gained: telling a run
+    that re-planned to "train with --replan", or to "give it more workers" for a loader faster than planned, would
+    be wrong."""
     decisions = [r for r in log.replans if r.event == "replan"]  # reverts aside
     if not decisions:
         return "train with --replan, which takes the measured loader cost"
@@ -151,8 +151,8 @@ def _slow_loader(rank: int, period: float, planned: float, steal: float | None, 
     from reports.evidence import STEAL_MIN_CORES
 
     if steal is not None and steal >= STEAL_MIN_CORES:
-        # "may": steal of this size came with ~15% slower loaders on a 32-vCPU host (session 13), but 4.5 stolen
-        # cores of a 64-vCPU host left one launch's loaders on plan (session 19, s19b skewS r3 epoch 2).
+        # "may": steal of this size came with ~15% slower loaders on a 32-vCPU host, but 4.5 stolen
+        # cores of a 64-vCPU host left one launch's loaders on plan (2x H100, skew case).
         why = (f"the hypervisor took {steal:.2f} core(s) from its cores (steal) meanwhile: a busy VM host may have "
                "slowed its workers")
     else:
@@ -198,14 +198,14 @@ def _rank_cause(log: RunLog, split: MeasuredSplit, profile: Profile,
     loader_plan = planned[i] if i < len(planned) else None
     spikes = _compute_tail(log, split, i)
     if period is not None and loader_plan and period > (1.0 + LOADER_SLOW_TOL) * loader_plan and period > pred:
-        # the workers themselves fell behind the plan (session 13: 111-129 ms against 107-111 planned while the
+        # the workers themselves fell behind the plan (2x H100: 111-129 ms against 107-111 planned while the
         # VM host lost 0.3 cores to steal); whatever the hand-over adds comes after
         cause = _slow_loader(i, period, loader_plan, _steal_cores(log, split, i), _loader_remedy(log, split))
         if wait > HANDOVER_WAIT * busy and period <= WORKERS_KEPT_UP * busy:
             cause += (f"; beyond that it waits {1000 * wait:.1f} ms per step for data, the hand-over of each "
                       "batch to the training loop")
         elif spikes is not None and spikes[1] + wait > period:
-            # session 15: workers 13% behind the plan, and the rank's compute spiking above both
+            # seen on 2x H100: workers 13% behind the plan, and the rank's compute spiking above both
             cause += (f"; beyond that its compute, {1000 * spikes[0]:.1f} ms in most steps, averages "
                       f"{1000 * spikes[1]:.1f} ms: some steps run far longer"
                       + (f", its host's cores {spikes[3]:.0%} busy" if spikes[3] is not None else ""))
@@ -258,16 +258,16 @@ def compute_tail_cause(rank: int, pred: float, median: float, mean: float, sprea
     """A rank on its curve in most steps whose mean compute a tail of long steps raises (``loader_and_peers``: the
     rank is fed by a DataLoader and has DDP peers).
 
-    Session 16 (2x H100, docs/BENCHMARKS.md section 24) found such a tail only with both: rank 0 of `planner
+    On 2x H100 (docs/PERFORMANCE.md) such a tail came only with both: rank 0 of `planner
     train`'s skew case ran 20-50 ms long in 15-40% of its steps, but its compute span stayed flat (p90 within 0.3 ms
     of its median) on one GPU beside 30 CPU burners (nice 0 or 10), beside a 23-worker DataLoader whose pinned
-    batches it trained on, and on two GPUs under DDP with the batches already on the device.  A busy host alone --
-    session 15's reading -- is therefore not the cause.  Session 17 (2x H200, section 25) told the suspects apart
-    with the step log's ``lead_ms`` (benchmarks/phase_table.py): 57 of the 60 long spans of the rank that never
+    batches it trained on, and on two GPUs under DDP with the batches already on the device.  A busy host alone is
+    therefore not the cause.  On 2x H200 the step log told the suspects apart
+    with the step log's ``lead_ms``: 57 of the 60 long spans of the rank that never
     waited for data came in steps it started ahead of its data-starved peer, the span tracking the head start with
     a correlation of 0.98-1.00 -- its wait for the peer in DDP's buffer broadcast at the forward's start, which
-    spans opened before ``ddp(x)`` counted as compute.  Runs since open the span after it
-    (runtime.timing.ComputeStart), so such a tail in a newer log is something else.  The host's busy share is named
+    spans opened before ``ddp(x)`` counted as compute.  The span now opens after it
+    (runtime.timing.ComputeStart), so such a tail in a log that records ``lead_ms`` is something else.  The host's busy share is named
     as context."""
     head = (f"rank {rank}'s compute is on its curve in most steps (median {1000 * median:.1f} ms against "
             f"{1000 * pred:.1f} ms predicted for the rank) but averages {1000 * mean:.1f} ms: some steps run far "
@@ -295,10 +295,10 @@ def handover_cause(rank: int, busy: float, wait: float, period: float, batch: in
                    steal: float | None = None) -> str:
     """A rank that waits for data though its workers build a batch faster than it steps: the batches reach the
     training loop slower than they are built -- the training process's pinning thread (runtime.pinning.PinAhead,
-    or the DataLoader's own pin-memory thread) copies each one into pinned memory on one core (session 11, 2x H200:
+    or the DataLoader's own pin-memory thread) copies each one into pinned memory on one core (2x H200:
     298 MB batches built every 93 ms, handed over every ~130 ms, the step 129 ms against 108 predicted;
-    docs/BENCHMARKS.md section 19).  Steal of ``STEAL_MIN_CORES`` or more is named beside: the copy is the
-    host's memory bandwidth and one core, both of which a busy VM host takes (session 14, 2x H100: 0.5 cores stolen,
+    docs/PERFORMANCE.md).  Steal of ``STEAL_MIN_CORES`` or more is named beside: the copy is the
+    host's memory bandwidth and one core, both of which a busy VM host takes (2x H100: 0.5 cores stolen,
     the host monitor's memory-copy probe 10% slower, rank 0 waiting 34 ms a step with its workers on plan)."""
     from reports.evidence import STEAL_MIN_CORES
 
@@ -357,7 +357,7 @@ WALL_TOL = 0.10
 def wall_line(log: RunLog) -> str | None:
     """The epochs by the wall clock beside the step timer's pace (logs that record ``wall_s``): the timed pace
     leaves out each epoch's warm-up steps -- the first batch's wait among them, one worker building a whole batch
-    -- which a loader-fed epoch pays every time (session 10, 2x H100, 100-step epochs: 2.4-4.9 s a step-0 wait,
+    -- which a loader-fed epoch pays every time (2x H100, 100-step epochs: 2.4-4.9 s a step-0 wait,
     the wall clock at 0.62-0.69 of the prediction where the timed pace read 0.88-0.93).  None when the log has no
     wall times or they are within ``WALL_TOL`` of the timed pace.  Epoch 0 is left out where later epochs exist."""
     epochs = [e for e in log.epochs if e.wall_samples_per_s and e.samples_per_s]
@@ -390,7 +390,7 @@ def _table_epoch_miss(log: RunLog, table: tuple[EpochRecord, MeasuredSplit], mis
                       profile: Profile, quality: ProfileQuality | None) -> str | None:
     """A rank off its prediction by more than ``PREDICTION_TOL`` in the epoch the report's per-rank table reads
     (``_table_epoch``), explained, when no split miss covers that epoch already: a split's median over its
-    epochs can sit within tolerance while one of them, the one the table shows, does not (session 14, 2x H100:
+    epochs can sit within tolerance while one of them, the one the table shows, does not (2x H100:
     rank 0 at +30% in epoch 2 while epochs 1 and 3 held its split's median at +8%)."""
     e, one = table
     if any(e.epoch in s.epochs and tuple(e.batch_sizes) == s.batch_sizes for s in missed):
@@ -408,7 +408,7 @@ def _table_epoch_miss(log: RunLog, table: tuple[EpochRecord, MeasuredSplit], mis
 
 NOTE_TOL = 0.05
 """A rank this much slower than its prediction in the per-rank table's epoch, yet within ``PREDICTION_TOL``, gets a
-line with its likely cause (``_table_epoch_note``): issue #18's per-rank target."""
+line with its likely cause (``_table_epoch_note``): the per-rank target."""
 
 
 def _table_epoch_note(log: RunLog, table: tuple[EpochRecord, MeasuredSplit], profile: Profile,
