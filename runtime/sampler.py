@@ -1,6 +1,6 @@
 """Per-rank batch sizes for DDP: a batch sampler that reduces to DistributedSampler + BatchSampler.
 
-Layout (DESIGN.md section 5). Epoch e shuffles range(N) with ``torch.randperm(N, Generator().manual_seed(seed + e))``
+Layout (docs/DESIGN.md, Runtime protocol). Epoch e shuffles range(N) with ``torch.randperm(N, Generator().manual_seed(seed + e))``
 exactly as DistributedSampler does, and keeps the permutation P as one int32 tensor (4 bytes per sample; int64 past 2**31 samples; never a
 Python list). With B = sum(b_i), global step s owns P[s*B:(s+1)*B]; inside a step, rank i takes b_i of the B
 positions by a *weighted interleave*: sort the keys (k / b_i, i) for k < b_i over all ranks, and position p goes
@@ -497,9 +497,9 @@ class EpochStream(Sampler[list[int]]):
 
     Why: an iterator made per epoch (``for batch in loader`` after ``set_epoch``) starts empty.  Its first batch
     waits for one worker to build all of it, and its workers then build at once; at the epoch's end they fall idle
-    once the sampler has run out.  Session 10, 2x H100, ResNet-50, 28 workers building batches of 455 PIL samples:
+    once the sampler has run out.  On 2x H100, ResNet-50, 28 workers building batches of 455 PIL samples:
     step 0 of each epoch waited 2.4-4.9 s for data, and 100-step epochs ran at 0.62-0.69 of the plan's pace by the
-    wall clock (docs/BENCHMARKS.md section 18).  Streamed, only the first epoch (and the one after a re-plan, which
+    wall clock (docs/PERFORMANCE.md).  Streamed, only the first epoch (and the one after a re-plan, which
     needs a new stream) starts empty.
 
     The stream iterates a copy of ``sampler`` taken here: its batch sizes, its epoch and its resumed position (a
