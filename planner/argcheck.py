@@ -1,13 +1,13 @@
 """Command-line values checked before any work starts: ranges, rank maps, and what a resumed run may change.
 
 Numbers go through argparse ``type=`` functions (``count``, ``real``), so a value out of range is refused while
-the command line is parsed -- one line naming the option, before torch is even imported.  ``0`` and negatives
-were read as "the default" (``args.steps or 15``) or crashed deep inside (``--image-size 0`` divided by zero),
-``2**63`` overflowed numpy's int64, ``nan`` and ``inf`` passed every ``>`` test.
+the command line is parsed -- one line naming the option, before torch is even imported.  Unchecked, ``0`` and
+negatives would read as "the default" (``args.steps or 15``) or crash deep inside (``--image-size 0`` divides by
+zero), ``2**63`` would overflow numpy's int64, and ``nan`` and ``inf`` pass every ``>`` test.
 
 ``check_resume`` compares what a command line asks with what the checkpoint it resumes from was trained with:
-the checkpoint used to win silently (its plan and learning rate replaced the ones given), or crashed (another
-model's weights).  Pure: the standard library only.
+unchecked, the checkpoint would win silently (its plan and learning rate replacing the ones given), or crash
+(another model's weights).  Pure: the standard library only.
 """
 
 from __future__ import annotations

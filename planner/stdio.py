@@ -1,8 +1,8 @@
 """Standard output that cannot take a command down: `planner ... | head -1` and `> /dev/full` lose the text, not
 the work.
 
-A failed write to stdout (EPIPE when the reader left, ENOSPC on a full disk) used to raise out of a ``print``
-wherever it happened -- in `planner bench` that was before the JSON was written, so 76 s of measurements went with
+A failed write to stdout (EPIPE when the reader left, ENOSPC on a full disk) would raise out of a ``print``
+wherever it happened -- in `planner bench`, before the JSON is written, so a minute of measurements would go with
 it, as a traceback.  ``GuardedStdout`` remembers the first failure and drops the rest of the text; the command
 finishes its files, and the CLI says at the end, in one line, what was lost (nothing for a closed pipe: the reader
 chose to stop, as with any Unix tool).

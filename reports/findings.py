@@ -1,8 +1,8 @@
 """The report's findings: a few plain-language lines, most important first, that stay short at any cluster size.
 
-Every line names numbers, and at scale it counts and summarises instead of listing: on 200 ranks the first
-finding used to list every binding rank (2,565 characters); now it says "set by 157 of 200 ranks (T4 x66, ...):
-ranks 0..39, 42, 45 and 114 more".  ``MAX_LISTED`` items at most per line; the full per-rank numbers are in the
+Every line names numbers, and at scale it counts and summarises instead of listing: on 200 ranks, listing
+every binding rank would take 2,565 characters; instead the first finding says "set by 157 of 200 ranks (T4 x66,
+...): ranks 0..39, 42, 45 and 114 more".  ``MAX_LISTED`` items at most per line; the full per-rank numbers are in the
 tables and ``--json``.
 """
 

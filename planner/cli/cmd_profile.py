@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if args.devices and distributed:
         raise ValidationError("--devices profiles local devices in one process; under torchrun use --device per rank")
     # Everything a user typed is checked before a single step is measured (on every rank under torchrun): a bad
-    # --out found after the sweep used to lose the whole measurement.
+    # --out found after the sweep would lose the whole measurement.
     check_outputs([Output(flag="--out", path=args.out)])
     if args.devices:
         world = len([d for d in args.devices.split(",") if d.strip()])

@@ -115,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
 def check_log(log: Any, profile: Any, plan: Any, path: str) -> list[str]:
     """Refuse a run log from a job of another size than the profile; warnings for softer mismatches.
 
-    A 3-rank log read against a 2-rank profile used to be reported as if it fitted: predicted and measured
-    columns of different clusters side by side.
+    Unchecked, a 3-rank log read against a 2-rank profile would be reported as if it fitted: predicted and
+    measured columns of different clusters side by side.
     """
     from planner.errors import ValidationError
 

@@ -1,10 +1,9 @@
 """A diverged loss is an outcome, not a crash: watch for it without a per-step synchronization, never checkpoint
 over the last finite state, and say in one line where it happened and what was kept.
 
-``--lr 1e30`` used to train on in NaN, write the NaN weights over the last good checkpoint, and (before the run
-log wrote null for non-finite numbers) crash the log write before the epoch's checkpoint.  Now: the first step
-whose loss is not finite is tracked on the device (a ``torch.where`` per step, read only where the loop
-synchronizes anyway: at a checkpoint and at the epoch end); a mid-epoch checkpoint after it is skipped; at the
+Unwatched, ``--lr 1e30`` would train on in NaN and write the NaN weights over the last good checkpoint.  So the
+run log writes null for non-finite numbers, and the first step whose loss is not finite is tracked on the device
+(a ``torch.where`` per step, read only where the loop synchronizes anyway: at a checkpoint and at the epoch end); a mid-epoch checkpoint after it is skipped; at the
 epoch end every rank sees every rank's first bad step in the gathered stats and all stop together (exit 2),
 after the run log got the epoch (loss null) and an end record with the reason.
 """

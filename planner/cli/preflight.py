@@ -11,8 +11,8 @@ after an epoch of training, or destroy work.
 - one run at a time per ``--checkpoint`` folder and ``--log-file``: the writing rank holds an exclusive lock on
   both for the run's life (planner.paths.hold_exclusive), and a second run is refused in one line;
 - ``--resume`` compares this command line with what the checkpoint's run was started with (``run_meta``) and
-  refuses a difference in one line naming both values: the checkpoint's plan and learning rate used to replace
-  the ones given, silently, and another model crashed in ``load_state_dict``.  ``--allow-resume-changes``
+  refuses a difference in one line naming both values: unchecked, the checkpoint's plan and learning rate would
+  replace the ones given, silently, and another model would crash in ``load_state_dict``.  ``--allow-resume-changes``
   accepts a new ``--lr``, ``--plan`` (same global batch), seed or dataset; the model and the global batch must
   stay (the weights are that model's; the sampler's position is counted in steps of that global batch).
 
@@ -143,7 +143,7 @@ def compare_with_checkpoint(args: argparse.Namespace, meta: dict[str, Any], plan
     same_world = plan is not None and meta.get("world_size") == plan.world_size
     if same_world and plan is not None and meta.get("plan_fingerprint"):
         # Another world size is an elastic restart (its own documented path); the same one with another plan is
-        # a change: the checkpoint's plan used to win silently.
+        # a change: unchecked, the checkpoint's plan would win silently.
         values["plan"] = ResumeValue(flag=f"--plan {args.plan}: fingerprint", saved=meta["plan_fingerprint"],
                                      given=plan.fingerprint, fix="pass the plan file the run started with")
     notes = check_resume(values.values(), allow=args.allow_resume_changes)
