@@ -8,7 +8,7 @@ without accumulation (a cheap bisection tells).  Then the same steps run over (b
 the micro-step counts are the fewest that hold B at the bracketed optimal step time, and the MILP places the
 samples with them fixed.  Splits without accumulation are among the candidates, and the fewest micro-steps win
 among equally fast ones, so accumulation is planned only where it is strictly faster -- and a cluster whose caps
-do not bind plans exactly as before.
+do not bind plans exactly as it would without accumulation.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Gradient accumulation.  Rank i's optimizer step is ``accumulation_steps`` (k_i) 
 are its ``batch_size`` b_i split as evenly as possible, larger ones first (``micro_batch_sizes``), so
 ``micro_batch_size`` = ceil(b_i / k_i) is the largest one, the one that must fit the rank's memory.  A plan
 without the two fields is one micro-step of ``batch_size``; they are written (and fingerprinted) only when some
-rank accumulates, so every plan without accumulation reads, writes and hashes exactly as before.
+rank accumulates, so every plan without accumulation reads, writes and hashes as one without those fields.
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ class Plan:
         """Hash of the semantic content every rank must agree on.
 
         The accumulation fields and the mode enter only when they differ from the defaults (some rank
-        accumulates; mode not "ddp"), so a plan without accumulation hashes as it did before they existed."""
+        accumulates; mode not "ddp"), so a plan without accumulation hashes the same whether or not its file spells them out."""
         content: JSONDict = {
             "world_size": self.world_size,
             "global_batch": self.global_batch,

@@ -197,7 +197,7 @@ def measure_rank(
     who = f"rank {rank} ({dev})"
     parts = Parts(lambda line: _say(progress, f"{who}: {line}"))
     # The loader is CPU work: on a CUDA rank it runs beside the sweep once the steps are GPU-bound
-    # (profiler.parts), in its turns with the host's other ranks; elsewhere after the sweep, as before.
+    # (profiler.parts), in its turns with the host's other ranks; elsewhere after the sweep.
     # One local rank per host may measure the host's pipeline for all of them (loader_per_host): the others take
     # its numbers after the join (_share_loader), with no turns and no barriers in the thread.
     per_host = measure_loader is not None and loader_per_host and _dist_on()
