@@ -1,41 +1,140 @@
 #!/usr/bin/env bash
-# GPU benchmark suite run through the device tool on a 2-GPU machine. Usage: benchmarks/gpu_suite.sh PART...
-# Parts: env sampler smoke profile r50a r50b replan r18 loader mixed nccl2 cotenant. Results land in $OUT (JSON + logs).
+# The GPU benchmark suite: every scenario of docs/PERFORMANCE.md and the GPU checks, one part at a time.
+#
+#   OUT=/tmp/gpu-out benchmarks/gpu_suite.sh PART...        (no PART: the bench scenarios, about 25 min on 2 GPUs)
+#   TINY=1 OUT=/tmp/tiny benchmarks/gpu_suite.sh skew loader  (the suite's logic on CPU with an MLP, in seconds)
+#
+# Bench parts (`planner bench`: DistributedSampler + DDP, the throughput-proportional split and the plan in one
+# launch, $ROUNDS interleaved rounds, timed over the synchronized window; one raw JSON each, <card>x<n>_<part>.json):
+#   equal     no heterogeneity (an emulated factor of 1): the plan must cost nothing
+#   skew      emulated compute skew, $SKEW (default: the last rank 3x slower; 4 ranks: 2=2,3=4), $PLANNER_EMULATE_MODE
+#             picks the emulation (interleave by default; stall: GPU sleeps)
+#   loader    real loader skew: rank 1's DataLoader capped at 2 workers, ResNet-50's PIL pipeline on fake images
+#   cotenant  a real co-tenant process (benchmarks/cotenant.py, a bf16 matmul loop at duty $DUTY) on the last GPU
+#   mixed     a real CPU rank beside GPU 0 (ResNet-18 at 32x32, gloo)
+#   memory    emulated small memory (rank 0 capped at 20 GiB, real out-of-memory errors) with rank 1 2x slower, B = 1024:
+#             DistributedSampler with gradient accumulation (equal-accum) vs the plan
+#   midrun    rank 1 turns 3x slower after the first epoch: plan+replan against the ideal after the slowdown
+# Other parts:
+#   train     `planner train --auto --replan`, the README's path: loader-fed ResNet-50 in the skew (rank 1 3x slower)
+#             and loader (rank 1 at 2 workers) cases, $LAUNCHES launches each of $EPOCHS epochs, `planner report`
+#             on each; raw files <case>_r<i>_{profile,plan}.json, _run.jsonl, _report.{json,html,txt}
+#   frameworks  benchmarks/frameworks_gpu.py: Lightning and Accelerate, planned twin vs the default, rank 1 3x slower
+#   hf        benchmarks/hf_gpu.py: the HF Trainer, ~110M-parameter LM, rank 1 2x and 3x slower
+#   exact     benchmarks/gpu_accumulation_check.py and gpu_syncbn_check.py: float64 exactness over NCCL
+#   predict   benchmarks/gpu_profile_check.py: one GPU's profile against held-out batch sizes
+#   causes    benchmarks/gpu_causes_check.py: does `planner report` name a real co-tenant as the cause?
+#   overhead  benchmarks/hook_overhead.py: the runtime's per-step cost against plain DDP
+#   profile   wall seconds of a torchrun `planner profile` on every rank (ResNet-50 fp32, fake data, loader measured)
+#   sampler   benchmarks/sampler_bench.py on the host's CPU
+#   env       the machine: GPUs, CPUs, library versions
+# Every part writes NAME.log under $OUT and prints its tail.  Raw bench JSON then becomes records with
+#   python benchmarks/summarize_bench.py --compact OUT/*.json && \
+#     python benchmarks/summarize_bench.py --write docs/PERFORMANCE.md README.md
+# Environment: NPROC (default: every visible GPU), ROUNDS (3), STEPS (20), LIMIT (seconds per part, 600),
+# HOSTMON=1 (benchmarks/hostmon.py samples the host beside every part into NAME_host.jsonl).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=4
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT"
-P="python3 -m planner"
-R50="--model resnet50 --amp --global-batch 512 --steps 20"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+ROUNDS=${ROUNDS:-3}; STEPS=${STEPS:-20}; LIMIT=${LIMIT:-600}; DUTY=${DUTY:-0.5}
+LAUNCHES=${LAUNCHES:-3}; EPOCHS=${EPOCHS:-4}
 
-part() {
+if [ -n "${TINY:-}" ]; then
+  NPROC=${NPROC:-2}; CARD=cpu; DEV=cpu
+  BENCH=(--device cpu --nproc "$NPROC" --model mlp --quick --global-batch 16 --steps 4 --rounds 1 --quiet --timeout 300)
+  B1024=(--global-batch 32); R18=(--model mlp --quick --global-batch 16 --steps 4)
+  TRAIN=(--device cpu --model cifar_cnn --quick --global-batch 64 --num-samples 1024); TORCHRUN_DEV=(--device cpu)
+else
+  NPROC=${NPROC:-$($PY -c "import torch; print(torch.cuda.device_count())")}
+  CARD=$($PY -c "import torch; n=torch.cuda.get_device_name(0).split(); print((n[1] if len(n) > 1 else n[0]).lower())")
+  DEV=cuda
+  BENCH=(--device cuda --nproc "$NPROC" --model resnet50 --amp --global-batch $(( 256 * NPROC )) --steps "$STEPS"
+         --rounds "$ROUNDS" --quiet)
+  B1024=(--global-batch 1024); R18=(--model resnet18 --image-size 32 --global-batch 256 --steps 10)
+  TRAIN=(--model resnet50 --amp --global-batch 512 --num-samples 122880); TORCHRUN_DEV=()
+fi
+LAST=$(( NPROC - 1 ))
+SKEW=${SKEW:-$( [ "$NPROC" -ge 4 ] && echo "2=2,3=4" || echo "$LAST=3" )}
+S=(--strategies equal,proportional,plan)
+TR=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC")
+
+part() {  # part NAME CMD...: CMD's output into $OUT/NAME.log (at most $LIMIT s), its tail, exit status and seconds
   local name=$1; shift
   echo "=== $name: $*"
-  local t0=$SECONDS
-  "$@" 2>&1 | tee "$OUT/$name.log" | grep -v -E "^\s*$|Warning|warn\(" | tail -40
-  echo "=== $name done in $((SECONDS - t0)) s"
+  local t0=$SECONDS mon=
+  if [ -n "${HOSTMON:-}" ]; then $PY benchmarks/hostmon.py --out "$OUT/${name}_host.jsonl" & mon=$!; fi
+  timeout -k 10 "$LIMIT" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
+  if [ -n "$mon" ]; then kill "$mon" 2>/dev/null; wait "$mon" 2>/dev/null; fi
+  grep -v -E "^\s*$|Warning|warn\(|^\[" "$OUT/$name.log" | tail -"${PART_TAIL:-25}"
+  echo "=== $name rc=$rc in $((SECONDS - t0)) s"
 }
 
-for p in "$@"; do
+bench() {  # bench NAME ARGS...: one `planner bench` launch, its raw JSON and profile under $OUT
+  local name=$1; shift
+  local file="$OUT/${CARD}x${NPROC}_$name"
+  part "$name" $PY -m planner bench "${BENCH[@]}" "$@" --json "$file.json" --profile-out "${file}_profile.json"
+}
+
+with_cotenant() {  # with_cotenant DEVICE CMD...: CMD while a co-tenant keeps DEVICE busy $DUTY of the time
+  local dev=$1; shift
+  $PY benchmarks/cotenant.py --device "$dev" --duty "$DUTY" > "$OUT/cotenant_load.log" 2>&1 &
+  local load=$!
+  sleep 10
+  "$@"
+  kill "$load" 2>/dev/null; wait "$load" 2>/dev/null
+}
+
+train() {  # the loader-fed `planner train --auto --replan` launches, skew and loader interleaved launch by launch
+  for i in $(seq 1 "$LAUNCHES"); do
+    for case in skew loader; do
+      local tag="$OUT/${case}_r$i" emulate
+      if [ "$case" = skew ]; then emulate=(--emulate-slowdown 1=3); else emulate=(--emulate-loader 1=2); fi
+      part "${case}_r${i}_train" "${TR[@]}" -m planner train --auto --replan "${TRAIN[@]}" "${emulate[@]}" \
+        --epochs "$EPOCHS" --quiet --log-file "${tag}_run.jsonl" --plan-out "${tag}_plan.json" \
+        --profile-out "${tag}_profile.json" --step-log "${tag}_steps{rank}.jsonl"
+      [ -s "${tag}_run.jsonl" ] && part "${case}_r${i}_report" $PY -m planner report --profile "${tag}_profile.json" \
+        --plan "${tag}_plan.json" --log "${tag}_run.jsonl" --out "${tag}_report.html" --json "${tag}_report.json"
+    done
+  done
+}
+
+PARTS=("$@")
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(equal skew loader cotenant mixed memory midrun)
+for p in "${PARTS[@]}"; do
   case $p in
-    env)     nvidia-smi -L; python3 -c "import torch, torchvision, scipy, numpy; print('torch', torch.__version__, 'tv', torchvision.__version__, 'scipy', scipy.__version__, 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0))"; nproc ;;
-    sampler) part sampler python3 benchmarks/sampler_bench.py --json "$OUT/sampler_host.json" ;;
-    smoke)   part smoke $P bench --device cuda --nproc 2 --model resnet18 --image-size 64 --global-batch 128 --steps 4 --quick --replan-epochs 2 --emulate-slowdown 1=2 --json "$OUT/smoke.json" ;;
-    profile) part profile python3 benchmarks/gpu_profile_check.py --model resnet50 --device cuda:0 --out "$OUT/gpu_check.json" --profile-out "$OUT/r50_profile.json" ;;
-    r50a)    part r50a $P bench --device cuda --nproc 2 $R50 --sweep-slowdown "1=1;1=3" --json "$OUT/bench_r50_a.json" ;;
-    r50b)    part r50b $P bench --device cuda --nproc 2 $R50 --sweep-slowdown "1=1.5;1=2;1=3;1=4" --replan-epochs 3 --json "$OUT/bench_r50_b.json" ;;
-    replan)  part replan $P bench --device cuda --nproc 2 $R50 --late-slowdown 1=3 --strategies plan+replan --replan-epochs 5 --json "$OUT/bench_replan.json" ;;
-    r18)     part r18 $P bench --device cuda --nproc 2 --model resnet18 --image-size 32 --amp --global-batch 1024 --steps 30 --sweep-slowdown "1=1;1=3" --json "$OUT/bench_r18.json" ;;
-    loader)  part loader $P bench --device cuda --nproc 2 --model resnet50 --amp --global-batch 512 --steps 20 --data loader --num-samples 20000 --emulate-loader 1=2 --strategies equal,proportional,plan --json "$OUT/bench_loader.json" ;;
-    mixed)   part mixed $P bench --rank-devices cuda:0,cpu --model resnet18 --image-size 32 --global-batch 256 --steps 10 --strategies equal,proportional,plan --json "$OUT/bench_mixed.json" ;;
-    nccl2)   part nccl2 env NCCL_MAX_NCHANNELS=2 $P bench --device cuda --nproc 2 $R50 --emulate-slowdown 1=3 --strategies equal,plan --json "$OUT/bench_nccl2.json" ;;
-    nccl2h)  part nccl2h env NCCL_MAX_NCHANNELS=2 $P bench --device cuda --nproc 2 $R50 --strategies equal,plan --json "$OUT/bench_nccl2_homog.json" ;;
-    cotenant)
-      python3 benchmarks/cotenant.py --device cuda:1 --duty 0.5 & CT=$!
-      sleep 5
-      part cotenant $P bench --device cuda --nproc 2 $R50 --strategies equal,proportional,plan --label "real co-tenant: a duty-0.5 bf16 matmul loop on GPU 1" --json "$OUT/bench_cotenant.json"
-      kill $CT; wait $CT ;;
-    *) echo "unknown part $p"; exit 2 ;;
+    env)        { nvidia-smi -L; nproc; $PY -c "import torch, scipy, numpy; print('torch', torch.__version__, \
+'scipy', scipy.__version__, 'numpy', numpy.__version__, 'gpus', torch.cuda.device_count())"; } 2>&1 ;;
+    equal)      bench equal "${S[@]}" --emulate-slowdown "$LAST=1" ;;
+    skew)       bench skew "${S[@]}" --emulate-slowdown "$SKEW" ;;
+    loader)     bench loader "${S[@]}" --data loader --emulate-loader 1=2 ;;
+    cotenant)   with_cotenant "$( [ "$DEV" = cpu ] && echo cpu || echo "cuda:$LAST" )" bench cotenant "${S[@]}" \
+                  --label "real co-tenant: a duty-$DUTY bf16 matmul loop on GPU $LAST" ;;
+    mixed)      part mixed $PY -m planner bench --rank-devices "$( [ "$DEV" = cpu ] && echo cpu,cpu || echo cuda:0,cpu )" \
+                  "${R18[@]}" "${S[@]}" --json "$OUT/${CARD}-cpu_mixed.json" ;;
+    memory)     bench memory "${B1024[@]}" --emulate-memory 0=20 --emulate-slowdown 1=2 \
+                  --strategies equal-accum,no-accum,plan ;;
+    midrun)     bench midrun --late-slowdown 1=3 --strategies equal,plan+replan --replan-epochs 5 ;;
+    train)      train ;;
+    frameworks) for fw in lightning accelerate; do
+                  part "$fw" "${TR[@]}" benchmarks/frameworks_gpu.py --framework "$fw" "${TORCHRUN_DEV[@]}" \
+                    --json "$OUT/frameworks_$fw.json"
+                done ;;
+    hf)         part hf "${TR[@]}" benchmarks/hf_gpu.py ${TINY:+--tiny} --json "$OUT/hf_gpu.json" ;;
+    exact)      part exact "${TR[@]}" benchmarks/gpu_accumulation_check.py "${TORCHRUN_DEV[@]}" \
+                  --json "$OUT/gpu_accumulation_check.json"
+                [ "$DEV" = cuda ] && part syncbn "${TR[@]}" benchmarks/gpu_syncbn_check.py ;;
+    predict)    part predict $PY benchmarks/gpu_profile_check.py --model "$( [ "$DEV" = cpu ] && echo mlp || echo resnet50 )" \
+                  --device "$( [ "$DEV" = cpu ] && echo cpu || echo cuda:0 )" --out "$OUT/gpu_profile_check.json" ;;
+    causes)     part causes $PY benchmarks/gpu_causes_check.py --device "$DEV" --nproc "$NPROC" --cotenant-rank "$LAST" \
+                  --out-dir "$OUT" ;;
+    overhead)   part overhead "${TR[@]}" benchmarks/hook_overhead.py --json "$OUT/hook_overhead.json" ;;
+    profile)    t0=$(date +%s.%N)
+                part profile "${TR[@]}" -m planner profile --model resnet50 --dataset fake --out "$OUT/profile_wall.json"
+                $PY -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f} s wall, $NPROC ranks')" \
+                  "$t0" "$(date +%s.%N)" | tee "$OUT/profile_wall.txt" ;;
+    sampler)    part sampler $PY benchmarks/sampler_bench.py --json "$OUT/sampler.json" ;;
+    *) echo "unknown part $p" >&2; exit 2 ;;
   esac
 done

@@ -1,8 +1,9 @@
 """Replay a `planner train --replan` run log through this checkout's Replanner: what would it decide now?
 
-    python benchmarks/replan_replay.py docs/results/h100x2_train_auto_replan_s14d_skew_r1 [PREFIX ..]
+    python benchmarks/replan_replay.py tests/data/h100x2_train_auto_replan_s14d_skew_r1 [PREFIX ..]
 
-Each PREFIX names a launch's ``<prefix>_profile.json`` and ``<prefix>_run.jsonl`` (loader_gpu.sh's raw files).  The
+Each PREFIX names a launch's ``<prefix>_profile.json`` and ``<prefix>_run.jsonl`` (what `benchmarks/gpu_suite.sh
+train` writes).  The
 Replanner starts from the log's start plan and takes each epoch's logged per-rank stats in turn, printing its
 decision, for as long as the log ran the plan the replay holds: once the replay adopts a split the run did not (or
 the run adopted one the replay did not), later epochs measured another split and the replay stops, saying so.  The
@@ -10,8 +11,8 @@ run's last epoch is not replayed (no decision follows it), nor, as `planner trai
 (``planner.cli.train.unsteady_start``), an epoch that began a new stream with no steady window after its fill: the refill
 after an adopted re-plan, or the run's first epoch when the fill took all of it (``--restarted``: the run
 restarted its DataLoader every epoch, ``--restart-loader-each-epoch``, and judged every epoch).  A change to the
-correction model is checked this way against every recorded launch before it is measured on a GPU (session 14:
-the hand-over rule of runtime/replan/model.py, over sessions 12-14's 24 launches).
+correction model is checked this way against every recorded launch before it is measured on a GPU (the launches in
+tests/data, and any a GPU run brings back).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def replay(prefix: str, *, streamed: bool = True) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("prefixes", nargs="+", help="a launch's raw-file prefix, e.g. docs/results/h100x2_..._skew_r1")
+    p.add_argument("prefixes", nargs="+", help="a launch's raw-file prefix, e.g. tests/data/h100x2_..._skew_r1")
     p.add_argument("--restarted", action="store_true",
                    help="the runs restarted their DataLoader each epoch (--restart-loader-each-epoch)")
     args = p.parse_args(argv)

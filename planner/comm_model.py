@@ -130,7 +130,7 @@ def standalone_step_s(span_s: float, optimizer_s: float, factor: float) -> float
 def recorded_span_factors(profile: Profile) -> tuple[float, ...] | None:
     """The span factors of a profile written before ``CommProfile.span_factors`` existed, from the DDP rounds its
     meta keeps (``meta["ddp_cost[default]"]``, profiler.comm_cost); None where the meta has none.  For replaying
-    recorded launches (benchmarks/ddp_span_check.py)."""
+    recorded launches."""
     ddp = profile.meta.get("ddp_cost[default]") if isinstance(profile.meta, Mapping) else None
     if not isinstance(ddp, Mapping) or "balanced_compute_s" not in ddp or "balanced_batches" not in ddp:
         return None

@@ -97,7 +97,7 @@ def handover_costs_s(profile: Profile) -> list[float]:
     thread's copy into pinned memory, one thread for the rank: ``sample_bytes / handover_bytes_per_s``, measured
     at full worker load), by rank; 0 where not measured.  A rank's batch per step can take no longer than the
     step: on 2x H100/H200, 274-298 MB batches took 85-107 ms to pin on an idle host
-    (benchmarks/handover_probe.py) and rank 0's steps ran at 129-137 ms with its workers' builds at 93 ms, its data
+    and rank 0's steps ran at 129-137 ms with its workers' builds at 93 ms, its data
     wait 34 ms a step (docs/PERFORMANCE.md)."""
     out = []
     for r in profile.by_rank:

@@ -43,9 +43,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.curves import fit_envelope, memory_cap
+from planner.options import SolveOptions
 from planner.plan import Plan
 from planner.profile import Profile, RankProfile
-from planner.solve import equal_split, evaluate
+from planner.solve import equal_split, evaluate, solve
 
 FIX = "re-profile with a longer --budget-s on an idle machine"
 COMPUTE_CHECKS = ("repeat_spread", "fit_residual", "non_monotone", "implausible")
@@ -314,6 +315,18 @@ def keep_equal_within_noise(profile: Profile, plan: Plan, quality: ProfileQualit
               "optimum_batch_sizes": list(plan.batch_sizes), "optimum_step_time_s": plan.predicted.step_time_s,
               "kept_for": "profile noise", "profile_noise": round(quality.noise_for(plan), 4)}
     return replace(even, solver=solver, meta=plan.meta)
+
+
+def solve_within_noise(profile: Profile, *, global_batch: int, options: SolveOptions | None = None,
+                       quality: ProfileQuality | None = None, **overrides: Any) -> Plan:
+    """``planner.solve``, then the quality gate: the equal split when the optimum's predicted gain is inside the
+    profile's noise (``keep_equal_within_noise``).  ``min_gain=0`` asks for the optimum whatever the noise, as it
+    does of ``solve``.  Every auto mode solves through it (`planner train --auto`, `planner bench`,
+    ``profiler.lightning.auto_plan``); ``quality``: ``check_profile(profile)`` when already computed."""
+    plan = solve(profile, global_batch=global_batch, options=options, **overrides)
+    if plan.options.min_gain <= 0:
+        return plan
+    return keep_equal_within_noise(profile, plan, quality if quality is not None else check_profile(profile))
 
 
 def kept_within_noise(plan: Plan) -> tuple[list[int], float, float] | None:

@@ -33,7 +33,7 @@ from torch import nn
 from planner.options import SolveOptions
 from planner.plan import Plan
 from planner.profile import Profile
-from planner.solve import solve
+from planner.quality import solve_within_noise
 from profiler.api import batches_from, profile_job
 from runtime.collectives import decide_on_rank0
 
@@ -106,7 +106,8 @@ def auto_plan(module: nn.Module, data: Any, *, global_batch: int, device: torch.
               collate_fn: Callable[[list[Any]], Any] | None = None, quick: bool = False, min_batch: int = 1,
               options: SolveOptions | None = None, plan_out: str | os.PathLike[str] | None = None,
               profile_out: str | os.PathLike[str] | None = None, **profile_kw: Any) -> tuple[Plan, Profile]:
-    """Profile ``module``'s training step on every rank, solve on rank 0; every rank gets (plan, profile).
+    """Profile ``module``'s training step on every rank, solve on rank 0 under the quality gate
+    (planner.quality.solve_within_noise, as `planner train --auto` does); every rank gets (plan, profile).
 
     Args:
         module: your LightningModule (copied; its weights are not changed).
@@ -127,7 +128,8 @@ def auto_plan(module: nn.Module, data: Any, *, global_batch: int, device: torch.
                           min_batch=min_batch, model_name=type(module).__name__, **profile_kw)
 
     def decide() -> dict[str, Any]:
-        plan = solve(profile, global_batch=global_batch, min_batch=min_batch, options=options)
+        # The quality gate of every auto mode: the equal split when the gain is inside the profile's noise.
+        plan = solve_within_noise(profile, global_batch=global_batch, min_batch=min_batch, options=options)
         if plan_out:
             plan.save(plan_out)
         if profile_out:

@@ -278,7 +278,7 @@ def compute_tail_cause(rank: int, pred: float, median: float, mean: float, sprea
                 "not from a busy CPU or the loader alone; on 2x H200 they were steps this rank started ahead of a "
                 "peer late with its data, waiting for it in DDP's buffer broadcast at the forward's start (spans "
                 "now open after it): look at the peers' data waits; `planner train --step-log` records each step's "
-                "lead (benchmarks/phase_table.py)")
+                "lead (`lead_ms`)")
     return (f"{head}{busy} -- something else stalls it now and then (a co-tenant, the garbage collector, the host); "
             "`planner train --step-log` records every step to find when")
 

@@ -11,7 +11,8 @@ included); each command module is imported only when its command runs:
 
     planner.cli.cmd_plan     `planner plan`      (planner core only: no torch)
     planner.cli.cmd_validate `planner validate`  (planner core only)
-    planner.cli.train        the reference trainer (train, auto_plan; TrainConfig in train_config, the step in steps)
+    planner.cli.train        the reference trainer (train; TrainConfig in train_config, the step in steps)
+    planner.cli.autoplan     profile -> quality gate -> solve -> loader check, for `train --auto` and `bench`
     planner.cli.cmd_train    `planner train` (arguments -> TrainConfig, torchrun set-up)
     planner.cli.bench        `planner bench`: equal vs proportional vs plan vs re-plan vs ideal in one launch
     planner.cli.demo         `planner demo`: profile -> plan -> train -> report as subprocesses with deadlines

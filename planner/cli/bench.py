@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.argcheck import GPU_NORMALIZE_CHOICES, count, real
+from planner.cli.advanced import add_help_all
+from planner.cli.bench_options import DATA, DEFAULT_STRATEGIES, STRATEGIES, BenchOptions
 
 if TYPE_CHECKING:
     from planner.cli.bench_window import TimedWindow
@@ -40,28 +42,21 @@ examples:
   planner bench --device cuda --nproc 2 --data loader --emulate-loader 1=2 --global-batch 512   # loader skew
   planner bench --rank-devices cuda:0,cpu --model resnet18 --image-size 64 --global-batch 128   # CUDA + CPU
 """
-STRATEGIES = ("equal", "equal-accum", "no-accum", "proportional", "plan", "plan+replan")
-DEFAULT_STRATEGIES = ("equal", "proportional", "plan", "plan+replan")
-"""equal-accum (the same micro-batch on every rank at the smallest memory cap, the same accumulation everywhere:
-what users do by hand on mixed memory) and no-accum (the best plan without accumulation) are for memory-capped
-runs (--emulate-memory)."""
 PREDICTION_TOL = 0.15
 """A measured plan step this far from its prediction is flagged (the same bar as the report's finding)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    adv = add_help_all(p)
     p.add_argument("--nproc", type=count(1, 1024), default=2, metavar="N", help="ranks to launch on this host (default 2)")
     p.add_argument("--device", default="auto", metavar="DEV", help="auto, cpu or cuda (rank i -> cuda:i)")
     p.add_argument("--rank-devices", default=None, metavar="LIST", help="one device per rank, e.g. cuda:0,cpu")
     p.add_argument("--model", default=None, metavar="M",
                    help="model spec (default: resnet50 on CUDA, cifar_cnn on CPU)")
     p.add_argument("--dataset", default="fake", metavar="D", help="dataset spec for --data loader (default fake)")
-    p.add_argument("--data", choices=("device", "loader"), default="device",
+    p.add_argument("--data", choices=DATA, default="device",
                    help="device: synthetic batches on the device (isolates compute); loader: the real DataLoader")
     p.add_argument("--image-size", type=count(), default=None, metavar="PX", help="input side (fake data)")
-    p.add_argument("--gpu-normalize", nargs="?", const="on", default="auto", choices=GPU_NORMALIZE_CHOICES,
-                   help="--data loader, built-in image datasets: uint8 images normalized on the GPU, for every "
-                        "strategy alike, as `planner train` does (auto: on when every rank is on CUDA)")
     p.add_argument("--num-samples", type=count(), default=None, metavar="N", help="dataset length")
     p.add_argument("--global-batch", type=count(), default=None, metavar="B",
                    help="global batch (default 512 on CUDA, 64 on CPU); a multiple of the rank count")
@@ -76,94 +71,65 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="a short profile")
     p.add_argument("--emulate-slowdown", default=None, metavar="R=F,..", help="rank R does F x its compute")
     p.add_argument("--emulate-loader", default=None, metavar="R=W,..", help="cap rank R's loader workers at W")
-    p.add_argument("--emulate-memory", default=None, metavar="R=GIB,..",
-                   help="emulate a smaller GPU: rank R may allocate only GIB GiB (real out-of-memory errors)")
-    p.add_argument("--sweep-slowdown", default=None, metavar="SPEC;SPEC..",
-                   help="run the whole comparison once per --emulate-slowdown spec, e.g. '1=1;1=2;1=3' "
-                        "(JSON: {'runs': [...]})")
     p.add_argument("--late-slowdown", default=None, metavar="R=F,..",
                    help="plan+replan only: rank R becomes F x slower from its second epoch (default: none)")
     p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES), metavar="LIST",
                    help=f"subset of {','.join(STRATEGIES)} (ideal is always measured)")
-    p.add_argument("--loader-check-s", type=real(0.0, 600.0), default=None, metavar="S",
-                   help="--data loader: seconds every rank runs the plan's DataLoader at once before the rounds, to "
-                        "correct the loader costs as `planner train --auto` does (default 3, 1 with --quick; 0: no "
-                        "check)")
-    p.add_argument("--label", default=None, metavar="TEXT", help="name of the heterogeneity, stored in the JSON")
     p.add_argument("--timeout", type=real(0.0, lo_open=True), default=1800.0, metavar="S", help="kill every rank after S seconds")
     p.add_argument("--json", default=None, metavar="PATH",
                    help="write all numbers here (while it runs, the runs so far are in PATH.partial.json)")
-    p.add_argument("--profile-out", default=None, metavar="PATH", help="also write the profile used")
-    p.add_argument("--step-log", default=None, metavar="PATTERN",
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (the results still print)")
+    a = adv.group("advanced", "Variants of the comparison and what it records.")
+    a.add_argument("--gpu-normalize", nargs="?", const="on", default="auto", choices=GPU_NORMALIZE_CHOICES,
+                   help="--data loader, built-in image datasets: uint8 images normalized on the GPU, for every "
+                        "strategy alike, as `planner train` does (auto: on when every rank is on CUDA)")
+    a.add_argument("--emulate-memory", default=None, metavar="R=GIB,..",
+                   help="emulate a smaller GPU: rank R may allocate only GIB GiB (real out-of-memory errors)")
+    a.add_argument("--sweep-slowdown", default=None, metavar="SPEC;SPEC..",
+                   help="run the whole comparison once per --emulate-slowdown spec, e.g. '1=1;1=2;1=3' "
+                        "(JSON: {'runs': [...]})")
+    a.add_argument("--loader-check-s", type=real(0.0, 600.0), default=None, metavar="S",
+                   help="--data loader: seconds every rank runs the plan's DataLoader at once before the rounds, to "
+                        "correct the loader costs as `planner train --auto` does (default 3, 1 with --quick; 0: no "
+                        "check)")
+    a.add_argument("--label", default=None, metavar="TEXT", help="name of the heterogeneity, stored in the JSON")
+    a.add_argument("--profile-out", default=None, metavar="PATH", help="also write the profile used")
+    a.add_argument("--step-log", default=None, metavar="PATTERN",
                    help="each rank's steps of each strategy and round, one JSON line an epoch (planner train's "
                         "--step-log), to PATTERN with {strategy}, {round} and {rank} filled in, e.g. "
                         "'steps_{strategy}_{round}_{rank}.jsonl'")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (the results still print)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.argcheck import check_ranks
-    from planner.errors import ValidationError
     from planner.paths import Output, check_outputs
-    from profiler.workloads.emulate import parse_rank_floats, parse_rank_gib, parse_rank_ints
 
     # Checked before a single rank starts: a bad --json path found after the benchmark lost all of it.
     check_outputs([Output(flag="--json", path=args.json), Output(flag="--profile-out", path=args.profile_out),
                    Output(flag="--step-log", path=args.step_log and step_log_path(args.step_log, "equal", 1, 0))])
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    bad = [s for s in strategies if s not in STRATEGIES]
-    if bad:
-        raise ValidationError(f"--strategies: unknown {bad[0]!r}; choose from {', '.join(STRATEGIES)}")
-    for flag, rank_map in (("--emulate-slowdown", parse_rank_floats(args.emulate_slowdown)),
-                           ("--emulate-loader", parse_rank_ints(args.emulate_loader)),
-                           ("--emulate-memory", parse_rank_gib(args.emulate_memory)),
-                           ("--late-slowdown", parse_rank_floats(args.late_slowdown, flag="--late-slowdown"))):
-        check_ranks(rank_map, args.nproc, flag)
-    _check_devices(args)
-    cuda = _uses_cuda(args)
-
-    def given(value: Any, default: Any) -> Any:  # `value or default` read an explicit 0 as "the default"
-        return default if value is None else value
-
-    opts = vars(args) | {
-        "model": given(args.model, "resnet50" if cuda else "cifar_cnn"),
-        "global_batch": given(args.global_batch, 512 if cuda else 64),
-        "steps": given(args.steps, 30 if cuda else 15),
-        "strategies": strategies,
-    }
-    if opts["global_batch"] % args.nproc:
-        raise ValidationError(
-            f"--global-batch {opts['global_batch']} is not a multiple of {args.nproc} ranks: the equal split "
-            "(DistributedSampler) needs one"
-        )
-    if opts["steps"] < 2:
-        raise ValidationError(f"--steps {opts['steps']}: the timed window opens after an epoch's first step and "
-                              "needs at least one more; give 2 or more")
-    specs = [x.strip() for x in args.sweep_slowdown.split(";")] if args.sweep_slowdown else [args.emulate_slowdown]
-    for spec in specs:
-        check_ranks(parse_rank_floats(spec), args.nproc, "--sweep-slowdown")
-    runs = []
-    for spec in specs:
-        result = _launch(opts | {"emulate_slowdown": spec or None}, args.nproc, args.timeout)
+    opts = BenchOptions.from_args(args, cuda=_uses_cuda(args))
+    _check_devices(opts)
+    results = []
+    for one in opts.runs():
+        result = _launch(one)
         print(format_bench(result) + "\n", flush=True)
-        runs.append(result)
-    if args.json:
+        results.append(result)
+    if opts.json_path:
         from planner.jsonio import write_json_atomic
 
-        write_json_atomic(args.json, runs[0] if len(runs) == 1 else {"runs": runs})
-        Path(partial_path(args.json)).unlink(missing_ok=True)
-        print(f"wrote {args.json}")
+        write_json_atomic(opts.json_path, results[0] if len(results) == 1 else {"runs": results})
+        Path(partial_path(opts.json_path)).unlink(missing_ok=True)
+        print(f"wrote {opts.json_path}")
     return 0
 
 
-def _check_devices(args: argparse.Namespace) -> None:
+def _check_devices(opts: BenchOptions) -> None:
     """Every rank's device, resolved here before any rank starts: a missing GPU is one line naming the flag typed,
     not a traceback from inside a spawned rank."""
     from planner.cli.distenv import rank_device_spec, resolve_device
 
-    flag = f"--rank-devices {args.rank_devices}" if args.rank_devices else None
-    for rank in range(args.nproc):
-        spec, _ = rank_device_spec(args.device, args.rank_devices, rank, args.nproc)
+    flag = f"--rank-devices {opts.rank_devices}" if opts.rank_devices else None
+    for rank in range(opts.nproc):
+        spec, _ = rank_device_spec(opts.device, opts.rank_devices, rank, opts.nproc)
         resolve_device(spec, rank, flag=flag)
 
 
@@ -175,41 +141,37 @@ def _uses_cuda(args: argparse.Namespace) -> bool:
     return args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
 
 
-def _launch(opts: dict[str, Any], nproc: int, timeout_s: float) -> dict[str, Any]:
+def _launch(opts: BenchOptions) -> dict[str, Any]:
     from planner.cli.launch import spawn
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         try:
-            spawn(_worker, nproc, (opts, out), timeout_s=timeout_s, what="bench")
+            spawn(_worker, opts.nproc, (opts, out), timeout_s=opts.timeout_s, what="bench")
         except TimeoutError:
-            raise RuntimeError(f"bench did not finish in {timeout_s:.0f} s (raise --timeout)") from None
+            raise RuntimeError(f"bench did not finish in {opts.timeout_s:.0f} s (raise --timeout)") from None
         with open(out, encoding="utf-8") as f:
             return dict(json.load(f))
 
 
-def _worker(rank: int, nproc: int, store_path: str, opts: dict[str, Any], out_path: str) -> None:
+def _worker(rank: int, nproc: int, store_path: str, opts: BenchOptions, out_path: str) -> None:
     import torch
     import torch.distributed as dist
 
     from planner.cli.distenv import init_from_env, shutdown
     from planner.cli.progress import Progress
-    from profiler.workloads.emulate import cap_device_memory, parse_rank_floats, parse_rank_gib, parse_rank_ints
+    from profiler.workloads.emulate import cap_device_memory
 
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank)})
-    env = init_from_env(opts["device"], opts["rank_devices"], timeout_s=300.0,
-                        store=dist.FileStore(store_path, nproc))
+    env = init_from_env(opts.device, opts.rank_devices, timeout_s=300.0, store=dist.FileStore(store_path, nproc))
     if env.device.type == "cpu":
         # CPU ranks share the host: split its cores so they don't oversubscribe each other.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
     try:
-        cap_device_memory(env.device, parse_rank_gib(opts["emulate_memory"]).get(rank))
-        slow = parse_rank_floats(opts["emulate_slowdown"]).get(rank, 1.0)
-        late = parse_rank_floats(opts["late_slowdown"], flag="--late-slowdown").get(rank)
-        cap = parse_rank_ints(opts["emulate_loader"]).get(rank)
+        cap_device_memory(env.device, opts.memory_gib(rank))
         # Rank 0 reports each phase (profile points, every strategy's epochs and steps) on the shared stderr.
-        with Progress("bench", enabled=rank == 0 and not opts.get("quiet")) as progress:
-            result = _bench_rank(env, opts, slow, late, cap, progress)
+        with Progress("bench", enabled=rank == 0 and not opts.quiet) as progress:
+            result = _bench_rank(env, opts, opts.slowdown(rank), opts.late(rank), opts.loader_cap(rank), progress)
         if rank == 0:
             from planner.jsonio import write_json_atomic
 
@@ -228,10 +190,10 @@ def partial_path(json_path: str) -> str:
     return f"{json_path}.partial.json"
 
 
-def write_partial(path: str, opts: dict[str, Any], profile_s: float, runs: dict[str, Any],
+def write_partial(path: str, opts: BenchOptions, profile_s: float, runs: dict[str, Any],
                   per_round: dict[str, list[dict[str, Any]]]) -> None:
     """Every strategy run measured so far, written after each one (atomically), so a bench stopped by a time
-    limit still leaves its numbers (session 7: three GPU launches stopped at 330-545 s and left none).  The
+    limit still leaves its numbers (a GPU launch stopped at its limit otherwise leaves none).  The
     finished bench deletes it once --json is written; a partial file is never a result table's input."""
     from planner.jsonio import write_json_atomic
 
@@ -239,7 +201,7 @@ def write_partial(path: str, opts: dict[str, Any], profile_s: float, runs: dict[
         "complete": False,
         "why": "written after every strategy run of a bench that had not finished; the finished bench replaces it "
                "with --json",
-        "options": {k: v for k, v in opts.items() if isinstance(v, (str, int, float, bool, list, type(None)))},
+        "options": opts.to_dict(),
         "profile_s": profile_s,
         "plans": {k: p.to_dict() for k, (p, _) in runs.items()},
         "rounds": per_round})
@@ -265,8 +227,8 @@ def window_steps(plan: Any, steps: int, near: float = 0.5) -> int:
     """Steps in a loader-fed window for this split: ``steps`` rounded up to whole cycles of the workers of the
     ranks ``window_drain_steps`` drains for (runtime.timing.worker_cycle: the least common multiple of their
     worker counts when it is at most 4 x ``steps``, else the most workers).  Their workers deliver in bursts,
-    and only whole cycles time their pace: session 8, 2x H100, a 16-worker rank's 20-step windows read
-    2,687-3,470 samples/s in three rounds of one split."""
+    and only whole cycles time their pace: on 2x H100 a 16-worker rank's 20-step windows read 2,687-3,470
+    samples/s in three rounds of one split."""
     return whole_cycles(steps, _near_loader_bound_workers(plan, near))
 
 
@@ -284,69 +246,54 @@ def _near_loader_bound_workers(plan: Any, near: float) -> list[int]:
     return [r.num_workers for r in plan.ranks if r.num_workers > 0 and r.predicted_loader_s >= near * step]
 
 
-def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None, cap: int | None,
+def _bench_rank(env: Any, opts: BenchOptions, slow: float, late: float | None, cap: int | None,
                 progress: Any) -> dict[str, Any]:
     import planner
+    from planner.cli.autoplan import AutoPlanOptions, auto_plan
     from planner.cli.bench_window import TimedWindow
     from planner.cli.train import TrainConfig, channels_last_for, train
     from planner.errors import ValidationError
-    from planner.profile import Profile
-    from planner.quality import check_profile, extrapolation_lines, keep_equal_within_noise
+    from planner.quality import extrapolation_lines
     from planner.solve import equal_accumulation_split
-    from profiler.run import gather_profile, profile_this_rank
     from profiler.workloads.emulate import Slowdown
     from profiler.workloads.specs import build_workload, gpu_normalize_for
-    from runtime.collectives import all_gather_json, broadcast_json
+    from runtime.collectives import all_gather_json
 
-    on_device = opts["data"] == "device"
-    mixed = bool(opts["rank_devices"]) and "cpu" in opts["rank_devices"] and "cuda" in opts["rank_devices"]
+    on_device, mixed = opts.on_device, opts.mixed_devices
     # Fake data is made per index on demand: a long dataset costs nothing and leaves room for a loader-fed window.
-    workload = build_workload(opts["model"], opts["dataset"], image_size=opts["image_size"],
-                              num_samples=opts["num_samples"] or 1_000_000,
+    workload = build_workload(opts.model, opts.dataset, image_size=opts.image_size,
+                              num_samples=opts.num_samples or 1_000_000,
                               gpu_normalize=not on_device and gpu_normalize_for(
-                                  opts.get("gpu_normalize", "auto"), opts["model"], opts["dataset"],
-                                  ["cpu" if mixed else env.device.type]))
-    B, W = int(opts["global_batch"]), env.world_size
-    t0 = time.perf_counter()
+                                  opts.gpu_normalize, opts.model, opts.dataset, ["cpu" if mixed else env.device.type]))
+    B, W = opts.global_batch, env.world_size
     cl = channels_last_for(workload, env.device, mixed)  # as the trainer does
+    base = TrainConfig(model=opts.model, dataset=opts.dataset, image_size=opts.image_size,
+                       num_samples=opts.num_samples, epochs=2, max_steps_per_epoch=opts.steps,
+                       amp=opts.amp, data_on_device=on_device, slowdown=slow, loader_workers_cap=cap,
+                       quiet=True, lr=1e-4, mixed_devices=mixed, loader_check_s=opts.loader_check_s,
+                       # A pass per epoch for every strategy, as the stock loop (the equal split) runs: the bench
+                       # compares splits, not `planner train`'s loader across epochs (planner.cli.steps.StreamedEpochs).
+                       restart_loader_each_epoch=True)
     progress.phase("profile")
-    rp = profile_this_rank(workload, env.device, quick=opts["quick"], slowdown=slow, loader_workers_cap=cap,
-                           amp=opts["amp"], rank=env.rank, measure_loader=not on_device, channels_last=cl,
-                           progress=progress, loader_per_host=True)  # every rank loads the same dataset
-    prof = gather_profile(rp, workload=workload, progress=progress)
-    profile = Profile.from_dict(broadcast_json(prof.to_dict() if prof else None))
-    quality = check_profile(profile)
-    if env.is_main:  # the plan below is only as good as this profile: say so before the numbers
-        for line in quality.warning_lines():
-            print(line, file=sys.stderr, flush=True)
-    profile_s = time.perf_counter() - t0
+    # What `planner train --auto` would hand the user, by the same pipeline (planner.cli.autoplan): the profile's
+    # quality gate, the solve, and the loader check before the rounds; its notes go to stderr beside the warnings.
+    auto = auto_plan(base, env, workload, AutoPlanOptions(global_batch=B, quick=opts.quick,
+                                                          profile_out=opts.profile_out),
+                     progress=progress, say=lambda line: print(line, file=sys.stderr, flush=True))
+    plan, profile, quality, profile_s, loader_check = (auto.plan, auto.profile, auto.quality, auto.profile_s,
+                                                       auto.loader_check)
     min_batch = 2 if workload.has_batchnorm else 1
-
-    # What `planner plan` would hand the user: the equal split when the optimum's gain is inside the profile's noise.
-    plan = keep_equal_within_noise(profile, planner.solve(profile, global_batch=B, min_batch=min_batch), quality)
-    loader_check = None
-    if not on_device:  # as `planner train --auto` does: the plan's loaders timed at once (planner.cli.loader_check)
-        profile, plan, loader_check = _check_loaders(env, opts, workload, profile, plan, cap)
-    if env.is_main and opts.get("profile_out"):
-        profile.save(opts["profile_out"])
     if env.is_main:
         for line in extrapolation_lines(plan, profile):
             print(line, file=sys.stderr, flush=True)
     equal = planner.evaluate(profile, planner.equal_split(B, W), min_batch=min_batch, method="equal")
     prop = planner.evaluate(profile, proportional_split(profile, B, min_batch), min_batch=min_batch,
                             method="proportional")
-    base = TrainConfig(model=opts["model"], dataset=opts["dataset"], image_size=opts["image_size"],
-                       num_samples=opts["num_samples"], epochs=2, max_steps_per_epoch=opts["steps"],
-                       amp=opts["amp"], data_on_device=on_device, slowdown=slow, loader_workers_cap=cap,
-                       quiet=True, lr=1e-4, mixed_devices=mixed,
-                       # A pass per epoch for every strategy, as the stock loop (the equal split) runs: the bench
-                       # compares splits, not `planner train`'s loader across epochs (planner.cli.steps.StreamedEpochs).
-                       restart_loader_each_epoch=True)
     out: dict[str, Any] = {}
     runs = {"equal": (equal, replace(base, strategy="equal")), "proportional": (prop, base), "plan": (plan, base)}
-    if "equal-accum" in opts["strategies"]:
+    if "equal-accum" in opts.strategies:
         runs["equal-accum"] = (equal_accumulation_split(profile, B, min_batch=min_batch), base)
-    if "no-accum" in opts["strategies"]:
+    if "no-accum" in opts.strategies:
         try:
             runs["no-accum"] = (planner.solve(profile, global_batch=B, min_batch=min_batch, max_accumulation_steps=1,
                                               min_gain=0.0), base)
@@ -354,13 +301,13 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
             out["no-accum"] = {"infeasible": str(e)}
     # A loader-fed window opens once the batches the workers built ahead are spent (planner.cli.steps.loader_drain_steps),
     # in one long epoch per strategy: after the prefetch of every rank that split's prediction puts near its loader's
-    # pace (window_drain_steps; session 7 on 2x H100: draining every strategy for the plan's 16-worker rank put
+    # pace (window_drain_steps; on 2x H100, draining every strategy for the plan's 16-worker rank put
     # the equal split's 2-worker rank through 80 extra 0.7 s steps a round, and the bench past 9 minutes).
     # Its window is whole cycles of those ranks' workers (window_steps), which deliver in bursts.
     open_after = {k: 1 for k in runs}
     if not on_device:
         open_after = {k: window_drain_steps(p) for k, (p, _) in runs.items()}
-        timed = {k: window_steps(p, int(opts["steps"])) for k, (p, _) in runs.items()}
+        timed = {k: window_steps(p, opts.steps) for k, (p, _) in runs.items()}
         need, n = max(open_after[k] + timed[k] for k in runs), len(workload.dataset)  # type: ignore[arg-type]
         if n // B < need:
             raise ValidationError(
@@ -370,34 +317,34 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
         runs = {k: (p, replace(c, epochs=1, max_steps_per_epoch=open_after[k] + timed[k]))
                 for k, (p, c) in runs.items()}
         base = replace(base, max_steps_per_epoch=need)
-    rounds = int(opts.get("rounds") or 1)
+    rounds = opts.rounds
     per_round: dict[str, list[dict[str, Any]]] = {}
     for r in range(rounds):  # interleaved: every strategy once per round, so drift hits them alike
-        for k, name in enumerate(opts["strategies"], 1):
+        for k, name in enumerate(opts.strategies, 1):
             if name == "plan+replan" or name not in runs:
                 continue
             p, cfg = runs[name]
             prefix = f"round {r + 1}/{rounds}: " if rounds > 1 else ""
-            progress.phase(f"{prefix}strategy {name} ({k}/{len(opts['strategies'])}, batches {list(p.batch_sizes)})")
+            progress.phase(f"{prefix}strategy {name} ({k}/{len(opts.strategies)}, batches {list(p.batch_sizes)})")
             window = TimedWindow(env.device, open_after[name])
-            if opts.get("step_log"):
-                cfg = replace(cfg, step_log_path=step_log_path(opts["step_log"], name, r + 1, env.rank))
+            if opts.step_log:
+                cfg = replace(cfg, step_log_path=step_log_path(opts.step_log, name, r + 1, env.rank))
             epochs = train(cfg, env, p, profile, workload, progress=progress, on_start=window.on_start,
                            on_step=window.on_step)
             # The first epoch warms up (allocator, cudnn autotune, workers); plain DDP has no hook to time compute.
             per_round.setdefault(name, []).append(_summary(epochs[-1], p, window, timed=name != "equal"))
-            if env.is_main and opts.get("json"):
-                write_partial(partial_path(opts["json"]), opts, profile_s, runs, per_round)
+            if env.is_main and opts.json_path:
+                write_partial(partial_path(opts.json_path), opts, profile_s, runs, per_round)
     for name, summaries in per_round.items():
         # The round with the median throughput stands for the strategy; every round's number is kept.
         ranked = sorted(summaries, key=lambda x: x["samples_per_s"])
         out[name] = {**ranked[(len(ranked) - 1) // 2],
                      "rounds_samples_per_s": [x["samples_per_s"] for x in summaries],
                      "rounds_window": [x["window"] for x in summaries]}
-    if "plan+replan" in opts["strategies"]:
-        cfg = replace(base, epochs=int(opts["replan_epochs"]), replan=True, slowdown_late=late or slow,
+    if "plan+replan" in opts.strategies:
+        cfg = replace(base, epochs=opts.replan_epochs, replan=True, slowdown_late=late or slow,
                       slowdown_from_epoch=1)
-        progress.phase(f"strategy plan+replan ({len(opts['strategies'])}/{len(opts['strategies'])})")
+        progress.phase(f"strategy plan+replan ({len(opts.strategies)}/{len(opts.strategies)})")
         window = TimedWindow(env.device, open_after.get("plan", max(open_after.values())))
         epochs = train(cfg, env, plan, profile, workload, progress=progress, on_start=window.on_start,
                        on_step=window.on_step)
@@ -417,7 +364,7 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
     ideal = sum(b / t for b, t in zip(plan.batch_sizes, alone, strict=True))
     out["ideal"] = {"samples_per_s": ideal, "standalone_step_time_s": alone, "batch_sizes": list(plan.batch_sizes),
                     "predicted_samples_per_s": plan.predicted.ideal_samples_per_s}
-    if opts["late_slowdown"]:  # the same condition on every rank: the gather below is a collective
+    if opts.late_slowdown:  # the same condition on every rank: the gather below is a collective
         out["ideal"]["after_late_slowdown_samples_per_s"] = _after_slowdown_ideal(
             profile, B, min_batch, all_gather_json([slow, late or slow]))
     miss = out.get("plan", {}).get("predicted_error")
@@ -438,17 +385,17 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
             s["vs_equal_accum"] = s["samples_per_s"] / acc_sps
         s["vs_ideal"] = s["samples_per_s"] / ideal if ideal else None
     out["meta"] = {
-        "world_size": W, "global_batch": B, "model": opts["model"], "amp": opts["amp"],
-        "data": "synthetic on device (loader excluded)" if on_device else f"DataLoader over {opts['dataset']}",
+        "world_size": W, "global_batch": B, "model": opts.model, "amp": opts.amp,
+        "data": "synthetic on device (loader excluded)" if on_device else f"DataLoader over {opts.dataset}",
         # uint8 images normalized on the device (--gpu-normalize): a quarter of the loader's bytes
         "gpu_normalize": workload.normalize is not None,
         "devices": all_gather_json(_device_name(env.device)),
-        "emulate_slowdown": opts["emulate_slowdown"], "emulate_loader": opts["emulate_loader"],
-        "emulate_memory": opts.get("emulate_memory"),
+        "emulate_slowdown": opts.emulate_slowdown, "emulate_loader": opts.emulate_loader,
+        "emulate_memory": opts.emulate_memory,
         # profiler.workloads.emulate's mode (PLANNER_EMULATE_MODE): where a slowed rank's extra passes run in its step.
-        "emulate_mode": Slowdown().mode if opts["emulate_slowdown"] or opts["late_slowdown"] else None,
-        "late_slowdown": opts["late_slowdown"], "heterogeneity": opts.get("label") or _label(opts),
-        "steps_per_strategy": opts["steps"], "profile_s": round(profile_s, 2), "torch": _torch_version(),
+        "emulate_mode": Slowdown().mode if opts.emulate_slowdown or opts.late_slowdown else None,
+        "late_slowdown": opts.late_slowdown, "heterogeneity": opts.label or _label(opts),
+        "steps_per_strategy": opts.steps, "profile_s": round(profile_s, 2), "torch": _torch_version(),
         # Which batches the profile measured on each rank: a prediction there is in-sample (summarize_bench.py).
         "profile_batch_sizes": [[p.batch_size for p in r.compute] for r in profile.by_rank],
         "plan": plan.to_dict(),
@@ -456,32 +403,6 @@ def _bench_rank(env: Any, opts: dict[str, Any], slow: float, late: float | None,
         "loader_check": loader_check,
     }
     return out
-
-
-def _check_loaders(env: Any, opts: dict[str, Any], workload: Any, profile: Any, plan: Any,
-                   cap: int | None) -> tuple[Any, Any, dict[str, Any] | None]:
-    """(profile, plan, record) after `planner train --auto`'s loader check (planner.cli.loader_check; every rank at once,
-    ``--loader-check-s``); the inputs and None when it does not run (0 s, or no loader in the profile)."""
-    from planner.cli.loader_check import (
-        KEEP_UNLESS_GAIN,
-        after_check,
-        check_seconds,
-        checked_profile,
-        measure_plan_loaders,
-        measured_line,
-    )
-
-    seconds = check_seconds(opts.get("loader_check_s"), opts["quick"])
-    if seconds <= 0 or not profile.has_loader:
-        return profile, plan, None
-    measured = measure_plan_loaders(env.rank, workload.dataset, plan, seconds, cap)
-    checked = checked_profile(profile, plan, plan.options, measured, seconds)
-    if checked is None:
-        return profile, plan, {"seconds": seconds, "measured_s_per_sample": measured, "changed": False}
-    plan, done = after_check(checked, plan, plan.options, KEEP_UNLESS_GAIN)
-    if env.is_main:
-        print(f"{measured_line(checked)}\nloader check: {done}", file=sys.stderr, flush=True)
-    return checked, plan, {**checked.meta["loader_check"], "changed": True, "done": done}
 
 
 def proportional_split(profile: Any, B: int, min_batch: int) -> list[int]:
@@ -503,15 +424,15 @@ def _after_slowdown_ideal(profile: Any, B: int, min_batch: int, factors: list[li
     return float(planner.solve(scaled, global_batch=B, min_batch=min_batch, min_gain=0.0).predicted.ideal_samples_per_s)
 
 
-def _standalone_step_s(workload: Any, device: Any, b: int, slow: float, opts: dict[str, Any], cl: bool,
+def _standalone_step_s(workload: Any, device: Any, b: int, slow: float, opts: BenchOptions, cl: bool,
                        accumulation_steps: int = 1) -> float:
     """Median full-step time of this rank alone at batch b (same step code as the profiler); with accumulation,
     its k micro-batches and one optimizer step, as the trainer runs them."""
     from planner.plan import micro_batch_sizes
     from profiler.compute import StepRunner
 
-    runner = StepRunner(workload, device, amp=opts["amp"], slowdown=slow, channels_last=cl)
-    repeats = max(5, min(int(opts["steps"]), 15))
+    runner = StepRunner(workload, device, amp=opts.amp, slowdown=slow, channels_last=cl)
+    repeats = max(5, min(opts.steps, 15))
     try:
         if accumulation_steps <= 1:
             m = runner.measure(b, warmup=3, repeats=repeats)
@@ -531,7 +452,7 @@ def _standalone_step_s(workload: Any, device: Any, b: int, slow: float, opts: di
 
 
 def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, slow: float,
-                              opts: dict[str, Any], cl: bool) -> float:
+                              opts: BenchOptions, cl: bool) -> float:
     """Mean step time of this rank alone at batch b fed by its own DataLoader with `workers` workers."""
     import torch
     from torch.utils.data import DataLoader, RandomSampler
@@ -539,11 +460,11 @@ def _standalone_loader_step_s(workload: Any, device: Any, b: int, workers: int, 
     from planner.cli.steps import LOADER_PREFETCH, DeviceCopy, loader_drain_steps
     from profiler.compute import StepRunner
 
-    runner = StepRunner(workload, device, amp=opts["amp"], slowdown=slow, channels_last=cl)
+    runner = StepRunner(workload, device, amp=opts.amp, slowdown=slow, channels_last=cl)
     to_device = DeviceCopy(device, runner.channels_last, workload.normalize)  # uint8 images: normalized as training does
     # Timed once the workers' start-up and the batches they build ahead are spent, and over whole cycles of its
     # workers (runtime.timing.worker_cycle), as the strategies' windows are.
-    steps, warmup = whole_cycles(max(5, min(int(opts["steps"]), 20)), [workers]), max(3, loader_drain_steps(workers))
+    steps, warmup = whole_cycles(max(5, min(opts.steps, 20)), [workers]), max(3, loader_drain_steps(workers))
     sampler = RandomSampler(workload.dataset, replacement=True, num_samples=(steps + warmup) * b)
     loader = DataLoader(workload.dataset, batch_size=b, sampler=sampler, num_workers=workers,
                         pin_memory=device.type == "cuda", prefetch_factor=LOADER_PREFETCH if workers else None)
@@ -591,18 +512,18 @@ def _summary(e: Any, plan: Any, window: TimedWindow, *, timed: bool = True) -> d
     }
 
 
-def _label(opts: dict[str, Any]) -> str:
+def _label(opts: BenchOptions) -> str:
     parts = []
-    if opts["emulate_slowdown"]:
-        parts.append(f"emulated compute skew {opts['emulate_slowdown']}")
-    if opts["emulate_loader"]:
-        parts.append(f"real loader skew (workers capped {opts['emulate_loader']})")
-    if opts.get("emulate_memory"):
-        parts.append(f"emulated small memory {opts['emulate_memory']} GiB (real out-of-memory errors)")
-    if opts["rank_devices"] and "cpu" in opts["rank_devices"] and "cuda" in opts["rank_devices"]:
-        parts.append(f"real device mix {opts['rank_devices']}")
-    if opts["late_slowdown"]:
-        parts.append(f"mid-run slowdown {opts['late_slowdown']} (plan+replan)")
+    if opts.emulate_slowdown:
+        parts.append(f"emulated compute skew {opts.emulate_slowdown}")
+    if opts.emulate_loader:
+        parts.append(f"real loader skew (workers capped {opts.emulate_loader})")
+    if opts.emulate_memory:
+        parts.append(f"emulated small memory {opts.emulate_memory} GiB (real out-of-memory errors)")
+    if opts.mixed_devices:
+        parts.append(f"real device mix {opts.rank_devices}")
+    if opts.late_slowdown:
+        parts.append(f"mid-run slowdown {opts.late_slowdown} (plan+replan)")
     return "; ".join(parts) or "homogeneous"
 
 

@@ -9,9 +9,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from planner.argcheck import ALLOW_RESUME_FLAG, GPU_NORMALIZE_CHOICES, count, real
+from planner.cli.advanced import add_help_all
 
 HELP = "train with a plan under torchrun (reference trainer)"
 AUTO_PLAN_OUT = "plan.json"
+AUTO_WRITER = "planner train --auto"
+"""``plan.meta["written_by"]`` of plans `train --auto` writes: the only plan files it will overwrite unasked."""
 DESCRIPTION = (
     "Train a torchvision model (FakeData by default) with per-rank batch sizes from a plan, exact weighted "
     "gradients and optional re-planning between epochs. Run it under torchrun; NCCL when every rank is on CUDA, "
@@ -21,13 +24,17 @@ EPILOG = """\
 examples:
   torchrun --nproc-per-node 2 -m planner train --plan plan.json --epochs 2 --log-file run.jsonl
   torchrun --nproc-per-node 2 -m planner train --auto --global-batch 512 --replan --model resnet50 --amp
-  torchrun --nproc-per-node 2 -m planner train --auto --global-batch 64 --device cpu --quick \\
-      --emulate-slowdown 1=3 --replan --epochs 4
   torchrun --nproc-per-node 2 -m planner train --plan plan.json --rank-devices cuda:0,cpu   # mixed, gloo
+  torchrun --nproc-per-node 2 -m planner train --auto --global-batch 64 --device cpu --quick \\
+      --emulate-slowdown 1=3 --replan --epochs 4        # one machine, rank 1 emulated 3x slower
+
+--help-all also lists the advanced options: emulated heterogeneity (--emulate-*), the loader check's length,
+the re-plan threshold, and the switches kept to measure variants (--weighting, --data-on-device, ...).
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    adv = add_help_all(p)
     g = p.add_argument_group("plan")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--plan", metavar="PATH", help="plan JSON from `planner plan` (same file on every rank)")
@@ -39,10 +46,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-workers-per-rank", type=count(), default=None, metavar="W",
                    help="--auto: most loader workers the plan gives one rank (default: no cap of its own; the "
                         "host's cores less one per rank bound them all)")
-    g.add_argument("--loader-check-s", type=real(0.0, 600.0), default=None, metavar="S",
-                   help="--auto: seconds every rank runs its plan's DataLoader at once, before training, to scale the "
-                        "profile's loader costs to what they measured and solve again (default 3, 1 with --quick; "
-                        "0: no check)")
     g.add_argument("--plan-out", default=None, metavar="PATH",
                    help=f"--auto: where rank 0 writes the plan (default {AUTO_PLAN_OUT}, which is only replaced if an "
                         "earlier --auto wrote it; name it here to overwrite any file)")
@@ -51,8 +54,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="profile the plan came from (needed by --replan with --plan)")
     g.add_argument("--replan", action=argparse.BooleanOptionalAction, default=False,
                    help="re-plan between epochs from measured step times (default off)")
-    g.add_argument("--replan-threshold", type=real(0.0, 1.0, hi_open=True), default=0.05, metavar="FRAC",
-                   help="adopt a new plan only if it is predicted this much faster (default 0.05)")
     g.add_argument("--allow-workload-mismatch", action="store_true",
                    help="train even when the plan or profile was made for another model or input size")
     w = p.add_argument_group("workload")
@@ -64,12 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fake, cifar10:DIR, mnist:DIR, imagefolder:DIR or package.module:factory (default fake)")
     w.add_argument("--image-size", type=count(), default=None, metavar="PX", help="input side for fake data")
     w.add_argument("--num-samples", type=count(), default=None, metavar="N", help="fake dataset length")
-    w.add_argument("--data-on-device", action="store_true",
-                   help="synthetic inputs made on the device, no DataLoader (isolates compute skew)")
     t = p.add_argument_group("training")
     t.add_argument("--epochs", type=count(), default=2, metavar="N", help="epochs (default 2)")
-    t.add_argument("--max-steps-per-epoch", type=count(), default=None, metavar="N",
-                   help="cut each epoch after N steps (benchmarks)")
     t.add_argument("--lr", type=real(0.0, lo_open=True), default=None,
                    help="SGD learning rate (default 0.01, momentum 0.9; on --resume the checkpoint's). A loss that "
                         "diverges stops the run (exit 2) and keeps the last finite checkpoint")
@@ -77,9 +74,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--fsdp", action="store_true",
                    help="shard the model with FSDP2 (fully_shard per block) instead of DDP; the plan's per-rank "
                         "micro-batches run the same number of micro-steps on every rank (plan with --mode fsdp)")
-    t.add_argument("--weighting", choices=("loss-scale", "hook"), default="loss-scale",
-                   help="exact weighting of uneven batches: scale the loss (default; DDP's own all-reduce, also exact "
-                        "with SyncBatchNorm) or a Python comm hook (register_weighted_hook)")
     t.add_argument("--seed", type=count(0, 2**62), default=None,
                    help="shuffle and init seed, the same on every rank (default 0; on --resume the checkpoint's)")
     t.add_argument("--device", default="auto", metavar="DEV", help="auto, cpu, cuda or cuda:N for every rank")
@@ -104,31 +98,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "interval and its batch's build seconds (warm-up included): the raw series behind the run "
                         "log's per-rank means, e.g. to find stalls; {rank} in FILE becomes the rank, else the ranks "
                         "append to one file")
-    t.add_argument("--gpu-normalize", nargs="?", const="on", default="auto", choices=GPU_NORMALIZE_CHOICES,
+    # Hidden: every (epoch, step, rank, indices) as JSON lines, for the resume tests; {rank} becomes the rank.
+    t.add_argument("--trace-file", default=None, help=argparse.SUPPRESS)
+    a = adv.group("advanced", "Settings with defaults that suit a run, and switches kept to measure variants.")
+    a.add_argument("--replan-threshold", type=real(0.0, 1.0, hi_open=True), default=0.05, metavar="FRAC",
+                   help="adopt a new plan only if it is predicted this much faster (default 0.05); with --auto, the "
+                        "loader check moves the split only for this gain too")
+    a.add_argument("--loader-check-s", type=real(0.0, 600.0), default=None, metavar="S",
+                   help="--auto: seconds every rank runs its plan's DataLoader at once, before training, to scale the "
+                        "profile's loader costs to what they measured and solve again (default 3, 1 with --quick; "
+                        "0: no check)")
+    a.add_argument("--gpu-normalize", nargs="?", const="on", default="auto", choices=GPU_NORMALIZE_CHOICES,
                    help="built-in image datasets: the workers hand over uint8 images and the GPU normalizes them, a "
                         "quarter of the bytes through shared memory, the pin copy and PCIe (auto, the default: on "
                         "when every rank trains on CUDA; off: the workers normalize; profile with the same choice)")
-    t.add_argument("--no-pin-memory", dest="pin_memory", action="store_false",
-                   help="no pinning thread: the loop copies each batch to the GPU from the workers' "
-                        "shared memory (the pin thread copies every batch once more, on one core: 85 ms for a "
-                        "274 MB batch on an H100 host)")
-    t.add_argument("--pin-ahead", action="store_true",
-                   help="pin in a thread of the training process at most a few batches ahead of the loop "
-                        "(runtime.pinning.PinAhead: a pool of ~6 batches) instead of the DataLoader's own "
-                        "pin_memory=True (the default: it pins every batch as its worker finishes, and the pool "
-                        "grows with the batches the workers build ahead); slower on a loader-fed rank "
-                        "(docs/BENCHMARKS.md section 21)")
-    t.add_argument("--loader-nice", type=count(0, 19), default=0, metavar="N",
-                   help="raise each DataLoader worker's nice value by N (0-19, default 0: unchanged), so the "
-                        "training process gets a busy host's cores before its workers do; not shown to help (one launch, "
-                        "docs/BENCHMARKS.md section 24)")
-    t.add_argument("--restart-loader-each-epoch", action="store_true",
+    a.add_argument("--weighting", choices=("loss-scale", "hook"), default="loss-scale",
+                   help="exact weighting of uneven batches: scale the loss (default; DDP's own all-reduce, also exact "
+                        "with SyncBatchNorm) or a Python comm hook (register_weighted_hook); the same parameters "
+                        "either way")
+    a.add_argument("--data-on-device", action="store_true",
+                   help="synthetic inputs made on the device, no DataLoader (isolates compute skew; --auto then "
+                        "profiles no loader)")
+    a.add_argument("--max-steps-per-epoch", type=count(), default=None, metavar="N",
+                   help="cut each epoch after N steps (benchmarks; the epoch then misses samples)")
+    a.add_argument("--restart-loader-each-epoch", action="store_true",
                    help="start the DataLoader afresh each epoch, as `for batch in loader` does; by default its "
                         "workers run on into the next epoch while the plan holds, so an epoch after the first does "
                         "not start by waiting for its first batch")
-    # Hidden: every (epoch, step, rank, indices) as JSON lines, for the resume tests; {rank} becomes the rank.
-    t.add_argument("--trace-file", default=None, help=argparse.SUPPRESS)
-    e = p.add_argument_group("emulated heterogeneity (DESIGN.md section 7)")
+    e = adv.group("emulated heterogeneity", "Make identical devices unequal, to try the planner on one machine.")
     e.add_argument("--emulate-slowdown", default=None, metavar="R=F,..",
                    help="rank R does F x its real compute (repeated fwd+bwd), e.g. 1=3")
     e.add_argument("--emulate-slowdown-from-epoch", type=count(0), default=0, metavar="E",
@@ -140,10 +137,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from planner.argcheck import check_global_batch
+    from planner.cli.autoplan import AutoPlanOptions, auto_plan
     from planner.cli.distenv import init_from_env, shutdown
     from planner.cli.preflight import preflight
     from planner.cli.progress import Progress
-    from planner.cli.train import auto_plan, train
+    from planner.cli.train import train
     from planner.errors import ValidationError
     from planner.profile import Profile
     from profiler.workloads.emulate import cap_device_memory, parse_rank_floats, parse_rank_gib, parse_rank_ints
@@ -189,16 +187,15 @@ def run(args: argparse.Namespace) -> int:
                 if workload.has_batchnorm:  # the plan will ask min batch 2: known now, before anything is profiled
                     check_global_batch(args.global_batch, env.world_size, max(args.min_batch, 2),
                                        why=" (a BatchNorm model needs 2 per rank)")
-                plan, profile = auto_plan(cfg, env, global_batch=args.global_batch, quick=args.quick,
-                                          workload=workload, plan_out=plan_out, profile_out=args.profile_out,
-                                          min_batch=args.min_batch, progress=progress,
-                                          max_workers_per_rank=args.max_workers_per_rank)
+                auto = auto_plan(cfg, env, workload, AutoPlanOptions(
+                    global_batch=args.global_batch, min_batch=args.min_batch, quick=args.quick,
+                    max_workers_per_rank=args.max_workers_per_rank, plan_out=plan_out, profile_out=args.profile_out,
+                    written_by=AUTO_WRITER), progress=progress)
+                plan, profile = auto.plan, auto.profile
                 if env.is_main:
                     from planner.cli.cmd_plan import format_plan
-                    from planner.quality import check_profile
 
-                    assert profile is not None
-                    print(format_plan(plan, profile, check_profile(profile)), flush=True)
+                    print(format_plan(plan, profile, auto.quality), flush=True)
                     print(f"wrote the plan to {plan_out}" + ("" if args.plan_out else " (--plan-out PATH to choose)"),
                           flush=True)
             else:
@@ -241,7 +238,6 @@ def auto_plan_out(plan_out: str | None) -> str:
     import json
     import os
 
-    from planner.cli.train import AUTO_WRITER
     from planner.errors import ValidationError
 
     if plan_out is not None:
@@ -315,8 +311,7 @@ def config_from_args(args: argparse.Namespace, env: Any, slowdowns: dict[int, fl
         log_path=args.log, checkpoint_dir=args.checkpoint, checkpoint_every=args.checkpoint_every,
         resume=args.resume, resume_changes=resume_changes, weighting=args.weighting.replace("-", "_"),
         trace_path=args.trace_file.replace("{rank}", str(env.rank)) if args.trace_file else None,
-        restart_loader_each_epoch=args.restart_loader_each_epoch, pin_memory=args.pin_memory, pin_ahead=args.pin_ahead,
-        loader_nice=args.loader_nice, loader_check_s=args.loader_check_s,
+        restart_loader_each_epoch=args.restart_loader_each_epoch, loader_check_s=args.loader_check_s,
         gpu_normalize=gpu_normalize_for(args.gpu_normalize, args.model or DEFAULTS["model"],
                                         args.dataset or DEFAULTS["dataset"], ["cpu" if mixed else env.device.type]),
         step_log_path=args.step_log.replace("{rank}", str(env.rank)) if args.step_log else None,

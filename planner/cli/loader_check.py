@@ -1,13 +1,13 @@
-"""`planner train --auto`: the plan's DataLoaders timed at the plan's own batches and workers, every rank's at once,
-before training; the loader curves are scaled to what they measured, and the plan's predictions with them (#16
-item 3, #18 item 3).
+"""The loader check of the auto-plan pipeline (planner.cli.autoplan: `planner train --auto`, `planner bench`): the
+plan's DataLoaders timed at the plan's own batches and workers, every rank's at once, before training; the loader
+curves are scaled to what they measured, and the plan's predictions with them.
 
 Why.  The profile's loader curve R(n) is taken beside the compute sweep (profiler.loader.measure_scaling), under
 whatever the sweep's phase puts on the host's cores, and the model loads it with the plan's workers
 (planner.loader).  Against what a worker paid a sample *in training* (the step logs of 53 launches on 2x H100 and
 2x H200, the PIL pipeline) the model's cost missed by a median 5.4% and by up to 21%, and the curve itself moved
 between profiles of one host type: its top point R(32) ranged 4410-5602 samples/s over nine skew profiles on
-2x H100.  A plan whose step a loader sets inherits that error whole: session 17's skew launch (2x H200) predicted its loaders
+2x H100.  A plan whose step a loader sets inherits that error whole: a skew launch on 2x H200 predicted its loaders
 at 5.33 ms and they ran at 6.06 (+14%), and the Replanner could only confirm it an epoch later.
 
 What.  After the plan is solved, every rank runs its plan's DataLoader (its workers, its batch) for
@@ -16,12 +16,12 @@ each batch in the workers (the mean build time, each worker's first batch left o
 A rank's measured seconds per sample per worker over the model's at the plan (``loader_costs_s``) scales its
 loader curve (``scaled_loader``); the plan's predictions, and the Replanner's, then come from the scaled profile.
 The split itself changes only for a gain of ``min_gain`` (the Replanner's threshold, ``after_check``): the
-model's optimum is flat -- on session 17's skew profiles (2x H200) splits as far apart as [393, 119] on [23, 7]
-workers and [462, 50] on [27, 3] predicted within 1% of each other -- and the first version of this check, which
-always took the new optimum, jumped to such far corners on 3-6% loader changes in both its skew launches
-([462, 50] and [478, 34]); they ran 20-28% slower than the split they left, and the Replanner took an epoch to
-move back.  ``profile.meta["loader_check"]`` keeps what was measured.  The GPUs are idle meanwhile,
-so the training processes' own CPU (launches, pinning: about a core each) is not on the host yet.
+model's optimum is flat -- on skew profiles of 2x H200 splits as far apart as [393, 119] on [23, 7] workers and
+[462, 50] on [27, 3] predicted within 1% of each other -- and a check that always took the new optimum jumped to
+such far corners on 3-6% loader changes in both of two skew launches ([462, 50] and [478, 34]); they ran 20-28%
+slower than the split they left, and the Replanner took an epoch to move back.  ``profile.meta["loader_check"]``
+keeps what was measured.  The GPUs are idle meanwhile, so the training processes' own CPU (launches, pinning:
+about a core each) is not on the host yet.
 """
 
 from __future__ import annotations
@@ -45,8 +45,6 @@ QUICK_CHECK_S = 1.0
 """The same under ``--quick`` (CI-sized runs)."""
 SCALE_ROUNDS = 8
 """Refinements of the scale factors (``checked_profile``): a few suffice to 1e-4."""
-KEEP_UNLESS_GAIN = 0.05
-"""``after_check``'s bar where no Replanner threshold applies (`planner bench`): the Replanner's default."""
 MIN_CHANGE = 0.02
 """A measured cost within this fraction of the model's leaves the profile as it is (nothing to correct)."""
 

@@ -4,7 +4,6 @@ FSDP2 sharding, and the batches (a DataLoader over the plan's sampler, or synthe
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import itertools
 import os
@@ -97,9 +96,9 @@ class DeviceCopy:
 
     A copy issued on the compute stream waits for the queued step before it and the GPU then idles through it:
     ResNet-50's batch of 408 images is 245 MB, ~10 ms over PCIe, outside the profile's compute sweep (which steps on
-    batches already on the GPU).  Session 9, 2x H100, `planner train --auto`: compute-paced steps took 10.7 ms
+    batches already on the GPU).  On 2x H100, `planner train --auto`: compute-paced steps took 10.7 ms
     (batch 408) and 5.3 ms (batch 465) longer than the slowest rank's compute plus its data wait
-    (docs/BENCHMARKS.md section 17; `benchmarks/h2d_probe.py` times both ways).  The pattern is the classic
+    (docs/PERFORMANCE.md).  The pattern is the classic
     prefetcher's: the copy allocates on the side stream without waiting for the compute stream (the source is
     pinned host memory the DataLoader handed over), the compute stream waits for the copy, and ``record_stream``
     keeps the caching allocator from reusing the batch's memory before the compute stream is done with it.  The
@@ -148,7 +147,7 @@ def loader_drain_steps(workers: int, prefetch: int = LOADER_PREFETCH) -> int:
     At an epoch start (or whenever the loop paused) each of ``workers`` workers holds up to ``prefetch`` ready
     batches, and all of them are mid-build: ``workers * (prefetch + 1)`` batches the rank can take faster than its
     loader delivers them.  A timed window that opens before they are spent measures the buffer, not the loader:
-    session 6, 2x H200, `--data loader --emulate-loader 1=2`: the 2-worker rank never waited for data in a 15-step
+    on 2x H200, `--data loader --emulate-loader 1=2`, the 2-worker rank never waited for data in a 15-step
     window right after the epoch boundary, and the plan "ran" 21% faster than its loader allows."""
     return max(1, workers * (prefetch + 1))
 
@@ -173,9 +172,9 @@ def short_epoch_warning(steps_per_epoch: int, workers: list[int], prefetch: int 
     workers), else None.  ``streamed``: the loader runs across epoch boundaries (``StreamedEpochs``), so only the
     first epoch fills and only the last drains, and an epoch between needs one whole worker cycle.  Such an epoch is its loaders' fill and drain: its batches are dispatched at its start and
     built with every worker busy at once, then the GPU runs on batches built before, so its throughput and the run
-    log's per-rank times are neither the loader's steady pace nor what a longer epoch would run at (session 10,
+    log's per-rank times are neither the loader's steady pace nor what a longer epoch would run at (on
     2x H100, 28 workers, 200-step epochs: the first 144 steps took 26-33 s with the host oversubscribed, the last 56
-    ran at the GPU's pace with the workers idle; docs/BENCHMARKS.md section 18)."""
+    ran at the GPU's pace with the workers idle)."""
     if not workers or max(workers) <= 1:
         return None
     rank = max(range(len(workers)), key=lambda i: workers[i])
@@ -198,7 +197,7 @@ def short_epoch_warning(steps_per_epoch: int, workers: list[int], prefetch: int 
 def stream_drain_note(steps_per_epoch: int, epochs: int, workers: list[int], prefetch: int = LOADER_PREFETCH) -> str | None:
     """A note when the last epochs of a streamed run (``StreamedEpochs``) lie wholly in its loaders' drain, else
     None: the run's last ``workers x prefetch`` steps run on batches built before, at the GPU's pace, so those
-    epochs' throughput is not the loaders' (session 11, 2x H100, 4 epochs of 50 steps at 28 workers: epochs 2-3
+    epochs' throughput is not the loaders' (on 2x H100, 4 epochs of 50 steps at 28 workers: epochs 2-3
     ran at the GPU's pace with 4-5 of 32 cores busy)."""
     if not workers or max(workers) < 1 or epochs < 2:
         return None
@@ -243,9 +242,9 @@ class GcPauses:
     """Python's garbage collections in this process, timed (``gc.callbacks``), for the step log.
 
     A collection stops every Python thread of the process -- the training loop and the DataLoader's pin thread --
-    for as long as it runs, and a full (generation 2) one over a big heap takes tens to hundreds of ms.  Session 13
-    (2x H100, the loader case): rank 0 waited 4.5-8.6 ms a step for data in bursts of 60-340 ms that the workers'
-    build times do not explain (benchmarks/loader_queue_sim.py); the step log now says whether a collection ran
+    for as long as it runs, and a full (generation 2) one over a big heap takes tens to hundreds of ms.  On 2x H100
+    (the loader case) rank 0 waited 4.5-8.6 ms a step for data in bursts of 60-340 ms that the workers'
+    build times do not explain; the step log now says whether a collection ran
     then.  ``take(t0)``: the pauses of at least ``min_ms`` since the last take, as [ms after ``t0`` (a
     ``time.perf_counter()`` reading), ms long, generation], and per generation how many collections ran in all."""
 
@@ -334,23 +333,18 @@ def make_loader(cfg: TrainConfig, workload: Workload, batch_sampler: Any, num_wo
                                             int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     if message is not None and say is not None:
         say(message)
-    pin = device.type == "cuda" and cfg.pin_memory
     return TimedLoader(DataLoader(
         TimedBatches(workload.dataset),
         sampler=batch_sampler,
         batch_size=None,  # the sampler yields index lists; the worker builds (and times) the whole batch
         num_workers=num_workers,
-        # pinned as the workers finish, or (--pin-ahead) a few steps ahead of the loop (runtime.pinning)
-        pin_memory=pin and not cfg.pin_ahead,
+        # pinned by the DataLoader's thread in the order the workers finish batches, so those done behind a late one
+        # are pinned by the time it arrives: measured faster on a loader-fed rank than pinning in the training
+        # process in step order (runtime.pinning.PinAhead) or copying from shared memory unpinned
+        pin_memory=device.type == "cuda",
         persistent_workers=num_workers > 0,
         prefetch_factor=prefetch if num_workers > 0 else None,
-        worker_init_fn=functools.partial(nice_worker, cfg.loader_nice) if cfg.loader_nice > 0 else None,
-    ), on_batch=on_batch, pin_device=device if pin and cfg.pin_ahead else None)
-
-
-def nice_worker(increment: int, _worker_id: int) -> None:
-    """A DataLoader ``worker_init_fn``: lower this worker's CPU priority by ``increment`` (``--loader-nice``)."""
-    os.nice(increment)
+    ), on_batch=on_batch)
 
 
 class StreamedEpochs:

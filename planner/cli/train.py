@@ -23,7 +23,6 @@ planner/cli/train_resume.py.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import math
 import sys
@@ -67,7 +66,7 @@ from profiler.devstate import DeviceStateSampler
 from profiler.workloads.emulate import Slowdown
 from profiler.workloads.specs import Workload, build_workload
 from runtime.accumulate import MicroStep, micro_steps
-from runtime.collectives import all_gather_json, decide_on_rank0
+from runtime.collectives import all_gather_json
 from runtime.replan import Replanner
 from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler
@@ -109,7 +108,7 @@ class Run:
     loader: Any = None
     trace: IO[str] | None = None
     device_state: DeviceStateSampler | None = None
-    """Samples this rank's device and host once per epoch end (#17), never per step."""
+    """Samples this rank's device and host once per epoch end, never per step."""
     gc_pauses: GcPauses | None = None
     """Python's garbage collections, timed for the step log (--step-log only)."""
     start_epoch: int = 0
@@ -533,87 +532,3 @@ def _end_on_error(run: Run, epochs_done: int, error: BaseException) -> None:
         run.log.write(EndRecord(time=time.time(), epochs=epochs_done, reason=reason))
     except (OSError, ValueError):  # the log itself may be what failed (a full disk, a closed file)
         pass
-
-
-def auto_plan(cfg: TrainConfig, env: DistEnv, *, global_batch: int, quick: bool, workload: Workload,
-              plan_out: str | None, profile_out: str | None, min_batch: int = 1,
-              progress: Progress | None = None,
-              max_workers_per_rank: int | None = None) -> tuple[Plan, Profile | None]:
-    """Profile every rank in-process, solve on rank 0, share the plan (collective; a PlanError reaches every rank).
-
-    Rank 0 prints the profile's quality warnings, keeps the equal split when the optimum's gain is inside the
-    profile's noise (planner.quality), and writes the plan marked ``meta.written_by`` = ``planner train --auto``
-    (what lets a later ``--auto`` replace it, and nothing else).
-    """
-    import sys
-
-    from planner.cli.cmd_plan import record_workload
-    from planner.cli.loader_check import (
-        MIN_CHANGE,
-        after_check,
-        check_seconds,
-        checked_profile,
-        measure_plan_loaders,
-        measured_line,
-    )
-    from planner.quality import check_profile, keep_equal_within_noise
-    from profiler.run import gather_profile, profile_this_rank
-    from runtime.pinning import pin_tree
-
-    rank_profile = profile_this_rank(workload, env.device, quick=quick, slowdown=cfg.slowdown,
-                                     loader_workers_cap=cfg.loader_workers_cap, amp=cfg.amp, rank=env.rank,
-                                     channels_last=channels_last_for(workload, env.device, cfg.mixed_devices),
-                                     progress=progress, loader_per_host=True,  # every rank: the same dataset
-                                     loader_pin=pin_tree if cfg.pin_ahead else None)  # timed as it will pin
-    gathered = gather_profile(rank_profile, workload=workload, progress=progress)  # rank 0's; None elsewhere
-
-    options = planner.SolveOptions(
-        min_batch=max(min_batch, 2) if workload.has_batchnorm else min_batch,
-        mode="fsdp" if cfg.fsdp else "ddp",  # FSDP2: the same micro-step count on every rank
-        **({} if max_workers_per_rank is None else {"max_workers_per_rank": max_workers_per_rank}))
-
-    def decide(profile: Profile, warn: bool = True, checked_from: Plan | None = None) -> dict[str, Any]:
-        quality = check_profile(profile)
-        if warn:
-            for line in quality.warning_lines():
-                print(line, file=sys.stderr, flush=True)
-        if checked_from is None:
-            plan = planner.solve(profile, global_batch=global_batch, options=options)
-            plan = keep_equal_within_noise(profile, plan, quality)
-        else:  # after the loader check: a new split only for a real gain (planner.cli.loader_check.after_check)
-            plan, done = after_check(profile, checked_from, options, cfg.replan_threshold)
-            print(f"loader check: {done}", flush=True)
-        plan = record_workload(plan, profile)
-        plan = dataclasses.replace(plan, meta={**plan.meta, "written_by": AUTO_WRITER})
-        if plan_out:
-            plan.save(plan_out)
-        if profile_out:
-            profile.save(profile_out)
-        return {"plan": plan.to_dict(), "profile": profile.to_dict()}
-
-    def first() -> dict[str, Any]:
-        assert gathered is not None
-        return decide(gathered)
-
-    shared = decide_on_rank0(first)
-    plan, profile = Plan.from_dict(shared["plan"]), Profile.from_dict(shared["profile"])
-    seconds = check_seconds(cfg.loader_check_s, quick)
-    if seconds <= 0 or cfg.data_on_device or not profile.has_loader:
-        return plan, profile
-    # The plan's loaders, every rank's at once, at its own batches and workers (planner.cli.loader_check).
-    if progress is not None:
-        progress(f"loader check: the plan's DataLoaders, {seconds:g} s on every rank")
-    measured = measure_plan_loaders(env.rank, workload.dataset, plan, seconds, cfg.loader_workers_cap)
-    checked = checked_profile(profile, plan, options, measured, seconds)
-    if checked is None:
-        if env.is_main:
-            print(f"loader check: the plan's loaders ran as modelled (within {MIN_CHANGE:.0%}); plan kept", flush=True)
-        return plan, profile
-    if env.is_main:
-        print(measured_line(checked), flush=True)
-    shared = decide_on_rank0(lambda: decide(checked, warn=False, checked_from=plan))
-    return Plan.from_dict(shared["plan"]), Profile.from_dict(shared["profile"])
-
-
-AUTO_WRITER = "planner train --auto"
-"""``plan.meta["written_by"]`` of plans `train --auto` writes: the only plan files it will overwrite unasked."""

@@ -35,7 +35,7 @@ class TrainConfig:
     weighting: str = "loss_scale"
     """How 'plan' weights uneven batches exactly: 'loss_scale' (the mean loss times n_i * W / n through DDP's own
     C++ all-reduce; also exact with SyncBatchNorm) or 'hook' (``register_weighted_hook``, a Python comm hook).
-    Same parameters to 1e-10 (tests/cli/test_train_weighting.py); cost in docs/BENCHMARKS.md section 9."""
+    Same parameters to 1e-10 (tests/cli/test_train_weighting.py); its cost is measured in docs/BENCHMARKS.md."""
     fsdp: bool = False
     """Shard the model with FSDP2 (``fully_shard`` per top-level block, then the root) instead of DDP; the plan's
     micro-batches run with ``set_requires_gradient_sync`` on the last one (every rank the same count)."""
@@ -62,26 +62,6 @@ class TrainConfig:
     """Write every (epoch, step, rank, indices) to this file (tests of resume; one file per rank)."""
     step_log_path: str | None = None
     """Append one JSON line per epoch with this rank's every step (data wait, compute, step, build seconds)."""
-    pin_memory: bool = True
-    """Pin the batches on CUDA: the DataLoader's ``pin_memory=True`` (its thread copies each batch into pinned
-    memory as the batch's worker finishes it); off, the batch is copied to the GPU from the workers' shared memory
-    by the training loop itself (planner.cli.steps.DeviceCopy)."""
-    pin_ahead: bool = False
-    """With ``pin_memory``: pin in the training process's own thread at most ``runtime.pinning.PIN_AHEAD`` batches
-    ahead of the loop (runtime.pinning.PinAhead, ``--pin-ahead``), which bounds the pinned pool (the DataLoader's
-    grew to 14-23 GB on a 28-worker rank, 2x H100) but was slower: session 13, 2x H100, the loader case, a clean
-    epoch by the wall clock at 0.947 [0.717-0.978] of the prediction with the DataLoader's pinning (4 launches)
-    against 0.829 [0.769-0.953] (one copy thread, 2 ahead, 3 launches) and 0.840 [0.786-0.894] (4 threads, 4
-    ahead, 2 launches), rank 0 waiting 24-41 ms a step for data against 3-5 (docs/BENCHMARKS.md section 21).  The
-    likely cause: the DataLoader's thread pins batches in the order workers finish them, so those finished behind
-    a late one are pinned by the time it arrives; ``PinAhead`` takes them in order and pins each only then."""
-    loader_nice: int = 0
-    """Raise each loader worker's nice value by this much (``os.nice`` in the worker; 0: leave it), so the
-    training process's threads get a busy host's cores first (``--loader-nice``).  Built for session 15's reading of
-    rank 0's long compute steps as the training process waiting for a core; session 16 (2x H100) disproved that
-    reading -- 30 CPU burners, nice or not, left a GPU's compute span flat -- and one launch with nice 10 ran 0.925
-    of its prediction against a median of 0.930 over three without (docs/BENCHMARKS.md section 24): not shown to
-    help."""
     loader_check_s: float | None = None
     """``--auto``: seconds every rank runs its plan's DataLoader at once before training, to scale the profile's
     loader curves to what they measured and solve again (planner.cli.loader_check; 0: no check; None: 3 s, 1 s with

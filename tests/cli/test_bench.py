@@ -156,14 +156,48 @@ def test_a_bench_in_progress_keeps_every_strategy_run_in_its_partial_file(tmp_pa
     leaves -- the runs so far, the plans, the options -- marked incomplete."""
     from planner import equal_split, evaluate
     from planner.cli.bench import partial_path, write_partial
+    from planner.cli.bench_options import BenchOptions
     from tests.planner._profiles import linear_profile
 
     prof = linear_profile([0.001, 0.003])
     runs = {"equal": (evaluate(prof, equal_split(64, 2), method="equal"), None)}
     rounds = {"equal": [{"samples_per_s": 123.0, "window": {"steps": 5}}]}
     path = partial_path(str(tmp_path / "bench.json"))
-    write_partial(path, {"strategies": ["equal", "plan"], "global_batch": 64, "device": "cpu"}, 4.5, runs, rounds)
+    write_partial(path, BenchOptions(strategies=("equal", "plan"), global_batch=64, device="cpu"), 4.5, runs, rounds)
     got = json.loads(Path(path).read_text())
     assert got["complete"] is False and got["rounds"] == rounds and got["profile_s"] == 4.5
     assert got["plans"]["equal"]["ranks"][0]["batch_size"] == 32
-    assert got["options"]["strategies"] == ["equal", "plan"]
+    assert got["options"]["strategies"] == ["equal", "plan"] and got["options"]["global_batch"] == 64
+
+
+@pytest.mark.parametrize(("kw", "flag"), [
+    ({"nproc": 2, "global_batch": 63}, "--global-batch 63 is not a multiple of 2 ranks"),
+    ({"steps": 1}, "--steps 1: the timed window"),
+    ({"strategies": ("equal", "fastest")}, "--strategies: unknown 'fastest'"),
+    ({"nproc": 2, "emulate_loader": "3=1"}, "--emulate-loader: rank 3 does not exist"),
+    ({"nproc": 2, "sweep_slowdown": ("1=2", "2=2")}, "--sweep-slowdown: rank 2 does not exist"),
+    ({"data": "disk"}, "--data: unknown 'disk'"),
+    ({"timeout_s": 0.0}, "--timeout: must be > 0"),
+])
+def test_bench_options_are_checked_on_construction(kw: dict[str, Any], flag: str) -> None:
+    from planner.cli.bench_options import BenchOptions
+    from planner.errors import ValidationError
+
+    with pytest.raises(ValidationError) as e:
+        BenchOptions(**kw)
+    assert str(e.value).startswith(flag) and "\n" not in str(e.value)
+
+
+def test_bench_options_resolve_the_device_defaults_once() -> None:
+    import argparse
+
+    from planner.cli.bench import add_arguments
+    from planner.cli.bench_options import BenchOptions
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    cpu = BenchOptions.from_args(p.parse_args([]), cuda=False)
+    assert (cpu.model, cpu.global_batch, cpu.steps) == ("cifar_cnn", 64, 15)
+    gpu = BenchOptions.from_args(p.parse_args(["--steps", "7", "--sweep-slowdown", "1=1;1=3"]), cuda=True)
+    assert (gpu.model, gpu.global_batch, gpu.steps) == ("resnet50", 512, 7)
+    assert [o.emulate_slowdown for o in gpu.runs()] == ["1=1", "1=3"]

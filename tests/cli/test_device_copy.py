@@ -1,6 +1,6 @@
 """planner.cli.steps.DeviceCopy: the batch's host-to-device copy `planner train` and `planner bench` issue.
 
-On CUDA it copies on a side stream (benchmarks/h2d_probe.py times it on a GPU); these tests hold what every device
+On CUDA it copies on a side stream; these tests hold what every device
 shares: the values, the channels_last conversion, and batches already on the device passed through untouched."""
 
 from __future__ import annotations

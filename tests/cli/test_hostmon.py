@@ -18,7 +18,7 @@ from types import ModuleType
 from tests._scripts import benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "docs" / "results"
+RESULTS = ROOT / "tests" / "data"
 
 
 def _module() -> ModuleType:

@@ -15,7 +15,7 @@ from planner.plan import Plan
 from planner.profile import Profile
 from tests._torchrun import run_planner_torchrun
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "tests" / "data"
 # Session 17's skew launch on 2x H200 ran its loaders 14% costlier than this profile's curve at its plan.
 RECORDED = RESULTS / "h200x2_train_auto_replan_s17c_skewS_r1"
 

@@ -76,7 +76,7 @@ def test_a_split_drains_for_the_ranks_near_their_loaders_pace_only() -> None:
 def test_an_epoch_without_a_steady_middle_is_said_out_loud() -> None:
     """planner.cli.steps.short_epoch_warning: 16 workers need 80 fill + 64 drain + 2 x 16 = 176 steps; #18's command (50
     steps of 512), session 8's 30-step and sessions 9-10's 100-step epochs have none, and session 10's 200-step
-    epochs at 28 workers (140 + 112 + 56 = 308) neither; loader_gpu.sh's 320-step epochs do."""
+    epochs at 28 workers (140 + 112 + 56 = 308) neither; `benchmarks/gpu_suite.sh train`'s 240-step epochs do."""
     from planner.cli.steps import short_epoch_warning
 
     line = short_epoch_warning(50, [16, 2])

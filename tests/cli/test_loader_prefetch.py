@@ -67,41 +67,31 @@ def test_make_loader_applies_it(monkeypatch) -> None:  # type: ignore[no-untyped
     assert sum(len(x) for x, _y in loader) == 32  # and it still loads
 
 
-def test_make_loader_lets_the_dataloader_pin_unless_told_to_pin_ahead() -> None:
-    """On CUDA the DataLoader pins (pin_memory=True, the faster on a loader-fed rank: docs/BENCHMARKS.md section
-    21); --pin-ahead pins a few steps ahead instead (runtime.pinning.PinAhead, the DataLoader itself unpinned);
-    --no-pin-memory pins nothing; off CUDA nothing is pinned.  Built, not iterated: a CPU-only torch cannot pin."""
+def test_make_loader_lets_the_dataloader_pin_on_cuda() -> None:
+    """On CUDA the DataLoader pins (pin_memory=True: its thread pins batches in the order the workers finish them,
+    measured faster on a loader-fed rank than pinning in step order or not pinning); off CUDA nothing is pinned.
+    Built, not iterated: a CPU-only torch cannot pin."""
     workload = build_workload("cifar_cnn", "fake", num_samples=64)
     sampler = [list(range(16))] * 2
-    cuda = torch.device("cuda", 0)
-    own = make_loader(TrainConfig(model="cifar_cnn"), workload, sampler, 2, cuda)
+    own = make_loader(TrainConfig(model="cifar_cnn"), workload, sampler, 2, torch.device("cuda", 0))
     assert own.pin_device is None and own.loader.pin_memory
-    ahead = make_loader(TrainConfig(model="cifar_cnn", pin_ahead=True), workload, sampler, 2, cuda)
-    assert ahead.pin_device == cuda and not ahead.loader.pin_memory
-    off = make_loader(TrainConfig(model="cifar_cnn", pin_memory=False), workload, sampler, 2, cuda)
-    assert off.pin_device is None and not off.loader.pin_memory
     cpu = make_loader(TrainConfig(model="cifar_cnn"), workload, sampler, 2, torch.device("cpu"))
     assert cpu.pin_device is None and not cpu.loader.pin_memory
 
 
-def test_the_command_line_pins_with_the_dataloader_unless_pin_ahead_is_given() -> None:
+def test_the_pinning_and_nice_switches_measured_not_to_help_are_gone() -> None:
     import argparse
-    from types import SimpleNamespace
 
     import pytest
 
-    from planner.cli.cmd_train import add_arguments, config_from_args
+    from planner.cli.cmd_train import add_arguments
 
     p = argparse.ArgumentParser()
     add_arguments(p)
-    env = SimpleNamespace(rank=0, device=torch.device("cpu"), backend="gloo")
-    base = ["--plan", "plan.json", "--model", "cifar_cnn", "--lr", "0.1"]  # (run() fills the default lr in)
-    default = config_from_args(p.parse_args(base), env, {}, {})
-    assert default.pin_memory and not default.pin_ahead
-    ahead = config_from_args(p.parse_args([*base, "--pin-ahead"]), env, {}, {})
-    assert ahead.pin_memory and ahead.pin_ahead
-    with pytest.raises(SystemExit):  # session 12's flag is gone with the default it switched away from
-        p.parse_args([*base, "--dataloader-pin-memory"])
+    base = ["--plan", "plan.json"]
+    for gone in (["--pin-ahead"], ["--no-pin-memory"], ["--loader-nice", "10"], ["--dataloader-pin-memory"]):
+        with pytest.raises(SystemExit):
+            p.parse_args([*base, *gone])
 
 
 def test_gc_pauses_are_timed_per_generation_and_cleared_when_taken() -> None:
@@ -124,33 +114,6 @@ def test_gc_pauses_are_timed_per_generation_and_cleared_when_taken() -> None:
     finally:
         watch.close()
     assert watch._on_gc not in gc.callbacks
-
-
-class _Niceness(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    """Each sample is the nice value of the process that built it."""
-
-    def __len__(self) -> int:
-        return 8
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        import os
-
-        return torch.tensor(os.nice(0))
-
-
-def test_loader_nice_lowers_only_the_workers_priority() -> None:
-    """--loader-nice N: each DataLoader worker raises its own nice value by N (planner.cli.steps.nice_worker); the
-    training process keeps its own."""
-    import os
-    from types import SimpleNamespace
-
-    base = os.nice(0)
-    sampler = [[0, 1], [2, 3], [4, 5]]
-    for nice, want in ((0, base), (5, min(19, base + 5))):
-        loader = make_loader(TrainConfig(model="cifar_cnn", loader_nice=nice), SimpleNamespace(dataset=_Niceness()),
-                             sampler, 2, torch.device("cpu"))
-        assert [int(v) for batch in loader for v in batch] == [want] * 6
-    assert os.nice(0) == base
 
 
 def test_the_command_line_normalizes_on_the_gpu_where_every_rank_trains_on_cuda() -> None:

@@ -12,7 +12,7 @@ from replan_replay import replay  # noqa: E402
 
 
 def test_the_replay_decides_each_epoch_and_stops_where_the_splits_part() -> None:
-    lines = replay(str(ROOT / "docs" / "results" / "h100x2_train_auto_replan_s14d_skew_r1"))
+    lines = replay(str(ROOT / "tests" / "data" / "h100x2_train_auto_replan_s14d_skew_r1"))
     assert lines[0].startswith("epoch 0: not judged (the loaders filled")  # 150-step epochs, a 174-step fill
     assert lines[1].startswith("epoch 1: predicted step") and "within the measurement noise" in lines[1]
     adopted = [x for x in lines if "ADOPTED" in x]
@@ -24,7 +24,7 @@ def test_the_epoch_that_refills_after_an_adoption_is_not_judged_as_the_trainer_d
     """s19e's second 10-epoch launch: epoch 0 was all fill (not judged), epoch 1 proposed 7.5% and epoch 2 confirmed
     it, epoch 3 refilled the new split's loaders and `planner train` left it unjudged; the replay does the same, so
     its later decisions are the run's: no more change in the 6 epochs left."""
-    prefix = str(ROOT / "docs" / "results" / "h100x2_train_auto_replan_s19e23_skewS_r1")
+    prefix = str(ROOT / "tests" / "data" / "h100x2_train_auto_replan_s19e23_skewS_r1")
     lines = replay(prefix)
     assert lines[0].startswith("epoch 0: not judged (the loaders filled")
     assert lines[1].startswith("epoch 1: predicted step") and "adopted only if the next epoch confirms" in lines[1]
@@ -42,7 +42,7 @@ def test_a_device_change_is_adopted_in_one_re_plan() -> None:
     (runtime.replan.model.DEVICE_CHANGE): the first re-plan goes to [377-384, 128-135] (the replay stops there: the
     run measured its own split next)."""
     for r, ran in ((1, "[364, 148]"), (2, "[366, 146]"), (3, "[369, 143]")):
-        lines = replay(str(ROOT / "docs" / "results" / f"h100x2_train_auto_replan_s19d01_midrunS_r{r}"))
+        lines = replay(str(ROOT / "tests" / "data" / f"h100x2_train_auto_replan_s19d01_midrunS_r{r}"))
         assert lines[0].startswith("epoch 0: predicted step") and "below the threshold" in lines[0]  # a steady window
         assert lines[1].startswith("epoch 1: ADOPTED"), lines
         new = [int(x) for x in lines[1].split("-> [")[1].split("]")[0].split(", ")]
@@ -55,7 +55,7 @@ def test_the_device_change_rule_on_a_gpu_adopted_what_the_replay_predicts() -> N
     adopted [380, 132] after its first slow epoch, inside the range the s19d replays above gave, and ran it at
     rank 1's predicted span (106.3 ms measured against 105.5 ms); the replay of its log makes every decision the
     run made, so the recorded launch and today's Replanner agree."""
-    lines = replay(str(ROOT / "docs" / "results" / "h100x2_train_auto_replan_s20a_midrunS_r1"))
+    lines = replay(str(ROOT / "tests" / "data" / "h100x2_train_auto_replan_s20a_midrunS_r1"))
     assert lines[0].startswith("epoch 0: predicted step") and "below the threshold" in lines[0]
     assert lines[1].startswith("epoch 1: ADOPTED") and "[256, 256] -> [380, 132]" in lines[1], lines
     assert lines[2] == "epoch 2: not judged (this epoch refilled the loaders after the re-plan)"
@@ -71,7 +71,7 @@ def test_a_first_epoch_that_was_all_fill_is_not_judged() -> None:
     for launch, adopted in (("h100x2_train_auto_replan_s19d23_skewS_r1", "[404, 108] -> [362, 150]"),
                             ("h100x2_train_auto_replan_s15b_skewS_r2", "[393, 119] -> [500, 12]"),
                             ("h200x2_train_auto_replan_s17d_skewS_r1", "[462, 50] -> [361, 151]")):
-        prefix = str(ROOT / "docs" / "results" / launch)
+        prefix = str(ROOT / "tests" / "data" / launch)
         lines = replay(prefix)
         assert lines[0].startswith("epoch 0: not judged (the loaders filled their pipelines through all of this "
                                    "first epoch"), (launch, lines)

@@ -14,7 +14,7 @@ import pytest
 from planner import Profile, ValidationError, calibrate_overhead, equal_split, evaluate, solve
 from tests.planner._profiles import linear_profile
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "tests" / "data"
 
 
 def test_the_calibrated_split_predicts_the_measured_step_and_the_plan_moves_by_the_same_amount() -> None:
@@ -56,7 +56,7 @@ def test_one_rank_has_nothing_to_calibrate() -> None:
 
 
 def test_recorded_hf_trainer_run_the_calibrated_plan_predicts_within_5_percent() -> None:
-    """Replay of docs/results/h100x2_hf_trainer_lm110m_F23_s7.json: per F, the stock Trainer's median step at the
+    """Replay of tests/data/h100x2_hf_trainer_lm110m_F23_s7.json: per F, the stock Trainer's median step at the
     equal split calibrates the profile the run recorded; the plan's prediction then meets the planned Trainer's
     median step.  (In the benchmark the calibration is its own Trainer run in the profiling phase, not these.)"""
     d = json.loads((RESULTS / "h100x2_hf_trainer_lm110m_F23_s7.json").read_text())

@@ -24,7 +24,7 @@ from planner.launchenv import export_lines
 from planner.profile import CommProfile, ComputePoint, HostProfile, RankProfile
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "docs" / "results"
+RESULTS = ROOT / "tests" / "data"
 
 
 def _runs(name: str) -> list[dict]:

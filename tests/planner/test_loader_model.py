@@ -15,7 +15,7 @@ from planner.options import SolveOptions
 from planner.profile import HostProfile, LoaderPoint, LoaderProfile, Profile
 from tests.planner._profiles import linear_profile
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "tests" / "data"
 S3 = "h100x2_resnet50_train_auto_replan_loader_s3"
 
 # An SMT host's DataLoader: per-worker rate 300/s up to 8 workers, 200/s at 16 (the cores' second threads).
@@ -125,7 +125,7 @@ def test_a_loader_paced_rank_is_busy_for_its_whole_step() -> None:
 
 @pytest.mark.parametrize("case", ["loader", "skew"])
 def test_default_worker_cap_is_the_host_budget(case: str) -> None:
-    """Session 9, 2x H100 on 32 cores (raw profiles of `planner train --auto`, docs/results): capped at 16 workers
+    """Session 9, 2x H100 on 32 cores (raw profiles of `planner train --auto`, tests/data): capped at 16 workers
     rank 0 was loader-bound with 12 cores idle; with no cap of its own (the default now) the host's 30-worker budget
     is the bound, rank 0 runs at its GPU's pace and the plan is predicted faster.  --max-workers-per-rank still caps."""
     profile = Profile.from_dict(json.loads(

@@ -52,9 +52,9 @@ def test_the_noisy_profile_fails_every_compute_check_with_its_numbers() -> None:
     assert all(line.startswith("warning: ") for line in q.warning_lines())
 
 
-@pytest.mark.parametrize("path", ["planner/examples/minimal_profile.json", "docs/results/h200_resnet50_profile.json",
-                                  "docs/results/h200x2_resnet50_F3_profile_s2.json",
-                                  "docs/results/h200x2_resnet18_cifar_profile_s2.json"])
+@pytest.mark.parametrize("path", ["planner/examples/minimal_profile.json", "tests/data/h200_resnet50_profile.json",
+                                  "tests/data/h200x2_resnet50_F3_profile_s2.json",
+                                  "tests/data/h200x2_resnet18_cifar_profile_s2.json"])
 def test_clean_profiles_pass(path: str) -> None:
     # The H200 profiles are launch-bound and noisy at small batches (spread 34%, residual 27%), and good plans.
     assert check_profile(Profile.load(ROOT / path)).issues == ()
@@ -125,7 +125,7 @@ def test_noise_at_batch_sizes_no_split_runs_does_not_veto_a_plan() -> None:
     """Session 19, 4x H100: one of three default 4-rank ResNet-50 profiles had batches 8-24 of two ranks off the
     curve by 38-43% and 1.6x out of order (16-31 ms launch-bound steps beside the loader measurement).  With one
     rank 1.6x slower the optimum runs 173-294 a rank and the equal split 256: that noise says nothing of them."""
-    prof = Profile.load(ROOT / "docs" / "results" / "h100x4_profile_speed_s19p1.json")
+    prof = Profile.load(ROOT / "tests" / "data" / "h100x4_profile_speed_s19p1.json")
     q = check_profile(prof)
     assert sorted((i.check, i.ranks, i.batch_size) for i in q.issues) == [
         ("fit_residual", (0,), 24), ("fit_residual", (2,), 16), ("non_monotone", (2,), 16)]

@@ -91,7 +91,7 @@ def refused(argv: list[str], needle: str, work: Path, capsys: pytest.CaptureFixt
 PROFILE_RUN = ("profiler.run.profile_this_rank", "profiler.run.profile_devices")
 BENCH_RUN = ("planner.cli.launch.spawn",)
 TRAIN_RUN = ("planner.cli.distenv.init_from_env",)
-TRAIN_AFTER_SETUP = ("planner.cli.train.train", "planner.cli.train.auto_plan")
+TRAIN_AFTER_SETUP = ("planner.cli.train.train", "planner.cli.autoplan.auto_plan")
 DEMO_RUN = ("planner.cli.demo._run_stage",)
 PROFILE = ["profile", "--model", "mlp", "--device", "cpu", "--quick"]
 BENCH = ["bench", "--device", "cpu", "--nproc", "2", "--model", "mlp"]

@@ -12,7 +12,7 @@ from pathlib import Path
 from planner.runlog import read_run_log
 from reports.measured import fill_line, wall_line
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "tests" / "data"
 
 
 def test_the_fill_of_long_epochs_is_reported_with_its_cost() -> None:

@@ -2,7 +2,7 @@
 
 Session 11 call 3 (2x H200, loader case, streamed, plan [495, 17] at 107.9 ms): rank 0's 29 workers built a batch
 every 93 ms, yet it waited 34 ms a step for data and the step ran 129 ms -- its 298 MB batches reached the loop
-slower than they were built (the pinning thread; benchmarks/handover_probe.py).  The report must name that, not
+slower than they were built (the pinning thread).  The report must name that, not
 "the loader is slower than profiled" (more workers would not help) nor "the curve does not match"."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from planner.profile import Profile
 from planner.runlog import read_run_log
 from reports.measured import log_findings, measured_splits
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "tests" / "data"
 S11C = RESULTS / "h200x2_train_auto_replan_s11c_loader_r1"
 
 

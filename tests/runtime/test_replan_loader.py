@@ -13,7 +13,7 @@ import planner
 from planner.runlog import read_run_log
 from runtime.replan import Replanner
 
-RUN = Path(__file__).resolve().parents[2] / "docs" / "results" / "h100x2_resnet50_train_auto_replan_loader_s3"
+RUN = Path(__file__).resolve().parents[2] / "tests" / "data" / "h100x2_resnet50_train_auto_replan_loader_s3"
 
 
 def _replay(epoch: int, *, own: bool) -> tuple[planner.Plan, list[planner.StepStats]]:
@@ -46,7 +46,7 @@ def test_a_peer_stretched_compute_would_have_hidden_the_gain() -> None:
     assert not d.adopted and d.predicted_gain is not None and d.predicted_gain < 0.05
 
 
-S14D = Path(__file__).resolve().parents[2] / "docs" / "results" / "h100x2_train_auto_replan_s14d_skew_r1"
+S14D = Path(__file__).resolve().parents[2] / "tests" / "data" / "h100x2_train_auto_replan_s14d_skew_r1"
 
 
 def _run_s14d() -> tuple[planner.Profile, planner.Plan, list[list[planner.StepStats]]]:
@@ -96,7 +96,7 @@ def test_without_the_hand_over_rule_the_run_stayed_in_its_corner(monkeypatch: py
 def test_a_quiet_loader_run_is_left_as_it_is() -> None:
     """Session 14's quiet loader-case launch (rank 1 capped at 2 workers, rank 0's data waits 1-4 ms): nothing to
     move, with or without the hand-over rule."""
-    tag = Path(__file__).resolve().parents[2] / "docs" / "results" / "h100x2_train_auto_replan_s14a_loader_r2"
+    tag = Path(__file__).resolve().parents[2] / "tests" / "data" / "h100x2_train_auto_replan_s14a_loader_r2"
     log = read_run_log(f"{tag}_run.jsonl")
     assert log.start_plan is not None
     rp = Replanner(planner.Profile.load(f"{tag}_profile.json"), log.start_plan)
