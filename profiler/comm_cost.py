@@ -97,7 +97,7 @@ def measure_comm(grad_bytes: int, ranks: list[RankProfile], make_runner: Callabl
                     ddp_overhead_batch=cost.equal.batch_sizes[0])
         # The wait factors stay in the meta, out of the model: measured at a small "balanced" split they scaled
         # the wrong rank on 2x H100 (ResNet-50 bf16, F = 3: f = [1.0, 1.14] for the *slow* rank; the plan then ran
-        # 1.79x equal against the proportional split's 1.86x, docs/results/h100x2_resnet50_F3_s4_waitfactors*).
+        # 1.79x equal against the proportional split's 1.86x).
         # A factor measured at the plan's own split is not implemented yet.
         # The span factors only say what each rank's step timer will read (planner.solve: predicted_busy_s).
         return (dataclasses.replace(comm, exposed_s=cost.exposed_s, wait_factors=None,
