@@ -35,7 +35,8 @@ class TrainConfig:
     weighting: str = "loss_scale"
     """How 'plan' weights uneven batches exactly: 'loss_scale' (the mean loss times n_i * W / n through DDP's own
     C++ all-reduce; also exact with SyncBatchNorm) or 'hook' (``register_weighted_hook``, a Python comm hook).
-    Same parameters to 1e-10 (tests/cli/test_train_weighting.py); its cost is measured in docs/BENCHMARKS.md."""
+    Same parameters to 1e-10 (tests/cli/test_train_weighting.py); its cost is measured by
+    benchmarks/hook_overhead.py."""
     fsdp: bool = False
     """Shard the model with FSDP2 (``fully_shard`` per top-level block, then the root) instead of DDP; the plan's
     micro-batches run with ``set_requires_gradient_sync`` on the last one (every rank the same count)."""

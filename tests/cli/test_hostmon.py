@@ -1,8 +1,9 @@
-"""benchmarks/hostmon.py: the host monitor beside the loader-fed GPU runs (docs/BENCHMARKS.md section 17).
+"""benchmarks/hostmon.py: the host monitor beside the loader-fed GPU runs.
 
-On the raw file of session 9's call 3 (2x H100 VM): the idle host's probe -- fixed single-thread work -- took
-9.6-16.6 ms from second to second with CPU time equal to wall time, and the bench's plan windows line up with the
-samples inside them.  And a real monitor run here: it samples until SIGTERM and the summary reads it back.
+On a recorded monitor file (tests/data/h100x2_hostmon_s9_call3.jsonl, 2x H100 VM): the idle host's probe -- fixed
+single-thread work -- took 9.6-16.6 ms from second to second with CPU time equal to wall time, and the bench's plan
+windows line up with the samples inside them.  And a real monitor run here: it samples until SIGTERM and the summary
+reads it back.
 """
 
 from __future__ import annotations

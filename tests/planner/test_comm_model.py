@@ -107,7 +107,8 @@ def test_balanced_split_equalizes_times_within_one_sample() -> None:
 
 def test_launch_env_only_when_it_beats_the_spread() -> None:
     env = {"NCCL_MAX_CTAS": "2", "NCCL_MIN_CTAS": "2"}
-    # 2x H200 F = 3 (docs/BENCHMARKS.md 5a): balanced 89.2 ms -> 84.6 ms; equal 164.1 -> 164.5 (no cost).
+    # 2x H200 F = 3 (tests/data/h200x2_resnet50_F1_F3.json): balanced 89.2 ms -> 84.6 ms; equal 164.1 -> 164.5
+    # (no cost).
     default = ([0.0892, 0.0894, 0.0890], [0.1641, 0.1643, 0.1640])
     helps = ([0.0846, 0.0848, 0.0845], [0.1645, 0.1644, 0.1646])
     assert choose_launch_env(default, {"2ch": (env, *helps)}) == ("2ch", env)

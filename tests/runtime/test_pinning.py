@@ -191,7 +191,7 @@ def test_a_thread_that_dies_silently_does_not_hang_the_consumer(monkeypatch: pyt
 
 
 def test_the_defaults_pin_big_batches_in_four_slices_four_batches_ahead() -> None:
-    # session 13 (docs/BENCHMARKS.md section 21): 4 copy threads handed a 287 MB batch over at 3.51 GB/s against
+    # 2x H100 (raw files in git history of docs/results): 4 copy threads handed a 287 MB batch over at 3.51 GB/s against
     # 2.46 for one, and one thread two batches ahead left rank 0 waiting 17-48 ms a step for data
     import os
 
