@@ -23,7 +23,7 @@ Reports per F the median speed-up planned / default over rounds with min-max (go
 prediction error (measured planned samples/s vs the plan's prediction; goal within 5%), and writes the raw
 per-round numbers, profiles and plans to $OUT/hf_gpu.json (or --json).
 
-Wall time: 108 s on 2x H200 for F = 2, 3 with the default and planned variants (session 6; 2 profiles ~37 s);
+Wall time: about 108 s on 2x H200 for F = 2, 3 with the default and planned variants (2 profiles ~37 s);
 planned-equal adds a third run to every round (about 40 s more). The run prints its own total.
 """
 

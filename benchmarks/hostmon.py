@@ -1,8 +1,8 @@
-"""Host monitor for the loader-fed GPU runs (#16 item 3, #18): is the drift of the host's loader throughput the host's
-own (hypervisor steal, a CPU quota, clock changes, other processes) or our loaders' doing?
+"""Host monitor for the loader-fed GPU runs: is the drift of the host's loader throughput the host's own (hypervisor
+steal, a CPU quota, clock changes, other processes) or our loaders' doing?
 
-Session 8 (2x H100, 32 cores) saw the same split's loader-paced step time move 9-34% between rounds a minute apart,
-and the profile's one-worker loader cost range 2.75-4.42 ms a sample over 9 profiles.  This samples, every
+On a 2x H100 VM (32 cores) the same split's loader-paced step time moved 9-34% between rounds a minute apart, and
+the profile's one-worker loader cost ranged 2.75-4.42 ms a sample over 9 profiles.  This samples, every
 --interval seconds until SIGTERM/SIGINT, one JSON line each:
 
   t, dt        unix time, and seconds since the last sample

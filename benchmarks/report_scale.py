@@ -3,7 +3,7 @@
     python benchmarks/report_scale.py                      # 3 runs per profile, a markdown table
     python benchmarks/report_scale.py --ranks 200,1000 --repeats 5 --json out.json
 
-Goal (issue 21): <= 10 s on the 2-core CI box, first finding <= 300 characters (it was 87 s and 2,565). Each run
+Goal: <= 10 s on the 2-core CI box, first finding <= 300 characters. Each run
 is a fresh `python -m planner report` process (imports, figures and HTML included), timed from outside; the CPU
 seconds are the child's own (getrusage), which a box shared with other jobs inflates less than the wall time,
 so both are reported with the load average at the time. Two profiles: "unnamed" (every rank measured apart and
