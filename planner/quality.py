@@ -14,7 +14,7 @@ with its numbers and the fix, what makes the profile untrustworthy:
   DDP overhead    the synchronization cost measured in rounds (``meta.ddp_overhead_rounds_s``) varies by more
                   than half its median and by more than 10% of a step.
 
-The thresholds sit well above what clean profiles show: on 2x H200 (docs/results) the worst repeat spread was
+The thresholds sit well above what clean profiles show: on 2x H200 (tests/data) the worst repeat spread was
 34%, the worst fit residual 27% and the worst drop to a larger batch 22%, all in a launch-bound flat region.
 
 The first four measure the noise of the compute curves -- repeat spreads as the typical error of a point (the

@@ -13,7 +13,7 @@ batch -- 2x at a batch size not measured before, where the shape correction belo
 than 10 standard errors of the epoch's mean away (``DEVICE_CHANGE``, ``CHANGE_SIGMAS``) means the device itself changed
 (a slowdown, a co-tenant arriving or leaving), so the smoothed history describes the old device: factor_i <- raw_i,
 and the rank's observations below restart from this one.  Epoch-to-epoch noise does not come near it (2% jitter):
-of 500 consecutive rank-epoch pairs at one split in the recorded launches (docs/results), six clear it, four of them
+of 500 consecutive rank-epoch pairs at one split in the recorded launches (raw files in git history), six clear it, four of them
 real 3x slowdowns (the mid-run cases) and two a loader-bound rank's small compute.
 
 Shape correction: a profile's curve can be right at one batch size and off in slope elsewhere -- e.g. near the
