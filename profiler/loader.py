@@ -67,8 +67,8 @@ class LoaderOptions:
     max_workers: int | None = None
     """Most workers tried in scaling (default: usable cores); the emulated cap lowers it."""
     pin: Callable[[Any], Any] | None = None
-    """How the training process pins a batch, timed for the hand-over reading (``planner train --pin-ahead`` passes
-    ``runtime.pinning.pin_tree``); None: each tensor's ``Tensor.pin_memory``, as the DataLoader's pin thread."""
+    """How the training process pins a batch, timed for the hand-over reading (``runtime.pinning.pin_tree`` for a
+    loop that pins with ``PinAhead``); None: each tensor's ``Tensor.pin_memory``, as the DataLoader's pin thread."""
 
     @classmethod
     def quick(cls, **overrides: Any) -> LoaderOptions:

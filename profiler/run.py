@@ -131,7 +131,7 @@ def profile_this_rank(
     cap: recorded as its loader's ``max_workers``, and the bound of its scaling run when it measures its own
     (in turns).  Once per host the measuring rank scans up to the host's cores whatever its own cap, since every
     rank needs the host's curve (the contention model reads it at the training load).  ``loader_pin``: how the
-    training process will pin a batch (``runtime.pinning.pin_tree`` with ``--pin-ahead``; None: the DataLoader's
+    training process will pin a batch (``runtime.pinning.pin_tree`` under ``PinAhead``; None: the DataLoader's
     ``Tensor.pin_memory``), timed for the loader's hand-over reading.
     """
     sopts = sweep_options(quick, batch_sizes, sweep, min_batch=2 if workload.has_batchnorm else 1)

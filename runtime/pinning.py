@@ -1,11 +1,12 @@
-"""Pin a DataLoader's batches a bounded number of steps ahead of the training loop (``planner train --pin-ahead``).
+"""Pin a DataLoader's batches a bounded number of steps ahead of the training loop.
 
-Opt-in: it bounds the pinned pool, but on a loader-fed rank it is slower than the DataLoader's own pinning (2x H100,
-the loader case: a clean epoch at 0.829-0.840 of the prediction by the wall clock, median, against 0.947 with
-``pin_memory=True``; rank 0 waited 24-41 ms a step for data against 3-5; docs/PERFORMANCE.md).
-The likely cause: the DataLoader's pin thread takes batches in the order the workers finish them, so the ones
-finished behind a late batch are already pinned when it arrives; ``PinAhead`` takes them from the DataLoader in
-order and pins each only then, which costs a step's time on a rank whose copy takes about as long as its step.
+A library piece for a script that must bound its pinned memory; `planner train` does not use it: it bounds the
+pinned pool, but on a loader-fed rank it is slower than the DataLoader's own pinning (2x H100, the loader case: a
+clean epoch at 0.829-0.840 of the prediction by the wall clock, median, against 0.947 with ``pin_memory=True``; rank
+0 waited 24-41 ms a step for data against 3-5; docs/PERFORMANCE.md). The likely cause: the DataLoader's pin thread
+takes batches in the order the workers finish them, so the ones finished behind a late batch are already pinned when
+it arrives; ``PinAhead`` takes them from the DataLoader in order and pins each only then, which costs a step's time
+on a rank whose copy takes about as long as its step.
 
 ``DataLoader(pin_memory=True)`` pins every batch its workers finish, as soon as it arrives: up to ``workers x
 prefetch_factor`` batches wait in pinned memory when the workers run ahead of the GPU.  Each new pinned block is a
@@ -20,7 +21,7 @@ batches ahead of the consumer: the pinned pool holds ``depth`` + 2 batches (the 
 the device copy still reads), its blocks are reused from the first steps on, and the workers' batches wait in
 shared memory instead, as they do without pinning.  The copy into pinned memory (``pin_tree``) is the DataLoader's
 own, with a large tensor split across ``PIN_THREADS`` threads at once (``Tensor.copy_`` releases the GIL; small ones whole);
-the profile of ``planner train --auto --pin-ahead`` times the same copy (``LoaderProfile.handover_bytes_per_s``).  On 2x
+a profile given ``loader_pin=pin_tree`` times the same copy (``LoaderProfile.handover_bytes_per_s``).  On 2x
 H200 with a one-thread copy 2 batches ahead rank 0 still waited 33-50 ms a step (2.5 GB/s delivered);
 hence 4 threads and 4 batches ahead (docs/PERFORMANCE.md).
 

@@ -41,6 +41,8 @@ examples:
   planner bench --device cuda --nproc 2 --model resnet50 --amp --global-batch 512 --emulate-slowdown 1=3
   planner bench --device cuda --nproc 2 --data loader --emulate-loader 1=2 --global-batch 512   # loader skew
   planner bench --rank-devices cuda:0,cpu --model resnet18 --image-size 64 --global-batch 128   # CUDA + CPU
+
+--help-all also lists the advanced options: --sweep-slowdown, --emulate-memory, --step-log, --profile-out, ...
 """
 PREDICTION_TOL = 0.15
 """A measured plan step this far from its prediction is flagged (the same bar as the report's finding)."""
