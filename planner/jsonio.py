@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -100,6 +101,56 @@ def check_header(data: Any, path: str, *, kind: str, version: int) -> None:
         )
 
 
+MAX_INT_DIGITS = 20
+"""Digits an integer in our files may have: every count, size and byte total fits (2^64 has 20 digits).  A longer
+one is refused with its field: a 400-digit integer overflowed float conversion, a 5,000-digit one tripped
+Python's int-string limit, both as tracebacks."""
+
+
+class _LongInt(int):
+    """An integer literal longer than MAX_INT_DIGITS, kept as its digit count until ``check_values`` names it."""
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    return _LongInt(digits) if digits > MAX_INT_DIGITS else int(text)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> JSONDict:
+    out: JSONDict = {}
+    for key, value in pairs:
+        if key in out:  # json.loads keeps the last silently: two readers could see two files
+            raise ValidationError(f"the key {_show(key)} appears twice in one object")
+        out[key] = value
+    return out
+
+
+def check_values(data: Any, path: str) -> None:
+    """Refuse, naming the field, a number no file of ours holds: NaN, Infinity or a literal beyond float range
+    (1e400 reads as infinity), or an integer longer than MAX_INT_DIGITS."""
+    stack = [(data, path)]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((v, f"{where}.{k}") for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(value))
+        elif isinstance(value, _LongInt):
+            raise ValidationError(f"{where}: an integer of {int(value)} digits (at most {MAX_INT_DIGITS} are read)")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValidationError(f"{where}: must be a finite number, got {value} (NaN and infinity never reach "
+                                  "the solver; a literal like 1e400 reads as infinity)")
+
+
+def loads_strict(text: str, path: str) -> Any:
+    """``json.loads`` for our files, then ``check_values``: no key twice in an object, finite numbers only,
+    integers of at most MAX_INT_DIGITS digits.  Raises ValidationError naming the field under ``path``,
+    json.JSONDecodeError for bad syntax, RecursionError for absurd nesting."""
+    data = json.loads(text, parse_int=_parse_int, object_pairs_hook=_unique_keys)
+    check_values(data, path)
+    return data
+
+
 def read_json(path: str | os.PathLike[str], what: str) -> Any:
     """Read a JSON file, turning every I/O and syntax problem into a one-line ValidationError."""
     p = Path(path)
@@ -110,7 +161,9 @@ def read_json(path: str | os.PathLike[str], what: str) -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise ValidationError(f"cannot read {what} file {p}: {e}") from None
     try:
-        return json.loads(text)
+        return loads_strict(text, what)
+    except ValidationError as e:
+        raise ValidationError(f"{p}: {e}") from None
     except json.JSONDecodeError as e:
         msg = e.msg.removesuffix(" at")  # some decoder messages end in "at" already
         raise ValidationError(f"{p}: not valid JSON ({msg} at line {e.lineno} column {e.colno})") from None
@@ -127,6 +180,17 @@ def fingerprint(data: Any) -> str:
     return hashlib.sha256(canonical(data).encode()).hexdigest()[:16]
 
 
+def _mode_for(path: Path) -> int:
+    """The mode the written file gets: an existing file's own (a 0600 plan stays private when overwritten), else
+    0644 less the umask (mkstemp makes 0600; plans, profiles and reports are meant to be shared)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o644 & ~mask
+
+
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write via a temp file in the same folder and rename, so a crash never leaves a half-written file."""
     p = Path(path)
@@ -137,7 +201,7 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; plans, profiles and reports are meant to be shared
+        os.chmod(tmp, _mode_for(p))
         os.replace(tmp, p)
     except BaseException:
         if os.path.exists(tmp):

@@ -182,6 +182,18 @@ class Plan:
                 raise ValidationError(
                     f"plan.ranks[{r.rank}].batch_size {r.batch_size} is below min_batch {self.min_batch}"
                 )
+            # share is the rank's part of every epoch: batch_size / global_batch, written to 6 decimals at most.
+            if not abs(r.share - r.batch_size / self.global_batch) <= 1e-6:
+                raise ValidationError(
+                    f"plan.ranks[{r.rank}].share is {r.share:.6g} but its batch {r.batch_size} of {self.global_batch} "
+                    f"is {r.batch_size / self.global_batch:.6g}: the plan was edited by hand -- re-run `planner plan` "
+                    "(or `planner plan --from-batches`)"
+                )
+        recorded = self.solver.get("options")
+        if recorded is not None:  # what a report or re-plan re-solves under: refused here, not only there
+            if not isinstance(recorded, Mapping):
+                raise ValidationError(f"plan.solver.options: expected an object, got {type(recorded).__name__}")
+            SolveOptions.from_dict(recorded, path="plan.solver.options")
             if r.batch_size // r.accumulation_steps < self.min_batch:
                 raise ValidationError(
                     f"plan.ranks[{r.rank}]: {r.accumulation_steps} micro-batches of a batch of {r.batch_size} hold "

@@ -36,7 +36,7 @@ from typing import IO, Any, Literal
 
 from planner.devstate import DeviceState
 from planner.errors import ValidationError
-from planner.jsonio import JSONDict
+from planner.jsonio import JSONDict, loads_strict
 from planner.plan import Plan
 from planner.stats import StepStats
 
@@ -362,10 +362,16 @@ def parse_record(d: Mapping[str, Any], where: str = "record", *, strict_plans: b
     """One line's record; None for an event kind this version does not know (ignored by design)."""
     kind = d.get("event")
     if kind == "start":
-        return StartRecord(time=_num(d, "time", where) or 0.0, world_size=_opt_int(d, "world_size", where),
-                           global_batch=_opt_int(d, "global_batch", where), strategy=str(d.get("strategy", "plan")),
-                           plan=_plan(d.get("plan"), where, strict=strict_plans),
-                           dataset_size=_opt_int(d, "dataset_size", where))
+        start = StartRecord(time=_num(d, "time", where) or 0.0, world_size=_opt_int(d, "world_size", where),
+                            global_batch=_opt_int(d, "global_batch", where), strategy=str(d.get("strategy", "plan")),
+                            plan=_plan(d.get("plan"), where, strict=strict_plans),
+                            dataset_size=_opt_int(d, "dataset_size", where))
+        for field, value in (("world_size", start.world_size), ("global_batch", start.global_batch)):
+            planned = getattr(start.plan, field) if start.plan is not None else None
+            if value is not None and planned is not None and value != planned:
+                raise ValidationError(f"{where}: {field} {value} but the run's plan has {planned}; not a run log "
+                                      "this planner wrote")
+        return start
     if kind == "epoch":
         ranks = d.get("ranks") or []
         if not isinstance(ranks, list) or not all(isinstance(r, dict) for r in ranks):
@@ -422,7 +428,9 @@ def read_run_log(path: str | os.PathLike[str], *, strict_plans: bool = False) ->
     skipped = 0
     for k, (lineno, text) in enumerate(numbered):
         try:
-            obj = json.loads(text, parse_constant=_refuse_constant)
+            obj = loads_strict(text, "record")
+        except ValidationError as e:
+            raise ValidationError(f"{p}:{lineno}: {e}") from None
         except json.JSONDecodeError as e:
             if k == len(numbered) - 1:
                 skipped += 1  # a run killed mid-write leaves half a line; everything before it is good
@@ -459,7 +467,3 @@ def read_run_log(path: str | os.PathLike[str], *, strict_plans: bool = False) ->
         dataset_size=start.dataset_size if start else None,
     )
 
-
-def _refuse_constant(name: str) -> Any:
-    # json.loads accepts NaN/Infinity by default; our writer never emits them, so a log holding one is not ours.
-    raise ValueError(f"non-finite number {name} (the run log writes null for those)")

@@ -20,6 +20,7 @@ yields those; a step is then one optimizer step. The layout of the steps above d
 from __future__ import annotations
 
 import copy
+import math
 import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,12 @@ STATE_VERSION = 1
 # Keys k / b are compared as float64: two distinct fractions with denominators <= 2**26 differ by >= 2**-52,
 # more than twice the worst rounding error of a quotient in [0, 1), so the float order is the exact order.
 MAX_BATCH = 1 << 26
+SMALL_LAYOUT = 1 << 16
+"""A global batch above the dataset's length is accepted up to this many positions (under 2 MB of layout)."""
+MAX_DATASET_LEN = 1 << 40
+"""Larger than any dataset indexable in memory; keeps every position and seed arithmetic exact in int64."""
+MAX_EPOCH = 1 << 31
+"""Epochs a sampler counts to: seed + epoch seeds the shuffle, and a checkpoint at epoch 10**18 is not a run."""
 # Positions gathered per block while iterating: bounds the transient memory (8 MiB of int64) independent of N.
 _BLOCK_POSITIONS = 1 << 20
 # prefetch=None turns the background shuffle on from this N (randperm takes ~0.1 s here, ~3 s at 10**8).
@@ -82,12 +89,30 @@ def plan_accumulation_steps(plan: Plan) -> tuple[int, ...] | None:
     return steps if max(steps) > 1 else None
 
 
+def int_arg(value: Any, name: str, *, low: int | None = None, high: int | None = None) -> int:
+    """``value`` as an int, or ValidationError naming the argument: a bool, a non-integral or non-finite float
+    (``rank=1.5`` used to be taken as 1), None, a string or a value outside [low, high] is refused."""
+    ok = not isinstance(value, bool) and (
+        isinstance(value, (int, np.integer)) or (isinstance(value, (float, np.floating)) and math.isfinite(value)
+                                                 and float(value).is_integer()))
+    if not ok:
+        raise ValidationError(f"{name} must be an integer, got {type(value).__name__} {str(value)[:40]}")
+    number = int(value)
+    if (low is not None and number < low) or (high is not None and number > high):
+        bounds = f">= {low}" if high is None else f"<= {high}" if low is None else f"in {low}..{high}"
+        raise ValidationError(f"{name} must be {bounds}, got {str(number)[:40]}")
+    return number
+
+
 def _check_sizes(batch_sizes: Sequence[int], min_batch: int, what: str = "batch_sizes") -> tuple[int, ...]:
-    sizes = tuple(int(b) for b in batch_sizes)
-    if not sizes:
+    if isinstance(batch_sizes, (str, bytes)) or not isinstance(batch_sizes, Sequence):
+        raise ValidationError(f"{what}: expected a list of per-rank batch sizes, got {type(batch_sizes).__name__}")
+    if not batch_sizes:
         raise ValidationError(f"{what}: needs one batch size per rank, got an empty list")
-    if any(isinstance(b, bool) or int(b) != b for b in batch_sizes):
-        raise ValidationError(f"{what}: batch sizes must be integers, got {list(batch_sizes)}")
+    try:
+        sizes = tuple(int_arg(b, f"{what}[{i}]") for i, b in enumerate(batch_sizes))
+    except ValidationError:
+        raise ValidationError(f"{what}: batch sizes must be integers, got {str(list(batch_sizes))[:80]}") from None
     low = [i for i, b in enumerate(sizes) if b < min_batch]
     if low:
         raise ValidationError(
@@ -156,20 +181,23 @@ class HeteroBatchSampler(Sampler[list[int]]):
     def __init__(self, dataset_len: int, batch_sizes: Sequence[int], rank: int, *, seed: int = 0,
                  shuffle: bool = True, drop_last: bool = False, min_batch: int = 1,
                  prefetch: bool | None = None, accumulation_steps: Sequence[int] | None = None) -> None:
-        if isinstance(dataset_len, bool) or int(dataset_len) != dataset_len or dataset_len < 1:
-            raise ValidationError(f"dataset_len must be a positive integer, got {dataset_len!r}")
-        if int(min_batch) != min_batch or min_batch < 1:
-            raise ValidationError(f"min_batch must be an integer >= 1, got {min_batch!r}")
-        self.dataset_len = int(dataset_len)
-        self.min_batch = int(min_batch)
+        self.dataset_len = int_arg(dataset_len, "dataset_len", low=1, high=MAX_DATASET_LEN)
+        self.min_batch = int_arg(min_batch, "min_batch", low=1, high=MAX_BATCH)
         sizes = _check_sizes(batch_sizes, self.min_batch)
-        if not 0 <= rank < len(sizes):
+        self.rank = int_arg(rank, "rank", low=0)
+        if self.rank >= len(sizes):
             raise ValidationError(f"rank {rank} is outside 0..{len(sizes) - 1} for {len(sizes)} batch sizes")
-        self.rank = int(rank)
-        self.seed = int(seed)
+        self.seed = int_arg(seed, "seed", low=0, high=2**63 - 1 - MAX_EPOCH)
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         global_batch = sum(sizes)
+        if global_batch > max(self.dataset_len, SMALL_LAYOUT):
+            # One step would hold the whole dataset and more, and the step's layout costs 8-24 bytes a position of
+            # the global batch (2**26 on 100 samples took GBs): bounded by the dataset, as DistributedSampler's
+            # padding is, with a small allowance for toy datasets.
+            raise ValidationError(
+                f"the global batch {global_batch} (batch sizes {str(list(sizes))[:60]}) exceeds the dataset's "
+                f"{self.dataset_len} samples; plan a global batch of at most {self.dataset_len}")
         if self.drop_last and self.dataset_len < global_batch:
             raise ValidationError(
                 f"dataset has {self.dataset_len} samples, fewer than one global step of {global_batch} "
@@ -294,8 +322,9 @@ class HeteroBatchSampler(Sampler[list[int]]):
         A new epoch number starts from step 0 and applies a pending :meth:`set_batch_sizes`; setting the same
         epoch again keeps a resumed position (so ``load_state_dict`` followed by ``set_epoch(saved_epoch)`` works).
         """
+        epoch = int_arg(epoch, "epoch", low=0, high=MAX_EPOCH)
         if epoch != self._epoch:
-            self._epoch = int(epoch)
+            self._epoch = epoch
             self._resume = (0, 0)
             self._apply_pending()
             self._drop_stale_prefetch()
@@ -367,16 +396,33 @@ class HeteroBatchSampler(Sampler[list[int]]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration starts at the saved step of the saved epoch with the saved batch sizes."""
+        if not isinstance(state, dict):
+            raise ValidationError(f"sampler state: expected a dict, got {type(state).__name__}")
         if state.get("version") != STATE_VERSION:
-            raise ValidationError(f"sampler state version {state.get('version')!r} is not {STATE_VERSION}")
+            raise ValidationError(f"sampler state version {str(state.get('version'))[:20]!r} is not {STATE_VERSION}")
+        required = ("epoch", "step", "batch_sizes", "dataset_len", "seed", "world_size", "shuffle", "drop_last",
+                    "min_batch")
+        missing = [key for key in required if key not in state]
+        if missing:
+            raise ValidationError(f"sampler state: missing {', '.join(missing)}; not a state this sampler saved")
         for key in ("dataset_len", "seed", "world_size", "shuffle", "drop_last", "min_batch"):
             mine = getattr(self, key)
-            if state[key] != mine:
+            if type(state[key]) is not type(mine) or state[key] != mine:
                 raise ValidationError(
-                    f"sampler state was saved with {key}={state[key]} but this sampler has {key}={mine}; "
+                    f"sampler state was saved with {key}={str(state[key])[:40]} but this sampler has {key}={mine}; "
                     "resume with the same dataset, seed, world size and sampler options"
                 )
         sizes = _check_sizes(state["batch_sizes"], self.min_batch, "state.batch_sizes")
+        # A resume keeps the global batch (a re-plan moves samples between ranks, never adds any): a state with
+        # another one is not this run's, and a huge one would train at that size.
+        for what, saved in (("state.batch_sizes", sizes), ("state.pending_batch_sizes", state.get("pending_batch_sizes"))):
+            if saved is None:
+                continue
+            saved = _check_sizes(saved, self.min_batch, what)
+            if len(saved) != self.world_size or sum(saved) != sum(self._sizes):
+                raise ValidationError(
+                    f"{what} {str(list(saved))[:60]} is not a split of this sampler's global batch {sum(self._sizes)} "
+                    f"over {self.world_size} ranks; resume with the plan the run was saved with")
         steps = check_accumulation(sizes, state.get("accumulation_steps"), self.min_batch, "state.accumulation_steps")
         pending = state.get("pending_batch_sizes")
         if pending is None:
@@ -386,8 +432,9 @@ class HeteroBatchSampler(Sampler[list[int]]):
             self._pending = pending, check_accumulation(pending, state.get("pending_accumulation_steps"),
                                                         self.min_batch, "state.pending_accumulation_steps")
         self._sizes, self._steps = sizes, steps
-        self._epoch = int(state["epoch"])
-        position = int(state["step"]), int(state.get("micro_step", 0))
+        self._epoch = int_arg(state["epoch"], "sampler state epoch", low=0, high=MAX_EPOCH)
+        position = (int_arg(state["step"], "sampler state step", low=0),
+                    int_arg(state.get("micro_step", 0), "sampler state micro_step", low=0))
         self._check_position(*position, "sampler state step")
         self._resume = self._generation_start = self._cursor = position
         self._drop_stale_prefetch()

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from planner.errors import ValidationError
-from planner.jsonio import read_json
+from planner.jsonio import loads_strict, read_json
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.quality import check_profile
@@ -36,8 +35,8 @@ def _is_run_log(path: str) -> bool:
     except (OSError, UnicodeDecodeError):
         return False  # read_json below says what is wrong with the file
     try:
-        obj = json.loads(first)
-    except (json.JSONDecodeError, RecursionError):
+        obj = loads_strict(first, "record")
+    except (ValueError, RecursionError):  # ValidationError and JSONDecodeError are ValueErrors
         return False
     return isinstance(obj, dict) and "event" in obj and "kind" not in obj
 

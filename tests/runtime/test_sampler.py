@@ -61,6 +61,47 @@ def test_bad_arguments() -> None:
         HeteroBatchSampler(0, [3, 1], 0)
 
 
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"rank": 1.5}, "rank must be an integer, got float 1.5"),
+    ({"rank": float("nan")}, "rank must be an integer, got float nan"),
+    ({"rank": None}, "rank must be an integer, got NoneType"),
+    ({"rank": True}, "rank must be an integer, got bool"),
+    ({"rank": -1}, "rank must be >= 0, got -1"),
+    ({"dataset_len": 10**400}, "dataset_len must be in 1..1099511627776"),
+    ({"dataset_len": float("inf")}, "dataset_len must be an integer, got float inf"),
+    ({"seed": "7"}, "seed must be an integer, got str 7"),
+    ({"min_batch": 2.5}, "min_batch must be an integer"),
+    ({"batch_sizes": [3, None]}, "batch sizes must be integers"),
+    ({"batch_sizes": "31"}, "expected a list of per-rank batch sizes"),
+    ({"batch_sizes": [2**26, 2**26]}, "exceeds the dataset's 100 samples"),
+])
+def test_arguments_are_checked_with_the_argument_named(kwargs: dict[str, object], message: str) -> None:
+    args: dict[str, object] = {"dataset_len": 100, "batch_sizes": [3, 1], "rank": 0} | kwargs
+    with pytest.raises(ValidationError) as info:
+        HeteroBatchSampler(args.pop("dataset_len"), args.pop("batch_sizes"), args.pop("rank"), **args)  # type: ignore[arg-type]
+    assert message in str(info.value) and "\n" not in str(info.value), str(info.value)
+    assert HeteroBatchSampler(100, [3, 1], 1.0).rank == 1  # type: ignore[arg-type]  # an integral float is fine
+
+
+def test_a_tampered_state_is_refused_in_one_line() -> None:
+    good = HeteroBatchSampler(100, [12, 4], 0).state_dict()
+    cases = {
+        "missing key": ({k: v for k, v in good.items() if k != "batch_sizes"}, "missing batch_sizes"),
+        "huge batch": (good | {"batch_sizes": [2**26 - 4, 4]}, "is not a split of this sampler's global batch 16"),
+        "other global batch": (good | {"batch_sizes": [60, 4]}, "is not a split of this sampler's global batch 16"),
+        "epoch 10^18": (good | {"epoch": 10**18}, "sampler state epoch must be in 0..2147483648"),
+        "string seed": (good | {"seed": "0"}, "sampler state was saved with seed=0 but"),
+        "not a dict": ([1, 2], "expected a dict"),
+    }
+    for name, (state, message) in cases.items():
+        sampler = HeteroBatchSampler(100, [12, 4], 0)
+        with pytest.raises(ValidationError) as info:
+            sampler.load_state_dict(state)  # type: ignore[arg-type]
+        assert message in str(info.value), (name, str(info.value))
+    moved = good | {"batch_sizes": [10, 6]}  # a re-plan's split of the same global batch resumes
+    HeteroBatchSampler(100, [12, 4], 0).load_state_dict(moved)
+
+
 def test_int32_permutation_equals_distributed_sampler_int64() -> None:
     g = torch.Generator().manual_seed(7)
     ref = torch.randperm(200_003, generator=g)
