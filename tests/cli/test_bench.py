@@ -120,7 +120,7 @@ def test_a_loader_fed_window_opens_once_the_prefetched_batches_are_spent(tmp_pat
     assert rc == 0
     res = json.loads(out.read_text())
     # uint8 images from the workers (auto turns this on where every rank is on CUDA), normalized by the device copy
-    # in every strategy and in the standalone runs behind "ideal" (session 18's first GPU bench crashed there)
+    # in every strategy and in the standalone runs behind "ideal" (a GPU bench crashed there when they did not)
     assert res["meta"]["gpu_normalize"] is True and res["ideal"]["samples_per_s"] > 0
     # --step-log: each strategy's one epoch, per rank, as planner train writes it
     for name in COMPARED:

@@ -16,7 +16,7 @@ from planner.profile import Profile
 from tests._torchrun import run_planner_torchrun
 
 RESULTS = Path(__file__).resolve().parents[2] / "tests" / "data"
-# Session 17's skew launch on 2x H200 ran its loaders 14% costlier than this profile's curve at its plan.
+# A skew launch on 2x H200 ran its loaders 14% costlier than this profile's curve at its plan.
 RECORDED = RESULTS / "h200x2_train_auto_replan_s17c_skewS_r1"
 
 
@@ -86,7 +86,7 @@ def test_auto_checks_the_plans_loaders_and_keeps_plan_and_profile_together(tmp_p
 
 
 def test_after_the_check_the_split_changes_only_for_a_real_gain() -> None:
-    """Session 17's first skew launch with the check (2x H200): the check put the loaders 3.6% and 6.5% above the
+    """A skew launch with the check (2x H200): the check put the loaders 3.6% and 6.5% above the
     model, and always taking the new optimum jumped from [393, 119] on [23, 7] workers to [462, 50] on [27, 3]
     (predicted 0.9% faster; it ran 20% slower).  Now the split is kept, with its predictions from the checked
     profile, unless a re-solve gains the Replanner's 5%."""

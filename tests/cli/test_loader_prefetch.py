@@ -1,7 +1,7 @@
 """planner.cli.steps.loader_prefetch: a rank's in-flight DataLoader batches sized to the host's shared memory.
 
 Each DataLoader worker hands its batches over in /dev/shm and keeps up to ``prefetch_factor`` of them ready.  With
-no fixed worker cap (session 9) a loader-bound rank may run 28 workers: at ResNet-50's 224 px and batch 465 that is
+no fixed worker cap a loader-bound rank may run 28 workers: at ResNet-50's 224 px and batch 465 that is
 28 x 4 batches of 267 MiB, 29 GiB of shared memory; a docker container's --shm-size of 8 GiB would see its
 DataLoader die of a bus error mid-epoch.  `planner train` lowers the prefetch until the batches fit, and says so.
 """
@@ -20,7 +20,7 @@ IMAGE = 3 * 224 * 224 * 4  # one ResNet-50 sample, float32
 
 
 def test_fits_keeps_the_prefetch() -> None:
-    # Session 9's 2x H100 host: 128 GiB of /dev/shm, 2 ranks; rank 0 with 28 workers at batch 465.
+    # A 2x H100 host: 128 GiB of /dev/shm, 2 ranks; rank 0 with 28 workers at batch 465.
     assert loader_prefetch(28, 465 * IMAGE, 128 * GIB, 2) == (LOADER_PREFETCH, None)
     assert loader_prefetch(0, 465 * IMAGE, 1, 2) == (LOADER_PREFETCH, None)  # no workers: nothing in shm
     assert loader_prefetch(28, 465 * IMAGE, None, 2) == (LOADER_PREFETCH, None)  # no /dev/shm: torch's behaviour

@@ -1,5 +1,5 @@
 """`planner train` runs a plan's micro-batches exactly: accumulating k = [1, 3] trains to the same float64
-parameters as one micro-step per rank on the same samples (#13), with the loss scale and with the hook, over
+parameters as one micro-step per rank on the same samples, with the loss scale and with the hook, over
 3 epochs with padded partial steps (the negative controls, plain averaging, are in tests/runtime/test_accumulation_ddp.py)."""
 
 from __future__ import annotations
