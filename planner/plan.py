@@ -37,6 +37,8 @@ from planner.launchenv import check_launch_env
 from planner.options import MODES, SolveOptions
 
 PLAN_VERSION = 1
+MAX_LOADER_WORKERS = 1024
+"""Loader workers a plan may give one rank: a bound on processes, whatever the host."""
 Bottleneck = Literal["compute", "loader", "memory"]
 BOTTLENECKS: tuple[str, ...] = ("compute", "loader", "memory")
 _ACCUMULATION_FIELDS = ("micro_batch_size", "accumulation_steps")
@@ -95,6 +97,9 @@ class RankPlan:
         return self.predicted_step_time_s if self.predicted_busy_s is None else self.predicted_busy_s
 
     def __post_init__(self) -> None:
+        if not 0 <= self.num_workers <= MAX_LOADER_WORKERS:
+            raise ValidationError(f"rank {self.rank}: num_workers {self.num_workers} is outside 0..{MAX_LOADER_WORKERS} "
+                                  "(each is a forked process; no host has more cores)")
         b, k = self.batch_size, self.accumulation_steps
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValidationError(f"rank {self.rank}: accumulation_steps must be an integer >= 1, got {k!r}")

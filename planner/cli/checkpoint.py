@@ -11,6 +11,7 @@ scalar, an object from an older format) is refused with one line before any of i
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tempfile
@@ -25,11 +26,14 @@ import torch
 
 from planner.errors import ValidationError
 from planner.plan import Plan
+from runtime.sampler import MAX_EPOCH
 
 CHECKPOINT_NAME = "checkpoint.pt"
 # The on-disk layout (the keys below, the plan/sampler/replanner as JSON-able data) is unchanged since version 1;
 # only the loader became strict, so checkpoints of version 1 that hold plain data still resume.
 CHECKPOINT_VERSION = 1
+MAX_STEP = 1 << 40
+"""Bound on a saved step and on the run record's counts: beyond any real run, within int64 arithmetic."""
 _KEYS = ("version", "epoch", "step", "model", "optimizer", "plan", "sampler", "replanner")
 
 # Exact types, not isinstance: a float or int subclass (np.float64, an IntEnum) pickles under its own class name,
@@ -186,9 +190,9 @@ def _check_layout(state: Any, path: Path) -> None:
     missing = [k for k in _KEYS if k not in state]
     if missing:
         raise bad(f"missing {', '.join(missing)}")
-    for key in ("epoch", "step"):
-        if type(state[key]) is not int or state[key] < 0:
-            raise bad(f"{key} is {state[key]!r}, expected an integer >= 0")
+    for key, most in (("epoch", MAX_EPOCH), ("step", MAX_STEP)):
+        if type(state[key]) is not int or not 0 <= state[key] <= most:
+            raise bad(f"{key} is {str(state[key])[:30]}, expected an integer in 0..{most}")
     for key, kinds in (("model", (dict,)), ("optimizer", (dict,)), ("plan", (dict,)),
                        ("sampler", (dict, type(None))), ("replanner", (dict, type(None))),
                        ("run", (dict, type(None)))):
@@ -199,3 +203,55 @@ def _check_layout(state: Any, path: Path) -> None:
         Plan.from_dict(state["plan"], path="plan")
     except ValidationError as e:
         raise bad(str(e).splitlines()[0] if str(e) else "the plan is invalid") from None
+    problem = (_model_problem(state["model"]) or _optimizer_problem(state["optimizer"])
+               or _run_problem(state.get("run")))
+    if problem:
+        raise bad(problem)
+
+
+def _model_problem(model: dict[Any, Any]) -> str | None:
+    for key, value in model.items():
+        if type(key) is not str or not isinstance(value, torch.Tensor):
+            return f"model[{str(key)[:40]!r}] is a {type(value).__name__}, expected a tensor"
+    return None
+
+
+def _number(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def _optimizer_problem(opt: dict[Any, Any]) -> str | None:
+    """What torch's ``Optimizer.load_state_dict`` would stumble on, said first (it raised KeyError or
+    TypeError tracebacks on an empty dict or a string learning rate)."""
+    if not isinstance(opt.get("state"), dict):
+        return "optimizer.state is missing or not a dict"
+    groups = opt.get("param_groups")
+    if not isinstance(groups, list) or not groups or not all(isinstance(g, dict) for g in groups):
+        return "optimizer.param_groups is missing, empty or not a list of dicts"
+    for i, group in enumerate(groups):
+        lr = group.get("lr")
+        if not (_number(lr) and lr > 0):
+            return f"optimizer.param_groups[{i}].lr is {str(lr)[:30]}, expected a positive finite number"
+        params = group.get("params")
+        if not isinstance(params, list) or not all(type(p) is int for p in params):
+            return f"optimizer.param_groups[{i}].params is not a list of parameter indices"
+    return None
+
+
+_RUN_TYPES: dict[str, tuple[type, ...]] = {
+    "model": (str,), "dataset": (str,), "seed": (int,), "lr": (int, float), "global_batch": (int,),
+    "world_size": (int,), "image_size": (int, type(None)), "num_samples": (int, type(None)),
+    "plan_fingerprint": (str,),
+}
+
+
+def _run_problem(run: dict[str, Any] | None) -> str | None:
+    """The run record's values, typed: a resume compares them with the command line and may take them."""
+    for key, kinds in _RUN_TYPES.items():
+        if run is None or key not in run:
+            continue
+        value = run[key]
+        if type(value) not in kinds or (kinds == (int, float) and not _number(value)) or (
+                type(value) is int and not 0 <= value <= MAX_STEP):
+            return f"run.{key} is {type(value).__name__} {str(value)[:30]}, not what this version writes"
+    return None

@@ -89,6 +89,19 @@ def check_outputs_and_ranks(args: argparse.Namespace, world_size: int, rank: int
     check_ranks(parse_rank_gib(getattr(args, "emulate_memory", None)), world_size, "--emulate-memory")
 
 
+def check_workers_fit(plan: Plan, rank: int, cores: int | None = None) -> None:
+    """Refuse a plan that gives this rank more loader workers than its host has cores.
+
+    The solver never does (a host's workers share its cores, less a reserve per rank); a plan that does was
+    made for other hosts or edited, and each worker is a forked process: 2,147,483,647 of them on a 2-core host
+    is a fork bomb.
+    """
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    if rank < plan.world_size and plan.ranks[rank].num_workers > cores:
+        raise ValidationError(f"the plan gives rank {rank} {plan.ranks[rank].num_workers} loader workers but this "
+                              f"host has {cores} CPU cores; re-plan from a profile of this cluster")
+
+
 def _saved_meta(state: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint's run values; older checkpoints (no "run") still tell the lr and the global batch."""
     meta = dict(state.get("run") or {})
@@ -193,6 +206,7 @@ def preflight(args: argparse.Namespace) -> Preflight:
     out = Preflight()
     if args.plan:
         out.plan = Plan.load(args.plan)
+        check_workers_fit(out.plan, rank)
         if args.global_batch is not None and args.global_batch != out.plan.global_batch:
             raise ValidationError(
                 f"--global-batch {args.global_batch} differs from the plan's {out.plan.global_batch}; re-plan")
@@ -239,4 +253,4 @@ def preflight(args: argparse.Namespace) -> Preflight:
     return out
 
 
-__all__ = ["DEFAULTS", "Preflight", "check_weights_fit", "compare_with_checkpoint", "preflight", "run_meta"]
+__all__ = ["DEFAULTS", "Preflight", "check_weights_fit", "check_workers_fit", "compare_with_checkpoint", "preflight", "run_meta"]

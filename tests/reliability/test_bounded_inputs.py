@@ -102,3 +102,22 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_loader_workers_are_bounded_in_the_plan_and_by_the_host(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli.preflight import check_workers_fit
+    from planner.errors import ValidationError
+
+    data = _plan_dict()
+    data["ranks"][0]["num_workers"] = 2147483647
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    err = _one_line(*_run(["validate", str(tmp_path / "plan.json")], capsys))
+    assert "num_workers 2147483647 is outside 0..1024" in err, err
+    plan = solve(linear_profile([1.0, 2.0]), global_batch=8)
+    import dataclasses
+
+    many = dataclasses.replace(plan, ranks=(dataclasses.replace(plan.ranks[0], num_workers=40), *plan.ranks[1:]))
+    with pytest.raises(ValidationError, match="gives rank 0 40 loader workers but this host has 2 CPU cores"):
+        check_workers_fit(many, 0, cores=2)
+    check_workers_fit(many, 1, cores=2)  # rank 1's own workers fit

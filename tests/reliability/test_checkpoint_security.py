@@ -138,12 +138,54 @@ def test_cli_resume_refuses_malicious_checkpoint(extra: list[str], tmp_path: Pat
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [CHECKPOINT_NAME]  # nothing else written
 
 
+def _tampered(tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """A checkpoint save_checkpoint wrote, with one non-tensor value changed by hand."""
+    plan = solve(linear_profile([1.0]), global_batch=8)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    save_checkpoint(tmp_path, epoch=0, step=1, model=model, optimizer=opt, plan=plan,
+                    sampler_state=HeteroBatchSampler(64, [8], 0).state_dict(),
+                    run={"model": "mlp", "dataset": "fake", "seed": 0, "lr": 0.01, "global_batch": 8})
+    state = torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)
+    edit(state)
+    torch.save(state, tmp_path / CHECKPOINT_NAME)
+    return tmp_path
+
+
+@pytest.mark.parametrize(("edit", "needle"), [
+    (lambda s: s.__setitem__("optimizer", {}), "optimizer.state is missing"),
+    (lambda s: s["optimizer"]["param_groups"][0].__setitem__("lr", "0.1"), "param_groups[0].lr is 0.1, expected"),
+    (lambda s: s["optimizer"].__setitem__("param_groups", []), "param_groups is missing, empty"),
+    (lambda s: s.__setitem__("epoch", 10**18), "epoch is 1000000000000000000, expected an integer in 0.."),
+    (lambda s: s["model"].__setitem__("weight", "x"), "model['weight'] is a str, expected a tensor"),
+    (lambda s: s["run"].__setitem__("lr", "0.1"), "run.lr is str 0.1"),
+    (lambda s: s["run"].__setitem__("global_batch", 2**80), "run.global_batch is int"),
+], ids=["empty-optimizer", "string-lr", "no-param-groups", "epoch-1e18", "model-value", "run-lr", "run-batch"])
+def test_tampered_contents_are_refused_in_one_line(edit: Callable[[dict[str, Any]], None], needle: str,
+                                                   tmp_path: Path) -> None:
+    folder = _tampered(tmp_path, edit)
+    with pytest.raises(ValidationError) as e:
+        load_checkpoint(folder, CPU)
+    msg = str(e.value)
+    assert "\n" not in msg and needle in msg and "refused" in msg, msg
+
+
+def test_a_tampered_sampler_state_is_refused_on_resume(tmp_path: Path) -> None:
+    def drop_key(state: dict[str, Any]) -> None:
+        del state["sampler"]["batch_sizes"]
+
+    state = load_checkpoint(_tampered(tmp_path, drop_key), CPU)
+    assert state is not None
+    with pytest.raises(ValidationError, match="sampler state: missing batch_sizes"):
+        HeteroBatchSampler(64, [8], 0).load_state_dict(state["sampler"])
+
+
 @pytest.mark.parametrize(("state", "needle"), [
     ([1, 2], "expected a dict of version, epoch, step"),
     ({"version": 0}, f"checkpoint version 0 is not {CHECKPOINT_VERSION}"),
     ({"version": CHECKPOINT_VERSION, "epoch": 0}, "missing step, model, optimizer, plan, sampler, replanner"),
     ({"version": CHECKPOINT_VERSION, "epoch": -1, "step": 0, "model": {}, "optimizer": {}, "plan": {},
-      "sampler": None, "replanner": None}, "epoch is -1, expected an integer >= 0"),
+      "sampler": None, "replanner": None}, "epoch is -1, expected an integer in 0..2147483648"),
     ({"version": CHECKPOINT_VERSION, "epoch": 0, "step": 0, "model": [], "optimizer": {}, "plan": {},
       "sampler": None, "replanner": None}, "model is a list, expected dict"),
     ({"version": CHECKPOINT_VERSION, "epoch": 0, "step": 0, "model": {}, "optimizer": {}, "plan": {"kind": "x"},
