@@ -11,11 +11,36 @@ chose to stop, as with any Unix tool).
 from __future__ import annotations
 
 import errno
+import re
 from typing import IO, Any
+
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control character except newline and tab (ESC, CR, BEL, C1, bidi overrides) shown as
+    its escape (``\\x1b``): device, host and model names come from files, and a name holding a terminal escape
+    sequence would otherwise be run by the user's terminal when `plan` or `report` prints it."""
+    return _UNSAFE.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
+class TerminalSafe:
+    """A stand-in for ``sys.stderr`` that writes ``terminal_safe`` text."""
+
+    def __init__(self, inner: IO[str]) -> None:
+        self.inner = inner
+
+    def write(self, text: str) -> int:
+        self.inner.write(terminal_safe(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 class GuardedStdout:
-    """A stand-in for ``sys.stdout`` that never raises OSError from ``write`` or ``flush``."""
+    """A stand-in for ``sys.stdout`` that never raises OSError from ``write`` or ``flush``, and writes
+    ``terminal_safe`` text."""
 
     def __init__(self, inner: IO[str]) -> None:
         self.inner = inner
@@ -25,7 +50,8 @@ class GuardedStdout:
     def write(self, text: str) -> int:
         if self.error is None:
             try:
-                return self.inner.write(text)
+                self.inner.write(terminal_safe(text))
+                return len(text)
             except OSError as e:
                 self.error = e
         return len(text)
@@ -56,4 +82,4 @@ class GuardedStdout:
                "writes were written, the text it printed was lost"
 
 
-__all__ = ["GuardedStdout"]
+__all__ = ["GuardedStdout", "TerminalSafe", "terminal_safe"]

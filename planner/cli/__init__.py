@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from planner.errors import PlanError, ValidationError
-from planner.stdio import GuardedStdout
+from planner.stdio import GuardedStdout, TerminalSafe
 
 # name -> (module, one-line help).  A command's module is imported only when the command runs.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -100,13 +100,14 @@ def build_parser(command: str) -> tuple[argparse.ArgumentParser, object]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     # A closed or full stdout loses the printed text, never the work (planner/stdio.py).
-    guard = GuardedStdout(sys.stdout)
-    sys.stdout = guard  # type: ignore[assignment]
+    # Names from files reach the terminal as text, never as escape sequences (planner/stdio.py: terminal_safe).
+    guard, err = GuardedStdout(sys.stdout), TerminalSafe(sys.stderr)
+    sys.stdout, sys.stderr = guard, err  # type: ignore[assignment]
     try:
         rc = _main(argv)
         guard.flush()
     finally:
-        sys.stdout = guard.inner
+        sys.stdout, sys.stderr = guard.inner, err.inner
     problem = guard.problem()
     if problem is not None:
         print(problem, file=sys.stderr)

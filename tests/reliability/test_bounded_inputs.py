@@ -121,3 +121,18 @@ def test_loader_workers_are_bounded_in_the_plan_and_by_the_host(tmp_path: Path,
     with pytest.raises(ValidationError, match="gives rank 0 40 loader workers but this host has 2 CPU cores"):
         check_workers_fit(many, 0, cores=2)
     check_workers_fit(many, 1, cores=2)  # rank 1's own workers fit
+
+
+def test_names_from_files_reach_the_terminal_as_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = linear_profile([1.0, 2.0]).to_dict()
+    data["ranks"][0]["device"] = "cuda:0\x1b]0;owned\x07\x1b[2J"
+    data["hosts"][0]["name"] = data["ranks"][0]["host"] = data["ranks"][1]["host"] = "h\x1b[31m\u202e"
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    for argv in (["plan", "--profile", str(path), "--global-batch", "8"],
+                 ["report", "--profile", str(path), "--global-batch", "8", "--out", str(tmp_path / "r.html")]):
+        assert main(argv) == 0
+        out = capsys.readouterr()
+        for stream in (out.out, out.err):
+            assert "\x1b" not in stream and "\x07" not in stream and "\u202e" not in stream, argv
+        assert "cuda:0\\x1b]0;owned\\x07" in out.out, out.out
