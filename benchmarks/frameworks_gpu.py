@@ -247,6 +247,7 @@ def main() -> int:
         out.write_text(json.dumps({
             "benchmark": "frameworks_gpu", "framework": args.framework, "args": vars(args),
             "heterogeneity": f"emulated compute skew: rank {SLOW_RANK} x{FACTOR} (profiler.workloads.emulate.Slowdown)",
+            "emulate_mode": Slowdown(FACTOR).mode,
             "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
             "torch": torch.__version__, "profile_s": profile_s, "plan": plan.to_dict(), "profile": profile.to_dict(),
             "rounds": rounds, "summary": summary}, indent=1))

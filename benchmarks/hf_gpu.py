@@ -289,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps({
             "benchmark": "hf_gpu", "args": vars(args), "world_size": dist.get_world_size(),
             "heterogeneity": f"emulated compute skew: rank {SLOW_RANK} x F (profiler.workloads.emulate.Slowdown)",
+            "emulate_mode": Slowdown(2.0).mode,
             "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
             "transformers": __import__("transformers").__version__, "total_s": total_s,
             "setups": {f"{f:g}": {"profile_s": s["profile_s"], "plan": s["plan"].to_dict(),

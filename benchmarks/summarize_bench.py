@@ -1,5 +1,6 @@
-"""`planner bench` results: compact records in docs/results/, and the generated tables of docs/PERFORMANCE.md and
-the README, so that a sceptic can re-derive each number from the records.
+"""`planner bench` results (and the framework scripts', benchmarks/frameworks_gpu.py and hf_gpu.py): compact records
+in docs/results/, and the generated tables of docs/PERFORMANCE.md and the README, so that a sceptic can re-derive
+each number from the records.
 
     python benchmarks/summarize_bench.py --compact OUT/*.json          # raw `planner bench --json` files -> records
     python benchmarks/summarize_bench.py                               # print every generated block
@@ -7,7 +8,8 @@ the README, so that a sceptic can re-derive each number from the records.
     python benchmarks/summarize_bench.py --check docs/PERFORMANCE.md README.md   # exit 1 if a block is stale
     python benchmarks/summarize_bench.py --results DIR more.json       # other records or raw files
 
-A record is one launch of `planner bench` (one entry of a sweep file's "runs"), cut to the keys the tables read;
+A record is one launch of `planner bench` (one entry of a sweep file's "runs") or one emulated factor of a framework
+script's launch, cut to the keys the tables read;
 `launch_from` reads a record and the raw file it came from alike, so the tables are the same from either (the
 record format is described in benchmarks/README.md).
 
@@ -52,6 +54,7 @@ SCENARIOS = {
     "device-mix": "a real CPU rank beside GPUs",
     "small-memory": "emulated small memory",
     "midrun": "a slowdown that starts mid-run (plan+replan)",
+    "frameworks": "the framework adapters: a planned Lightning, Accelerate or HF Trainer run against its default",
 }
 """Block name suffix (``scenario: NAME``) -> the heterogeneity it covers (``scenario`` sorts launches into them)."""
 ORDER = ("equal", "equal-accum", "no-accum", "proportional", "plan", "plan+replan")
@@ -102,6 +105,8 @@ HEADLINES = (
     ("4x NVIDIA", "resnet50", "emulated compute skew 2=2,3=4", "stall emulation"),
     ("4x NVIDIA", "resnet50", "real co-tenants: duty-0.3 bf16 matmul loop on GPU 2, duty-0.6 on GPU 3", ""),
     ("4x NVIDIA", "resnet50", "real co-tenants: one full-duty bf16 matmul loop on GPU 2, two on GPU 3", ""),
+    ("2x NVIDIA", "tiny_lm:125m", "emulated compute skew 1=3",
+     "interleaved emulation; the Trainer's own step overhead calibrated into the profile"),
 )
 """The groups of the README's table: (hardware prefix, model, heterogeneity, setting); every card that matches gets
 a row, from its window-timed launches once it has any."""
@@ -123,10 +128,25 @@ class Launch:
     late_slowdown: bool
     """plan+replan met a slowdown after its first epoch: its ideal is the predicted one after it, and the equal
     split (run without it) and the prediction (made before it) are no baseline."""
+    framework: str = ""
+    """A framework adapter's launch (benchmarks/frameworks_gpu.py, hf_gpu.py): "equal" is the framework's default
+    (its DistributedSampler), "plan" the planned twin."""
+
+
+FRAMEWORK_SCRIPTS = {"frameworks_gpu": "frameworks_gpu.py", "hf_gpu": "hf_gpu.py"}
+"""The ``benchmark`` key of a framework script's raw JSON."""
+
+
+def is_framework(d: Any) -> bool:
+    """A raw framework-script result or its record."""
+    return isinstance(d, dict) and (d.get("benchmark") in FRAMEWORK_SCRIPTS or d.get("kind") == "framework")
 
 
 def is_bench(d: Any) -> bool:
-    """A raw `planner bench --json` result (a launch, or a sweep of them under "runs") or a record."""
+    """A raw `planner bench --json` result (a launch, or a sweep of them under "runs"), a framework script's raw
+    result, or a record of either."""
+    if is_framework(d):
+        return True
     runs = d.get("runs") if isinstance(d, dict) else None
     items = runs if isinstance(runs, list) else [d]
     return bool(items) and all(isinstance(r, dict) and "meta" in r and "ideal" in r for r in items)
@@ -165,6 +185,8 @@ def _file_settings(name: str) -> list[str]:
 
 def launch_from(file: str, r: dict[str, Any]) -> Launch:
     """The launch `r` -- a record, or one launch of the raw file named `file` -- as the tables read it."""
+    if r.get("kind") == "framework":
+        return _framework_launch(file, r)
     m = r["meta"]
     workload = (f"{m['model']}{' bf16' if m.get('amp') else ''}, global batch {m['global_batch']}, "
                 f"{m.get('data', '')}")
@@ -200,7 +222,27 @@ def launch_from(file: str, r: dict[str, Any]) -> Launch:
                   predicted_step_s=pred, ideal_samples_per_s=float(ideal) if ideal else None, late_slowdown=late)
 
 
-def _runs(d: dict[str, Any]) -> list[dict[str, Any]]:
+def _framework_launch(file: str, r: dict[str, Any]) -> Launch:
+    m = r["meta"]
+    named = list(r.get("setting", []))
+    mode = MODES.get(str(m.get("emulate_mode")))
+    if mode and mode not in named:
+        named.append(mode)
+    if m.get("calibrated"):
+        named.append("the Trainer's own step overhead calibrated into the profile")
+    key = (_hardware(m["devices"]), f"{r['framework']}: {m['workload']}", str(m["heterogeneity"]), "; ".join(named))
+    B = int(m["global_batch"])
+    return Launch(file=file, key=key, model=str(m["model"]), global_batch=B,
+                  rounds={"equal": [float(x["default"]) for x in r["rounds"]],
+                          "plan": [float(x["planned"]) for x in r["rounds"]]},
+                  predicted_step_s={"plan": B / float(r["predicted_samples_per_s"])},
+                  ideal_samples_per_s=None, late_slowdown=False, framework=str(r["framework"]))
+
+
+def _runs(name: str, d: dict[str, Any]) -> list[dict[str, Any]]:
+    """The launches of file `name`: a sweep's runs, a framework script's records, or the file itself."""
+    if d.get("benchmark") in FRAMEWORK_SCRIPTS:
+        return compact_framework(name, d)
     return d["runs"] if isinstance(d.get("runs"), list) else [d]
 
 
@@ -216,7 +258,7 @@ def load(paths: Sequence[Path]) -> tuple[list[Launch], list[str]]:
         if not is_bench(d):
             ignored.append(p.name)
             continue
-        launches += [launch_from(p.name, r) for r in _runs(d)]
+        launches += [launch_from(p.name, r) for r in _runs(p.name, d)]
     return launches, ignored
 
 
@@ -255,6 +297,51 @@ def compact(raw_name: str, r: dict[str, Any], run: int | None = None) -> dict[st
     return rec
 
 
+def compact_framework(raw_name: str, d: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records of a framework script's raw result: one per emulated factor (hf_gpu.py runs several)."""
+    a = d.get("args", {})
+    setting = _file_settings(raw_name)
+    if d["benchmark"] == "hf_gpu":
+        framework = "HF Trainer"
+        model = f"tiny_lm:{a.get('size', '125m')}"
+        workload = (f"{model}{' bf16' if a.get('amp', True) else ''}, {a.get('seq_len', 1024)}-token sequences, "
+                    f"global batch {a['global_batch']}")
+        setups = {float(k): v for k, v in d["setups"].items()}
+        runs = [(f, [x for x in d["rounds"] if float(x["factor"]) == f], setups[f]["plan"]) for f in sorted(setups)]
+        world = int(d.get("world_size") or 2)
+        rounds = [[{"default": x["default"]["samples_per_s"], "planned": x["planned"]["samples_per_s"]} for x in rs]
+                  for _, rs, _ in runs]
+    else:
+        framework = {"lightning": "Lightning Trainer", "accelerate": "Accelerate"}[d["framework"]]
+        model = str(a.get("model", "resnet50"))
+        workload = (f"{model}{'' if a.get('no_amp') else ' bf16'}, global batch {a['global_batch']}, "
+                    f"DataLoader with {a.get('workers', 4)} workers a rank")
+        factor = float(re.search(r"x([0-9.]+)", d["heterogeneity"]).group(1))  # type: ignore[union-attr]
+        runs = [(factor, d["rounds"], d["plan"])]
+        world = int(d["plan"]["world_size"])
+        rounds = [[{"default": x["default"], "planned": x["planned"]} for x in d["rounds"]]]
+    out = []
+    for i, ((factor, _, plan), rs) in enumerate(zip(runs, rounds, strict=True)):
+        rec: dict[str, Any] = {"record": RECORD_FORMAT, "kind": "framework", "source": raw_name}
+        if len(runs) > 1:
+            rec["run"] = i
+        rec["framework"] = framework
+        rec["setting"] = setting
+        rec["meta"] = {"devices": [d["device"]] * world, "model": model, "workload": workload,
+                       "global_batch": int(a["global_batch"]),
+                       "heterogeneity": f"emulated compute skew {world - 1}={factor:g}"}
+        mode = d.get("emulate_mode") or next((m for m in MODES if f"_{m}" in raw_name), None)
+        if mode:
+            rec["meta"]["emulate_mode"] = mode
+        if a.get("calibrate"):
+            rec["meta"]["calibrated"] = True
+        rec["meta"]["torch"] = d.get("torch")
+        rec["rounds"] = rs
+        rec["predicted_samples_per_s"] = float(plan["predicted"]["samples_per_s"])
+        out.append(rec)
+    return out
+
+
 def scenario(heterogeneity: str) -> str:
     """Which of SCENARIOS a launch's heterogeneity belongs to (the first source named decides a mix)."""
     het = heterogeneity.lower()
@@ -280,7 +367,9 @@ def _card_tag(devices: Sequence[str]) -> str:
 def record_name(rec: dict[str, Any], taken: set[str]) -> str:
     """``<cards>_<model>_<scenario>_<nn>.json``, the first number not in `taken`."""
     m = rec["meta"]
-    stem = f"{_card_tag(m.get('devices', []))}_{m['model']}_{scenario(str(m.get('heterogeneity')))}"
+    kind = (re.sub(r"[^a-z0-9]+", "-", rec["framework"].lower()) if rec.get("kind") == "framework"
+            else scenario(str(m.get("heterogeneity"))))
+    stem = f"{_card_tag(m.get('devices', []))}_{m['model'].replace(':', '-')}_{kind}"
     n = 1
     while f"{stem}_{n:02d}.json" in taken:
         n += 1
@@ -307,12 +396,13 @@ def write_records(raw: Sequence[Path], out: Path) -> list[Path]:
             print(f"skipped {p}: {'a record already' if 'record' in d else 'not a planner bench result'}",
                   file=sys.stderr)
             continue
-        runs = _runs(d)
+        framework = d.get("benchmark") in FRAMEWORK_SCRIPTS
+        runs = _runs(p.name, d)
         for i, r in enumerate(runs):
             run = i if len(runs) > 1 else None
             if (p.name, run) in have:
                 continue
-            rec = compact(p.name, r, run)
+            rec = r if framework else compact(p.name, r, run)
             name = record_name(rec, taken)
             taken.add(name)
             (out / name).write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
@@ -413,12 +503,12 @@ def scenario_table(groups: dict[tuple[str, str, str, str], list[Launch]], name: 
            "proportional vs DistributedSampler | plan / proportional | plan vs ideal | plan prediction error | "
            "records |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (hw, wl, het, setting), g in groups.items():
-        if scenario(het) != name:
+        if (g[0].framework and name != "frameworks") or (not g[0].framework and scenario(het) != name):
             continue
         plan = _planned(g)
         pp = paired(g, "plan", "proportional")
         records = ", ".join(f"`{f}`" for f in sorted({la.file for la in g}))
-        out.append(f"| {hw} | {wl} | {het} | {_timed(setting)} | {_count(g)} | "
+        out.append(f"| {hw} | {wl} | {het} | {setting or '-' if g[0].framework else _timed(setting)} | {_count(g)} | "
                    f"{_vs_base(g, plan)}{' (plan+replan)' if plan != 'plan' else ''} | {_vs_base(g, 'proportional')} | "
                    f"{_x(pp, '{:.3f}')}{', ' + verdict(pp) if pp else ''} | {_x(of_ideal(g, plan), '{:.3f}')} | "
                    f"{_pct(errors(g, plan))} | {records} |")
@@ -445,7 +535,8 @@ def readme_table(launches: Sequence[Launch]) -> str:
             if not paired(g, "plan", _baseline(g) or "equal"):
                 continue  # a plan-only launch (no equal split beside it): no ratio
             key, pp = g[0].key, paired(g, "plan", "proportional")
-            out.append(f"| {het}{'; ' + key[3] if key[3] else ''}; {model}, global batch {g[0].global_batch} | "
+            what = f"{g[0].framework} " if g[0].framework else ""
+            out.append(f"| {het}{'; ' + key[3] if key[3] else ''}; {what}{model}, global batch {g[0].global_batch} | "
                        f"{key[0]} | {_count(g)} | **{_vs_base(g, 'plan')}** | {_vs_base(g, 'proportional')} | "
                        f"{_x(pp, '{:.3f}')}{' (' + verdict(pp) + ')' if pp else ''} | {_pct(errors(g, 'plan'))} |")
     return ("Median [min-max] over launches and interleaved rounds; each ratio taken within one launch and round; "

@@ -116,6 +116,50 @@ def test_a_record_reads_as_its_raw_file_and_compaction_is_idempotent(tmp_path: P
     assert sum(p.stat().st_size for p in written) < src.stat().st_size
 
 
+def _framework_raw(script: str) -> dict[str, Any]:
+    """What benchmarks/frameworks_gpu.py and hf_gpu.py write, cut to what the summary reads."""
+    plan = {"world_size": 2, "predicted": {"samples_per_s": 600.0}}
+    rounds = [{"default": 300.0, "planned": 590.0}, {"default": 310.0, "planned": 600.0}]
+    if script == "hf_gpu":
+        hf_rounds = [{"round": i, "factor": f, "default": {"samples_per_s": r["default"] / f},
+                      "planned": {"samples_per_s": r["planned"] / f}} for f in (2.0, 3.0)
+                     for i, r in enumerate(rounds)]
+        return {"benchmark": "hf_gpu", "args": {"size": "125m", "seq_len": 1024, "global_batch": 48, "amp": True,
+                                                "calibrate": True}, "world_size": 2, "device": "NVIDIA H100",
+                "emulate_mode": "interleave", "torch": "2", "rounds": hf_rounds,
+                "setups": {"2": {"plan": plan}, "3": {"plan": plan}}}
+    return {"benchmark": "frameworks_gpu", "framework": "lightning", "device": "NVIDIA H100", "torch": "2",
+            "args": {"model": "resnet50", "global_batch": 512, "workers": 4, "no_amp": False},
+            "heterogeneity": "emulated compute skew: rank 1 x3.0 (profiler.workloads.emulate.Slowdown)",
+            "plan": plan, "rounds": rounds, "profile": {"big": list(range(100))}}
+
+
+def test_framework_launches_become_records_of_their_own_table(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "h100x2_lightning_F3_block.json").write_text(json.dumps(_framework_raw("frameworks_gpu")))
+    (raw / "h100x2_hf_F23.json").write_text(json.dumps(_framework_raw("hf_gpu")))
+    out = tmp_path / "records"
+    written = sb.write_records(sorted(raw.iterdir()), out)
+    assert [p.name for p in written] == ["h100x2_tiny_lm-125m_hf-trainer_01.json",
+                                         "h100x2_tiny_lm-125m_hf-trainer_02.json",
+                                         "h100x2_resnet50_lightning-trainer_01.json"]
+    from_raw, _ = sb.load(sorted(raw.iterdir()))
+    from_records, _ = sb.load(written)
+    assert sorted(repr(dataclasses.replace(la, file="")) for la in from_raw) == \
+        sorted(repr(dataclasses.replace(la, file="")) for la in from_records)
+    lightning = next(la for la in from_records if la.framework == "Lightning Trainer")
+    assert lightning.key[2:] == ("emulated compute skew 1=3", "block emulation")
+    table = sb.scenario_table(sb.groups_of(from_records), "frameworks")
+    assert table.count("\n| 2x NVIDIA H100 |") == 3 and "calibrated" in table
+    # planned / default paired per round (590/300, 600/310); error = predicted samples/s / measured - 1
+    row = next(x for x in table.splitlines() if "Lightning" in x)
+    pe = sorted([590 / 300, 600 / 310])
+    assert f"| {(pe[0] + pe[1]) / 2:.2f}x [{pe[0]:.2f}x-{pe[1]:.2f}x] | - | - | - |" in row
+    assert f"{100 * (600 / 595 - 1):+.1f}%" in row
+    assert "Lightning" not in sb.scenario_table(sb.groups_of(from_records), "compute-skew")
+
+
 def test_a_stale_block_fails_the_check_and_write_repairs_it(tmp_path: Path) -> None:
     results = tmp_path / "results"
     results.mkdir()
