@@ -30,6 +30,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return dict(json.loads(out.read_text()))
 
 
+@pytest.mark.subprocess
 def test_every_strategy_runs_the_same_steps_warmup_batch_and_emulation(bench: dict[str, Any]) -> None:
     setups = {name: bench[name]["setup"] for name in COMPARED}
     same = ("global_batch", "steps_per_epoch", "epochs", "amp", "data_on_device", "slowdown")
@@ -50,6 +51,7 @@ def test_every_strategy_runs_the_same_steps_warmup_batch_and_emulation(bench: di
     assert [r[0] for r in replan["setup"]["slowdown"]] == [1.0, 2.0]
 
 
+@pytest.mark.subprocess
 def test_equal_is_torch_distributed_sampler_with_plain_ddp(bench: dict[str, Any]) -> None:
     eq = bench["equal"]["setup"]
     assert eq["sampler"] == "DistributedSampler" and eq["batch_sampler"] == "BatchSampler"
@@ -60,6 +62,7 @@ def test_equal_is_torch_distributed_sampler_with_plain_ddp(bench: dict[str, Any]
         assert bench[name]["setup"]["model"] == "DistributedDataParallel"
 
 
+@pytest.mark.subprocess
 def test_the_timed_window_is_synchronized_at_both_ends_for_every_strategy(bench: dict[str, Any]) -> None:
     for name in (*COMPARED, "plan+replan"):
         windows = bench[name].get("rounds_window") or [bench[name]["window"]]
@@ -75,11 +78,13 @@ def test_the_timed_window_is_synchronized_at_both_ends_for_every_strategy(bench:
     assert len(bench["plan"]["rounds_samples_per_s"]) == ROUNDS
 
 
+@pytest.mark.subprocess
 def test_the_json_records_the_profiles_measured_batches(bench: dict[str, Any]) -> None:
     measured = bench["meta"]["profile_batch_sizes"]
     assert len(measured) == 2 and all(len(m) >= 2 for m in measured)
 
 
+@pytest.mark.subprocess
 def test_the_json_records_the_emulation_mode(bench: dict[str, Any]) -> None:
     """Where the slowed rank's extra passes ran (profiler.workloads.emulate): summarize_bench.py groups launches by it."""
     from profiler.workloads.emulate import Slowdown
@@ -93,6 +98,7 @@ def test_steps_below_two_are_refused_before_any_rank_starts(capsys: pytest.Captu
     assert err.count("\n") == 1 and "--steps 1" in err and "Traceback" not in err
 
 
+@pytest.mark.subprocess
 def test_a_rounds_result_feeds_the_summary(bench: dict[str, Any], tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     from tests.cli.test_bench_summary import sb
@@ -100,10 +106,13 @@ def test_a_rounds_result_feeds_the_summary(bench: dict[str, Any], tmp_path: Path
     (tmp_path / "new.json").write_text(json.dumps(bench))
     assert sb.main(["--results", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert f"1 launch x {ROUNDS} rounds" in out and "plan / proportional:" in out
-    assert "| equal | 8 / 8 |" in out and "| yes |" in out  # 8 per rank is a measured profile point
+    # one row of the compute-skew table: this launch, its rounds, its ratios, its record
+    (row,) = [x for x in out.splitlines() if "`new.json`" in x]
+    assert f"1 launch x {ROUNDS} rounds" in row and "emulated compute skew 1=2" in row
+    assert f"mlp, global batch {B}" in row and row.count("x [") >= 2  # plan and proportional vs DistributedSampler
 
 
+@pytest.mark.subprocess
 def test_a_loader_fed_window_opens_once_the_prefetched_batches_are_spent(tmp_path: Path) -> None:
     """--data loader: one long epoch per strategy, its window opening after planner.cli.steps.loader_drain_steps of the
     most workers of any of its ranks whose predicted loader time is at least half its predicted step
