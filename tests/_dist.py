@@ -1,26 +1,40 @@
 """Fail-fast multi-rank harness for tests (gloo on CPU).
 
-spawn (never fork), FileStore rendezvous in a fresh temp dir (no port to pick), a gloo timeout so a rank stuck
-in a collective raises, a harness deadline, and children killed in ``finally`` so nothing outlives the test.
+Ranks start from a fork server (never a fork of pytest itself, whose threads a fork would copy half-way): one
+clean process per pytest run that imported torch and the packages once, so a launch costs a fork instead of
+every rank importing torch again (2-4 s a launch on 2 cores). Each launch gets a FileStore rendezvous in a fresh
+temp dir (no port to pick, nothing shared with a parallel run), a gloo timeout so a rank stuck in a collective
+raises, a harness deadline, and its children killed in ``finally`` so nothing outlives the test.
 Worker functions must be module-level (picklable); assert inside them -- the child's traceback reaches pytest.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import sys
+import tempfile
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from planner.cli.launch import spawn
+# What the fork server imports before it forks any rank: what every worker function needs anyway.
+_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "numpy", "scipy.optimize", "pytest", "planner",
+            "runtime", "runtime.collectives", "runtime.sampler", "runtime.timing", "profiler", "tests._dist"]
 
 
 def _entry(rank: int, world_size: int, store_path: str, fn: Callable[..., None], pg_timeout_s: float,
            args: tuple[Any, ...]) -> None:
+    # Inside a rank, DataLoader workers (and any other multiprocessing) start by fork, as under torchrun and as
+    # the programs' launcher (planner.cli.launch) sets it.
+    import multiprocessing
+
+    multiprocessing.set_start_method("fork", force=True)
     torch.set_num_threads(1)  # several ranks on 2 cores: no oversubscription
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = dist.FileStore(store_path, world_size)
@@ -41,8 +55,44 @@ def _entry(rank: int, world_size: int, store_path: str, fn: Callable[..., None],
     os._exit(0)
 
 
+def _start_method() -> str:
+    if "forkserver" not in mp.get_all_start_methods():
+        return "spawn"
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return "forkserver"
+
+
+def _every_error(error_files: list[str]) -> str:
+    out = []
+    for rank, path in enumerate(error_files):
+        try:
+            with open(path, "rb") as fh:
+                out.append(f"\n-- rank {rank}:\n{pickle.load(fh)}")
+        except (OSError, EOFError, pickle.UnpicklingError):
+            pass
+    return "".join(out)
+
+
 def run_distributed(fn: Callable[..., None], world_size: int = 2, *args: Any, timeout_s: float = 90.0,
                     pg_timeout_s: float = 15.0) -> None:
     """Run fn(rank, world_size, *args) on world_size gloo ranks; raise on any rank's error or on a hang."""
-    # The programs' launcher (planner.cli.launch.spawn): spawn, FileStore in a fresh temp dir, deadline, children killed.
-    spawn(_entry, world_size, (fn, pg_timeout_s, args), timeout_s=timeout_s, what="distributed test")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = mp.start_processes(_entry, args=(world_size, os.path.join(tmp, "store"), fn, pg_timeout_s, args),
+                                 nprocs=world_size, join=False, start_method=_start_method())
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not ctx.join(timeout=0.2, grace_period=5.0):  # raises as soon as any rank failed
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"distributed test did not finish in {timeout_s:.0f} s")
+        except mp.ProcessRaisedException as e:
+            # join names the first failed rank it looks at, often a peer that only saw the failing rank leave
+            # ("Connection reset by peer"): every rank's traceback, so the cause is among them.
+            raise mp.ProcessRaisedException(_every_error(ctx.error_files) or str(e), e.error_index,
+                                            e.error_pid) from None
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+                p.join()

@@ -104,6 +104,7 @@ def test_a_streamed_run_says_which_epochs_are_its_loaders_drain() -> None:
     assert stream_drain_note(50, 1, [28, 2]) is None and stream_drain_note(10, 4, [0, 0]) is None
 
 
+@pytest.mark.slow
 def test_planner_train_streams_its_loader_and_logs_the_drain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """One CPU rank, 2 workers x 4 prefetched (drain 8 steps), 3 epochs of 4 steps: the loader runs on across the
     epochs, the last two epochs are wholly its drain and the run log marks them; --restart-loader-each-epoch
@@ -124,6 +125,7 @@ def test_planner_train_streams_its_loader_and_logs_the_drain(tmp_path: Path, cap
     assert [e.ranks[0].drain_steps for e in read_run_log(tmp_path / "r.jsonl").epochs] == [4, 4, 4]
 
 
+@pytest.mark.slow
 def test_planner_train_and_profile_run_with_gpu_normalize(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--gpu-normalize end to end on one CPU rank: uint8 batches from 2 workers, normalized by the device copy."""
     from planner.cli import main

@@ -94,6 +94,7 @@ def test_the_pinning_and_nice_switches_measured_not_to_help_are_gone() -> None:
             p.parse_args([*base, *gone])
 
 
+@pytest.mark.slow
 def test_gc_pauses_are_timed_per_generation_and_cleared_when_taken() -> None:
     import gc
     import time

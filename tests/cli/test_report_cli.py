@@ -109,6 +109,7 @@ def test_cli_user_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.Cap
     assert not (tmp_path / "r.html").exists()
 
 
+@pytest.mark.subprocess
 def test_report_module_does_not_import_matplotlib_or_torch_at_import_time() -> None:
     import subprocess
     import sys

@@ -129,6 +129,7 @@ def test_from_batches_evaluates_a_given_split(capsys: pytest.CaptureFixture[str]
     assert d["predicted"]["samples_per_s"] == pytest.approx(d["predicted"]["equal_split_samples_per_s"])
 
 
+@pytest.mark.subprocess
 def test_console_entry_point_has_no_traceback(tmp_path: Path) -> None:
     f = tmp_path / "p.json"
     f.write_text("{oops")

@@ -92,6 +92,7 @@ def test_this_hosts_own_counters_give_a_steal_reading() -> None:
     assert stolen is not None and 0.0 <= stolen <= len(now)
 
 
+@pytest.mark.subprocess
 def test_the_job_is_this_process_and_under_torchrun_its_peers() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
@@ -124,6 +125,7 @@ def stop(pid: int) -> None:
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs two cores and sched_setaffinity")
+@pytest.mark.subprocess
 def test_a_real_hog_pinned_to_our_core_is_named() -> None:
     core = max(os.sched_getaffinity(0))
     saved = os.sched_getaffinity(0)

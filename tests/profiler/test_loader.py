@@ -148,6 +148,7 @@ def _share_worker(rank: int, world_size: int) -> None:
     assert own == mine and none == {}
 
 
+@pytest.mark.distributed
 def test_share_on_host_over_gloo() -> None:
     run_distributed(_share_worker, 2, timeout_s=120.0)
 

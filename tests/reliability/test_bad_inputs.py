@@ -233,6 +233,7 @@ def _real(argv: list[str]) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.subprocess
 def test_real_process_train_and_profile(tmp_path: Path) -> None:
     """The console entry point itself: torch imported, nothing but the one error line on stderr."""
     out = tmp_path / "out"

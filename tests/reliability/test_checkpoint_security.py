@@ -124,6 +124,7 @@ def _train_cli(ckpt: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 # Without --global-batch the elastic restart reads it from the checkpoint before anything else runs; with it, the
 # checkpoint is first read inside train(), after --auto has profiled and planned (a few seconds with --quick).
+@pytest.mark.subprocess
 @pytest.mark.parametrize("extra", [["--global-batch", "8"], []], ids=["global-batch-given", "global-batch-saved"])
 def test_cli_resume_refuses_malicious_checkpoint(extra: list[str], tmp_path: Path) -> None:
     marker = tmp_path / "pwned"

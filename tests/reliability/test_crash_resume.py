@@ -176,6 +176,7 @@ def test_elastic_restart_on_fewer_ranks_keeps_global_batch_and_coverage(tmp_path
     assert len(set(last["indices"])) == _fixtures.DATASET_LEN - 12 * (len(old_steps) - 1)
 
 
+@pytest.mark.subprocess
 def test_elastic_restart_with_another_global_batch_is_refused_clearly(tmp_path: Path,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     from planner.cli import main

@@ -342,6 +342,7 @@ def _planner(argv: list[str], **popen: Any) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True, **popen)
 
 
+@pytest.mark.subprocess
 def test_stdout_closed_by_the_reader_loses_nothing_but_text(work: Path) -> None:
     # `planner plan ... | head -1`: the pipe closes before the table is printed; the plan file is still written.
     proc = _planner(["plan", "--profile", str(MINIMAL), "--global-batch", "64", "--out", str(work / "p.json")],
@@ -353,6 +354,7 @@ def test_stdout_closed_by_the_reader_loses_nothing_but_text(work: Path) -> None:
     assert json.loads((work / "p.json").read_text())["kind"] == "plan"
 
 
+@pytest.mark.subprocess
 def test_stdout_on_a_full_device_is_one_line_after_the_files_are_written(work: Path) -> None:
     # stdout redirected to /dev/full (opened for writing, never replaced: this is not an --out path)
     with open("/dev/full", "w") as full:

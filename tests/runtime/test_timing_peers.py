@@ -75,6 +75,7 @@ def _exchange_worker(rank: int, world_size: int) -> None:
     assert got == [[round(0.01 * (r + 1) * i, 4) for i in range(4)] for r in range(world_size)]
 
 
+@pytest.mark.distributed
 def test_peer_data_waits_over_gloo() -> None:
     run_distributed(_exchange_worker, 2, timeout_s=120.0)
     assert peer_data_waits(StepTimer("cpu")) == [[]]  # no process group: this rank's own only

@@ -79,6 +79,7 @@ def _ranks_grad(rank: int, world: int, mode: str, micro: int, out: str) -> None:
         torch.save(flat_grad(model), out)
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize(("mode", "micro"), [("tokens", 1), ("tokens", 2), ("hook", 1), ("hook", 2)])
 def test_token_weighting_gives_the_one_process_token_mean_gradient(tmp_path, mode: str, micro: int) -> None:
     out = str(tmp_path / "g.pt")
@@ -87,6 +88,7 @@ def test_token_weighting_gives_the_one_process_token_mean_gradient(tmp_path, mod
     assert (got - want).abs().max().item() <= 1e-9 * max(1.0, want.abs().max().item())
 
 
+@pytest.mark.distributed
 def test_sample_count_weighting_is_wrong_on_the_same_data(tmp_path) -> None:
     out = str(tmp_path / "g.pt")
     run_distributed(_ranks_grad, 2, "samples", 1, out)

@@ -1,0 +1,83 @@
+"""Test selection: ``pytest --fast`` (``make check``) runs the tests that start no other process.
+
+A test that starts a program or an interpreter -- gloo ranks (``distributed``), ``python -m planner``, torchrun,
+a browser (``subprocess``) -- or takes long by itself (``slow``) carries that marker; ``--fast`` deselects them.
+Under ``--fast`` a test that starts an interpreter anyway fails at once, naming the marker it lacks, so the
+selection stays fast as tests are added.  Forked processes (DataLoader workers) cost no interpreter start and are
+allowed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.popen_forkserver
+import multiprocessing.popen_spawn_posix
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+SPAWNING = ("distributed", "subprocess", "slow")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fast", action="store_true",
+                     help="only the tests that start no other process (deselects the markers "
+                          f"{', '.join(SPAWNING)}); an unmarked test that starts one fails")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--fast"):
+        return
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        (drop if any(item.get_closest_marker(m) for m in SPAWNING) else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+class StartsAProcess(BaseException):
+    """Raised under --fast where a test starts an interpreter, a shell or a browser (BaseException: no ``except
+    Exception`` in the code under test turns it into a fallback)."""
+
+
+def _refuse(what: str) -> None:
+    raise StartsAProcess(f"this test starts {what}: mark it @pytest.mark.subprocess (a program, torchrun) or "
+                         "@pytest.mark.distributed (gloo ranks), so that `make check` (pytest --fast) leaves it out")
+
+
+def _costly(program: str) -> bool:
+    """An interpreter (which imports torch and the package again), a shell (which may start one) or a browser;
+    the system's small tools (``ldconfig`` behind ``ctypes.util.find_library``) are not what --fast leaves out."""
+    name = os.path.basename(program)
+    return (os.path.realpath(program) == os.path.realpath(sys.executable) or name.startswith(("python", "torchrun"))
+            or name in {"sh", "bash", "dash", "planner"} or name.startswith("chrom"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.getoption("--fast"):
+        return
+    spawn_popen, forkserver_popen = multiprocessing.popen_spawn_posix.Popen, multiprocessing.popen_forkserver.Popen
+    execute_child = getattr(subprocess.Popen, "_execute_child")  # noqa: B009 (private: no stub)
+    spawn_launch, forkserver_launch = getattr(spawn_popen, "_launch"), getattr(forkserver_popen, "_launch")  # noqa: B009
+
+    def guarded_execute_child(self: subprocess.Popen[Any], args: Any, *rest: Any, **kw: Any) -> None:
+        argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+        if argv and str(argv[0]).split() and _costly(str(argv[0]).split()[0]):
+            _refuse(f"a program ({' '.join(map(str, argv))[:160]})")
+        execute_child(self, args, *rest, **kw)
+
+    def guarded_spawn(self: Any, process_obj: Any) -> None:
+        _refuse("an interpreter (multiprocessing spawn)")
+        spawn_launch(self, process_obj)
+
+    def guarded_forkserver(self: Any, process_obj: Any) -> None:
+        _refuse("ranks from a fork server (tests/_dist.py)")
+        forkserver_launch(self, process_obj)
+
+    setattr(subprocess.Popen, "_execute_child", guarded_execute_child)  # noqa: B010
+    setattr(spawn_popen, "_launch", guarded_spawn)  # noqa: B010
+    setattr(forkserver_popen, "_launch", guarded_forkserver)  # noqa: B010
