@@ -182,12 +182,14 @@ def log_slowdowns(profile: Profile, log: RunLog) -> list[SlowRank]:
                     compute_s=st.compute_s, record=k))
     out = []
     for rank, points in sorted(series.items()):
-        for j in range(1, len(points)):
+        best = points[0]  # the best earlier epoch so far (a running minimum: linear in the log's length)
+        for point in points[1:]:
             # The best earlier epoch, not the first: epoch 0 often carries warm-up (allocator, autotuning).
-            best = min(points[:j], key=lambda p: p.ratio)
-            if points[j].ratio > (1 + SLOW_TOL) * best.ratio:
-                out.append(_log_finding(profile, log, rank, best, points[j]))
+            if point.ratio > (1 + SLOW_TOL) * best.ratio:
+                out.append(_log_finding(profile, log, rank, best, point))
                 break  # the first slow epoch of each rank
+            if point.ratio < best.ratio:
+                best = point
     return out
 
 

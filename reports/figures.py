@@ -13,10 +13,16 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from reports.analysis import Report
 from reports.findings import fmt_rate
 from reports.whatif import FULL_DETAIL_RANKS
+
+FULL_DETAIL_EPOCHS = 60
+"""Up to this many epochs the run-log figure marks every point and places its legend where it hides least."""
+MAX_EPOCH_TICKS = 20
+"""Up to this many epochs every epoch gets a tick; past it, about a dozen integer ticks."""
 
 # Okabe-Ito, reordered so the first colours have the most contrast on white (yellow last).
 OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000", "#F0E442")
@@ -271,28 +277,36 @@ def run_log(rep: Report) -> Figure | None:
     # Past 8 ranks a line each is a tangle: the 8 slowest (by their last measured busy time) are drawn.
     last = log.epochs[-1].measured_busy_s
     shown = sorted(range(n), key=lambda i: -(last[i] if i < len(last) and np.isfinite(last[i]) else 0.0))[:8]
+    # A long log (thousands of epochs) costs the same few artists as a short one: markers, a tick per epoch and
+    # the legend's search for an empty corner all grow with the points, so past a few dozen epochs they go.
+    few = len(ep) <= FULL_DETAIL_EPOCHS
     for i in sorted(shown):
         pred = [(e.epoch, 1000 * e.predicted_step_time_s[i]) for e in log.epochs if i < len(e.predicted_step_time_s)]
         meas = [(e.epoch, 1000 * e.measured_busy_s[i]) for e in log.epochs if i < len(e.measured_compute_s)]
         if meas:
-            ax_r.plot(*zip(*meas, strict=True), color=colour(i), marker=marker(i), label=f"rank {i} measured")
+            ax_r.plot(*zip(*meas, strict=True), color=colour(i), marker=marker(i) if few else None,
+                      label=f"rank {i} measured")
         if pred:
             ax_r.plot(*zip(*pred, strict=True), color=colour(i), linestyle="--", label=f"rank {i} predicted")
-    for rp in log.replans:
-        for ax in (ax_r, ax_x):
-            ax.axvline(rp.epoch + 0.5, color=GREY, linestyle="-" if rp.adopted else ":", linewidth=1.2)
+    for adopted, style in ((True, "-"), (False, ":")):
+        xs = [rp.epoch + 0.5 for rp in log.replans if rp.adopted == adopted]
+        for ax in (ax_r, ax_x) if xs else ():  # one collection per kind, however many re-plans
+            ax.vlines(xs, 0, 1, transform=ax.get_xaxis_transform(), colors=GREY, linestyles=style, linewidth=1.2)
     ax_r.set(title="Busy time per rank (solid measured, dashed predicted)", xlabel="epoch", ylabel="ms per step")
     ax_r.set_ylim(bottom=0)
-    ax_r.legend(fontsize=7, ncols=2)
+    ax_r.legend(fontsize=7, ncols=2, loc="best" if few else "lower left")
     sx = [(e.epoch, e.samples_per_s) for e in log.epochs if e.samples_per_s is not None]
     if sx:
-        ax_x.plot(*zip(*sx, strict=True), color=colour(0), marker="o", label="measured")
+        ax_x.plot(*zip(*sx, strict=True), color=colour(0), marker="o" if few else None, label="measured")
     ax_x.axhline(rep.throughput.plan_samples_per_s, color=colour(2), linestyle="--", label="plan (predicted)")
     ax_x.set(title="Throughput per epoch (vertical: re-plan, solid = adopted)", xlabel="epoch", ylabel="samples/s")
     ax_x.set_ylim(bottom=0)
-    ax_x.set_xticks(ep)
-    ax_r.set_xticks(ep)
-    ax_x.legend(fontsize=8)
+    for ax in (ax_x, ax_r):
+        if len(ep) <= MAX_EPOCH_TICKS:
+            ax.set_xticks(ep)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True))
+    ax_x.legend(fontsize=8, loc="best" if few else "lower left")
     return fig
 
 

@@ -107,3 +107,52 @@ def test_small_clusters_keep_every_what_if() -> None:
     rep = analyze(prof, planner.solve(prof, global_batch=700), planner.SolveOptions())
     assert sorted(w.subject_rank for w in rep.what_ifs if w.kind == "drop") == [0, 1, 2]
     assert [p.num_ranks for p in rep.scaling] == [1, 2, 3]
+
+
+def _long_log(tmp_path: Path, epochs: int) -> tuple[Profile, planner.Plan, Path]:
+    """A 3-rank run log of `epochs` epochs, each with a rejected re-plan; rank 2 slows 2x in the last epoch."""
+    import json
+
+    from tests.reports._fixtures import three_rank_profile
+
+    prof = three_rank_profile()
+    plan = planner.solve(prof, global_batch=700)
+    pred = [r.predicted_step_time_s for r in plan.ranks]
+    lines = [json.dumps({"event": "start", "time": 1.0, "world_size": 3, "global_batch": 700, "plan": plan.to_dict()})]
+    for e in range(epochs):
+        slow = 2.0 if e == epochs - 1 else 1.0
+        ranks = [{"rank": i, "epoch": e, "num_steps": 50, "batch_size": r.batch_size, "num_workers": 0,
+                  "data_wait_s": 0.001, "compute_s": pred[i] * (slow if i == 2 else 1.0),
+                  "step_time_s": max(pred) * slow} for i, r in enumerate(plan.ranks)]
+        lines.append(json.dumps({"event": "epoch", "epoch": e, "plan_fingerprint": plan.fingerprint,
+                                 "samples_per_s": 1000.0, "step_time_s": 0.41, "loss": 2.0, "ranks": ranks,
+                                 "predicted_step_time_s": pred}))
+        lines.append(json.dumps({"event": "replan", "epoch": e, "adopted": False, "reason": "gain below threshold",
+                                 "predicted_gain": 0.001, "old_batch_sizes": list(plan.batch_sizes),
+                                 "new_batch_sizes": list(plan.batch_sizes), "measured_compute_s": pred,
+                                 "predicted_compute_s": pred, "plan": None}))
+    path = tmp_path / f"log{epochs}.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return prof, plan, path
+
+
+def test_a_long_run_log_costs_what_a_short_one_does_in_the_figure(tmp_path: Path) -> None:
+    """The run-log figure's artists and ticks do not grow with the epochs (a tick, a marker and a re-plan line
+    per epoch made 1,000 epochs take 14 s and 20,000 minutes), and the slowdown finding is found at the end of a
+    long log (its best-earlier-epoch search was quadratic)."""
+    from planner.runlog import read_run_log
+    from reports.causes import log_slowdowns
+    from reports.figures import run_log
+
+    sizes = {}
+    for epochs in (30, 3000):
+        prof, plan, path = _long_log(tmp_path, epochs)
+        rep = analyze(prof, plan, plan.options, log=read_run_log(path))
+        fig = run_log(rep)
+        assert fig is not None
+        axes = fig.get_axes()
+        sizes[epochs] = [(len(ax.lines), len(ax.collections), len(ax.get_xticks()) <= 21) for ax in axes]
+        slow = log_slowdowns(prof, read_run_log(path))
+        assert [(s.rank, s.epoch) for s in slow] == [(2, epochs - 1)], slow
+    assert sizes[30] == sizes[3000], sizes
+    assert all(ticks_bounded for ax in sizes[3000] for ticks_bounded in ax[2:])
