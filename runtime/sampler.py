@@ -78,6 +78,18 @@ def _as_plan(plan: Plan | str | os.PathLike[str]) -> Plan:
     return plan
 
 
+def check_loop_mode(plan: Plan, mode: str) -> None:
+    """Refuse a plan the loop cannot run: ``mode`` is the loop's kind, "ddp" or "fsdp" (see ``from_plan``)."""
+    if mode not in ("ddp", "fsdp"):
+        raise ValidationError(f"mode must be 'ddp' or 'fsdp' (the kind of your training loop), got {str(mode)[:20]!r}")
+    steps = [int(r.accumulation_steps) for r in plan.ranks]
+    if mode == "fsdp" and len(set(steps)) > 1:
+        raise ValidationError(
+            f"this is an FSDP2 loop but the plan (mode {plan.mode!r}) gives the ranks {steps} micro-steps per "
+            "optimizer step; each FSDP2 forward all-gathers, so every rank must run the same number -- re-plan "
+            "with `planner plan --mode fsdp`")
+
+
 def plan_accumulation_steps(plan: Plan) -> tuple[int, ...] | None:
     """The plan's per-rank micro-step counts k_i, or None when no rank accumulates (every rank one micro-step).
 
@@ -225,14 +237,19 @@ class HeteroBatchSampler(Sampler[list[int]]):
 
     # -- construction from a plan -------------------------------------------------------------------------
     @classmethod
-    def from_plan(cls, plan: Plan | str | os.PathLike[str], rank: int, dataset_len: int,
-                  **kw: Any) -> HeteroBatchSampler:
+    def from_plan(cls, plan: Plan | str | os.PathLike[str], rank: int, dataset_len: int, *,
+                  mode: str | None = None, **kw: Any) -> HeteroBatchSampler:
         """A sampler with the plan's batch sizes, accumulation steps and min_batch (``kw``: seed, shuffle,
         drop_last, min_batch, accumulation_steps).
 
-        ``plan`` is a Plan or the path of a plan JSON file (loaded and fingerprint-checked).
+        ``plan`` is a Plan or the path of a plan JSON file (loaded and fingerprint-checked).  ``mode="fsdp"``
+        names the loop an FSDP2 loop: a plan whose ranks run different numbers of micro-steps is then refused on
+        every rank, before the first batch (each FSDP2 forward all-gathers, so a rank that runs fewer forwards
+        would leave its peers waiting in an all-gather forever).
         """
         plan = _as_plan(plan)
+        if mode is not None:
+            check_loop_mode(plan, mode)
         kw.setdefault("min_batch", plan.min_batch)
         kw.setdefault("accumulation_steps", plan_accumulation_steps(plan))
         return cls(dataset_len, plan.batch_sizes, rank, **kw)

@@ -40,7 +40,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)  # each layer's parameters are all-gathered for its forward, then freed
     fully_shard(model)
-    sampler = HeteroBatchSampler.from_plan(args.plan, rank, len(data), seed=args.seed)
+    sampler = HeteroBatchSampler.from_plan(args.plan, rank, len(data), seed=args.seed, mode="fsdp")
     loader = DataLoader(data, batch_sampler=sampler)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     batch_sizes: list[int] = []

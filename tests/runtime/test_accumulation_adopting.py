@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from planner.errors import ValidationError
 from planner.plan import Plan, Predicted, RankPlan
 from tests._dist import run_distributed
 from tests._scripts import load_script
@@ -84,6 +85,12 @@ def adopt_worker(rank: int, world: int, tmp: str) -> None:
         assert out["batch_sizes"] == EXPECTED[form][rank] * 2, (form, out["batch_sizes"])
         assert out["optimizer_steps"] == 14  # 7 steps per epoch on every rank, whatever its k_i
         same_on_every_rank(out["params"], world)
+        if form == "fsdp":
+            # A ddp-mode plan with unequal k in the FSDP2 recipe hung in an all-gather; now every rank refuses it.
+            unequal = planned_args(planned, accumulating_plan(sizes, [3, 1], "ddp"), tmp)
+            with pytest.raises(ValidationError, match=r"this is an FSDP2 loop but the plan \(mode 'ddp'\) gives the "
+                                                      r"ranks \[3, 1\] micro-steps"):
+                planned.train(unequal)  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
