@@ -35,6 +35,8 @@ DATASET_KINDS = ("fake", "cifar10:DIR", "mnist:DIR", "imagefolder:DIR", "fake_te
 IMAGE_DATASETS = ("fake", "cifar10", "mnist", "imagefolder")
 """The built-in image datasets, whose transforms this module owns (``gpu_normalize``)."""
 DEFAULT_FAKE_SAMPLES = 8192
+AUGMENT_SEED = 1_000_003
+"""Base of the per-sample seed of ``fake``'s crop and flip (``IndexSeeded``)."""
 BUILTIN_KINDS: dict[str, frozenset[str]] = {
     "--model": frozenset({"tiny_lm"}),
     "--dataset": frozenset({"fake_text", "cifar10", "mnist", "imagefolder"}),
@@ -81,6 +83,31 @@ class Workload:
     weight_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
     """weight_fn(targets): what a batch's mean loss averages over when it is not the sample count -- the counted
     tokens of variable-length text (runtime.weighting.step_weights). None: samples (packed text included)."""
+
+
+class IndexSeeded(torch.utils.data.Dataset[Any]):
+    """A dataset whose random transforms draw from the sample's own seed (``AUGMENT_SEED + index``), not from the
+    process's generator.
+
+    A DataLoader worker's generator advances with every sample it transforms, and which worker builds which
+    batch depends on where the loader started: a run resumed mid-epoch (or whose loader restarted at an epoch
+    boundary) gave the same indices other crops and flips, and its weights drifted from the uninterrupted run's
+    (0.0275 after a kill -9 and ``--resume``).  Seeded by index, sample i is the same tensor wherever and
+    whenever it is built, so a resume is bit-identical.  Used for ``fake``, whose images are a function of the
+    index already (FakeData); the crop and flip still cost the CPU what a real pipeline's do.
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self.classes = getattr(dataset, "classes", None)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(AUGMENT_SEED + int(index))
+            return self.dataset[index]
 
 
 def owns_transforms(model_spec: str, dataset_spec: str) -> bool:
@@ -276,7 +303,7 @@ def _build_dataset(
         src = (shape[0], shape[1] + shape[1] // 7, shape[2] + shape[2] // 7)
         ds = torchvision.datasets.FakeData(size=num_samples or DEFAULT_FAKE_SAMPLES, image_size=src,
                                            num_classes=classes, transform=_transform(shape, crop="resized", uint8=uint8))
-        return ds, shape, classes
+        return IndexSeeded(ds), shape, classes
     if kind in ("cifar10", "mnist", "imagefolder"):
         if not arg:
             raise ValidationError(f"--dataset {spec}: give the folder, e.g. --dataset {kind}:/data/{kind}")
