@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -21,11 +22,19 @@ from profiler.loader import (
 from tests._dist import run_distributed
 
 
-class _Stalled:
-    """Samples costing ~1 ms each, one chunk in four stalled 10x (another process took the core)."""
+class _FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
 
-    def __init__(self, n: int) -> None:
-        self.n = n
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Stalled:
+    """Samples costing 1 ms each on ``clock``, every fourth run of 8 stalled 10x (another process took the core)."""
+
+    def __init__(self, n: int, clock: _FakeClock) -> None:
+        self.n, self.clock = n, clock
         self.calls = 0
 
     def __len__(self) -> int:
@@ -33,42 +42,68 @@ class _Stalled:
 
     def __getitem__(self, i: int) -> int:
         self.calls += 1
-        time.sleep(0.01 if (self.calls // 8) % 4 == 3 else 0.001)
+        self.clock.now += 0.01 if (self.calls // 8) % 4 == 3 else 0.001
         return i
 
 
+class _WorkerClock:
+    """``time`` for profiler.loader: in a DataLoader worker (a fork of this process) ``perf_counter`` is the sum of
+    the seconds its samples declared (``_Sleepy``: 5 ms each), so the workers' build times are exact however
+    loaded the host is; this process keeps the real clock (the scan's length, the GIL hog's stalls)."""
+
+    def __init__(self) -> None:
+        self.parent = os.getpid()
+        self.worker_s = 0.0
+
+    def perf_counter(self) -> float:
+        return time.perf_counter() if os.getpid() == self.parent else self.worker_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
 class _Sleepy:
-    """Samples costing 5 ms of a worker's wall time each, no CPU: w workers make w x 200 samples/s."""
+    """Samples costing 5 ms of a worker's time each, no CPU (declared on ``clock``, slept for real as well):
+    w workers make w x 200 samples/s."""
+
+    def __init__(self, clock: _WorkerClock) -> None:
+        self.clock = clock
 
     def __len__(self) -> int:
         return 10_000
 
     def __getitem__(self, i: int) -> int:
         time.sleep(0.005)
+        self.clock.worker_s += 0.005
         return i
 
 
-def test_scaling_is_timed_in_the_workers_and_survives_a_stalled_main_thread() -> None:
+def test_scaling_is_timed_in_the_workers_and_survives_a_stalled_main_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     # The profile measures the loader in a thread beside the compute sweep; a sweep step that holds the GIL (cuDNN
     # autotune, the memory search) stalled the drawing of batches and once "measured" 4 workers at 15 samples/s
-    # beside 564 for 2.  Here a thread holds the GIL in long C calls throughout the scaling run.
+    # beside 564 for 2.  Here a thread holds the GIL in long C calls throughout the scaling run.  The workers'
+    # clock counts the 5 ms each sample declares, so the rates are exact; timed by this process's drawing (real
+    # clock, GIL hog) they would not be.
+    import profiler.loader as pl
+
+    clock = _WorkerClock()
+    monkeypatch.setattr(pl, "time", clock)
     stop = threading.Event()
 
     def hog() -> None:
         while not stop.is_set():
-            sum(range(20_000_000))  # one C call: the GIL is held for its whole duration (~0.2-0.5 s)
+            sum(range(5_000_000))  # one C call: the GIL is held for its whole duration (~0.05-0.2 s)
 
     t = threading.Thread(target=hog, daemon=True)
     t.start()
     try:
-        pts = measure_scaling(_Sleepy(), [1, 2], batch_size=4, seconds=1.0, collate_fn=lambda xs: xs)
+        pts = measure_scaling(_Sleepy(clock), [1, 2], batch_size=4, seconds=0.3, collate_fn=lambda xs: xs)
     finally:
         stop.set()
         t.join()
     rates = {p.num_workers: p.samples_per_s for p in pts}
     assert set(rates) == {1, 2}
-    # 1 / 5 ms = 200 samples/s per worker; sleep overshoots under load, so allow 30% below, little above.
-    assert 140 < rates[1] < 210 and 280 < rates[2] < 420
+    assert rates[1] == pytest.approx(200.0) and rates[2] == pytest.approx(400.0)  # 1 / 5 ms per worker
 
 
 def test_low_quartile() -> None:
@@ -77,10 +112,11 @@ def test_low_quartile() -> None:
 
 
 def test_a_stalled_chunk_does_not_raise_the_cost() -> None:
-    cost = measure_sample_cost(_Stalled(64), LoaderOptions(num_samples=64, chunk=8, budget_s=5.0),
-                               collate_fn=lambda xs: xs)
-    # Unstalled samples sleep 1 ms; the stalled quarter would lift a mean to ~3 ms.  Sleep overshoots under load.
-    assert 0.0009 < cost.sec_per_sample < 0.0018
+    clock = _FakeClock()
+    cost = measure_sample_cost(_Stalled(64, clock), LoaderOptions(num_samples=64, chunk=8, budget_s=5.0),
+                               clock=clock, collate_fn=lambda xs: xs)
+    # Unstalled samples take 1 ms; the stalled quarter would lift a mean to ~3 ms.
+    assert cost.sec_per_sample == pytest.approx(0.001)
     assert cost.spread > 3  # the stall is recorded, not hidden
 
 
@@ -197,7 +233,16 @@ def test_no_hand_over_reading_where_shared_memory_is_small(monkeypatch: pytest.M
     import profiler.loader as pl
 
     monkeypatch.setattr(pl, "_shm_free", lambda: 100 << 20)  # a tenth is under 16 MiB: not worth a reading
+    readers: list[pl._HandoverReader] = []
+
+    class Reader(pl._HandoverReader):
+        def __init__(self, *a: Any) -> None:
+            super().__init__(*a)
+            readers.append(self)
+
+    monkeypatch.setattr(pl, "_HandoverReader", Reader)
     readings: list[tuple[float, int]] = []
-    t0 = time.perf_counter()
     measure_scaling(list(range(64)), [1], batch_size=4, seconds=0.05, handover=readings, pin=lambda x: x)
-    assert readings == [] and time.perf_counter() - t0 < pl.HANDOVER_MAX_EXTRA_S  # and the scan not lengthened
+    assert readings == [] and len(readers) == 1
+    # and the scan not lengthened: no reading thread, so the last point may stop at once
+    assert readers[0].thread is None and readers[0].done(0.0)

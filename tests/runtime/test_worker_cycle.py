@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing
 import statistics
 import time
 from pathlib import Path
@@ -73,10 +74,15 @@ def test_whole_cycles_change_nothing_for_a_steady_step() -> None:
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 def test_a_real_dataloader_delivers_in_bursts_and_whole_cycles_read_its_pace() -> None:
-    """4 sleeping workers at 0.2 s a batch (a batch every 50 ms), a loop that takes them at once, 10 steps an
-    epoch: the mean gap after the first batch reads ~11% fast, the last whole cycles read the pace."""
-    workers, cost, steps = 4, 0.2, 10
-    loader = DataLoader(_SlowBatches(steps, cost), batch_size=None, num_workers=workers, prefetch_factor=4)
+    """4 sleeping workers at 0.2 s a batch (a batch every 50 ms), started together (a barrier: as at an epoch's
+    start, and no fork stagger on a loaded host), a loop that takes them at once, 12 steps an epoch: the mean gap
+    after the first batch reads ~27% fast, the last two whole cycles read the pace.  What the clock reads is the
+    workers' sleeps, not this host's speed: 50 ms a gap against a tolerance of 5 ms a gap."""
+    workers, cost, steps = 4, 0.2, 12
+    barrier = multiprocessing.get_context("fork").Barrier(workers)
+    loader = DataLoader(_SlowBatches(steps, cost), batch_size=None, num_workers=workers, prefetch_factor=4,
+                        worker_init_fn=lambda _: barrier.wait(timeout=60),
+                        multiprocessing_context=multiprocessing.get_context("fork"))
     gaps, t = [], None
     for _ in loader:
         now = time.perf_counter()
@@ -87,7 +93,7 @@ def test_a_real_dataloader_delivers_in_bursts_and_whole_cycles_read_its_pace() -
     cycle = worker_cycle([workers], len(gaps))
     whole = gaps[len(gaps) - (len(gaps) // cycle) * cycle:]
     assert cycle == workers and len(whole) == 8
-    assert statistics.mean(gaps) < 0.95 * pace
+    assert statistics.mean(gaps) < 0.85 * pace  # 0.4 s over 11 gaps
     assert math.isclose(statistics.mean(whole), pace, rel_tol=0.1)
 
 
