@@ -23,7 +23,8 @@ import math
 import os
 import time
 import warnings
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,9 @@ from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler
 from runtime.timing import StepTimer, close_compute_on_last_gradient, peer_data_waits
 from runtime.weighting import loss_scale
+
+
+T = TypeVar("T")
 
 
 def _load_plan(plan: Plan | str | os.PathLike[str]) -> Plan:
@@ -200,6 +204,34 @@ class PlannedRun:
                                    batch_sizes=tuple(sizes), ranks=tuple(all_stats),
                                    predicted_step_time_s=tuple(r.timer_busy_s for r in plan.ranks)))
         return decision
+
+    def epoch(self, epoch: int, loader: Iterable[T], *, last: bool = False,
+              loss: Callable[[], float | None] | None = None) -> Iterator[T]:
+        """Your own loop's epoch: ``for batch in run.epoch(epoch, loader, last=...)`` instead of
+        ``sampler.set_epoch(epoch); for batch in loader``.
+
+        Selects the epoch's shuffle (and the split a re-plan adopted at the last epoch end), times each step --
+        the wait for the batch, the compute from hand-over to the first parameter's gradient (``watch``), the step
+        from one hand-over to the next -- and when the loader is exhausted runs ``epoch_end``: the stats of every
+        rank, the Replanner's decision and the run log's records (collective: every rank runs the whole epoch).
+        ``last`` marks the final epoch (no re-plan; the run log's end record follows).  ``loss`` is called at the
+        epoch end for the epoch's loss to log (e.g. ``lambda: loss.item()``).
+
+        The body of the loop is one training step (forward, backward, optimizer step); a DataLoader over
+        ``sampler_for``'s sampler re-reads the batch sizes at every epoch, so an adopted split needs nothing more.
+        """
+        if self.sampler is None or self.timer is None:
+            raise ValidationError("run.epoch: build the loader on run.sampler_for(len(dataset), device) first")
+        self.epoch_start(epoch)
+        timer = self.timer
+        for batch in timer.iter_data(loader):
+            timer.compute_start()  # the batch is handed over: the forward starts now
+            yield batch
+            timer.compute_end()  # ignored when backward reached the watched model's first parameter
+            timer.step_end()
+        self.epoch_end(epoch, last=last, loss=loss() if loss is not None else None)
+        if last:
+            self.finish(epoch + 1)
 
     def finish(self, epochs: int) -> None:
         """Write the run log's end record and close it (idempotent)."""
