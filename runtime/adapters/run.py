@@ -41,7 +41,6 @@ from runtime.sampler import HeteroBatchSampler
 from runtime.timing import StepTimer, close_compute_on_last_gradient, peer_data_waits
 from runtime.weighting import loss_scale
 
-
 T = TypeVar("T")
 
 
