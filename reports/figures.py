@@ -48,6 +48,16 @@ def png_bytes(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
+def _plain_log_labels(axis: Any) -> None:
+    """Label a log axis with plain numbers (``16``, ``1024``, ``0.1``).  matplotlib's log formatter writes mathtext
+    (``$\\mathdefault{10^{1}}$``), and ``render_all`` turns mathtext off so that a "$" in a device or model name
+    prints as itself: the labels would show as raw source."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:,.10g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def _new(height_in: float, ncols: int = 2) -> tuple[Figure, Any]:
     fig = Figure(figsize=(WIDTH_IN, height_in), layout="constrained")
     axes = fig.subplots(1, ncols)
@@ -164,6 +174,7 @@ def sweep(rep: Report) -> Figure:
     rng = rep.findings.best_batch_range
     for ax in (ax_x, ax_e):
         ax.set_xscale("log", base=2)
+        _plain_log_labels(ax.xaxis)
         if rng is not None:
             ax.axvspan(rng[0], rng[1], color=colour(2), alpha=0.15, label="within 5% of best")
         ax.axvline(rep.throughput.global_batch, color=GREY, linestyle="--", linewidth=1, label="this plan")
@@ -177,6 +188,7 @@ def sweep(rep: Report) -> Figure:
     ax_x.legend(fontsize=8)
     ax_e.plot(bs, [p.epoch_time_s for p in ok], color=colour(0), marker="o")
     ax_e.set_yscale("log")
+    _plain_log_labels(ax_e.yaxis)
     ax_e.set(title=f"Epoch time ({rep.throughput.dataset_size:,} samples)", ylabel="seconds per epoch (log)")
     return fig
 
