@@ -8,6 +8,7 @@ DataLoader die of a bus error mid-epoch.  `planner train` lowers the prefetch un
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import planner.cli.steps as steps
