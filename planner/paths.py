@@ -21,6 +21,7 @@ Pure: the standard library only (no torch), so `planner plan` and the programs s
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 import tempfile
@@ -212,35 +213,42 @@ _HELD: dict[str, int] = {}
 """Locks this process holds, by path, until it exits (the kernel releases them when the process ends)."""
 
 
+def lock_path(path: str) -> str:
+    """Where the lock for output ``path`` lives: a file named by the hash of its resolved path in a per-user folder
+    of the temp directory, so locking creates nothing beside the user's outputs (a refused run leaves no empty log
+    or checkpoint folder behind)."""
+    key = hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:32]
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return os.path.join(tempfile.gettempdir(), f"ddp-planner-locks-{uid}", f"{key}.lock")
+
+
 def hold_exclusive(path: str, flag: str, *, folder: bool = False) -> None:
     """Hold an exclusive lock on an output for the rest of this process, or refuse in one line.
 
     Two runs given the same ``--checkpoint`` folder or ``--log-file`` both pass the fresh-run checks, then
     interleave their lines in one log (which then reads as one valid, finished run) and overwrite each other's
-    checkpoints.  ``flock`` on the file itself (opened for appending, as the run log's writer opens it) or on
-    the folder: advisory, released by the kernel when the process dies (kill -9 included), so a crashed run never
-    leaves a stale lock.  A process that already holds the lock (the same path named twice) keeps it.
+    checkpoints.  ``flock`` on the output's lock file (``lock_path``): advisory, released by the kernel when the
+    process dies (kill -9 included), so a crashed run never leaves a stale lock.  It guards runs on one host; runs
+    on two hosts writing one shared-file-system folder are not seen.  A process that already holds the lock (the
+    same path named twice) keeps it.
     """
     try:
         import fcntl
     except ImportError:  # no flock on this platform: nothing to hold
         return
-    key = os.path.realpath(path)
-    if key in _HELD:
+    lock = lock_path(path)
+    if lock in _HELD:
         return
-    if folder:
-        os.makedirs(path, exist_ok=True)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    else:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.makedirs(os.path.dirname(lock), mode=0o700, exist_ok=True)
+    fd = os.open(lock, os.O_WRONLY | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise ValidationError(f"{flag} {_show(path)} is in use by another run (it holds the lock); wait for it to "
                               f"finish, or name another {'folder' if folder else 'file'}") from None
-    _HELD[key] = fd
+    _HELD[lock] = fd
 
 
 __all__ = ["TEMP_AFFIX_BYTES", "Output", "check_output_file", "check_output_folder", "check_outputs",
-           "hold_exclusive", "same_file"]
+           "hold_exclusive", "lock_path", "same_file"]

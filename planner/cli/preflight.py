@@ -206,7 +206,8 @@ def preflight(args: argparse.Namespace) -> Preflight:
     out = Preflight()
     if args.plan:
         out.plan = Plan.load(args.plan)
-        check_workers_fit(out.plan, rank)
+        if out.plan.world_size == world:  # another world size is refused with its own line, or re-planned
+            check_workers_fit(out.plan, rank)
         if args.global_batch is not None and args.global_batch != out.plan.global_batch:
             raise ValidationError(
                 f"--global-batch {args.global_batch} differs from the plan's {out.plan.global_batch}; re-plan")

@@ -48,9 +48,12 @@ def test_step_log_is_checked_before_any_work(where: str, tmp_path: Path,
 
 def _locked(path: Path) -> bool:
     """True when another process holds the lock a run takes on ``path`` (a folder or a file)."""
-    if not path.exists():
+    from planner.paths import lock_path
+
+    lock = lock_path(str(path))
+    if not os.path.exists(lock):
         return False
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(lock, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -84,8 +84,11 @@ def test_a_differing_value_is_refused_naming_both(case: str, trained: dict[str, 
 
 
 def test_values_not_given_are_the_checkpoints(trained: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    # No --model, --dataset, --lr, --seed: the checkpoint's (mlp/fake/0.01/0 would not even load its weights)
-    assert main(_resume(trained)) == 0
+    # A model or dataset spec that names code is never taken from a checkpoint: the user types it.
+    assert main(_resume(trained)) == 2
+    assert f"--model '{FIX}:model', which names code to import" in capsys.readouterr().err
+    # No --lr, --seed: the checkpoint's (0.01/0, the defaults, would differ)
+    assert main(_resume(trained, "--model", f"{FIX}:model", "--dataset", f"{FIX}:dataset")) == 0
     state = _state(trained["ckpt"])
     assert (state["epoch"], state["step"]) == (2, 0)
     assert state["optimizer"]["param_groups"][0]["lr"] == 0.05
@@ -94,7 +97,8 @@ def test_values_not_given_are_the_checkpoints(trained: dict[str, Path], capsys: 
 
 
 def test_allowed_changes_are_applied_and_said(trained: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(_resume(trained, "--lr", "0.001", "--allow-resume-changes", plan="plan_other_split"))
+    rc = main(_resume(trained, "--model", f"{FIX}:model", "--dataset", f"{FIX}:dataset", "--lr", "0.001",
+                      "--allow-resume-changes", plan="plan_other_split"))
     out = capsys.readouterr().out
     assert rc == 0
     assert "resuming with --lr 0.001 instead of the checkpoint's 0.05 (--allow-resume-changes)" in out
