@@ -60,9 +60,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # Defaults of None: "not given", so --resume can tell a value typed from the checkpoint's (planner/cli/preflight.py).
     w.add_argument("--model", default=None, metavar="M",
                    help="torchvision name (resnet50, ...), mnist_cnn, cifar_cnn, mlp, or package.module:factory "
-                        "(default mlp; on --resume the checkpoint's)")
+                        "(default mlp; on --resume the checkpoint's built-in name -- a package.module:factory is typed again, "
+                        "a checkpoint never chooses code)")
     w.add_argument("--dataset", default=None, metavar="D",
-                   help="fake, cifar10:DIR, mnist:DIR, imagefolder:DIR or package.module:factory (default fake)")
+                   help="fake, cifar10:DIR, mnist:DIR, imagefolder:DIR or package.module:factory (default fake; on "
+                        "--resume as --model)")
     w.add_argument("--image-size", type=count(), default=None, metavar="PX", help="input side for fake data")
     w.add_argument("--num-samples", type=count(), default=None, metavar="N", help="fake dataset length")
     t = p.add_argument_group("training")
