@@ -14,6 +14,7 @@ import multiprocessing.popen_spawn_posix
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -57,6 +58,21 @@ def _costly(program: str) -> bool:
             or name in {"sh", "bash", "dash", "planner"} or name.startswith("chrom"))
 
 
+_guarding = False
+"""True while a test runs (its setup, call and teardown) under --fast: pytest's own processes (xdist's workers)
+start outside that."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    global _guarding
+    _guarding = bool(item.config.getoption("--fast"))
+    try:
+        yield
+    finally:
+        _guarding = False
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("--fast"):
         return
@@ -66,16 +82,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
     def guarded_execute_child(self: subprocess.Popen[Any], args: Any, *rest: Any, **kw: Any) -> None:
         argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
-        if argv and str(argv[0]).split() and _costly(str(argv[0]).split()[0]):
+        if _guarding and argv and str(argv[0]).split() and _costly(str(argv[0]).split()[0]):
             _refuse(f"a program ({' '.join(map(str, argv))[:160]})")
         execute_child(self, args, *rest, **kw)
 
     def guarded_spawn(self: Any, process_obj: Any) -> None:
-        _refuse("an interpreter (multiprocessing spawn)")
+        if _guarding:
+            _refuse("an interpreter (multiprocessing spawn)")
         spawn_launch(self, process_obj)
 
     def guarded_forkserver(self: Any, process_obj: Any) -> None:
-        _refuse("ranks from a fork server (tests/_dist.py)")
+        if _guarding:
+            _refuse("ranks from a fork server (tests/_dist.py)")
         forkserver_launch(self, process_obj)
 
     setattr(subprocess.Popen, "_execute_child", guarded_execute_child)  # noqa: B010

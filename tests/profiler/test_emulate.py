@@ -161,6 +161,7 @@ def _pair_ratio(real: StepRunner, slow: StepRunner, b: int, pairs: int) -> float
     return float(statistics.median(ratios))
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize(("factor", "batches", "mode"),
                          [(3.0, (16, 32), "interleave"), (2.5, (32,), "interleave"), (3.0, (32,), "block")])
 def test_profiled_curve_scales_by_factor(factor: float, batches: tuple[int, ...], mode: str) -> None:

@@ -31,6 +31,7 @@ def free_share(core: int, seconds: float = 0.5) -> float:
 @pytest.mark.distributed
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs two cores and sched_setaffinity")
+@pytest.mark.alone
 def test_a_cpu_hog_on_one_ranks_core_is_the_reports_cause(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cores = sorted(os.sched_getaffinity(0))[:2]
     # The premise: rank 0's core is mostly free.  On a host saturated by unpinned work the scheduler's balancing

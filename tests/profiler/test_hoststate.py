@@ -125,6 +125,7 @@ def stop(pid: int) -> None:
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs two cores and sched_setaffinity")
+@pytest.mark.alone
 @pytest.mark.subprocess
 def test_a_real_hog_pinned_to_our_core_is_named() -> None:
     core = max(os.sched_getaffinity(0))
