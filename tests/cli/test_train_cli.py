@@ -18,6 +18,7 @@ def _events(log: Path, kind: str) -> list[dict[str, Any]]:
     return [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == kind]
 
 
+@pytest.mark.alone
 @pytest.mark.distributed
 def test_replan_moves_work_off_a_rank_slowed_mid_run(tmp_path: Path) -> None:
     log = tmp_path / "run.jsonl"
