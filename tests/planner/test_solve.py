@@ -169,6 +169,7 @@ def _times(models: list[RankModel], b: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.array([m.busy_time(int(x), int(y))[0] for m, x, y in zip(models, b, w, strict=True)])
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(profiles())
 def test_solution_properties(case: tuple[Profile, int, int]) -> None:

@@ -78,6 +78,7 @@ class _Sleepy:
         return i
 
 
+@pytest.mark.slow
 def test_scaling_is_timed_in_the_workers_and_survives_a_stalled_main_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     # The profile measures the loader in a thread beside the compute sweep; a sweep step that holds the GIL (cuDNN
     # autotune, the memory search) stalled the drawing of batches and once "measured" 4 workers at 15 samples/s

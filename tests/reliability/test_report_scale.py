@@ -49,6 +49,7 @@ def _png_height(png: bytes) -> int:
     return int(struct.unpack(">I", png[20:24])[0])  # IHDR: width at 16, height at 20
 
 
+@pytest.mark.slow
 def test_a_200_rank_report_does_bounded_work_and_summarises(monkeypatch: pytest.MonkeyPatch) -> None:
     import reports.analysis
     import reports.whatif
@@ -86,6 +87,7 @@ def test_a_200_rank_report_does_bounded_work_and_summarises(monkeypatch: pytest.
     assert max(_png_height(p) for p in pngs.values()) <= 1200  # the memory figure was 0.45 inch per rank
 
 
+@pytest.mark.slow
 def test_the_cli_writes_a_200_rank_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cluster().save(tmp_path / "p.json")
     t0 = time.monotonic()

@@ -18,6 +18,7 @@ from tests.reports._fixtures import three_rank_profile, write_run_log
 pytestmark = pytest.mark.skipif(find_chromium() is None, reason="chromium not installed (scripts/ensure_chromium.sh)")
 
 
+@pytest.mark.subprocess
 def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     prof = three_rank_profile()
     prof.save(tmp_path / "p.json")

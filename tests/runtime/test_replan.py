@@ -363,6 +363,7 @@ def _simulate(seed: int) -> tuple[tuple[float, ...], tuple[int, ...]]:
     return tuple(ratios), tuple(reverts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", RANDOM_SEEDS)
 def test_replanning_wins_on_average_on_random_shape_errors(seed: int) -> None:
     # On every seed tried (0..19 and 2026) the mean is 0.88-0.92: re-planning wins ~10% back.
@@ -370,6 +371,7 @@ def test_replanning_wins_on_average_on_random_shape_errors(seed: int) -> None:
     assert mean < 0.95, (seed, mean)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", RANDOM_SEEDS)
 def test_replanning_never_churns_on_random_shape_errors(seed: int) -> None:
     # A trial is how a shape error beyond the measured batches is found, so one reverted trial may cost an epoch
