@@ -30,7 +30,7 @@ from planner.profile import (
 from planner.solve import calibrate_overhead, equal_split, evaluate, solve
 from planner.stats import StepStats
 
-__version__ = "0.1.0"
+__version__ = "0.3.0.dev0"
 
 __all__ = [
     "CommProfile",
