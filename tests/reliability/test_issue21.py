@@ -225,6 +225,7 @@ def test_train_auto_global_batch_below_min_batch_is_refused_before_profiling(
             "--global-batch 2 cannot give each of 2 rank(s) the min batch 2: use --global-batch >= 4", work, capsys)
 
 
+@pytest.mark.slow
 def test_fresh_run_into_a_folder_holding_a_checkpoint_is_refused(work: Path, capsys: pytest.CaptureFixture[str],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     ck = work / "ck"

@@ -203,6 +203,7 @@ def test_a_log_without_device_state_says_the_cause_is_not_visible() -> None:
 
 
 # -- through the report: terminal, HTML and JSON -----------------------------------------------------------------
+@pytest.mark.slow
 def test_planner_report_prints_and_renders_the_co_tenant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     prof = profile(rank(0, 0.0005, CLEAN), rank(1, 0.001, COTENANT))
     prof.save(tmp_path / "p.json")

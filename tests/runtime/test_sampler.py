@@ -156,6 +156,7 @@ def epoch_layout(n: int, sizes: list[int], min_batch: int, **kw: object) -> list
     return out
 
 
+@pytest.mark.slow
 @settings(max_examples=700, deadline=None)
 @given(layout=layouts(), seed=st.integers(0, 2**31), drop_last=st.booleans(), shuffle=st.booleans())
 def test_coverage_counts_and_min_batch(layout: tuple[int, list[int], int], seed: int, drop_last: bool,
@@ -210,6 +211,7 @@ def test_deterministic_per_seed_and_epoch(layout: tuple[int, list[int], int], se
         assert list(b) != first
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(layout=layouts(), seed=st.integers(0, 1000), data=st.data())
 def test_replan_between_epochs_keeps_coverage(layout: tuple[int, list[int], int], seed: int,
