@@ -383,6 +383,28 @@ class StreamedEpochs:
         """Start the next epoch on a new stream and DataLoader (a re-plan was adopted: sizes or workers)."""
         self._next = None
 
+    def close(self) -> None:
+        """Shut the workers down now (see ``shutdown_loader``)."""
+        it, self._it, self._next = self._it, None, None
+        if it is not None and hasattr(it, "close"):
+            it.close()
+        shutdown_loader(self.loader)
+        self.loader = None
+
+
+def shutdown_loader(loader: Any) -> None:
+    """Stop a DataLoader's persistent workers (``loader``: a DataLoader, a TimedLoader over one, or a
+    StreamedEpochs), instead of leaving them to the garbage collector: `planner train` called in-process (the
+    Python API, tests) otherwise returns with its worker processes still alive, holding memory and CPU."""
+    if isinstance(loader, StreamedEpochs):
+        loader.close()
+        return
+    dataloader = getattr(loader, "loader", loader)
+    iterator = getattr(dataloader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+        dataloader._iterator = None
+
 
 def launch_group(plan: Plan, env: DistEnv) -> Any:
     """The process group DDP reduces over: the default one, unless the plan records a launch setting that the

@@ -52,6 +52,7 @@ from planner.cli.steps import (
     make_loader,
     pinned_pool_stats,
     short_epoch_warning,
+    shutdown_loader,
     stream_drain_note,
     sync_only_if,
 )
@@ -516,6 +517,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
             _end_on_error(run, done, e)
         raise
     finally:
+        shutdown_loader(run.loader)
         run.log.close()
         run.device_state.close()
         if run.gc_pauses is not None:

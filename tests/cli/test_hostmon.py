@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from tests._scripts import benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +43,7 @@ def test_session9_idle_probe_and_bench_windows() -> None:
     assert all(w["busy_frac"] > 0.5 for w in plan)  # ~20 of 32 cores: the 16-worker loader at full tilt
 
 
+@pytest.mark.subprocess
 def test_monitor_samples_until_sigterm(tmp_path: Path) -> None:
     out = tmp_path / "host.jsonl"
     proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "hostmon.py"), "--out", str(out),

@@ -39,6 +39,7 @@ def _profile_text(tmp_path: Path) -> str:
     (lambda t: t.replace('"cpu_cores": 64', '"cpu_cores": NaN'), "must be a finite number, got nan"),
     (lambda t: t.replace('"cpu_cores": 64', '"cpu_cores": 64, "cpu_cores": 2'), "appears twice in one object"),
 ])
+@pytest.mark.slow
 def test_profile_numbers_and_keys_are_read_strictly(edit: Any, needle: str, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     text = _profile_text(tmp_path)

@@ -64,6 +64,7 @@ def _locked(path: Path) -> bool:
 
 
 @pytest.mark.parametrize("shared", ["--checkpoint", "--log-file"])
+@pytest.mark.subprocess
 def test_a_second_run_on_the_same_outputs_is_refused(shared: str, tmp_path: Path) -> None:
     plan = one_rank_plan(tmp_path / "plan.json", 8)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}

@@ -51,6 +51,7 @@ def _checkpoint(folder: Path, run: dict[str, Any]) -> Plan:
     ("model", "evilmod:build"), ("model", "http.server:test"), ("model", "os:abort"),
     ("dataset", "evilmod:build"), ("dataset", "this:nothing"),
 ])
+@pytest.mark.subprocess
 def test_resume_never_imports_the_code_a_checkpoint_names(key: str, spec: str, tmp_path: Path) -> None:
     (tmp_path / "evilmod.py").write_text(EVIL_MODULE)  # in the working folder: importable if anything imports it
     plan = _checkpoint(tmp_path / "ckpt", {key: spec})
@@ -98,6 +99,7 @@ def _profile_with(tmp_path: Path, launch_env: dict[str, Any]) -> Path:
     {"X=1; touch MARK; Y": "2"},
     {"NCCL_MIN_CTAS": 2},
 ])
+@pytest.mark.subprocess
 def test_print_env_refuses_a_profile_setting_outside_the_allowlist(launch_env: dict[str, Any],
                                                                    tmp_path: Path) -> None:
     path = _profile_with(tmp_path, launch_env)
@@ -112,6 +114,7 @@ def test_print_env_refuses_a_profile_setting_outside_the_allowlist(launch_env: d
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
 
 
+@pytest.mark.subprocess
 def test_print_env_output_is_quoted_and_evaluates_to_the_setting(tmp_path: Path) -> None:
     path = _profile_with(tmp_path, {"NCCL_MIN_CTAS": "2", "NCCL_MAX_CTAS": "2"})
     script = (f'eval "$({sys.executable} -m planner plan --profile {path} --global-batch 8 --print-env)" && '

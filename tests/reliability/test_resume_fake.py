@@ -24,6 +24,7 @@ def _weights(ckpt: Path) -> dict[str, Any]:
     return state["model"]  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 def test_resume_with_loader_workers_equals_the_uninterrupted_run(tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     plan = one_rank_plan(tmp_path / "plan.json", 16, num_workers=2)  # workers: the generators that used to differ
