@@ -38,8 +38,10 @@ def test_the_rule() -> None:
 
 
 def test_steps_after_the_drain_run_at_the_loaders_pace_and_the_first_ones_do_not() -> None:
-    workers, cost = 2, 0.04
-    period = cost / workers  # a batch every 20 ms in the steady state
+    # Batches slow enough (a batch every 50 ms) that a busy host's scheduling jitter, a few ms, stays far inside
+    # the bounds: the claim is the contrast between the two phases, an order of magnitude, not a speed.
+    workers, cost = 2, 0.1
+    period = cost / workers
     drain = loader_drain_steps(workers)
     loader = DataLoader(_SlowBatches(drain + 40, cost), batch_size=None, num_workers=workers,
                         prefetch_factor=LOADER_PREFETCH)
@@ -52,7 +54,7 @@ def test_steps_after_the_drain_run_at_the_loaders_pace_and_the_first_ones_do_not
         t = now
     early, steady = gaps[:workers * LOADER_PREFETCH], gaps[drain:]
     assert statistics.mean(early) < 0.25 * period  # taken from the queues: a window here measures the buffer
-    assert 0.7 * period < statistics.mean(steady) < 1.6 * period  # after the drain: the loader's own pace
+    assert 0.7 * period < statistics.mean(steady) < 2.0 * period  # after the drain: the loader's own pace
 
 
 def test_a_split_drains_for_the_ranks_near_their_loaders_pace_only() -> None:
