@@ -47,25 +47,46 @@ def _checkpoint(folder: Path, run: dict[str, Any]) -> Plan:
     return plan
 
 
-@pytest.mark.parametrize(("key", "spec"), [
-    ("model", "evilmod:build"), ("model", "http.server:test"), ("model", "os:abort"),
-    ("dataset", "evilmod:build"), ("dataset", "this:nothing"),
-])
-@pytest.mark.subprocess
-def test_resume_never_imports_the_code_a_checkpoint_names(key: str, spec: str, tmp_path: Path) -> None:
+def _resume_argv(tmp_path: Path, key: str, spec: str) -> list[str]:
     (tmp_path / "evilmod.py").write_text(EVIL_MODULE)  # in the working folder: importable if anything imports it
     plan = _checkpoint(tmp_path / "ckpt", {key: spec})
     plan.save(tmp_path / "plan.json")
     given = ["--model", "mlp"] if key == "dataset" else ["--dataset", "fake"]
-    argv = [sys.executable, "-m", "planner", "train", "--plan", "plan.json", "--device", "cpu", "--epochs", "1",
-            "--checkpoint", "ckpt", "--resume", *given]
+    return ["train", "--plan", "plan.json", "--device", "cpu", "--epochs", "1", "--checkpoint", "ckpt", "--resume",
+            *given]
+
+
+def _refused(err: str, key: str, spec: str, tmp_path: Path) -> None:
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"--{key} '{spec}', which names code to import" in err
+    assert f"pass --{key} yourself" in err
+    assert not (tmp_path / "IMPORTED").exists() and not (tmp_path / "CALLED").exists()
+
+
+# Specs whose import would take the process down (a listener that never returns, an abort): in a process of
+# their own, as a user would meet them.
+@pytest.mark.parametrize(("key", "spec"), [("model", "http.server:test"), ("model", "os:abort")])
+@pytest.mark.subprocess
+def test_resume_never_imports_the_code_a_checkpoint_names(key: str, spec: str, tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "planner", *_resume_argv(tmp_path, key, spec)]
     proc = subprocess.run(argv, cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert f"--{key} '{spec}', which names code to import" in proc.stderr
-    assert f"pass --{key} yourself" in proc.stderr
-    assert "Zen of Python" not in proc.stdout and "Beautiful is better" not in proc.stdout
-    assert not (tmp_path / "IMPORTED").exists() and not (tmp_path / "CALLED").exists()
+    _refused(proc.stderr, key, spec, tmp_path)
+
+
+@pytest.mark.parametrize(("key", "spec"), [("model", "evilmod:build"), ("dataset", "evilmod:build"),
+                                           ("dataset", "this:nothing")])
+def test_resume_never_imports_a_checkpoints_spec_in_process(key: str, spec: str, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "evilmod", raising=False)
+    assert main(_resume_argv(tmp_path, key, spec)) == 2
+    out = capsys.readouterr()
+    _refused(out.err, key, spec, tmp_path)
+    assert "evilmod" not in sys.modules and "Beautiful is better" not in out.out  # this:nothing prints the Zen
 
 
 def test_resume_takes_a_builtin_spec_from_the_checkpoint_and_compares_a_typed_one(tmp_path: Path) -> None:
@@ -91,27 +112,37 @@ def _profile_with(tmp_path: Path, launch_env: dict[str, Any]) -> Path:
     return path
 
 
-@pytest.mark.parametrize("launch_env", [
+INJECTIONS = [
     {"NCCL_MIN_CTAS": "2; touch MARK #"},
     {"NCCL_MIN_CTAS": "$(touch MARK)"},
     {"NCCL_MIN_CTAS": "2\ntouch MARK"},
     {"LD_PRELOAD": "/tmp/evil.so"},
     {"X=1; touch MARK; Y": "2"},
     {"NCCL_MIN_CTAS": 2},
-])
+]
+
+
+@pytest.mark.parametrize("launch_env", INJECTIONS[:2])
 @pytest.mark.subprocess
-def test_print_env_refuses_a_profile_setting_outside_the_allowlist(launch_env: dict[str, Any],
-                                                                   tmp_path: Path) -> None:
+def test_print_env_runs_nothing_from_a_profile_in_the_shell(launch_env: dict[str, Any], tmp_path: Path) -> None:
     path = _profile_with(tmp_path, launch_env)
     script = f'eval "$({sys.executable} -m planner plan --profile {path} --global-batch 8 --print-env)"'
     proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=_clean_env(), capture_output=True, text=True,
                           timeout=60)
     assert not (tmp_path / "MARK").exists()
-    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
-    assert "launch_env" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "planner", "validate", str(path)], cwd=tmp_path, env=_clean_env(),
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1 and "launch_env" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("launch_env", INJECTIONS)
+def test_print_env_refuses_a_profile_setting_outside_the_allowlist(launch_env: dict[str, Any], tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import main
+
+    path = _profile_with(tmp_path, launch_env)
+    for argv in (["plan", "--profile", str(path), "--global-batch", "8", "--print-env"], ["validate", str(path)]):
+        assert main(argv) == 2
+        out = capsys.readouterr()
+        assert out.out == "" and out.err.count("\n") == 1 and "launch_env" in out.err, (argv, out)
 
 
 @pytest.mark.subprocess
