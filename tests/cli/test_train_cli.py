@@ -63,14 +63,14 @@ def test_replan_moves_work_off_a_rank_slowed_mid_run(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_steady_run_logs_a_decision_after_every_epoch(tmp_path: Path) -> None:
     log = tmp_path / "run.jsonl"
-    rc, out = run_planner_torchrun(2, [*COMMON, "--epochs", "10", "--plan-out", str(tmp_path / "plan.json"),
+    rc, out = run_planner_torchrun(2, [*COMMON, "--epochs", "5", "--plan-out", str(tmp_path / "plan.json"),
                                        "--log-file", str(log)], timeout_s=240)
     assert rc == 0, out[-3000:]
     decisions = _events(log, "replan")
     # A decision, with its reason, at the epoch ends through the run (none after the last): an epoch a noisy host
-    # makes the model adopt and then revert may be judged with its trial, so the count is not fixed at 9.
+    # makes the model adopt and then revert may be judged with its trial, so the count is not fixed at 4.
     epochs = [d["epoch"] for d in decisions]
-    assert epochs == sorted(set(epochs)) and epochs[0] == 0 and epochs[-1] == 8 and len(epochs) >= 7, epochs
+    assert epochs == sorted(set(epochs)) and epochs[0] == 0 and epochs[-1] == 3 and len(epochs) >= 3, epochs
     assert all(d["reason"] for d in decisions)
     # "At most one change in a steady state" depends on the noise the epochs carry, so it is judged on seeded
     # noise (tests/runtime/test_replan.py::test_noise_alone_does_not_churn_over_ten_epochs), not on this host's.

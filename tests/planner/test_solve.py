@@ -170,7 +170,7 @@ def _times(models: list[RankModel], b: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.slow
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(profiles())
 def test_solution_properties(case: tuple[Profile, int, int]) -> None:
     profile, B, min_batch = case
