@@ -78,26 +78,23 @@ def _as_plan(plan: Plan | str | os.PathLike[str]) -> Plan:
     return plan
 
 
-def check_loop_mode(plan: Plan, mode: str) -> None:
-    """Refuse a plan the loop cannot run: ``mode`` is the loop's kind, "ddp" or "fsdp" (see ``from_plan``)."""
-    if mode not in ("ddp", "fsdp"):
-        raise ValidationError(f"mode must be 'ddp' or 'fsdp' (the kind of your training loop), got {str(mode)[:20]!r}")
-    steps = [int(r.accumulation_steps) for r in plan.ranks]
-    if mode == "fsdp" and len(set(steps)) > 1:
-        raise ValidationError(
-            f"this is an FSDP2 loop but the plan (mode {plan.mode!r}) gives the ranks {steps} micro-steps per "
-            "optimizer step; each FSDP2 forward all-gathers, so every rank must run the same number -- re-plan "
-            "with `planner plan --mode fsdp`")
-
-
-def plan_accumulation_steps(plan: Plan) -> tuple[int, ...] | None:
+def plan_accumulation_steps(plan: Plan, loop: str | None = None) -> tuple[int, ...] | None:
     """The plan's per-rank micro-step counts k_i, or None when no rank accumulates (every rank one micro-step).
 
-    Under ``plan.mode == "fsdp"`` every rank must run the same number of micro-steps (each forward all-gathers).
+    Under FSDP every rank must run the same number of micro-steps (each forward all-gathers): refused when the
+    plan says so (``plan.mode == "fsdp"``) or the loop does (``loop``, "ddp" or "fsdp": the kind of training loop
+    that will run the plan, ``HeteroBatchSampler.from_plan(mode=)``).
     """
+    if loop not in (None, "ddp", "fsdp"):
+        raise ValidationError(f"mode must be 'ddp' or 'fsdp' (the kind of your training loop), got {str(loop)[:20]!r}")
     steps = tuple(int(r.accumulation_steps) for r in plan.ranks)
-    if plan.mode == "fsdp" and len(set(steps)) > 1:
+    if len(set(steps)) > 1 and plan.mode == "fsdp":
         raise ValidationError(f"plan mode 'fsdp' needs the same accumulation_steps on every rank, got {list(steps)}")
+    if len(set(steps)) > 1 and loop == "fsdp":
+        raise ValidationError(
+            f"this is an FSDP2 loop but the plan (mode {plan.mode!r}) gives the ranks {list(steps)} micro-steps per "
+            "optimizer step; each FSDP2 forward all-gathers, so every rank must run the same number -- re-plan "
+            "with `planner plan --mode fsdp`")
     return steps if max(steps) > 1 else None
 
 
@@ -248,10 +245,8 @@ class HeteroBatchSampler(Sampler[list[int]]):
         would leave its peers waiting in an all-gather forever).
         """
         plan = _as_plan(plan)
-        if mode is not None:
-            check_loop_mode(plan, mode)
         kw.setdefault("min_batch", plan.min_batch)
-        kw.setdefault("accumulation_steps", plan_accumulation_steps(plan))
+        kw.setdefault("accumulation_steps", plan_accumulation_steps(plan, loop=mode))
         return cls(dataset_len, plan.batch_sizes, rank, **kw)
 
     # -- what every rank can compute without communicating ----------------------------------------------
@@ -430,24 +425,20 @@ class HeteroBatchSampler(Sampler[list[int]]):
                     "resume with the same dataset, seed, world size and sampler options"
                 )
         sizes = _check_sizes(state["batch_sizes"], self.min_batch, "state.batch_sizes")
+        pending = state.get("pending_batch_sizes")
+        if pending is not None:
+            pending = _check_sizes(pending, self.min_batch, "state.pending")
         # A resume keeps the global batch (a re-plan moves samples between ranks, never adds any): a state with
         # another one is not this run's, and a huge one would train at that size.
-        for what, saved in (("state.batch_sizes", sizes), ("state.pending_batch_sizes", state.get("pending_batch_sizes"))):
-            if saved is None:
-                continue
-            saved = _check_sizes(saved, self.min_batch, what)
-            if len(saved) != self.world_size or sum(saved) != sum(self._sizes):
+        for what, saved in (("state.batch_sizes", sizes), ("state.pending_batch_sizes", pending)):
+            if saved is not None and (len(saved) != self.world_size or sum(saved) != sum(self._sizes)):
                 raise ValidationError(
                     f"{what} {str(list(saved))[:60]} is not a split of this sampler's global batch {sum(self._sizes)} "
                     f"over {self.world_size} ranks; resume with the plan the run was saved with")
         steps = check_accumulation(sizes, state.get("accumulation_steps"), self.min_batch, "state.accumulation_steps")
-        pending = state.get("pending_batch_sizes")
-        if pending is None:
-            self._pending = None
-        else:
-            pending = _check_sizes(pending, self.min_batch, "state.pending")
-            self._pending = pending, check_accumulation(pending, state.get("pending_accumulation_steps"),
-                                                        self.min_batch, "state.pending_accumulation_steps")
+        self._pending = None if pending is None else (
+            pending, check_accumulation(pending, state.get("pending_accumulation_steps"), self.min_batch,
+                                        "state.pending_accumulation_steps"))
         self._sizes, self._steps = sizes, steps
         self._epoch = int_arg(state["epoch"], "sampler state epoch", low=0, high=MAX_EPOCH)
         position = (int_arg(state["step"], "sampler state step", low=0),
