@@ -115,20 +115,12 @@ def _loader_class() -> type[Any]:
 
         def __iter__(self) -> Iterator[Any]:
             run, epoch = self.run, int(self.iteration)
-            timer = run.timer
-            assert timer is not None
-            run.epoch_start(epoch)  # the shuffle of this epoch and a re-plan adopted at the last epoch end
-            self.step = -1
-            for i, batch in enumerate(timer.iter_data(super().__iter__())):
-                self.step = i
-                timer.compute_start()  # the batch is handed over: the forward starts now
-                yield batch
-                timer.compute_end()  # ignored when backward reached the watched model's first parameter
-                timer.step_end()
             last = self.epochs is not None and epoch + 1 >= self.epochs
-            run.epoch_end(epoch, last=last)
-            if last:
-                run.finish(epoch + 1)
+            self.step = -1
+            # The epoch's shuffle and a re-plan adopted at the last epoch end, every step timed, then the epoch end.
+            for i, batch in enumerate(run.epoch(epoch, super().__iter__(), last=last)):
+                self.step = i
+                yield batch
 
         def loss_scale(self) -> float:
             """Multiply the mean loss by this before ``accelerator.backward`` (exact weighting; module docstring)."""

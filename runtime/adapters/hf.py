@@ -78,13 +78,7 @@ class PlannedLoader(DataLoader[Any]):
         self.run.epoch_start(self.epoch)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator around DataLoader's iterator
-        timer = self.run.timer
-        assert timer is not None
-        for batch in timer.iter_data(super().__iter__()):
-            timer.compute_start()  # handed over: the Trainer's forward starts now
-            yield batch
-            timer.compute_end()  # ignored when backward reached the watched model's first parameter
-            timer.step_end()
+        yield from self.run.timed(super().__iter__())  # handed over: the Trainer's forward starts at each batch
 
 
 class _PlannedTrainerMixin:

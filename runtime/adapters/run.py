@@ -222,15 +222,21 @@ class PlannedRun:
         if self.sampler is None or self.timer is None:
             raise ValidationError("run.epoch: build the loader on run.sampler_for(len(dataset), device) first")
         self.epoch_start(epoch)
+        yield from self.timed(loader)
+        self.epoch_end(epoch, last=last, loss=loss() if loss is not None else None)
+        if last:
+            self.finish(epoch + 1)
+
+    def timed(self, batches: Iterable[T]) -> Iterator[T]:
+        """Yield ``batches``, timing each step: the wait for the batch, the compute from hand-over (the body of the
+        consumer's loop) to the first parameter's gradient (``watch``) or the loop's next turn, and the step."""
         timer = self.timer
-        for batch in timer.iter_data(loader):
+        assert timer is not None, "the planned sampler is not built yet (sampler_for)"
+        for batch in timer.iter_data(batches):
             timer.compute_start()  # the batch is handed over: the forward starts now
             yield batch
             timer.compute_end()  # ignored when backward reached the watched model's first parameter
             timer.step_end()
-        self.epoch_end(epoch, last=last, loss=loss() if loss is not None else None)
-        if last:
-            self.finish(epoch + 1)
 
     def finish(self, epochs: int) -> None:
         """Write the run log's end record and close it (idempotent)."""
