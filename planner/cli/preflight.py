@@ -74,7 +74,7 @@ def _log_lines(path: str) -> int:
 def check_outputs_and_ranks(args: argparse.Namespace, world_size: int, rank: int) -> None:
     """Output paths and per-rank maps (see the module docstring)."""
     trace = args.trace_file.replace("{rank}", str(rank)) if args.trace_file else None
-    step_log = args.step_log.replace("{rank}", str(rank)) if getattr(args, "step_log", None) else None
+    step_log = args.step_log.replace("{rank}", str(rank)) if args.step_log else None
     check_outputs(
         [Output(flag="--log-file", path=args.log), Output(flag="--checkpoint", path=args.checkpoint, folder=True,
                                                          files=(CHECKPOINT_FILE,)),

@@ -166,7 +166,7 @@ def build_workload(
         raise ValidationError(f"--dataset {dataset_spec} is token data for --model tiny_lm, not {model_spec!r}")
     tv_names = _torchvision_names()
     is_tv = model_spec in tv_names
-    if not is_tv and model_spec not in SMALL_MODELS and ":" not in model_spec:
+    if not is_tv and model_spec not in SMALL_MODELS and not names_code(model_spec, "--model"):
         raise ValidationError(
             f"--model: unknown model {model_spec!r}; choose {', '.join(SMALL_MODELS)}, a torchvision classification "
             f"model ({', '.join(sorted(n for n in tv_names if n.startswith('resnet')))}, ...) or package.module:factory"
