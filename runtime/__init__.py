@@ -9,6 +9,7 @@ first, then DDP's all-reduces -- one per optimizer step -- then the re-plan exch
 from __future__ import annotations
 
 from runtime.accumulate import MicroStep, micro_steps
+from runtime.compress import COMPRESSIONS
 from runtime.adapters.run import PlannedRun
 from runtime.replan import ReplanDecision, Replanner
 from runtime.safety import check_agreement, check_batchnorm
@@ -17,6 +18,7 @@ from runtime.timing import StepTimer
 from runtime.weighting import StepWeights, accumulation_weight, loss_scale, register_weighted_hook, step_weights
 
 __all__ = [
+    "COMPRESSIONS",
     "HeteroBatchSampler",
     "HeteroDistributedSampler",
     "MicroStep",

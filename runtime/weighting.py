@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from planner.errors import ValidationError
+from runtime.compress import weighted_hook_for
 
 
 class StepCounts(Protocol):
@@ -245,7 +246,8 @@ _weighted_allreduce_hook.__annotations__ = {
 
 def register_weighted_hook(ddp_model: torch.nn.parallel.DistributedDataParallel, sampler: StepCounts, *,
                            on_last_bucket: Callable[[], None] | None = None, accumulation_steps: int = 1,
-                           process_group: Any = None, per_batch_weights: bool = False) -> WeightedHookState:
+                           process_group: Any = None, per_batch_weights: bool = False,
+                           compress: str = "none") -> WeightedHookState:
     """Make DDP's gradient the exact sample-weighted mean over all ranks' uneven batches.
 
     Each gradient bucket is multiplied by n_i / n and SUM-all-reduced, so after ``backward()`` every rank holds
@@ -284,12 +286,15 @@ def register_weighted_hook(ddp_model: torch.nn.parallel.DistributedDataParallel,
         per_batch_weights: weight by per-batch weights (counted tokens) instead of sample counts: before every
             optimizer step's synchronizing backward call ``state.set_step_weights(step_weights(counts))`` and
             multiply micro-batch j's mean loss by ``weights.accumulation_weight(j)``; the hook applies w_i / N.
+        compress: 'none' (default: all-reduce in the gradients' dtype, exact), 'bf16' or 'fp16' (opt-in: scale by
+            n_i / n in fp32 first, then cast and SUM-all-reduce; runtime/compress.py says why that order).
 
     Returns:
         The hook's state (current step, last factor), e.g. for logging.
     """
     if accumulation_steps < 1:
         raise ValidationError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
+    hook = weighted_hook_for(compress) or _weighted_allreduce_hook
     micro = getattr(sampler, "accumulation_steps", None)
     if accumulation_steps > 1 and micro is not None and max(micro) > 1:
         # Windows of several sampler steps each made of micro-batches: exact by the formulas, but MicroStep's
@@ -318,5 +323,5 @@ def register_weighted_hook(ddp_model: torch.nn.parallel.DistributedDataParallel,
         )
     state = WeightedHookState(sampler=sampler, process_group=process_group, accumulation_steps=accumulation_steps,
                               on_last_bucket=on_last_bucket, per_batch_weights=per_batch_weights)
-    ddp_model.register_comm_hook(state, _weighted_allreduce_hook)
+    ddp_model.register_comm_hook(state, hook)
     return state
