@@ -86,7 +86,10 @@ def build_models(profile: Profile, opts: SolveOptions, workers: Sequence[int] | 
     models = []
     for r, env, p_eff, q in zip(profile.by_rank, envelopes, loader_costs, handover_costs_s(profile), strict=True):
         mem = memory_cap(r.memory, headroom=opts.memory_headroom)
-        cap, reason = mem, "memory"
+        reason = "memory"
+        if opts.max_micro_batch is not None and (mem is None or opts.max_micro_batch < mem):
+            mem, reason = opts.max_micro_batch, "max-micro-batch"  # a stated memory cap: one micro-batch
+        cap = mem
         if opts.max_batch_per_rank is not None and (cap is None or opts.max_batch_per_rank < cap):
             cap, reason = opts.max_batch_per_rank, "max-batch-per-rank"
         # Under fsdp every rank runs the shared K, capped or not; under ddp only a memory cap calls for steps.

@@ -34,7 +34,11 @@ class SolveOptions:
     min_batch: int = 1
     """Smallest local batch any rank may get (2 or more for BatchNorm models)."""
     max_batch_per_rank: int | None = None
-    """User cap on every rank's local batch, on top of the memory caps."""
+    """User cap on every rank's batch per optimizer step (all its micro-batches together), on top of the memory
+    caps: no accumulation gets a rank past it."""
+    max_micro_batch: int | None = None
+    """User cap on what one forward+backward holds on every rank, on top of the memory caps the profile measured:
+    a memory cap you state (a CPU profile measures none).  A rank whose share is larger runs gradient accumulation."""
     memory_headroom: float = 0.10
     """Fraction of device memory kept free when deriving the memory cap from the fit."""
     cpu_reserve_per_rank: int = 1
@@ -74,6 +78,10 @@ class SolveOptions:
                 isinstance(self.max_batch_per_rank, bool) or not isinstance(self.max_batch_per_rank, int)
                 or self.max_batch_per_rank < 1):
             raise ValidationError(f"max_batch_per_rank must be an integer >= 1, got {self.max_batch_per_rank!r}")
+        if self.max_micro_batch is not None and (
+                isinstance(self.max_micro_batch, bool) or not isinstance(self.max_micro_batch, int)
+                or self.max_micro_batch < 1):
+            raise ValidationError(f"max_micro_batch must be an integer >= 1, got {self.max_micro_batch!r}")
         if not 0.0 <= self.memory_headroom < 1.0:
             raise ValidationError(f"memory_headroom must be in [0, 1), got {self.memory_headroom}")
         if self.cpu_reserve_per_rank < 0:

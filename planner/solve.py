@@ -28,8 +28,9 @@ so the program keeps its shape with integer k_i >= 1, b_i <= u_i k_i and min_bat
 runs a forward: BatchNorm's min batch applies to it).  Under ``mode="ddp"`` k_i is per rank, under
 ``mode="fsdp"`` one K for all.  The search (planner._search) plans without accumulation whenever that is feasible
 and nothing faster needs it -- exactly the program above -- and among equally fast plans takes the fewest
-micro-steps.  ``--max-batch-per-rank`` caps a rank's whole batch per optimizer step; the memory cap caps each
-micro-batch.  A global batch is refused only where no accumulation within ``max_accumulation_steps`` reaches it.
+micro-steps.  ``--max-batch-per-rank`` caps a rank's whole batch per optimizer step; the memory cap (the profile's
+fit, or ``--max-micro-batch`` where it is lower) caps each micro-batch.  A global batch is refused only where no
+accumulation within ``max_accumulation_steps`` reaches it.
 
 Communication: one all-reduce per optimizer step (DDP's no_sync skips it on the other micro-steps), mostly hidden
 behind backward; the exposed part is added to the predicted synchronous step (it does not change the split).
@@ -58,7 +59,7 @@ from planner._model import (
     worker_budgets,
 )
 from planner._search import improve_workers, search
-from planner.comm_model import applied_span_factors, span_under_ddp_s
+from planner.comm_model import applied_span_factors, links_meta, span_under_ddp_s
 from planner.errors import PlanError, ValidationError
 from planner.options import SolveOptions, resolve_options
 from planner.plan import Bottleneck, Plan, Predicted, RankPlan
@@ -346,7 +347,8 @@ def _check_feasible(models: list[RankModel], B: int, opts: SolveOptions) -> list
     unbounded = _reach(models, B, B)
     if unbounded < B:  # --max-batch-per-rank caps the whole batch: no accumulation helps
         raise PlanError(f"{head}; per optimizer step they hold at most {unbounded} even with gradient accumulation: "
-                        "lower the global batch, raise --max-batch-per-rank or add devices")
+                        "lower the global batch, raise --max-batch-per-rank or add devices (--max-micro-batch caps "
+                        "one micro-batch instead, and accumulates past it)")
     need = next(k for k in _doubling(k_fits) if _reach(models, B, k) >= B)
     lo = need // 2
     while need - lo > 1:  # the fewest steps that reach B
@@ -459,4 +461,5 @@ def _make_plan(
         mode=opts.mode,
         # Recorded only when the profile measured it to help (planner.comm_model.choose_launch_env).
         launch_env=dict(profile.comm.launch_env) if profile.comm and profile.comm.launch_env else {},
+        meta=links_meta(profile),  # ranks spanning hosts: the host groups of the all-reduce (planner.comm_model)
     )

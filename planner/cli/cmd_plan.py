@@ -8,6 +8,7 @@ import sys
 from dataclasses import replace
 
 from planner.argcheck import MAX_COUNT, count
+from planner.comm_model import links_line
 from planner.errors import ValidationError
 from planner.launchenv import export_lines
 from planner.options import DEFAULT_MIN_GAIN, MODES, SolveOptions
@@ -25,6 +26,7 @@ examples:
   planner plan --profile profile.json --global-batch 512 --min-batch 2      # BatchNorm models
   planner plan --profile profile.json --global-batch 512 --from-batches 256,256   # evaluate a given split
   planner plan --profile profile.json --global-batch 4096 --mode fsdp     # same micro-steps on every rank
+  planner plan --profile profile.json --global-batch 64 --max-micro-batch 8   # accumulate past 8 per forward
   eval "$(planner plan --profile profile.json --global-batch 512 --print-env)"   # the measured NCCL setting
 
 The global batch is your convergence choice: the planner never changes it.  Where it exceeds what the ranks'
@@ -68,8 +70,13 @@ def add_solve_arguments(p: argparse.ArgumentParser, *, from_plan: bool = False) 
     p.add_argument("--min-batch", "--min_batch", type=count(), default=mb, metavar="M",
                    help=f"smallest local batch per rank (default {mb_text})")
     p.add_argument("--max-batch-per-rank", "--max_batch_per_rank", type=count(), default=None, metavar="N",
-                   help="cap every rank's local batch at N samples, on top of its memory cap"
+                   help="cap every rank's batch per optimizer step (all its micro-batches together) at N samples, on "
+                        "top of its memory cap; accumulation never gets past it"
                         + (" (default: the plan's)" if from_plan else ""))
+    p.add_argument("--max-micro-batch", "--max_micro_batch", type=count(), default=None, metavar="N",
+                   help="cap what one forward+backward holds on every rank at N samples, on top of the memory cap "
+                        "the profile measured (a CPU profile measures none): a rank whose share is larger runs "
+                        "gradient accumulation" + (" (default: the plan's)" if from_plan else ""))
     v, text = default(d.memory_headroom, f"{d.memory_headroom}")
     p.add_argument("--memory-headroom", type=float, default=v, metavar="FRAC",
                    help=f"fraction of device memory kept free when capping the batch (default {text})")
@@ -92,7 +99,7 @@ def add_solve_arguments(p: argparse.ArgumentParser, *, from_plan: bool = False) 
                    help=f"most micro-steps per optimizer step on one rank (default {text})")
 
 
-_SOLVE_FLAGS = ("min_batch", "max_batch_per_rank", "memory_headroom", "cpu_reserve_per_rank", "max_workers_per_rank",
+_SOLVE_FLAGS = ("min_batch", "max_batch_per_rank", "max_micro_batch", "memory_headroom", "cpu_reserve_per_rank", "max_workers_per_rank",
                 "min_gain", "mode", "max_accumulation_steps")
 
 
@@ -127,8 +134,10 @@ def over_caps(profile: Profile, batches: list[int], options: SolveOptions) -> li
             out.append(f"rank {m.rank} gets {b} samples, over --max-batch-per-rank {m.batch_cap}")
         elif m.micro_cap is not None and -(-b // k_max) > m.micro_cap:
             split = "" if k_max == 1 else f" even in {k_max} micro-batches (--max-accumulation-steps)"
-            out.append(f"rank {m.rank} gets {b} samples, over its memory cap of {m.micro_cap} (memory fit with "
-                       f"{options.memory_headroom:.0%} headroom){split}: it would run out of memory")
+            why = ("--max-micro-batch" if m.micro_cap == options.max_micro_batch
+                   else f"memory fit with {options.memory_headroom:.0%} headroom")
+            out.append(f"rank {m.rank} gets {b} samples, over its memory cap of {m.micro_cap} ({why}){split}: it "
+                       "would run out of memory")
     return out
 
 
@@ -208,6 +217,10 @@ def format_plan(plan: Plan, profile: Profile | None = None, quality: ProfileQual
         headers.insert(3, "micro-batches")
         rows = [(*row[:3], f"{r.accumulation_steps} x {r.micro_batch_size}", *row[3:])
                 for row, r in zip(rows, plan.ranks, strict=True)]
+    hosts = [r.host for r in plan.ranks]
+    if len(set(hosts)) > 1:  # ranks on several hosts: which share one (their loader cores, their links)
+        headers.insert(1, "host")
+        rows = [(row[0], host, *row[1:]) for row, host in zip(rows, hosts, strict=True)]
     out = [table(headers, rows)]
     p = plan.predicted
     eq = p.equal_split_samples_per_s
@@ -223,6 +236,9 @@ def format_plan(plan: Plan, profile: Profile | None = None, quality: ProfileQual
     note = accumulation_note(plan)
     if note is not None:
         lines.append(f"  {note}")
+    links = links_line(plan.meta.get("allreduce"))
+    if links is not None:
+        lines.append(f"  {links}")
     if plan.launch_env:  # measured to help by the profile; `planner train` applies it, other launchers need it
         lines.append(f"  launch with {' '.join(f'{k}={v}' for k, v in sorted(plan.launch_env.items()))} (measured "
                      "faster than NCCL's default; `planner train` sets it, --print-env prints it for scripts)")

@@ -4,7 +4,9 @@ with per-rank micro-batches (2 gloo ranks)."""
 from __future__ import annotations
 
 import argparse
+import math
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from tests._scripts import load_script
 from tests.runtime.test_adopting import DOC, apply_diff, changed_lines
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 # (doc section, stock script, planned twin, batch sizes, accumulation steps, plan mode)
 FORMS = {
     "ddp": ("Gradient accumulation (DDP with no_sync)", "stock_accum_ddp_script.py", "planned_accum_ddp_script.py",
@@ -108,3 +111,64 @@ def test_documented_change_gives_the_planned_twin(form: str) -> None:
 def test_stock_and_planned_accumulation_scripts_run(tmp_path: Path) -> None:
     pytest.importorskip("torch.distributed.fsdp", reason="FSDP2 (fully_shard) needs torch >= 2.6")
     run_distributed(adopt_worker, 2, str(tmp_path), timeout_s=150)
+
+
+# -- planning accumulation on CPU: the documented commands, run --------------------------------------------------
+PLANNING = "**Making an accumulation plan.**"
+
+
+def documented_commands() -> list[list[str]]:
+    """The ```bash block of the accumulation section's planning paragraph, one argv per line."""
+    text = DOC.read_text()
+    assert PLANNING in text, f"docs/ADOPTING.md must say how to make an accumulation plan ({PLANNING})"
+    block = re.search(r"```bash\n(.*?)```", text.split(PLANNING, 1)[1], re.S)
+    assert block, "the planning paragraph must hold a ```bash block"
+    return [shlex.split(line) for line in block.group(1).splitlines() if line.strip()]
+
+
+def planned_accumulation_worker(rank: int, world: int, script: str, argv: list[str], micro_cap: int,
+                                sizes: list[int]) -> None:
+    module = load_script(script, "documented_accum_script")
+    out = module.train(module.get_args_parser().parse_args(argv))  # type: ignore[attr-defined]
+    assert max(out["batch_sizes"]) <= micro_cap, out["batch_sizes"]  # no forward above the stated cap
+    k = math.ceil(sizes[rank] / micro_cap)
+    assert sum(out["batch_sizes"][:k]) == sizes[rank]  # the first (full) step: b_i samples in k micro-batches
+    assert out["optimizer_steps"] == 2 * math.ceil(100 / sum(sizes))  # 2 epochs of 100 samples, every rank
+    same_on_every_rank(out["params"], world)
+
+
+@pytest.mark.distributed
+def test_documented_cpu_route_plans_and_runs_accumulation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """profile on CPU -> plan with --max-micro-batch -> the planned accumulation script on 2 ranks, as written."""
+    from planner.cli import main
+
+    commands = documented_commands()
+    assert [c[0] for c in commands] == ["planner", "planner", "torchrun"]
+    monkeypatch.chdir(tmp_path)
+    for argv in commands[:2]:
+        assert main(argv[1:]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    plan_argv = commands[1]
+    micro_cap = int(plan_argv[plan_argv.index("--max-micro-batch") + 1])
+    plan = Plan.load(tmp_path / plan_argv[plan_argv.index("--out") + 1])
+    assert plan.global_batch == int(plan_argv[plan_argv.index("--global-batch") + 1])
+    assert plan.accumulates and "micro-batches" in out  # the table shows steps x micro-batch
+    for r in plan.ranks:  # every rank past the cap accumulates; none holds more than the cap per forward
+        assert r.accumulation_steps == math.ceil(r.batch_size / micro_cap), plan.ranks
+        assert (r.micro_batch_size or r.batch_size) <= micro_cap
+
+    launch = commands[2]
+    script = next(a for a in launch if a.endswith(".py"))
+    argv = launch[launch.index(script) + 1:]
+    argv[argv.index("--plan") + 1] = str(tmp_path / argv[argv.index("--plan") + 1])
+    run_distributed(planned_accumulation_worker, 2, str(ROOT / script), argv, micro_cap, list(plan.batch_sizes),
+                    timeout_s=150)
+
+
+def test_the_doc_has_one_accumulation_recipe() -> None:
+    """The micro_steps form above is the one no_sync recipe; the other mentions of accumulation point to it
+    (a second recipe, with its own weights per window, disagreed with it)."""
+    text = DOC.read_text()
+    assert "accumulation_weight(sampler" not in text and "accumulation_steps=K" not in text
+    assert text.count('"Gradient accumulation (DDP with no_sync)"') >= 1  # the pointer to the section

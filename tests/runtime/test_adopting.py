@@ -8,6 +8,7 @@ applies to; each planned script runs on 2 gloo ranks next to its stock original.
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,41 @@ def test_hook_on_an_unwrapped_module_says_to_pass_the_ddp_model() -> None:
     with pytest.raises(TypeError, match=r"needs the DDP-wrapped model, got a Sequential .*after `model = "
                                         r"DistributedDataParallel\(model, \.\.\.\)`"):
         register_weighted_hook(torch.nn.Sequential(torch.nn.Linear(2, 2)), sampler)  # type: ignore[arg-type]
+
+
+# -- step 1: the plan commands, run as written ---------------------------------------------------------------------
+PROFILE = ROOT / "tests" / "data" / "h200x2_resnet50_F3_profile_s2.json"  # resnet50, 2x H200, memory measured
+
+
+def step_one_plan_commands() -> list[list[str]]:
+    """Every `planner plan` line of the ```bash blocks in "1. Make the plan" (up to step 2)."""
+    section = DOC.read_text().split("**1. Make the plan**", 1)[1].split("**2. Change the script.**", 1)[0]
+    lines = [line.split("#", 1)[0] for block in re.findall(r"```bash\n(.*?)```", section, re.S)
+             for line in block.splitlines()]
+    return [shlex.split(line) for line in lines if line.strip().startswith("planner plan")]
+
+
+def test_step_one_documents_a_plan_with_chosen_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The solver's plan and `--from-batches`' are both in step 1, and both commands run as written (on a measured
+    2-rank profile standing in for profile.json); the chosen split reaches each rank's sampler unchanged."""
+    from planner.cli import main
+    from runtime import HeteroBatchSampler
+
+    commands = step_one_plan_commands()
+    chosen = [c for c in commands if "--from-batches" in c]
+    assert len(commands) == 2 and len(chosen) == 1, commands
+    monkeypatch.chdir(tmp_path)
+    for argv in commands:
+        argv = [str(PROFILE) if a == "profile.json" else a for a in argv]
+        assert main(argv[1:]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    argv = chosen[0]
+    batches = [int(b) for b in argv[argv.index("--from-batches") + 1].split(",")]
+    plan = Plan.load(tmp_path / argv[argv.index("--out") + 1])
+    assert list(plan.batch_sizes) == batches and plan.global_batch == sum(batches)
+    assert plan.solver["method"] == "given" and "x equal split" in out  # with the profile's prediction for it
+    for rank, b in enumerate(batches):
+        sampler = HeteroBatchSampler.from_plan(plan, rank, 10 * sum(batches))
+        sampler.set_epoch(0)
+        assert {len(batch) for batch in sampler} == {b}
