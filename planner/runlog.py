@@ -4,7 +4,7 @@
 report --log`` and ``planner validate`` read it; ``planner/schemas/runlog.schema.json`` describes one line::
 
     {"event": "start",  "time": t, "world_size": W, "global_batch": B, "strategy": "plan", "plan": {...},
-                        "dataset_size": N}
+                        "dataset_size": N, "grad_compress": "bf16"  (optional: absent when uncompressed)}
     {"event": "epoch",  "epoch": e, "plan_fingerprint": "..", "samples_per_s": x, "step_time_s": y, "loss": l,
                         "batch_sizes": [...], "ranks": [<StepStats per rank>], "predicted_step_time_s": [...],
                         "device_state": [<DeviceState per rank, or null>]  (optional),
@@ -63,12 +63,17 @@ class StartRecord:
     plan: Plan | None = None
     dataset_size: int | None = None
     """Samples in the training dataset (what an epoch covers): the report's epoch times use it."""
+    grad_compress: str = "none"
+    """Wire dtype of the gradient all-reduce ('bf16', 'fp16'; runtime/compress.py); 'none', the default, is
+    written by leaving the key out (a log without it is uncompressed)."""
     event: Literal["start"] = "start"
 
     def to_dict(self) -> JSONDict:
         d = {"event": self.event, "version": RUNLOG_VERSION, "time": self.time, "world_size": self.world_size,
              "global_batch": self.global_batch, "strategy": self.strategy,
              "plan": self.plan.to_dict() if self.plan is not None else None}
+        if self.grad_compress != "none":
+            d["grad_compress"] = self.grad_compress
         return d if self.dataset_size is None else {**d, "dataset_size": self.dataset_size}
 
 
@@ -264,6 +269,8 @@ class RunLog:
     refuses that); only the last run's records are read."""
     dataset_size: int | None = None
     """Samples per epoch, from the start record (None for logs written before it was recorded)."""
+    grad_compress: str = "none"
+    """Wire dtype of the run's gradient all-reduce, from the start record ('none' for logs without it)."""
 
     def steady_epoch(self) -> EpochRecord | None:
         """The last epoch that measured its plan at the loaders' steady pace: none of its steps in the run's final
@@ -365,7 +372,8 @@ def parse_record(d: Mapping[str, Any], where: str = "record", *, strict_plans: b
         start = StartRecord(time=_num(d, "time", where) or 0.0, world_size=_opt_int(d, "world_size", where),
                             global_batch=_opt_int(d, "global_batch", where), strategy=str(d.get("strategy", "plan")),
                             plan=_plan(d.get("plan"), where, strict=strict_plans),
-                            dataset_size=_opt_int(d, "dataset_size", where))
+                            dataset_size=_opt_int(d, "dataset_size", where),
+                            grad_compress=str(d.get("grad_compress") or "none"))
         for field, value in (("world_size", start.world_size), ("global_batch", start.global_batch)):
             planned = getattr(start.plan, field) if start.plan is not None else None
             if value is not None and planned is not None and value != planned:
@@ -465,5 +473,6 @@ def read_run_log(path: str | os.PathLike[str], *, strict_plans: bool = False) ->
         runs=max(1, len(starts)),
         end_reason=records[-1].reason if records and isinstance(records[-1], EndRecord) else None,
         dataset_size=start.dataset_size if start else None,
+        grad_compress=start.grad_compress if start else "none",
     )
 

@@ -118,6 +118,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="exact weighting of uneven batches: scale the loss (default; DDP's own all-reduce, also exact "
                         "with SyncBatchNorm) or a Python comm hook (register_weighted_hook); the same parameters "
                         "either way")
+    a.add_argument("--grad-compress", choices=("none", "bf16", "fp16"), default="none",
+                   help="all-reduce gradients in bf16 or fp16, half the bytes (opt-in: changes numerics to the "
+                        "wire dtype's rounding). The plan's weighting scales each bucket by n_i / n in fp32 before "
+                        "the cast (through the weighting hook), so uneven batches neither overflow nor underflow; "
+                        "default none")
     a.add_argument("--data-on-device", action="store_true",
                    help="synthetic inputs made on the device, no DataLoader (isolates compute skew; --auto then "
                         "profiles no loader)")
@@ -312,6 +317,7 @@ def config_from_args(args: argparse.Namespace, env: Any, slowdowns: dict[int, fl
         slowdown_from_epoch=args.emulate_slowdown_from_epoch, loader_workers_cap=loader_caps.get(env.rank),
         log_path=args.log, checkpoint_dir=args.checkpoint, checkpoint_every=args.checkpoint_every,
         resume=args.resume, resume_changes=resume_changes, weighting=args.weighting.replace("-", "_"),
+        grad_compress=args.grad_compress,
         trace_path=args.trace_file.replace("{rank}", str(env.rank)) if args.trace_file else None,
         restart_loader_each_epoch=args.restart_loader_each_epoch, loader_check_s=args.loader_check_s,
         gpu_normalize=gpu_normalize_for(args.gpu_normalize, args.model or DEFAULTS["model"],

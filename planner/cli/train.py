@@ -68,6 +68,7 @@ from profiler.workloads.emulate import Slowdown
 from profiler.workloads.specs import Workload, build_workload
 from runtime.accumulate import MicroStep, micro_steps
 from runtime.collectives import all_gather_json
+from runtime.compress import stock_compress_hook
 from runtime.replan import Replanner
 from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler
@@ -175,7 +176,7 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
         hetero = HeteroBatchSampler.from_plan(plan, env.rank, dataset_len, seed=cfg.seed, min_batch=min_batch)
         batch_sampler = hetero
     if workload.weight_fn is not None and hetero is not None:  # token-mean loss of variable-length text
-        if cfg.weighting == "hook" or max(hetero.accumulation_steps) > 1:
+        if cfg.weighting == "hook" or cfg.grad_compress != "none" or max(hetero.accumulation_steps) > 1:
             raise ValidationError("variable-length text is weighted by tokens through the loss scale, one optimizer "
                                   "step per batch: use --weighting loss-scale and a plan without accumulation")
     timer = StepTimer(device)
@@ -188,9 +189,12 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
     elif env.distributed:
         group = launch_group(plan, env)
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, process_group=group)
-        if hetero is not None and cfg.weighting == "hook":
+        if hetero is not None and (cfg.weighting == "hook" or cfg.grad_compress != "none"):
+            # compression runs in the weighting hook: scale by n_i / n first, then cast (runtime/compress.py)
             register_weighted_hook(ddp, hetero, on_last_bucket=timer.compute_end,  # type: ignore[arg-type]
-                                   process_group=group)
+                                   process_group=group, compress=cfg.grad_compress)
+        elif hetero is None and cfg.grad_compress != "none":  # the stock twin: torch's own hook, cast then average
+            ddp.register_comm_hook(group, stock_compress_hook(cfg.grad_compress))  # type: ignore[arg-type]
         elif hetero is not None:
             scale_loss = True
             close_compute_on_last_gradient(model, timer, when=lambda: micro.last)
@@ -466,7 +470,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     run.log = RunLogWriter(cfg.log_path, enabled=env.is_main)
     if run.start_epoch == 0 and run.start_step == 0:
         run.log.write(StartRecord(time=time.time(), world_size=env.world_size, global_batch=run.plan.global_batch,
-                                  strategy=cfg.strategy, plan=run.plan,
+                                  strategy=cfg.strategy, plan=run.plan, grad_compress=cfg.grad_compress,
                                   dataset_size=len(workload.dataset)))  # type: ignore[arg-type]
     if resize is not None:
         run.log.write(resize)

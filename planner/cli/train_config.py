@@ -11,6 +11,8 @@ from planner.errors import ValidationError
 
 STRATEGIES = ("plan", "equal")
 WEIGHTINGS = ("loss_scale", "hook")
+GRAD_COMPRESSIONS = ("none", "bf16", "fp16")
+"""The names of runtime.compress.COMPRESSIONS (tests/runtime/test_compress.py keeps them equal)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,6 +39,11 @@ class TrainConfig:
     C++ all-reduce; also exact with SyncBatchNorm) or 'hook' (``register_weighted_hook``, a Python comm hook).
     Same parameters to 1e-10 (tests/cli/test_train_weighting.py); its cost is measured by
     benchmarks/hook_overhead.py."""
+    grad_compress: str = "none"
+    """Wire dtype of the gradient all-reduce: 'none' (the parameters' dtype, exact), or opt-in 'bf16'/'fp16'
+    (runtime/compress.py: scaled by n_i / n in fp32, then cast and summed). With 'plan' it runs in the weighting
+    hook whatever ``weighting`` says (the loss scale would cast before scaling); with 'equal', torch's own
+    compress hook."""
     fsdp: bool = False
     """Shard the model with FSDP2 (``fully_shard`` per top-level block, then the root) instead of DDP; the plan's
     micro-batches run with ``set_requires_gradient_sync`` on the last one (every rank the same count)."""
@@ -75,8 +82,8 @@ class TrainConfig:
     boundaries (planner.cli.steps.StreamedEpochs, the default for the planned sampler): the stock behaviour, to compare."""
 
     AGREED = ("model", "dataset", "image_size", "num_samples", "epochs", "max_steps_per_epoch", "lr", "amp",
-              "replan", "replan_threshold", "replan_smoothing", "strategy", "weighting", "fsdp", "data_on_device",
-              "checkpoint_every", "resume", "gpu_normalize", "restart_loader_each_epoch")
+              "replan", "replan_threshold", "replan_smoothing", "strategy", "weighting", "grad_compress", "fsdp",
+              "data_on_device", "checkpoint_every", "resume", "gpu_normalize", "restart_loader_each_epoch")
     """The settings every rank must share (runtime.safety.check_agreement): they decide the model, the data, the
     number of steps and collectives, and the update.  The rest may differ by rank (emulated slowdowns, loader caps,
     per-rank log paths, progress output)."""
@@ -103,6 +110,11 @@ class TrainConfig:
                 raise ValidationError(f"{name} must be a finite factor >= 1, got {value}")
         if not self.replan_threshold >= 0:
             raise ValidationError(f"replan_threshold must be >= 0, got {self.replan_threshold}")
+        if self.grad_compress not in GRAD_COMPRESSIONS:
+            raise ValidationError(f"grad_compress must be one of {', '.join(GRAD_COMPRESSIONS)}, got "
+                                  f"{self.grad_compress!r}")
+        if self.fsdp and self.grad_compress != "none":
+            raise ValidationError("FSDP2 has no DDP comm hook to compress in: drop --grad-compress with --fsdp")
         if self.fsdp and self.weighting == "hook":
             raise ValidationError("FSDP2 has no DDP comm hook: use the loss-scale weighting (the default) with --fsdp")
         if self.fsdp and (self.checkpoint_dir or self.resume):

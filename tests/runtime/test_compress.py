@@ -118,3 +118,23 @@ def test_unknown_compression_is_refused() -> None:
     with pytest.raises(ValidationError, match="bf16"):
         register_weighted_hook(object(), sampler, compress="int8")  # type: ignore[arg-type]
     assert COMPRESSIONS[0] == "none"
+
+
+def test_train_config_and_run_log_carry_the_compression() -> None:
+    from planner.cli.train_config import GRAD_COMPRESSIONS, TrainConfig
+    from planner.runlog import StartRecord, parse_record
+
+    assert GRAD_COMPRESSIONS == COMPRESSIONS
+    assert TrainConfig().grad_compress == "none"  # never on unless asked
+    assert TrainConfig(grad_compress="bf16").agreed_settings()["--grad-compress"] == "bf16"
+    with pytest.raises(ValidationError, match="grad_compress"):
+        TrainConfig(grad_compress="int8")
+    with pytest.raises(ValidationError, match="FSDP2"):
+        TrainConfig(grad_compress="bf16", fsdp=True)
+    plain = StartRecord(time=1.0, world_size=2, global_batch=10).to_dict()
+    assert "grad_compress" not in plain  # an uncompressed log reads as before
+    parsed = parse_record(plain)
+    assert isinstance(parsed, StartRecord) and parsed.grad_compress == "none"
+    d = StartRecord(time=1.0, world_size=2, global_batch=10, grad_compress="bf16").to_dict()
+    parsed = parse_record(d)
+    assert d["grad_compress"] == "bf16" and isinstance(parsed, StartRecord) and parsed.grad_compress == "bf16"
