@@ -34,6 +34,7 @@ from typing import Protocol, TypeVar
 
 from planner.errors import ValidationError
 from planner.plan import micro_batch_sizes as _plan_micro_batch_sizes
+from runtime.safety import note_weighting
 from runtime.weighting import StepCounts
 
 T = TypeVar("T")
@@ -160,6 +161,7 @@ def micro_steps(loader: Iterable[T], sampler: MicroLayout) -> Iterator[tuple[T, 
     with workers runs the sampler ahead), starting where the pass starts (0, or the resumed step and micro-step
     after ``load_state_dict``). One call per epoch, after ``sampler.set_epoch``, like ``for batch in loader``.
     """
+    note_weighting("micro_steps")  # before the pass starts: its MicroSteps carry the exact weights
     it = iter(loader)  # starts the sampler's pass: its start position is now this pass's
     step, index = sampler.start_step, sampler.start_micro_step
     current: list[MicroStep] = []  # the step's MicroSteps, built once per step

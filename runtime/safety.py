@@ -3,20 +3,43 @@
 Ranks launched with different plans, datasets or seeds would build different sampler layouts: their batch counts
 differ and some rank eventually waits in an all-reduce that never comes. One JSON all-gather up front
 (``runtime.collectives.all_gather_json``: data, never pickle) compares what every rank must agree on and raises the same clear error on every rank.
+
+A planned sampler runs such a check itself (:func:`check_first_pass`, at its first pass, before its first batch),
+so a script that adopts a plan by hand fails at its first step with one line on every rank, instead of training
+silently wrong and dying later, for the three mistakes that are easy to make:
+
+- ranks launched with different plans (or datasets, seeds, sampler options, epochs): their step counts differ;
+- a DataLoader that cuts other batches than the plan's (``DataLoader(batch_size=32, sampler=
+  HeteroDistributedSampler(...))``): each rank's step count then depends on its share, and the ranks fall apart;
+- an uneven plan with nothing weighting the gradient: DDP's average counts every rank's mean loss alike.
+
+Collectives run only on the main thread of the training process (never in a DataLoader worker or another thread),
+only under an initialized process group, and at the same point on every rank (the sampler's first pass, which
+every rank starts in the same order of its program).  Whether the gradient is weighted is known only once the first
+loss is scaled, so that check is local and runs later: at the first backward through the DDP model
+(:func:`arm_weighting_check`), before any gradient is all-reduced.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import threading
 import warnings
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import get_worker_info
 
 from planner.errors import ValidationError
 from runtime.collectives import all_gather_json
+
+if TYPE_CHECKING:
+    from runtime.sampler import HeteroBatchSampler
 
 # Field name in the message -> the fix to print with it.
 _FIXES = {
@@ -97,3 +120,261 @@ def check_batchnorm(model: torch.nn.Module, min_batch: int) -> int:
         stacklevel=2,
     )
     return 2
+
+
+# -- a planned sampler's own checks: its first pass, and whether the gradient is weighted -----------------------------
+
+_WEIGHTING: set[str] = set()
+"""How this process weights its gradients for an uneven plan ('hook', 'loss_scale', 'micro_steps', 'step_weights',
+'PlannedRun', or what ``HeteroBatchSampler.declare_weighting`` was told): any entry satisfies the check."""
+
+
+@dataclass(slots=True)
+class _Watch:
+    """The armed weighting check: a global forward pre-hook waiting for the first training forward."""
+
+    message: str
+    pid: int
+    handle: Any
+
+
+_watch: _Watch | None = None
+
+
+def note_weighting(how: str) -> None:
+    """Record that this process weights its gradients (``how``: the form). Every weighting form calls it --
+    ``register_weighted_hook``, ``loss_scale``, ``accumulation_weight``, ``micro_steps``, ``step_weights``,
+    ``PlannedRun`` -- so it is cheap: a set lookup once the form is known."""
+    if how not in _WEIGHTING:
+        _WEIGHTING.add(how)
+        _disarm()
+
+
+def on_main_thread() -> bool:
+    """True on the main thread of a training process (not a DataLoader worker, not another thread): the only
+    place a planned sampler runs a collective, so its collectives keep the same order on every rank."""
+    return threading.current_thread() is threading.main_thread() and get_worker_info() is None
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _nccl_device() -> int:
+    """This rank's GPU for a JSON collective under NCCL: the device the process group is bound to, else the current
+    one -- or ``LOCAL_RANK``'s when the script never called ``torch.cuda.set_device`` (current device 0 on every rank
+    of a node, where NCCL refuses two ranks on one GPU)."""
+    try:
+        bound = dist.distributed_c10d._get_default_group().bound_device_id
+    except (AttributeError, RuntimeError):
+        bound = None
+    if bound is not None:
+        return int(bound.index or 0)
+    current = torch.cuda.current_device()
+    local = os.environ.get("LOCAL_RANK", "")
+    if current == 0 and local.isdigit() and 0 < int(local) < torch.cuda.device_count():
+        return int(local)
+    return current
+
+
+@contextlib.contextmanager
+def _collective_device() -> Iterator[None]:
+    if str(dist.get_backend()) == "nccl":
+        with torch.cuda.device(_nccl_device()):
+            yield
+    else:
+        yield
+
+
+def _shown(value: Any) -> str:
+    text = str(value)
+    return text[:40] + ".." if len(text) > 44 else text
+
+
+def _listed(values: Mapping[int, Any]) -> str:
+    """'rank 0 has X, rank 1 has Y': the first rank of each distinct value (at most 3)."""
+    firsts: dict[str, int] = {}
+    for r in sorted(values):
+        firsts.setdefault(json.dumps(values[r], sort_keys=True), r)
+    return ", ".join(f"rank {r} has {_shown(values[r])}" for r in list(firsts.values())[:3])
+
+
+# Layout facts every rank's sampler must share -> the fix to print with a disagreement.
+_LAYOUT_FIXES = {
+    "batch sizes": "launch every rank with the same plan file",
+    "micro-steps": "launch every rank with the same plan file",
+    "dataset length": _FIXES["dataset length"],
+    "seed": "pass the same seed to every rank's sampler",
+    "sampler options": "build every rank's sampler with the same shuffle, drop_last and min_batch",
+    "epoch": "call sampler.set_epoch(epoch) with the same epoch on every rank",
+    "start step": "resume every rank from the same checkpoint (sampler.load_state_dict)",
+}
+
+
+def equal_plan(sampler: HeteroBatchSampler) -> bool:
+    """Every rank the same batch and the same micro-steps: then DDP's plain average is the exact gradient.
+
+    With b_i = b and k_i = k on every rank, every rank holds the same number of samples in every step and
+    micro-step -- the epoch's partial last step too (r_i = max(min_batch, ceil(R * b / B)) is one number, and an
+    equal k gives every rank the same micro-batch count there) -- so n_i / n = 1 / W at every synchronization and
+    DDP's (1 / W) * sum_i g_i is sum_i (n_i / n) g_i exactly: no weighting is needed.
+    """
+    return len(set(sampler.batch_sizes)) == 1 and len(set(sampler.accumulation_steps)) == 1
+
+
+def _weighting_message(sampler: HeteroBatchSampler) -> str:
+    sizes, steps = list(sampler.batch_sizes), list(sampler.accumulation_steps)
+    micro = f" in {steps} micro-steps" if max(steps) > 1 else ""
+    return (f"the plan gives the ranks {_shown(sizes)} samples a step{micro}, but nothing weights the gradient by them "
+            "(DDP averages the ranks' gradients as if their batches were equal); call register_weighted_hook(model, "
+            "sampler) after model = DDP(...), or multiply the loss by runtime.loss_scale(sampler, step) "
+            "(sampler.declare_weighting() if you weight it yourself)")
+
+
+def _loader_message(rank: int, cut: Any, planned: int) -> str:
+    size, drop_last = cut
+    how = f"batches of {size}" + (" with drop_last=True" if drop_last else "")
+    return (f"rank {rank}'s DataLoader cuts {how} but the plan gives rank {rank} {planned} samples a step; build it as "
+            "DataLoader(dataset, batch_size=sampler.batch_size, sampler=sampler) with drop_last=False (the default)")
+
+
+def check_first_pass(sampler: HeteroBatchSampler, start_step: int, loader: tuple[int, bool] | None = None) -> None:
+    """A planned sampler's check before its first batch: every rank raises the same one-line ValidationError when
+    the ranks' samplers disagree or a DataLoader cuts other batches than the plan's.
+
+    Under torch.distributed: ONE JSON all-gather (collective: the sampler calls it at its first pass, on the main
+    thread, which every rank reaches in the same order) of the layout's facts (batch sizes and micro-steps,
+    dataset length, seed, sampler options, epoch, start step), which plan rank each process took, how its
+    DataLoader cuts batches and whether it weights the gradient already. Without a process group: the DataLoader's
+    cut only.
+
+    Args:
+        sampler: the HeteroBatchSampler starting its first pass.
+        start_step: the step the pass starts at (0, or the resumed one).
+        loader: (batch_size, drop_last) of the DataLoader batching a ``HeteroDistributedSampler``; None when the
+            sampler yields the batches itself (or the batching is not a torch BatchSampler).
+    """
+    planned = sampler.batch_sizes[sampler.rank]
+    if not (dist.is_available() and dist.is_initialized()):
+        if loader is not None and tuple(loader) != (planned, False):
+            raise ValidationError(_loader_message(sampler.rank, loader, planned))
+        return
+    mine = {
+        "batch sizes": list(sampler.batch_sizes), "micro-steps": list(sampler.accumulation_steps),
+        "dataset length": sampler.dataset_len, "seed": sampler.seed,
+        "sampler options": f"shuffle={sampler.shuffle}, drop_last={sampler.drop_last}, min_batch={sampler.min_batch}",
+        "epoch": sampler.epoch, "start step": int(start_step),
+        "plan rank": sampler.rank, "loader": None if loader is None else [int(loader[0]), bool(loader[1])],
+        "weighted": bool(_WEIGHTING),
+    }
+    with _collective_device():
+        by_rank = dict(enumerate(all_gather_json(mine)))
+    for field, fix in _LAYOUT_FIXES.items():
+        values = {r: by_rank[r][field] for r in by_rank}
+        if len({json.dumps(v) for v in values.values()}) > 1:
+            raise ValidationError(f"ranks disagree on {field}: {_listed(values)}; {fix}")
+    world, planned_world = len(by_rank), sampler.world_size
+    if world % planned_world:
+        raise ValidationError(
+            f"the plan has batch sizes for {planned_world} ranks but {world} were launched; launch as many ranks as "
+            f"the plan lists (plan.world_size) or re-plan for {world}")
+    # Under data parallelism inside a larger job (tensor or pipeline parallel), world / planned_world processes
+    # share each plan rank; plain DDP has one process per plan rank.
+    takers: dict[int, list[int]] = {}
+    for r in sorted(by_rank):
+        takers.setdefault(int(by_rank[r]["plan rank"]), []).append(r)
+    crowded = [(p, rs) for p, rs in sorted(takers.items()) if len(rs) != world // planned_world]
+    if crowded:
+        p, rs = max(crowded, key=lambda item: len(item[1]))
+        raise ValidationError(
+            f"ranks {', '.join(map(str, rs[:4]))} all built their sampler for plan rank {p} (of {planned_world}); "
+            "pass rank=torch.distributed.get_rank() to the sampler")
+    for r in sorted(by_rank):
+        cut, own = by_rank[r]["loader"], sampler.batch_sizes[int(by_rank[r]["plan rank"])]
+        if cut is not None and tuple(cut) != (own, False):
+            raise ValidationError(_loader_message(r, cut, own))
+    weighted = {r: by_rank[r]["weighted"] for r in by_rank}
+    if not equal_plan(sampler) and len(set(weighted.values())) > 1:
+        yes = min(r for r, w in weighted.items() if w)
+        no = min(r for r, w in weighted.items() if not w)
+        raise ValidationError(
+            f"rank {yes} weights its gradient for the uneven plan {_shown(list(sampler.batch_sizes))} (weighted hook, "
+            f"micro_steps or a loss scale) before its first batch but rank {no} does not; call "
+            "register_weighted_hook(model, sampler) on every rank")
+
+
+def arm_weighting_check(sampler: HeteroBatchSampler) -> None:
+    """At a pass start of an uneven plan under torch.distributed, with no weighting known yet: check at the first
+    backward through the DDP model that some weighting form has run by then, and raise the one line if none has.
+
+    Local (no collective), so every rank running the same script raises the same line at the same point -- before
+    its first gradient all-reduce, since the check sits on the DDP output's gradient, which backward computes
+    before any parameter's. The loss-scale forms are called between the forward and the backward of that first
+    step, so they count; DataLoader workers running the sampler ahead do not matter (forward and backward run in
+    training order). Mechanism: one global module forward pre-hook, removed at the first training forward (grad
+    enabled, train mode) of a module with trainable parameters -- the DDP model, whose output then gets the check;
+    any other module (an FSDP2 model, a model without DDP) ends the watch with no check. It acts only in the
+    training process's main thread.
+    """
+    global _watch
+    if _WEIGHTING or equal_plan(sampler) or not _distributed() or not on_main_thread():
+        return
+    message = _weighting_message(sampler)
+    if _watch is not None:
+        _watch.message = message  # a re-plan's sizes
+        return
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(_first_forward)
+    _watch = _Watch(message=message, pid=os.getpid(), handle=handle)
+
+
+def _disarm() -> None:
+    global _watch
+    if _watch is not None:
+        _watch.handle.remove()
+        _watch = None
+
+
+def _first_forward(module: torch.nn.Module, args: Any) -> None:
+    watch = _watch
+    if watch is None or watch.pid != os.getpid() or not on_main_thread():
+        return  # a forked DataLoader worker inherits the hook: inert there
+    if _WEIGHTING:
+        _disarm()
+        return
+    if not (torch.is_grad_enabled() and module.training) or not any(p.requires_grad for p in module.parameters()):
+        return  # an evaluation forward, or a module without trainable parameters (a GPU transform): keep watching
+    _disarm()
+    if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        message = watch.message
+
+        def on_output(mod: torch.nn.Module, inputs: Any, output: Any) -> None:
+            handle.remove()
+            _check_on_backward(output, message)
+
+        handle = module.register_forward_hook(on_output)
+
+
+def _tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth < 4 and isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v, depth + 1)
+    elif depth < 4 and isinstance(value, Mapping):
+        for v in value.values():
+            yield from _tensors(v, depth + 1)
+
+
+def _check_on_backward(output: Any, message: str) -> None:
+    fired = False
+
+    def check(grad: torch.Tensor) -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            if not _WEIGHTING:
+                raise ValidationError(message)
+
+    for t in _tensors(output):
+        if t.requires_grad:
+            t.register_hook(check)

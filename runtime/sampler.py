@@ -22,15 +22,17 @@ from __future__ import annotations
 import copy
 import math
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import BatchSampler, Sampler
 
 from planner.errors import ValidationError
 from runtime.accumulate import check_accumulation, micro_batch_sizes, partial_micro_layout
+from runtime.safety import arm_weighting_check, check_first_pass, note_weighting, on_main_thread
 from runtime.shuffle import PermutationPrefetch, epoch_permutation
 
 if TYPE_CHECKING:
@@ -166,6 +168,13 @@ class HeteroBatchSampler(Sampler[list[int]]):
         Call :meth:`set_epoch` at the start of every epoch, **before** creating the DataLoader iterator, as with
         DistributedSampler; otherwise every epoch uses the same order.
 
+    Checks (runtime/safety.py): under torch.distributed the first pass starts with one small collective on the
+    main thread -- every rank raises the same one-line ValidationError when the ranks' layouts differ (another
+    plan, dataset length, seed, epoch), two processes took one plan rank, or a DataLoader cuts other batches
+    than the plan's (:class:`HeteroDistributedSampler`) -- and, for an uneven plan, the first backward through
+    the DDP model raises when nothing weights the gradient (no ``register_weighted_hook``, no loss scale, no
+    ``micro_steps``); :meth:`declare_weighting` tells it that your own code does.
+
     Args:
         dataset_len: number of samples N in the dataset (every rank must pass the same N).
         batch_sizes: local batch size of every rank, indexed by rank; the global batch is their sum.
@@ -220,6 +229,8 @@ class HeteroBatchSampler(Sampler[list[int]]):
         # Positions are (step, micro-step of this rank inside it); the micro-step is 0 without accumulation.
         self._resume = (0, 0)  # where the next iteration starts (set by load_state_dict)
         self._generation = 0  # incremented by every __iter__: tells the gradient hook a new pass began
+        self._first_pass_checked = False  # runtime.safety.check_first_pass ran (or is not this sampler's to run)
+        self._loader_cut: tuple[int, bool] | None = None  # (batch_size, drop_last) of HeteroDistributedSampler's loader
         self._generation_start = (0, 0)  # position the current pass started at
         self._cursor = (0, 0)  # next position to yield (runs ahead of training when a DataLoader prefetches)
         self._layout_cache: dict[tuple[int, ...], np.ndarray] = {}
@@ -363,6 +374,13 @@ class HeteroBatchSampler(Sampler[list[int]]):
         if self._pending is not None:
             (self._sizes, self._steps), self._pending = self._pending, None
 
+    def declare_weighting(self, how: str = "own") -> None:
+        """Say that the gradient is weighted by code the checks cannot see (your own loss factor), so the first
+        backward of an uneven plan does not refuse to run unweighted.  Not needed with ``register_weighted_hook``,
+        ``runtime.loss_scale``, ``accumulation_weight``, ``micro_steps``, ``step_weights`` or ``PlannedRun``:
+        each of them says so itself."""
+        note_weighting(str(how))
+
     # -- checkpointing -----------------------------------------------------------------------------------
     def state_dict(self, steps_done: int | None = None, *, micro_steps_done: int = 0) -> dict[str, Any]:
         """State to resume mid-epoch.
@@ -488,10 +506,19 @@ class HeteroBatchSampler(Sampler[list[int]]):
         """Start a pass as ``iter()`` does -- from step 0 (applying a pending re-plan) or from the resumed position
         -- without making its batches; returns the (step, micro-step) it starts at.  For a training loop whose
         DataLoader iterates a copy of this sampler (:class:`EpochStream`): this sampler then still says where the
-        pass starts (``start_step``) and that a new pass began (``generation``, which the gradient hook reads)."""
+        pass starts (``start_step``) and that a new pass began (``generation``, which the gradient hook reads).
+
+        The first pass runs :func:`runtime.safety.check_first_pass` (collective under torch.distributed, on the
+        main thread only: a first pass started on another thread or in a DataLoader worker skips it), and every
+        pass of an uneven plan arms the weighting check (:func:`runtime.safety.arm_weighting_check`)."""
         start, self._resume = self._resume, (0, 0)
         if start == (0, 0):
             self._apply_pending()  # a pass from step 0 is an epoch start
+        if not self._first_pass_checked:
+            self._first_pass_checked = True
+            if on_main_thread():
+                check_first_pass(self, start[0], self._loader_cut)
+        arm_weighting_check(self)
         self._generation += 1
         self._generation_start = self._cursor = start
         return start
@@ -576,6 +603,7 @@ class EpochStream(Sampler[list[int]]):
         if max_steps is not None and max_steps < 1:
             raise ValidationError(f"max_steps must be >= 1 or None, got {max_steps}")
         self._source = copy.deepcopy(sampler)  # the prefetch thread is not copied (__getstate__) ...
+        self._source._first_pass_checked = True  # the loop's own sampler runs the check, in its begin_pass
         # ... but handed over: the stream, not the sampler, now shuffles the epochs (the sampler only lays them out)
         self._prefetched, sampler._prefetched = sampler._prefetched, None
         self.last_epoch, self.max_steps = int(last_epoch), max_steps
@@ -600,6 +628,21 @@ class EpochStream(Sampler[list[int]]):
                 yield batch
                 if stop is not None and s._cursor == (stop, 0):  # the step after this batch
                     break
+
+
+def _loader_cut(sampler: HeteroDistributedSampler) -> tuple[int, bool] | None:
+    """(batch_size, drop_last) of the torch BatchSampler iterating ``sampler`` -- how a DataLoader given
+    ``sampler=`` and ``batch_size=`` cuts its indices into batches -- read from the caller's frame (the
+    BatchSampler's ``__iter__`` calls ``iter(sampler)``); None when something else iterates it."""
+    frame = sys._getframe(2)  # 0: this function, 1: HeteroDistributedSampler.__iter__
+    for _ in range(3):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, BatchSampler) and owner.sampler is sampler:
+            return int(owner.batch_size), bool(owner.drop_last)
+        frame = frame.f_back
+    return None
 
 
 class HeteroDistributedSampler(Sampler[int]):
@@ -640,7 +683,12 @@ class HeteroDistributedSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         self._check_one_micro_step()  # a re-plan or a loaded state may have brought accumulation
-        for batch in self.batch_sampler:
+        self.batch_sampler._loader_cut = _loader_cut(self)
+        return self._indices(iter(self.batch_sampler))  # iter(): the pass starts now (and checks the loader's cut)
+
+    @staticmethod
+    def _indices(batches: Iterator[list[int]]) -> Iterator[int]:
+        for batch in batches:
             yield from batch
 
     def __len__(self) -> int:

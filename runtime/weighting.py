@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from planner.errors import ValidationError
 from runtime.compress import weighted_hook_for
+from runtime.safety import note_weighting
 
 
 class StepCounts(Protocol):
@@ -92,6 +93,7 @@ def loss_scale(sampler: StepCounts, step: int, *, accumulation_steps: int = 1, m
     When the sampler itself splits steps into micro-batches (its ``accumulation_steps``), pass ``micro_step=j``:
     the factor is then n_ij * W / n, exact under DDP and FSDP2 (both average over W) for any per-rank k_i.
     """
+    note_weighting("loss_scale")  # the first backward's check (runtime.safety.arm_weighting_check) sees it
     mine = _samples(sampler, step, micro_step)
     _, total = _window_counts(sampler, step, accumulation_steps)
     return mine * sampler.world_size / total
@@ -105,6 +107,7 @@ def accumulation_weight(sampler: StepCounts, step: int, accumulation_steps: int 
     is every window except one holding the epoch's partial last step. See :func:`register_weighted_hook`.
     With the sampler's own micro-batches pass ``micro_step=j``: n_ij / (this rank's samples in the window).
     """
+    note_weighting("loss_scale")
     mine, _ = _window_counts(sampler, step, accumulation_steps)
     return _samples(sampler, step, micro_step) / mine
 
@@ -160,6 +163,7 @@ def step_weights(micro: Sequence[float | torch.Tensor] | float | torch.Tensor, *
     torch.distributed the total is the local sum. ``device``: where the scalar is reduced (default: the current
     CUDA device under NCCL, else CPU).
     """
+    note_weighting("step_weights")
     parts = micro if isinstance(micro, Sequence) else [micro]
     values = tuple(float(w) for w in parts)  # one host sync per step: the counts come from label tensors
     world, total = 1, sum(values)
@@ -323,5 +327,6 @@ def register_weighted_hook(ddp_model: torch.nn.parallel.DistributedDataParallel,
         )
     state = WeightedHookState(sampler=sampler, process_group=process_group, accumulation_steps=accumulation_steps,
                               on_last_bucket=on_last_bucket, per_batch_weights=per_batch_weights)
+    note_weighting("hook")  # the sampler's checks: this process weights its gradient
     ddp_model.register_comm_hook(state, hook)
     return state

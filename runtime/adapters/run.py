@@ -36,7 +36,7 @@ from planner.runlog import EndRecord, EpochRecord, RunLogWriter, StartRecord
 from planner.stats import StepStats
 from runtime.collectives import all_gather_json
 from runtime.replan import ReplanDecision, Replanner
-from runtime.safety import check_agreement, check_batchnorm
+from runtime.safety import check_agreement, check_batchnorm, note_weighting
 from runtime.sampler import HeteroBatchSampler
 from runtime.timing import StepTimer, close_compute_on_last_gradient, peer_data_waits
 from runtime.weighting import loss_scale
@@ -116,6 +116,8 @@ class PlannedRun:
                             world_size=world)
         self.sampler = HeteroBatchSampler.from_plan(self.plan, self.rank, dataset_len, seed=self.seed,
                                                     shuffle=self.shuffle, drop_last=self.drop_last)
+        self.sampler._first_pass_checked = True  # check_agreement above compared what it would
+        note_weighting("PlannedRun")  # the adapters scale the loss; an own loop registers the weighted hook
         self.timer = StepTimer(device, warmup_steps=self.warmup_steps)
         if self.replan:
             assert self.profile is not None
