@@ -35,11 +35,16 @@ class ReplanDecision:
     """Per rank: compute time relative to the original profile after this update."""
     reverted: bool = False
     """The plan adopted at an earlier epoch measured slower than its predecessor, which comes back now."""
+    repredicted: Plan | None = None
+    """Not adopted, and the running plan missed its prediction: the same plan (batches, workers, fingerprint) with
+    its predictions re-made under the updated model, which the next epoch runs and logs against.  None otherwise."""
 
     @property
     def plan(self) -> Plan:
-        """The plan in force for the next epoch."""
-        return self.new_plan if self.new_plan is not None else self.old_plan
+        """The plan in force for the next epoch (with its predictions as the Replanner now makes them)."""
+        if self.new_plan is not None:
+            return self.new_plan
+        return self.repredicted if self.repredicted is not None else self.old_plan
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -60,7 +65,8 @@ class ReplanDecision:
     def to_wire(self) -> dict[str, Any]:
         """What rank 0 sends the others (JSON-able): the log record plus what it leaves out."""
         return {"log": self.to_log(), "candidate": self.candidate.to_dict() if self.candidate is not None else None,
-                "scale_factors": list(self.scale_factors)}
+                "scale_factors": list(self.scale_factors),
+                "repredicted": self.repredicted.to_dict() if self.repredicted is not None else None}
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, Any], old_plan: Plan) -> ReplanDecision:
@@ -77,6 +83,8 @@ class ReplanDecision:
             candidate=Plan.from_dict(cand, path="replan.candidate") if cand is not None else None,
             scale_factors=tuple(float(x) for x in wire["scale_factors"]),
             reverted=log["event"] == "revert",
+            repredicted=(Plan.from_dict(wire["repredicted"], path="replan.repredicted")
+                         if wire.get("repredicted") is not None else None),
         )
 
 

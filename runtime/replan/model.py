@@ -62,6 +62,12 @@ first becomes the standalone step it stands for, c_i / f_i + opt_i, so the corre
 and the plan's exposed communication is not counted twice (2x H200: without the mapping the Replanner
 predicted 88-89 ms for steps that ran 86.8).
 
+Micro-steps: a rank that ran its batch b_i as k_i > 1 micro-steps measured one span over all of them (the
+optimizer step o_i after it), which the plan predicted as k_i (t_i(b_i / k_i) - o_i) + o_i (planner._accumulation).
+The measurement is taken back to the standalone step at the micro-batch it ran, c_i' = (c_i - o_i) / k_i + o_i at
+b_i / k_i, and the rules above learn from that: the curve is corrected where the rank actually runs, and a plan
+with accumulation (``mode="ddp"`` or ``"fsdp"``) is re-predicted as it executes, not as one step of b_i.
+
 The corrected compute points, loader costs and hand-over rates form a new ``planner.Profile``
 (``CorrectionModel.corrected_profile``; a loader p_i times its starting value has its sec_per_sample and its
 measured rates scaled by that factor, ``planner.loader.scaled_loader``; a raised h_i sets the rank's
@@ -193,14 +199,18 @@ class RankCorrection:
         return lambda _b, t: scale * t
 
     def updated(self, s: StepStats, envelope: Envelope, *, smoothing: float,
-                loader_wait_frac: float) -> RankCorrection:
-        """This rank after one more epoch of (already checked: finite, positive) stats."""
+                loader_wait_frac: float, micro_steps: int = 1, optimizer_s: float = 0.0) -> RankCorrection:
+        """This rank after one more epoch of (already checked: finite, positive) stats, run as ``micro_steps``
+        micro-steps per optimizer step (module docstring: the compute is learned at the micro-batch)."""
         a = smoothing
-        t0 = envelope(s.batch_size)
-        raw = s.compute_s / t0
-        b = int(s.batch_size)
+        k = max(1, int(micro_steps))
+        batch = s.batch_size / k
+        compute = s.compute_s if k == 1 else max((s.compute_s - optimizer_s) / k + optimizer_s, 1e-12)
+        t0 = envelope(batch)
+        raw = compute / t0
+        b = max(1, round(batch))
         same = [o.ratio for o in self.observations if o.batch_size == b]
-        changed = device_changed(raw, self.time_map(envelope)(s.batch_size, t0) / t0, s, seen=bool(same))
+        changed = device_changed(raw, self.time_map(envelope)(batch, t0) / t0, s, seen=bool(same))
         if changed:
             obs: tuple[Observation, ...] = (Observation(batch_size=b, ratio=raw),)  # the old device's shape is gone
         elif same and abs(math.log(raw / same[0])) > SAME_BATCH_CHANGE:
@@ -243,6 +253,9 @@ class CorrectionModel:
     spans: tuple[tuple[float, float], ...] = ()
     """(f_i, optimizer seconds) by rank id where the profile measured each rank's span under DDP (module docstring);
     empty: the measured compute is taken as the standalone step."""
+    optimizer_s: tuple[float, ...] = ()
+    """o_i by rank id (the profile's optimizer_step_s, 0 where unmeasured): charged once per optimizer step when a
+    rank runs micro-steps (module docstring); empty: 0 for every rank."""
 
     @classmethod
     def of(cls, profile: Profile, options: SolveOptions | None = None,
@@ -259,7 +272,8 @@ class CorrectionModel:
         return cls(base=profile, envelopes=tuple(fit_envelope(r.compute) for r in by_rank),
                    ranks=tuple(RankCorrection(loader_sec_per_sample=c, handover_s=h)
                                for c, h in zip(costs, handover_costs_s(profile), strict=True)),
-                   loader_costs_s=costs, spans=spans)
+                   loader_costs_s=costs, spans=spans,
+                   optimizer_s=tuple(r.optimizer_step_s or 0.0 for r in by_rank))
 
     @property
     def world_size(self) -> int:
@@ -281,9 +295,16 @@ class CorrectionModel:
         """The model's compute time of ``rank`` at ``batch_size``."""
         return self.time_map(rank)(batch_size, self.envelopes[rank](batch_size))
 
-    def span_s(self, rank: int, batch_size: float) -> float:
+    def opt_s(self, rank: int) -> float:
+        return self.optimizer_s[rank] if self.optimizer_s else 0.0
+
+    def span_s(self, rank: int, batch_size: float, micro_steps: int = 1) -> float:
         """The model's compute span of ``rank`` at ``batch_size`` under DDP, what its step timer reads (module
-        docstring); ``compute_s`` where the profile did not measure the span."""
+        docstring); ``compute_s`` where the profile did not measure the span.  With ``micro_steps`` k > 1, the
+        plan's prediction of the k micro-steps, k (t(b / k) - o) + o (the plan's, ``RankPlan.timer_busy_s``)."""
+        if micro_steps > 1:
+            o = self.opt_s(rank)
+            return micro_steps * (self.compute_s(rank, batch_size / micro_steps) - o) + o
         t = self.compute_s(rank, batch_size)
         if not self.spans:
             return t
@@ -294,14 +315,18 @@ class CorrectionModel:
         """The model's time over the original curve's at ``batch_size``."""
         return self.compute_s(rank, batch_size) / self.envelopes[rank](batch_size)
 
-    def updated(self, by_rank: Sequence[StepStats], *, smoothing: float, loader_wait_frac: float) -> CorrectionModel:
-        """The model after one epoch; ``by_rank[i]`` is rank i's checked stats."""
+    def updated(self, by_rank: Sequence[StepStats], *, smoothing: float, loader_wait_frac: float,
+                micro_steps: Sequence[int] | None = None) -> CorrectionModel:
+        """The model after one epoch; ``by_rank[i]`` is rank i's checked stats, run as ``micro_steps[i]``
+        micro-steps per optimizer step (default one each)."""
         assert len(by_rank) == self.world_size and all(s.rank == i for i, s in enumerate(by_rank))
+        steps = list(micro_steps) if micro_steps is not None else [1] * self.world_size
         if self.spans:  # a span under DDP stands for the standalone step c / f + opt (module docstring)
-            by_rank = [replace(s, compute_s=standalone_step_s(s.compute_s, opt, f))
-                       for s, (f, opt) in zip(by_rank, self.spans, strict=True)]
-        ranks = tuple(r.updated(s, env, smoothing=smoothing, loader_wait_frac=loader_wait_frac)
-                      for r, s, env in zip(self.ranks, by_rank, self.envelopes, strict=True))
+            by_rank = [s if k > 1 else replace(s, compute_s=standalone_step_s(s.compute_s, opt, f))
+                       for s, (f, opt), k in zip(by_rank, self.spans, steps, strict=True)]
+        ranks = tuple(r.updated(s, env, smoothing=smoothing, loader_wait_frac=loader_wait_frac, micro_steps=k,
+                                optimizer_s=self.opt_s(i))
+                      for i, (r, s, env, k) in enumerate(zip(self.ranks, by_rank, self.envelopes, steps, strict=True)))
         return replace(self, ranks=ranks)
 
     def with_ranks(self, ranks: Sequence[RankCorrection]) -> CorrectionModel:

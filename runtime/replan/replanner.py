@@ -6,7 +6,11 @@
     4. re-solve the corrected profile at the same global batch and min batch with the run's SolveOptions;
        refuse a re-solve that fails, changes the global batch, puts a rank below min batch, or is identical
     5. gain = T(old plan under the updated model) / T(new plan) - 1  (``planner.evaluate`` with the old batches
-       and workers); the policy adopts or refuses it, with the reason logged
+       and workers); the policy adopts or refuses it, with the reason logged (a kept trial that missed its
+       prediction is followed up below the threshold: policy.py)
+    6. a plan kept whose measured step is off its prediction (``policy.missed_prediction``) carries on with its
+       prediction re-made under the updated model (same batches, workers and fingerprint: the run log's next
+       epochs compare against what the model now says, not a number it has already seen fail)
 
 ``step`` runs the same on every rank through one collective exchange (exchange.py); ``decide`` is the local,
 collective-free part.  The global batch never changes, so the sampler's coverage stays exactly-once.
@@ -28,7 +32,7 @@ from planner.stats import LOADER_WAIT_FRAC, StepStats
 from runtime.replan.decision import ReplanDecision
 from runtime.replan.exchange import exchange_decision
 from runtime.replan.model import DEFAULT_SMOOTHING, CorrectionModel, Observation, RankCorrection
-from runtime.replan.policy import AdoptionPolicy, PolicyState, Rejection, Trial
+from runtime.replan.policy import AdoptionPolicy, PolicyState, Rejection, Trial, missed_prediction
 
 _SOLVE_KEYS = frozenset(f.name for f in fields(SolveOptions)) - {"min_batch"}  # min_batch comes from the plan
 _STATE_VERSION = 1
@@ -152,21 +156,26 @@ class Replanner:
                                   predicted_gain=None, measured_compute_s=measured, predicted_compute_s=(),
                                   scale_factors=self.scale_factors)
         by_rank = sorted(stats, key=lambda s: s.rank)
-        predicted = tuple(self._model.span_s(i, s.batch_size) for i, s in enumerate(by_rank))  # as measured
-        self._model = self._model.updated(by_rank, smoothing=self.smoothing, loader_wait_frac=self.loader_wait_frac)
+        steps = old.accumulation_steps
+        predicted = tuple(self._model.span_s(i, s.batch_size, k)  # as measured
+                          for i, (s, k) in enumerate(zip(by_rank, steps, strict=True)))
+        self._model = self._model.updated(by_rank, smoothing=self.smoothing, loader_wait_frac=self.loader_wait_frac,
+                                          micro_steps=steps)
         self._last_epoch = epoch
         step_s = max(s.step_time_s for s in by_rank)  # the synchronous step waits for the slowest rank
         noise = self._policy.noise(by_rank)
+        step_noise = max(noise, self._policy.revert_noise(by_rank))
 
         def outcome(reason: str, new: Plan | None = None, gain: float | None = None,
-                    candidate: Plan | None = None, reverted: bool = False) -> ReplanDecision:
+                    candidate: Plan | None = None, reverted: bool = False,
+                    repredicted: Plan | None = None) -> ReplanDecision:
             return ReplanDecision(epoch=epoch, adopted=new is not None, reason=reason, old_plan=old, new_plan=new,
                                   predicted_gain=gain, measured_compute_s=measured, predicted_compute_s=predicted,
-                                  candidate=candidate, scale_factors=self.scale_factors, reverted=reverted)
+                                  candidate=candidate, scale_factors=self.scale_factors, reverted=reverted,
+                                  repredicted=repredicted)
 
         self._policy_state, revert = self._policy.check_trial(
-            self._policy_state, epoch=epoch, batch_sizes=old.batch_sizes, step_s=step_s,
-            noise=max(noise, self._policy.revert_noise(by_rank)))
+            self._policy_state, epoch=epoch, batch_sizes=old.batch_sizes, step_s=step_s, noise=step_noise)
         previous, self._previous = self._previous, None
         if revert is not None:
             assert previous is not None and previous.batch_sizes == revert.trial.previous
@@ -174,13 +183,32 @@ class Replanner:
             return outcome(revert.reason(), new=self._plan, reverted=True)
 
         profile = self.profile
+        # The running plan under the updated model: the gain's baseline, and its prediction if it is kept.
+        try:
+            old_eval: Plan | None = evaluate(profile, old.batch_sizes, old.accumulation_steps,
+                                             num_workers=[r.num_workers for r in old.ranks], options=self._options)
+        except (PlanError, ValidationError):
+            old_eval = None
+
+        def kept(reason: str, gain: float | None = None, candidate: Plan | None = None) -> ReplanDecision:
+            """The plan stays; re-predicted under the updated model when its measured step missed (step 6)."""
+            self._policy_state = replace(self._policy_state, missed_trial=None)
+            if old_eval is None or not missed_prediction(step_s, old.predicted.step_time_s, step_noise):
+                return outcome(reason, gain=gain, candidate=candidate)
+            again = self._repredicted(old, old_eval, epoch)
+            self._plan = again
+            return outcome(f"{reason}; the plan measured {step_s * 1e3:.4g} ms per step against "
+                           f"{old.predicted.step_time_s * 1e3:.4g} ms predicted, its prediction is now "
+                           f"{again.predicted.step_time_s * 1e3:.4g} ms", gain=gain, candidate=candidate,
+                           repredicted=again)
+
         try:
             cand = self._solve_fn(profile, global_batch=old.global_batch, min_batch=old.min_batch,
                                   options=self._options)
         except PlanError as e:
-            return outcome(f"re-solve failed, keeping the plan: {e}")
+            return kept(f"re-solve failed, keeping the plan: {e}")
         if cand.world_size != old.world_size or cand.global_batch != old.global_batch:
-            return outcome(
+            return kept(
                 f"re-solved plan has world size {cand.world_size} / global batch {cand.global_batch}, "
                 f"the run has {old.world_size} / {old.global_batch}: refused (the global batch never changes)",
                 candidate=cand,
@@ -188,12 +216,11 @@ class Replanner:
         starved = [(r.rank, r.batch_size) for r in cand.ranks if r.batch_size < old.min_batch]
         if starved:
             listed = ", ".join(f"rank {i} at {b}" for i, b in starved)
-            return outcome(f"re-solved plan puts {listed} below min batch {old.min_batch}: refused", candidate=cand)
-        if cand.fingerprint == old.fingerprint:
-            return outcome("re-solved plan is identical to the current one", gain=0.0, candidate=cand)
+            return kept(f"re-solved plan puts {listed} below min batch {old.min_batch}: refused", candidate=cand)
+        if cand.fingerprint == old.fingerprint or old_eval is None:
+            return kept("re-solved plan is identical to the current one" if old_eval is not None else
+                        "the running plan cannot be evaluated under the updated model", gain=0.0, candidate=cand)
         # Both times under the same updated model: the gain compares plans, not the model with the profile.
-        old_eval = evaluate(profile, old.batch_sizes, old.accumulation_steps, num_workers=[r.num_workers for r in old.ranks],
-                            min_batch=old.min_batch, options=self._options)
         t_old, t_new = old_eval.predicted.step_time_s, cand.predicted.step_time_s
         gain = t_old / t_new - 1.0
         numbers = (f"predicted step {t_old * 1e3:.4g} ms -> {t_new * 1e3:.4g} ms, gain {gain:.1%}; "
@@ -203,12 +230,23 @@ class Replanner:
             numbers += f", loader workers {old_w} -> {new_w}"
         self._policy_state, verdict = self._policy.judge(
             self._policy_state, epoch=epoch, current=old.batch_sizes, candidate=cand.batch_sizes, gain=gain,
-            noise=noise, step_s=step_s)
+            noise=noise, step_s=step_s, predicted_step_s=t_new)
         if not verdict.adopt:
-            return outcome(f"{numbers}: {verdict.why}", gain=gain, candidate=cand)
+            return kept(f"{numbers}: {verdict.why}", gain=gain, candidate=cand)
         self._plan = replace(cand, meta={**cand.meta, "replanned_at_epoch": epoch})
         self._previous = old
         return outcome(f"{numbers}: {verdict.why}", new=self._plan, gain=gain, candidate=cand)
+
+    @staticmethod
+    def _repredicted(plan: Plan, evaluated: Plan, epoch: int) -> Plan:
+        """``plan`` with the per-rank and step predictions of ``evaluated`` (the same batches, micro-steps and
+        workers under the updated model): what it runs is unchanged, so is its fingerprint."""
+        ranks = tuple(replace(evaluated.ranks[r.rank], device=r.device or evaluated.ranks[r.rank].device,
+                              host=r.host or evaluated.ranks[r.rank].host) for r in plan.ranks)
+        again = replace(plan, ranks=ranks, predicted=evaluated.predicted,
+                        meta={**plan.meta, "repredicted_at_epoch": epoch})
+        assert again.fingerprint == plan.fingerprint, (again.fingerprint, plan.fingerprint)
+        return again
 
     def _check_stats(self, stats: Sequence[StepStats], epoch: int) -> str | None:
         """Why these stats cannot be used (None when they can): refusing beats re-planning on garbage."""
@@ -258,7 +296,7 @@ class Replanner:
             "observations": [[[o.batch_size, o.ratio] for o in r.observations] for r in self._model.ranks],
             "revert": None if trial is None or self._previous is None else {
                 "plan": self._previous.to_dict(), "step_time_s": trial.previous_step_s, "epoch": trial.adopted_at,
-                "predicted_gain": trial.predicted_gain},
+                "predicted_gain": trial.predicted_gain, "predicted_step_s": trial.predicted_step_s},
             "measured_worse": [{"from": list(r.moved_from), "to": list(r.batch_sizes), "epoch": r.epoch}
                                for r in ps.rejections],
             "model_miss": None if ps.miss is None else {"miss": ps.miss[0], "epoch": ps.miss[1]},
@@ -306,7 +344,8 @@ class Replanner:
         previous = None if rev is None else Plan.from_dict(rev["plan"], path="replanner.revert.plan")
         trial = None if rev is None or previous is None else Trial(
             previous=previous.batch_sizes, previous_step_s=float(rev["step_time_s"]), adopted_at=int(rev["epoch"]),
-            predicted_gain=float(rev.get("predicted_gain", 0.0)))
+            predicted_gain=float(rev.get("predicted_gain", 0.0)),
+            predicted_step_s=float(rev.get("predicted_step_s", 0.0)))
         rejections = tuple(Rejection(moved_from=tuple(int(x) for x in w["from"]),
                                      batch_sizes=tuple(int(x) for x in w["to"]), epoch=int(w["epoch"]))
                            for w in state.get("measured_worse") or [])

@@ -141,7 +141,10 @@ def test_min_batch_is_never_starved() -> None:
 
     rp = Replanner(profile, plan, smoothing=1.0, solve_fn=careless)
     d = rp.decide(_stats(profile, plan, 0, slow=(1.0, 50.0)), epoch=0)
-    assert not d.adopted and "below min batch 16" in d.reason and rp.plan is plan
+    assert not d.adopted and "below min batch 16" in d.reason and rp.plan.fingerprint == plan.fingerprint
+    # The plan stays, its prediction re-made: 50x slower measured is not what it printed (policy.PREDICTION_MISS).
+    assert d.repredicted is rp.plan is d.plan and rp.plan.batch_sizes == plan.batch_sizes
+    assert rp.plan.predicted.step_time_s > 10 * plan.predicted.step_time_s
     assert d.candidate is not None and d.candidate.batch_sizes == (511, 1)
 
 
