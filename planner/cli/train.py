@@ -408,6 +408,8 @@ def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
                 run.loader.restart()  # the running stream has the old sizes: the next epoch starts a new one
             elif run.plan.ranks[env.rank].num_workers != old_workers:
                 run.loader = rank_loader(run)
+        elif decision.repredicted is not None:  # the same split, its prediction re-made (runtime.replan)
+            run.plan = decision.repredicted
     _log_epoch(run, res, epoch_plan)
     checkpoint(run, res.epoch + 1, 0)
     if env.distributed:

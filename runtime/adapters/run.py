@@ -197,6 +197,8 @@ class PlannedRun:
                     self._warned = True  # once per run: the same holds for every later re-plan
                     warnings.warn("the re-plan changed this rank's loader workers; the framework owns the DataLoader, "
                                   "so the new batch sizes apply and the worker count stays", stacklevel=2)
+            elif decision.repredicted is not None:  # the same split, its prediction re-made (runtime.replan)
+                self.plan = decision.repredicted
         # The synchronous step is as slow as its slowest rank's step-to-step interval.
         step_s = max((s.step_time_s for s in all_stats if s.num_steps > 0), default=math.nan)
         sps = sum(sizes) / step_s if math.isfinite(step_s) and step_s > 0 else None
