@@ -9,10 +9,14 @@
     runtime.adapters.hf           planned_trainer: a Hugging Face Trainer (any subclass) whose training loader is the
                                   planned sampler's (never re-sharded by accelerate), with exact token-mean weighting
                                   (one scalar all-reduce per optimizer step), timing, re-planning and the run log
+    runtime.adapters.ray          planned_dataloader / planned_epoch (RayPlan): inside a Ray Train
+                                  ``train_loop_per_worker``, a planned loader that ``prepare_data_loader`` keeps, the
+                                  weighting hook on ``prepare_model``'s DDP, PlannedRun's epochs; auto mode
+                                  (``profile_fn``) profiles and plans in the workers, again for a group of another size
     runtime.adapters.run          PlannedRun: the framework-free part they share
 
 The frameworks are optional and imported only when an adapter is used; a missing one is one ValidationError line
-naming ``pip install ddp-planner[lightning]`` / ``[accelerate]`` / ``[hf]``.  docs/FRAMEWORKS.md shows the 5-line changes.
+naming ``pip install ddp-planner[lightning]`` / ``[accelerate]`` / ``[hf]`` / ``[ray]``.  docs/FRAMEWORKS.md shows the 5-line changes.
 """
 
 from __future__ import annotations

@@ -1,0 +1,133 @@
+"""Ray Train: the planned loader, exact weighting and auto re-planning on a local Ray cluster of 2 CPU workers.
+
+One launch (tests/frameworks/_ray_driver.py: ``ray.init(num_cpus=2, include_dashboard=False)``, one
+``TorchTrainer.fit`` on 2 gloo workers, ``ray.shutdown()`` in a ``finally``) in its own process group, killed
+past a deadline; every assert below reads what its workers saved:
+
+  * examples/ray_planned.py is examples/ray_stock.py plus the documented diff, and both train;
+  * float64: a [7, 3] plan through Ray's own ``prepare_model`` / ``prepare_data_loader`` equals one process on the
+    same 10 samples per step; the same batches under DDP's plain average do not (the test can fail);
+  * a plan for 1 worker handed to a 2-worker group with ``profile_fn`` is re-profiled and re-planned for 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.frameworks._common import REPO, max_diff
+from tests.frameworks.test_examples import documented_diff
+from tests.runtime.test_adopting import apply_diff, changed_lines
+
+pytest.importorskip("ray.train.torch")
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
+
+DRIVER = Path(__file__).with_name("_ray_driver.py")
+DEADLINE_S = 300
+
+
+@pytest.fixture(scope="module")
+def ray_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Run the driver once (module scope: one Ray start for every test here); its process group is killed after."""
+    out = tmp_path_factory.mktemp("ray")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+           "RAY_USAGE_STATS_ENABLED": "0"}
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, str(DRIVER), str(out)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        pytest.fail(f"the Ray run passed its {DEADLINE_S} s deadline:\n{log[-4000:]}")
+    finally:
+        try:  # whatever of the run is left (Ray's own processes end with ray.shutdown or with their driver)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 0, log[-6000:]
+    ranks = {r: torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)}
+    return {"out": out, "ranks": ranks, "seconds": time.perf_counter() - started,
+            "driver": json.loads((out / "driver.json").read_text())}
+
+
+def test_documented_diff_turns_the_stock_example_into_the_planned_one() -> None:
+    diff = documented_diff("ray")
+    assert changed_lines(diff) <= 5
+    stock = (REPO / "examples" / "ray_stock.py").read_text()
+    assert "runtime" not in stock and "planner" not in stock.split('"""', 2)[2]  # stock uses nothing of ours
+    assert apply_diff(stock, diff) == (REPO / "examples" / "ray_planned.py").read_text()
+
+
+def test_stock_and_planned_examples_train_on_two_workers(ray_run: dict[str, Any]) -> None:
+    steps = -(-64 // 16) * 2  # 2 epochs of 64 samples, global batch 16
+    for rank, res in ray_run["ranks"].items():
+        assert res["world"] == 2
+        assert res["stock"]["batch_sizes"] == [8] * steps  # DistributedSampler: 32 samples a worker an epoch
+        assert res["planned"]["batch_sizes"] == [(12, 4)[rank]] * steps  # the plan survived prepare_data_loader
+    for which in ("stock", "planned"):  # DDP kept the replicas identical
+        a, b = ray_run["ranks"][0][which]["params"], ray_run["ranks"][1][which]["params"]
+        assert max_diff(a, b) == 0
+
+
+def one_process(seen: list[list[list[int]]]) -> list[torch.Tensor]:
+    """SGD in one process, step s on every worker's samples of step s together (mean loss over all of them)."""
+    from tests.frameworks._ray_driver import Indexed, make_model
+
+    data, model = Indexed(30), make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    for step in zip(*seen, strict=True):
+        batch = [data[i] for part in step for i in part]
+        x, y = torch.stack([b["x"] for b in batch]), torch.stack([b["y"] for b in batch])
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_planned_twin_equals_one_process_and_plain_averaging_does_not(ray_run: dict[str, Any]) -> None:
+    from runtime.sampler import epoch_permutation
+
+    twin = [ray_run["ranks"][r]["twin"] for r in range(2)]
+    assert twin[0]["loader_type"] == "_WrappedDataLoader"  # Ray wrapped it (device placement) ...
+    assert twin[0]["sampler_type"] == "PlannedIndices"  # ... and kept the planned sampler
+    assert [len(s) for s in twin[0]["seen"]] == [7, 7, 7] and [len(s) for s in twin[1]["seen"]] == [3, 3, 3]
+    perm = epoch_permutation(30, 0).tolist()  # every sample once, global step s = P[10s:10s+10]
+    for s in range(3):
+        assert sorted(twin[0]["seen"][s] + twin[1]["seen"][s]) == sorted(perm[10 * s:10 * s + 10])
+    reference = one_process([t["seen"] for t in twin])
+    assert max_diff(twin[0]["params"], reference) < 1e-12
+    assert max_diff(twin[1]["params"], reference) < 1e-12
+    control = [ray_run["ranks"][r]["control"] for r in range(2)]
+    assert control[0]["seen"] == twin[0]["seen"]  # the same batches ...
+    assert max_diff(control[0]["params"], reference) > 1e-4  # ... under DDP's plain average: not the true gradient
+
+
+def test_run_log_comes_from_the_planned_run(ray_run: dict[str, Any]) -> None:
+    records = [json.loads(line) for line in (ray_run["out"] / "run.jsonl").read_text().splitlines()]
+    kinds = [r["event"] for r in records]
+    assert kinds == ["start", "epoch", "end"], kinds  # world rank 0 alone writes it
+    epoch = records[1]
+    assert epoch["batch_sizes"] == [7, 3]
+
+
+def test_a_plan_for_another_worker_count_is_re_profiled_and_re_planned(ray_run: dict[str, Any]) -> None:
+    auto = [ray_run["ranks"][r]["auto"] for r in range(2)]
+    for rank, res in enumerate(auto):
+        assert res["replanned_for_world"] == 2  # the plan was for 1 worker
+        assert len(res["plan"]) == 2 and sum(res["plan"]) == 10  # re-planned for 2 at the plan's global batch
+        assert {len(s) for s in res["seen"][:-1]} == {res["plan"][rank]}
+    assert auto[0]["plan"] == auto[1]["plan"]
+    assert max_diff(auto[0]["params"], one_process([a["seen"] for a in auto])) < 1e-12
+
