@@ -160,7 +160,7 @@ def run_accelerate(variant: str, args: argparse.Namespace, step: Step, plan: pla
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     data = Images(args.steps * args.global_batch, args.image_size)
     if variant == "planned":
-        loader = planned_dataloader(accelerator, plan, data, model=model, num_workers=args.workers,
+        loader = planned_dataloader(accelerator, plan, data, model=model, shuffle=True, num_workers=args.workers,
                                     pin_memory=dev.type == "cuda")
     else:
         loader = torch.utils.data.DataLoader(data, batch_size=args.global_batch // 2, shuffle=True,

@@ -53,7 +53,7 @@ def train(args: argparse.Namespace, accelerator: Accelerator) -> dict[str, Any]:
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     data = Synthetic(args.num_samples)
-    loader = planned_dataloader(accelerator, args.plan, data, model=model, seed=args.seed, epochs=args.epochs)
+    loader = planned_dataloader(accelerator, args.plan, data, model=model, shuffle=True, seed=args.seed, epochs=args.epochs)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     seen: list[int] = []
     for _epoch in range(args.epochs):

@@ -3,7 +3,7 @@
     from runtime.adapters.accelerate import planned_dataloader
 
     accelerator = Accelerator()                                       # gradient_accumulation_steps=K works too
-    loader = planned_dataloader(accelerator, "plan.json", dataset, model=model)   # instead of DataLoader(...)
+    loader = planned_dataloader(accelerator, "plan.json", dataset, model=model, shuffle=True)  # was DataLoader(...)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)      # returns this loader as is
     for epoch in range(epochs):
         for batch in loader:
@@ -54,7 +54,7 @@ INSTALL_HINT = "pip install ddp-planner[accelerate]"
 def planned_dataloader(accelerator: Any, plan: Plan | str | os.PathLike[str], dataset: Any, *,
                        model: torch.nn.Module | None = None, profile: Profile | str | os.PathLike[str] | None = None,
                        replan: bool = False, replan_threshold: float = 0.05,
-                       log_file: str | os.PathLike[str] | None = None, seed: int = 0, shuffle: bool = True,
+                       log_file: str | os.PathLike[str] | None = None, seed: int = 0, shuffle: bool | None = None,
                        drop_last: bool = False, epochs: int | None = None, num_workers: int | None = None,
                        **loader_kwargs: Any) -> Any:
     """This rank's planned DataLoader for an ``Accelerator`` (collective: every process calls it).
@@ -65,19 +65,25 @@ def planned_dataloader(accelerator: Any, plan: Plan | str | os.PathLike[str], da
         dataset: a map-style dataset (``len`` and indexing).
         model: the model (before or after ``prepare``): its first parameter's gradient closes each step's
             compute span.
-        profile, replan, replan_threshold, log_file, seed, shuffle, drop_last: see runtime.adapters.run.PlannedRun.
+        shuffle: required, as the DataLoader this call replaces had it (``DataLoader``'s default is False):
+            True draws each epoch's order from ``seed + epoch``, False keeps the dataset's order.  The planned
+            loader cannot see the loader it replaces, so it does not guess.
+        profile, replan, replan_threshold, log_file, seed, drop_last: see runtime.adapters.run.PlannedRun.
         epochs: the number of epochs, when known: the last epoch end writes the run log's end record and skips the
             (useless) re-plan.
         num_workers: loader workers (default: the plan's for this rank).
         loader_kwargs: other ``DataLoader`` arguments (collate_fn, pin_memory, ...; not batch_size or sampler).
     """
-    bad = sorted({"batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"} & set(loader_kwargs))
+    bad = sorted({"batch_size", "sampler", "batch_sampler", "drop_last"} & set(loader_kwargs))
     if bad:
         raise ValidationError(f"planned_dataloader: {', '.join(bad)} come from the plan; drop them")
     if replan and model is None:
         warnings.warn("planned_dataloader(replan=True) without model=: compute times include waiting for the peers, "
                       "so the re-planner cannot tell which process is slow", stacklevel=2)
     loader_cls = _loader_class()
+    if shuffle is None:
+        raise ValidationError("planned_dataloader: pass shuffle=True or shuffle=False, as the DataLoader it replaces "
+                              "had it (DataLoader's default is False): the planned loader cannot see yours")
     run = PlannedRun(plan, profile=profile, replan=replan, replan_threshold=replan_threshold, log_file=log_file,
                      seed=seed, shuffle=shuffle, drop_last=drop_last)
     sampler = run.sampler_for(len(dataset), accelerator.device)

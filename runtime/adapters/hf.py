@@ -214,7 +214,8 @@ def planned_trainer(plan: Plan | str | os.PathLike[str], *, trainer_cls: type[An
         plan: Plan or plan JSON path, the same on every rank.
         trainer_cls: the Trainer class to build (``Trainer`` or a subclass of it).
         profile, replan, replan_threshold, log_file: see runtime.adapters.run.PlannedRun (the shuffle seed is the
-            TrainingArguments' ``data_seed``, else ``seed``).
+            TrainingArguments' ``data_seed``, else ``seed``; the order follows its ``train_sampling_strategy``:
+            ``trainer_shuffles``).
         count_tokens: ``count_tokens(batch)`` -> the tokens the batch's mean loss averages over (default: labels !=
             -100, shifted for a transformers causal-LM loss).
         num_workers: training loader workers (default: the plan's for this rank).
@@ -231,12 +232,31 @@ def planned_trainer(plan: Plan | str | os.PathLike[str], *, trainer_cls: type[An
     seed = 0 if args is None else (args.data_seed if args.data_seed is not None else args.seed)
     drop_last = bool(getattr(args, "dataloader_drop_last", False))
     run = PlannedRun(plan, profile=profile, replan=replan, replan_threshold=replan_threshold, log_file=log_file,
-                     seed=seed, drop_last=drop_last)
+                     seed=seed, shuffle=trainer_shuffles(args), drop_last=drop_last)
     planned_cls = type(f"Planned{cls.__name__}", (_PlannedTrainerMixin, cls), {})
     trainer = planned_cls(**trainer_kwargs)
     trainer._init_planned(run, count_tokens, None if num_workers is None else int(num_workers))
     trainer.add_callback(_callback(transformers)(run))
     return trainer
+
+
+def trainer_shuffles(args: Any) -> bool:
+    """Whether the Trainer would shuffle the training set, from its ``TrainingArguments``: ``train_sampling_strategy``
+    "random" (the default) shuffles, "sequential" keeps the dataset's order; the planned sampler follows.
+
+    Raises:
+        ValidationError: a length-grouping strategy ("group_by_length", "batch_rebalance", or the older
+            ``group_by_length=True``), which the planned sampler replaces and cannot reproduce.
+    """
+    if args is None:
+        return True
+    strategy = getattr(args, "train_sampling_strategy", None)
+    if strategy is None:  # transformers before train_sampling_strategy: group_by_length or a RandomSampler
+        strategy = "group_by_length" if getattr(args, "group_by_length", False) else "random"
+    if strategy in ("random", "sequential"):
+        return bool(strategy == "random")
+    raise ValidationError(f"planned_trainer: train_sampling_strategy {strategy!r} groups samples by length, which "
+                          "the plan's sampler (each rank's planned batch) replaces; use 'random' or 'sequential'")
 
 
 def measure_trainer_overhead(profile: Profile, trainer: Any, *, steps: int = 12, warmup: int = 4) -> Profile:

@@ -37,7 +37,14 @@ import sys
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+)
 
 from planner.errors import ValidationError
 from planner.plan import Plan
@@ -72,7 +79,10 @@ class LightningPlan:
 
     Args:
         plan: Plan or plan JSON path (the same on every rank).
-        profile, replan, replan_threshold, log_file, seed, shuffle, drop_last: see runtime.adapters.run.PlannedRun.
+        shuffle: None (default) follows the training DataLoader Lightning hands the strategy: a loader made with
+            ``shuffle=False`` (a ``SequentialSampler``) keeps the dataset's order, ``shuffle=True`` draws each
+            epoch's order from ``seed + epoch``; a sampler that says neither is refused unless you pass True/False.
+        profile, replan, replan_threshold, log_file, seed, drop_last: see runtime.adapters.run.PlannedRun.
         num_workers: the training loader's workers: "plan" (the plan's, default), "loader" (your DataLoader's), or
             a number.
         package: "lightning.pytorch" or "pytorch_lightning" (default: the one your script imported).
@@ -81,13 +91,15 @@ class LightningPlan:
 
     def __init__(self, plan: Plan | str | os.PathLike[str], *, profile: Profile | str | os.PathLike[str] | None = None,
                  replan: bool = False, replan_threshold: float = 0.05, log_file: str | os.PathLike[str] | None = None,
-                 seed: int = 0, shuffle: bool = True, drop_last: bool = False, num_workers: int | str = "plan",
+                 seed: int = 0, shuffle: bool | None = None, drop_last: bool = False, num_workers: int | str = "plan",
                  package: str | None = None, **strategy_kwargs: Any) -> None:
         if not (num_workers in ("plan", "loader") or (isinstance(num_workers, int) and num_workers >= 0)):
             raise ValidationError(f"num_workers must be 'plan', 'loader' or an integer >= 0, got {num_workers!r}")
         strategy_cls, callback_cls = _classes(lightning_package(package))
         self.run = PlannedRun(plan, profile=profile, replan=replan, replan_threshold=replan_threshold,
-                              log_file=log_file, seed=seed, shuffle=shuffle, drop_last=drop_last)
+                              log_file=log_file, seed=seed, shuffle=bool(shuffle), drop_last=drop_last)
+        self.shuffle = shuffle
+        """As given: None follows the training DataLoader (``loader_shuffles``) when the planned loader is built."""
         self.num_workers = num_workers
         self.step = 0
         """Lightning's batch_idx of the batch being trained (the sampler step the loss scale is for)."""
@@ -107,6 +119,8 @@ class LightningPlan:
         if isinstance(loader.dataset, IterableDataset):
             raise ValidationError("the planned strategy needs a map-style dataset (len and indexing), not an "
                                   "IterableDataset: the plan splits sample indices between ranks")
+        if self.run.sampler is None:  # the first planned loader fixes the order for the whole run
+            self.run.shuffle = loader_shuffles(loader) if self.shuffle is None else self.shuffle
         sampler = self.run.sampler_for(len(loader.dataset), device)  # type: ignore[arg-type]
         if module is not None:
             self.run.watch(module)
@@ -127,6 +141,25 @@ class LightningPlan:
         if not automatic:
             return self.run.loss_scale(self.step)
         return self.run.loss_scale(self.step, accumulate) * accumulate
+
+
+def loader_shuffles(loader: DataLoader[Any]) -> bool:
+    """Whether ``loader`` draws a shuffled order: the sampler it batches from (its batch sampler's, when that is a
+    ``BatchSampler``) is a ``RandomSampler``, or a ``DistributedSampler`` with ``shuffle`` on -- what Lightning
+    injects, carrying the user's ``shuffle=`` over; ``SequentialSampler`` keeps the order.
+
+    Raises:
+        ValidationError: any other sampler (the plan's sampler replaces it and cannot tell what it meant).
+    """
+    batch_sampler = loader.batch_sampler
+    sampler = batch_sampler.sampler if isinstance(batch_sampler, BatchSampler) else batch_sampler or loader.sampler
+    if isinstance(sampler, DistributedSampler):
+        return bool(sampler.shuffle)
+    if isinstance(sampler, (RandomSampler, SequentialSampler)):
+        return isinstance(sampler, RandomSampler)
+    raise ValidationError(f"LightningPlan: the training DataLoader draws from a {type(sampler).__name__}, which the "
+                          "plan's sampler replaces; say which order to keep: LightningPlan(..., shuffle=True) or "
+                          "shuffle=False")
 
 
 @functools.cache

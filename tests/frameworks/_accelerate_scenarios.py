@@ -65,12 +65,12 @@ def main(out: Path, plan73: Path, plan88: Path) -> None:
                                 "exposed_s": comm.exposed_s if comm else None})
 
     model = make_net()
-    loader = planned_dataloader(accelerator, plan73, data, model=model, seed=0, epochs=1)
+    loader = planned_dataloader(accelerator, plan73, data, model=model, shuffle=True, seed=0, epochs=1)
     save_rank0(out, "exact", train(accelerator, loader, model))
 
     accelerator.gradient_accumulation_steps = 2
     model = make_net()
-    loader = planned_dataloader(accelerator, plan73, data, model=model, seed=0, epochs=1)
+    loader = planned_dataloader(accelerator, plan73, data, model=model, shuffle=True, seed=0, epochs=1)
     save_rank0(out, "accumulate", train(accelerator, loader, model))
     accelerator.gradient_accumulation_steps = 1
 
@@ -90,7 +90,8 @@ def main(out: Path, plan73: Path, plan88: Path) -> None:
     # 2-core machine, where a preempted rank's wall-clock compute grows by whole time slices
     net = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
                               torch.nn.ReLU(), torch.nn.Linear(1024, 1)).double()
-    loader = planned_dataloader(accelerator, plan88, DictData(16 * 12, features=512), model=net, seed=0, epochs=3,
+    loader = planned_dataloader(accelerator, plan88, DictData(16 * 12, features=512), model=net, shuffle=True, seed=0,
+                                epochs=3,
                                 profile=plan88.with_suffix(".profile.json"), replan=True, log_file=out / "run.jsonl")
     res = train(accelerator, loader, net, 3, slowdown=3.0 if accelerator.process_index == 1 else 1.0)
     save_rank0(out, "replan", {"seen": res["seen"]})
