@@ -178,3 +178,85 @@ def choose_launch_env(default: tuple[Sequence[float], Sequence[float]],
     return None if best is None else (best[1], best[2])
 
 
+
+
+# -- hosts: which ranks share a machine's links ----------------------------------------------------------------
+# A gradient all-reduce among the ranks of one host runs over its intra-host links (NVLink, PCIe, shared memory);
+# one spanning hosts also crosses the network, every byte of it: a ring of W ranks laid out host by host sends
+# 2 (W - 1) / W of the gradient over every link, the host-crossing ones included, so the slowest link -- the
+# network, as a rule -- sets its pace.  The profiler times the all-reduce over the whole job and, when the job spans
+# hosts, within each host alone (profile ``meta["allreduce_by_host_s"]``); the difference is what spanning hosts
+# costs.  The plan records both (``plan.meta["allreduce"]``) beside the host groups its ranks form.
+
+
+def host_groups(hosts_by_rank: Sequence[str]) -> list[tuple[str, list[int]]]:
+    """(host, its ranks) in the order of each host's first rank: the groups whose all-reduce stays on one host."""
+    groups: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts_by_rank):
+        groups.setdefault(host, []).append(rank)
+    return list(groups.items())
+
+
+def ring_allreduce_s(grad_bytes: float, ranks_per_host: Sequence[int], intra_bytes_per_s: float,
+                     inter_bytes_per_s: float) -> float:
+    """Bandwidth time of a ring all-reduce of ``grad_bytes`` over ranks laid out host by host: each of the W links
+    carries 2 (W - 1) / W of the gradient, so the slowest link in the ring sets the time -- an inter-host one as
+    soon as the ring spans two hosts, an intra-host one otherwise (0 on one rank)."""
+    world = sum(ranks_per_host)
+    if world <= 1:
+        return 0.0
+    spans = sum(1 for n in ranks_per_host if n > 0) > 1
+    slowest = min(intra_bytes_per_s, inter_bytes_per_s) if spans else intra_bytes_per_s
+    return 2.0 * (world - 1) / world * grad_bytes / slowest
+
+
+def allreduce_links(profile: Profile) -> dict[str, object] | None:
+    """What the plan shows of its all-reduce's links (``plan.meta["allreduce"]``): the host groups, whether the
+    all-reduce spans hosts and, where the profile timed them, the all-reduce over the whole job, within each host
+    alone, and the difference (what crossing hosts adds: the slowest host's own all-reduce is paid anyway).
+    None for a job on one host (nothing to tell apart)."""
+    groups = host_groups([r.host for r in profile.by_rank])
+    if len(groups) < 2:
+        return None
+    out: dict[str, object] = {"host_groups": [{"host": h, "ranks": ranks} for h, ranks in groups],
+                              "spans_hosts": True}
+    world_s = profile.comm.allreduce_s if profile.comm is not None else None
+    if world_s is not None:
+        out["allreduce_s"] = world_s
+    by_host = profile.meta.get("allreduce_by_host_s") if isinstance(profile.meta, Mapping) else None
+    if isinstance(by_host, Mapping) and by_host:
+        intra = {str(h): float(t) for h, t in by_host.items() if isinstance(t, (int, float))}
+        out["intra_host_allreduce_s"] = intra
+        if world_s is not None and intra:
+            out["inter_host_s"] = max(0.0, world_s - max(intra.values()))
+    return out
+
+
+def links_line(links: Mapping[str, object] | None) -> str | None:
+    """One line for the plan table: the host groups and what the all-reduce pays for spanning them."""
+    if not links:
+        return None
+    groups = links.get("host_groups")
+    if not isinstance(groups, list):
+        return None
+    shown = ", ".join(f"{g['host']} [{_ranks(g['ranks'])}]" for g in groups if isinstance(g, Mapping))
+    line = f"all-reduce spans {len(groups)} hosts: {shown}"
+    world_s, inter_s = links.get("allreduce_s"), links.get("inter_host_s")
+    if isinstance(world_s, (int, float)) and isinstance(inter_s, (int, float)):
+        line += (f"; {1000 * world_s:.2f} ms over the job, {1000 * inter_s:.2f} ms of it for crossing hosts "
+                 "(the rest within the slowest host)")
+    return line
+
+
+def _ranks(ranks: object) -> str:
+    if not isinstance(ranks, list) or not ranks:
+        return ""
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))
+
+
+def links_meta(profile: Profile) -> dict[str, object]:
+    """``{"allreduce": allreduce_links(profile)}`` for a plan's meta when its ranks span hosts, else {}."""
+    links = allreduce_links(profile)
+    return {} if links is None else {"allreduce": links}

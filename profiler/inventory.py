@@ -49,6 +49,25 @@ def host_name() -> str:
     return f"{name}/node{group_rank}" if nodes > 1 and group_rank is not None else name
 
 
+_NODE_ENV = (("group_rank", "GROUP_RANK"), ("group_world_size", "GROUP_WORLD_SIZE"), ("local_rank", "LOCAL_RANK"),
+             ("local_world_size", "LOCAL_WORLD_SIZE"), ("restart_count", "TORCHELASTIC_RESTART_COUNT"))
+
+
+def node_facts() -> dict[str, int] | None:
+    """Where torchrun put this rank: its node (``GROUP_RANK`` of ``GROUP_WORLD_SIZE``), its local rank of
+    ``LOCAL_WORLD_SIZE`` and the elastic restart count; None outside torchrun.  Nodes of different sizes each
+    have their own ``LOCAL_WORLD_SIZE`` (their ``--nproc-per-node``); global ranks are numbered node by node."""
+    if "GROUP_RANK" not in os.environ or "LOCAL_WORLD_SIZE" not in os.environ:
+        return None
+    out = {}
+    for key, var in _NODE_ENV:
+        try:
+            out[key] = int(os.environ[var])
+        except (KeyError, ValueError):
+            continue
+    return out
+
+
 def host_profile() -> HostProfile:
     return HostProfile(name=host_name(), cpu_cores=usable_cores(), memory_bytes=host_memory_bytes())
 

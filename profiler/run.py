@@ -33,6 +33,7 @@ from profiler import inventory
 from profiler.comm_cost import measure_comm
 from profiler.compute import StepRunner, TimedSteps
 from profiler.devstate import DeviceStateSampler
+from profiler.hostlinks import measure_host_allreduce
 from profiler.loader import LoaderOptions, host_consensus, loader_to_json, profile_loader
 from profiler.memory import find_max_batch, memory_profile
 from profiler.parts import Background, Parts
@@ -288,6 +289,7 @@ def measure_rank(
         "profile_parts_s": dict(parts.seconds),
         "ranks_on_host": layout[1],
         "hostname": inventory.machine_name(),
+        "node": inventory.node_facts(),  # torchrun's node and local rank (None outside torchrun)
     }
     return RankProfile(
         rank=rank,
@@ -350,6 +352,10 @@ def gather_ranks(rank_profile: RankProfile, *, model_name: str, make_runner: Cal
     t0 = time.perf_counter()
     comm, comm_meta = measure_comm(grad_bytes, ranks, make_runner, comm_repeats,
                                    lambda line: _say(progress, line))
+    if len({r.host for r in ranks}) > 1:  # spanning hosts: each host's own all-reduce too (planner.comm_model)
+        nccl = all(r.device.startswith("cuda") for r in ranks) and dist.is_nccl_available()
+        comm_meta["allreduce_by_host_s"] = measure_host_allreduce(
+            grad_bytes, [r.host for r in ranks], repeats=comm_repeats, backend="nccl" if nccl else None)
     comm_s = time.perf_counter() - t0
     if dist.get_rank() != 0:
         return None
