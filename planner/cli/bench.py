@@ -8,7 +8,8 @@ in-process, then runs every strategy back to back on the same ranks, same model,
   plan          planner.solve on the profile, HeteroBatchSampler + weighted gradient hook
   plan+replan   the plan with re-planning each epoch; `--late-slowdown R=F` slows rank R from epoch 1 on
   ideal         sum over ranks of b_i / t_i(b_i): each rank's standalone throughput at its planned batch,
-                measured in the same launch with no communication (nobody waits for anybody)
+                measured in the same launch with no communication (nobody waits for anybody); t_i is never
+                above the rank's step in a run of the same split (``bounded_ideal``), so no run beats it
 
 Every number comes from this one launch, so the ratios compare like with like.  The kind of heterogeneity is
 recorded in the JSON (`meta.heterogeneity`).
@@ -165,6 +166,8 @@ def _worker(rank: int, nproc: int, store_path: str, opts: BenchOptions, out_path
     from profiler.workloads.emulate import cap_device_memory
 
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank)})
+    # Every strategy and round trains again with the same set-up: its warnings and notes are said once a bench.
+    sys.stderr = OnceLines(sys.stderr)  # type: ignore[assignment]
     env = init_from_env(opts.device, opts.rank_devices, timeout_s=300.0, store=dist.FileStore(store_path, nproc))
     if env.device.type == "cpu":
         # CPU ranks share the host: split its cores so they don't oversubscribe each other.
@@ -185,6 +188,43 @@ def _worker(rank: int, nproc: int, store_path: str, opts: BenchOptions, out_path
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+class OnceLines:
+    """A text stream that passes each warning or note line (``warning:``, ``note:``, ``rank N: ...``) the first time
+    only, and everything else as it comes.  `planner bench` runs the trainer once per strategy and round on the
+    same ranks, and the trainer's set-up warnings (a short epoch for a rank's workers, a loader note) would
+    otherwise print once per run, the same line each time."""
+
+    PREFIXES = ("warning:", "note:", "rank ")
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.seen: set[str] = set()
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        while "\n" in self.pending:
+            line, self.pending = self.pending.split("\n", 1)
+            if line.startswith(self.PREFIXES):
+                if line in self.seen:
+                    continue
+                self.seen.add(line)
+            self.stream.write(line + "\n")
+        if self.pending and not self.pending.startswith(self.PREFIXES):  # progress, a live line: as it comes
+            self.stream.write(self.pending)
+            self.pending = ""
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending:  # a line not finished yet: out as it is
+            self.stream.write(self.pending)
+            self.pending = ""
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding: the stream's
+        return getattr(self.stream, name)
 
 
 def partial_path(json_path: str) -> str:
@@ -362,10 +402,18 @@ def _bench_rank(env: Any, opts: BenchOptions, slow: float, late: float | None, c
     else:
         w = plan.ranks[env.rank].num_workers if cap is None else min(cap, plan.ranks[env.rank].num_workers)
         mine = _standalone_loader_step_s(workload, env.device, plan.batch_sizes[env.rank], w, slow, opts, cl)
-    alone = all_gather_json(mine)
-    ideal = sum(b / t for b, t in zip(plan.batch_sizes, alone, strict=True))
+    measured_alone = all_gather_json(mine)
+    same_split = [s["samples_per_s"] for s in out.values()
+                  if s.get("samples_per_s") and s.get("batch_sizes") == list(plan.batch_sizes)]
+    ideal, alone, bounded = bounded_ideal(plan.batch_sizes, measured_alone, same_split)
     out["ideal"] = {"samples_per_s": ideal, "standalone_step_time_s": alone, "batch_sizes": list(plan.batch_sizes),
+                    "measured_standalone_step_time_s": measured_alone, "bounded_by_run": bounded,
                     "predicted_samples_per_s": plan.predicted.ideal_samples_per_s}
+    if env.is_main and bounded:
+        slow = ", ".join(f"rank {i} {1000 * measured_alone[i]:.1f} ms" for i in bounded)
+        print(f"note: measured alone ({slow}) slower than inside a synchronized run of the plan's split "
+              f"({1000 * alone[bounded[0]]:.1f} ms a step); the ideal takes the run's step there, which a rank "
+              "alone never exceeds", file=sys.stderr, flush=True)
     if opts.late_slowdown:  # the same condition on every rank: the gather below is a collective
         out["ideal"]["after_late_slowdown_samples_per_s"] = _after_slowdown_ideal(
             profile, B, min_batch, all_gather_json([slow, late or slow]))
@@ -405,6 +453,25 @@ def _bench_rank(env: Any, opts: BenchOptions, slow: float, late: float | None, c
         "loader_check": loader_check,
     }
     return out
+
+
+def bounded_ideal(batch_sizes: Any, standalone_s: list[float],
+                  runs_samples_per_s: list[float]) -> tuple[float, list[float], list[int]]:
+    """(ideal samples/s, each rank's standalone step, the ranks whose step a run bounded): sum_i b_i / t_i, t_i rank
+    i's step alone at its batch b_i.
+
+    A rank alone never takes longer than it took inside a synchronized run of the same split, where it also waited
+    for its peers: that run's step B / (its samples/s) bounds t_i from above.  A standalone measurement can read
+    slower -- it runs at another moment than the strategies (a co-tenant's load moves), and it times each step
+    synchronized where training overlaps one step's launches with the last's work -- so t_i is the smaller of the
+    two.  Then the ideal is at least every run of that split: sum_i b_i / t_i >= sum_i b_i / step = B / step.
+    """
+    big_b = sum(int(b) for b in batch_sizes)
+    run_step = min((big_b / sps for sps in runs_samples_per_s if sps > 0), default=float("inf"))
+    alone = [min(float(t), run_step) for t in standalone_s]
+    bounded = [i for i, t in enumerate(standalone_s) if float(t) > run_step]
+    ideal = sum(int(b) / t for b, t in zip(batch_sizes, alone, strict=True) if t > 0)
+    return ideal, alone, bounded
 
 
 def proportional_split(profile: Any, B: int, min_batch: int) -> list[int]:

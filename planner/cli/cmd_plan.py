@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     warnings += extrapolation_lines(plan, profile)
     if args.out:
         plan.save(args.out)
-    for w in warnings:  # after the work: a warning never precedes an error line
+    for w in dict.fromkeys(warnings):  # after the work: a warning never precedes an error line; each once
         print(w, file=sys.stderr)
     if args.print_env:
         for line in export_lines(plan.launch_env):
@@ -204,8 +204,18 @@ def record_workload(plan: Plan, profile: Profile) -> Plan:
     return replace(plan, meta={**plan.meta, "workload": workload}) if workload else plan
 
 
+def cite_warnings(line: str, quality: ProfileQuality) -> str:
+    """``line`` with each quality issue it quotes in full cut down to its subject: every command that prints the
+    plan's summary prints the profile's warnings before it (`planner plan`, `planner train --auto`), so the
+    finding is said once, and the summary points to it."""
+    for issue in quality.issues:
+        line = line.replace(f"({issue.subject}: {issue.what})", f"({issue.subject}: see its warning above)")
+    return line
+
+
 def format_plan(plan: Plan, profile: Profile | None = None, quality: ProfileQuality | None = None) -> str:
-    """The plan as an aligned table plus the predicted throughput against equal split and ideal."""
+    """The plan as an aligned table plus the predicted throughput against equal split and ideal.  The quality
+    issues behind a noise line are cited, not repeated (``cite_warnings``): the caller prints the warnings."""
     names = {r.rank: (r.device_name or r.device) for r in profile.by_rank} if profile else {}
     rows: list[tuple[object, ...]] = [
         (r.rank, names.get(r.rank, r.device), r.batch_size, f"{100 * r.share:.1f}%", r.num_workers,
@@ -243,6 +253,8 @@ def format_plan(plan: Plan, profile: Profile | None = None, quality: ProfileQual
         lines.append(f"  launch with {' '.join(f'{k}={v}' for k, v in sorted(plan.launch_env.items()))} (measured "
                      "faster than NCCL's default; `planner train` sets it, --print-env prints it for scripts)")
     noisy = noise_line(plan, quality) if quality is not None else None
+    if noisy is not None and quality is not None:
+        noisy = cite_warnings(noisy, quality)
     kept = kept_equal_split(plan)
     if noisy is not None:
         lines.append(f"  {noisy}")

@@ -210,3 +210,14 @@ def test_bench_options_resolve_the_device_defaults_once() -> None:
     gpu = BenchOptions.from_args(p.parse_args(["--steps", "7", "--sweep-slowdown", "1=1;1=3"]), cuda=True)
     assert (gpu.model, gpu.global_batch, gpu.steps) == ("resnet50", 512, 7)
     assert [o.emulate_slowdown for o in gpu.runs()] == ["1=1", "1=3"]
+
+
+@pytest.mark.subprocess
+def test_no_run_of_the_plans_split_is_above_its_ideal(bench: dict[str, Any]) -> None:
+    """The ideal is an upper bound: each rank's standalone step is never taken above its step in a run of the same
+    split (planner.cli.bench.bounded_ideal), so the plan's "vs ideal" is at most 1."""
+    ideal = bench["ideal"]
+    assert bench["plan"]["vs_ideal"] <= 1 + 1e-9
+    assert all(t <= m for t, m in zip(ideal["standalone_step_time_s"], ideal["measured_standalone_step_time_s"],
+                                      strict=True))
+    assert all(0 <= i < 2 for i in ideal["bounded_by_run"])
