@@ -24,7 +24,14 @@
 #   exact     benchmarks/gpu_accumulation_check.py and gpu_syncbn_check.py: float64 exactness over NCCL
 #   predict   benchmarks/gpu_profile_check.py: one GPU's profile against held-out batch sizes
 #   causes    benchmarks/gpu_causes_check.py: does `planner report` name a real co-tenant as the cause?
-#   overhead  benchmarks/hook_overhead.py: the runtime's per-step cost against plain DDP
+#   overhead  benchmarks/comm_breakdown.py --overhead: the runtime's per-step cost against plain DDP
+#   comm      where the all-reduce time goes (benchmarks/comm_breakdown.py, 4 GPUs, ResNet-50 fp32, B = 256, about
+#             5 min): co-tenants $COTENANT (default 2:1,3:2: 1 benchmarks/cotenant.py process on GPU 2, 2 on GPU 3,
+#             at $DUTY) run through the part; a --quick profile and `planner plan` under them; then (i) the
+#             breakdown of the equal split and the plan, (ii) the same plan over a slow link (NCCL_P2P_DISABLE=1
+#             NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo: NCCL over sockets), uncompressed against
+#             weighted bf16; $ROUNDS rounds each; one JSON line per launch in comm_breakdown.jsonl (without a plan,
+#             the launch measures a throughput-proportional split itself)
 #   profile   wall seconds of a torchrun `planner profile` on every rank (ResNet-50 fp32, fake data, loader measured)
 #   sampler   benchmarks/sampler_bench.py on the host's CPU
 #   env       the machine: GPUs, CPUs, library versions
@@ -46,6 +53,8 @@ if [ -n "${TINY:-}" ]; then
   BENCH=(--device cpu --nproc "$NPROC" --model mlp --quick --global-batch 16 --steps 4 --rounds 1 --quiet --timeout 300)
   B1024=(--global-batch 32); R18=(--model mlp --quick --global-batch 16 --steps 4)
   TRAIN=(--device cpu --model cifar_cnn --quick --global-batch 64 --num-samples 1024); TORCHRUN_DEV=(--device cpu)
+  CB_B=32; CB=(--device cpu --model mlp --global-batch "$CB_B" --steps 3 --rounds 1 --warmup 2)
+  CB_PROFILE=(--device cpu --model mlp); CB_COTENANT=cpu:1
 else
   NPROC=${NPROC:-$($PY -c "import torch; print(torch.cuda.device_count())")}
   CARD=$($PY -c "import torch; n=torch.cuda.get_device_name(0).split(); print((n[1] if len(n) > 1 else n[0]).lower())")
@@ -54,6 +63,8 @@ else
          --rounds "$ROUNDS" --quiet)
   B1024=(--global-batch 1024); R18=(--model resnet18 --image-size 32 --global-batch 256 --steps 10)
   TRAIN=(--model resnet50 --amp --global-batch 512 --num-samples 122880); TORCHRUN_DEV=()
+  CB_B=256; CB=(--model resnet50 --global-batch "$CB_B" --steps "$STEPS" --rounds "$ROUNDS")
+  CB_PROFILE=(--model resnet50); CB_COTENANT=2:1,3:2
 fi
 LAST=$(( NPROC - 1 ))
 SKEW=${SKEW:-$( [ "$NPROC" -ge 4 ] && echo "2=2,3=4" || echo "$LAST=3" )}
@@ -100,6 +111,29 @@ train() {  # the loader-fed `planner train --auto --replan` launches, skew and l
   done
 }
 
+comm() {  # the communication breakdown under real co-tenants, then over sockets (the header says what it runs)
+  local spec=${COTENANT:-$CB_COTENANT} pids=() item dev i plan=()
+  local cb=("${TR[@]}" benchmarks/comm_breakdown.py "${CB[@]}" --json "$OUT/comm_breakdown.jsonl")
+  local label="co-tenants $spec (GPU:processes, benchmarks/cotenant.py at duty $DUTY)"
+  rm -f "$OUT/comm_profile.json" "$OUT/comm_plan.json"
+  for item in ${spec//,/ }; do
+    dev=${item%%:*}; [ "$dev" != cpu ] && dev=cuda:$dev
+    for i in $(seq 1 "${item#*:}"); do
+      $PY benchmarks/cotenant.py --device "$dev" --duty "$DUTY" >> "$OUT/comm_cotenant.log" 2>&1 & pids+=($!)
+    done
+  done
+  sleep "${COTENANT_SETTLE:-10}"
+  LIMIT=150 part comm_profile "${TR[@]}" -m planner profile "${CB_PROFILE[@]}" --dataset fake --quick --no-loader \
+    --out "$OUT/comm_profile.json"
+  [ -s "$OUT/comm_profile.json" ] && LIMIT=60 part comm_plan $PY -m planner plan --profile "$OUT/comm_profile.json" \
+    --global-batch "$CB_B" --min-batch 2 --max-accumulation-steps 1 --out "$OUT/comm_plan.json"
+  [ -s "$OUT/comm_plan.json" ] && plan=(--plan "$OUT/comm_plan.json")
+  LIMIT=150 part comm_cotenant "${cb[@]}" --variants equal,plan "${plan[@]}" --label "$label"
+  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo LIMIT=200 part comm_slowlink \
+    "${cb[@]}" --variants plan,plan+bf16 --warmup 5 "${plan[@]}" --label "$label; NCCL over sockets on lo"
+  kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null
+}
+
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(equal skew loader cotenant mixed memory midrun)
 for p in "${PARTS[@]}"; do
@@ -129,7 +163,8 @@ for p in "${PARTS[@]}"; do
                   --device "$( [ "$DEV" = cpu ] && echo cpu || echo cuda:0 )" --out "$OUT/gpu_profile_check.json" ;;
     causes)     part causes $PY benchmarks/gpu_causes_check.py --device "$DEV" --nproc "$NPROC" --cotenant-rank "$LAST" \
                   --out-dir "$OUT" ;;
-    overhead)   part overhead "${TR[@]}" benchmarks/hook_overhead.py --json "$OUT/hook_overhead.json" ;;
+    overhead)   part overhead "${TR[@]}" benchmarks/comm_breakdown.py --overhead --json "$OUT/hook_overhead.json" ;;
+    comm)       comm ;;
     profile)    t0=$(date +%s.%N)
                 part profile "${TR[@]}" -m planner profile --model resnet50 --dataset fake --out "$OUT/profile_wall.json"
                 $PY -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f} s wall, $NPROC ranks')" \

@@ -38,7 +38,7 @@ class TrainConfig:
     """How 'plan' weights uneven batches exactly: 'loss_scale' (the mean loss times n_i * W / n through DDP's own
     C++ all-reduce; also exact with SyncBatchNorm) or 'hook' (``register_weighted_hook``, a Python comm hook).
     Same parameters to 1e-10 (tests/cli/test_train_weighting.py); its cost is measured by
-    benchmarks/hook_overhead.py."""
+    benchmarks/comm_breakdown.py --overhead."""
     grad_compress: str = "none"
     """Wire dtype of the gradient all-reduce: 'none' (the parameters' dtype, exact), or opt-in 'bf16'/'fp16'
     (runtime/compress.py: scaled by n_i / n in fp32, then cast and summed). With 'plan' it runs in the weighting
