@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import get_worker_info
+from torch.utils.data import dataloader, get_worker_info
 
 from planner.errors import ValidationError
 from runtime.collectives import all_gather_json
@@ -154,6 +155,21 @@ def on_main_thread() -> bool:
     """True on the main thread of a training process (not a DataLoader worker, not another thread): the only
     place a planned sampler runs a collective, so its collectives keep the same order on every rank."""
     return threading.current_thread() is threading.main_thread() and get_worker_info() is None
+
+
+def drawn_by_dataloader(depth: int = 8) -> bool:
+    """True when a torch DataLoader iterator is among the ``depth`` callers: the pass is a training loop's (the
+    DataLoader draws the sampler's batches, or its BatchSampler draws a HeteroDistributedSampler's indices).
+    Code that iterates a sampler itself (``list(sampler)``, a layout computed for another rank) is not checked:
+    it may run on one rank only, where a collective would wait forever."""
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if isinstance(frame.f_locals.get("self"), dataloader._BaseDataLoaderIter):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _distributed() -> bool:

@@ -32,7 +32,7 @@ from torch.utils.data import BatchSampler, Sampler
 
 from planner.errors import ValidationError
 from runtime.accumulate import check_accumulation, micro_batch_sizes, partial_micro_layout
-from runtime.safety import arm_weighting_check, check_first_pass, note_weighting, on_main_thread
+from runtime.safety import arm_weighting_check, check_first_pass, drawn_by_dataloader, note_weighting, on_main_thread
 from runtime.shuffle import PermutationPrefetch, epoch_permutation
 
 if TYPE_CHECKING:
@@ -508,17 +508,20 @@ class HeteroBatchSampler(Sampler[list[int]]):
         DataLoader iterates a copy of this sampler (:class:`EpochStream`): this sampler then still says where the
         pass starts (``start_step``) and that a new pass began (``generation``, which the gradient hook reads).
 
-        The first pass runs :func:`runtime.safety.check_first_pass` (collective under torch.distributed, on the
-        main thread only: a first pass started on another thread or in a DataLoader worker skips it), and every
-        pass of an uneven plan arms the weighting check (:func:`runtime.safety.arm_weighting_check`)."""
+        The first pass a DataLoader draws runs :func:`runtime.safety.check_first_pass` (collective under
+        torch.distributed, on the main thread only: a first pass started on another thread or in a DataLoader
+        worker skips it), and every such pass of an uneven plan arms the weighting check
+        (:func:`runtime.safety.arm_weighting_check`).  Passes that code draws itself (``list(sampler)``) are not
+        checked."""
         start, self._resume = self._resume, (0, 0)
         if start == (0, 0):
             self._apply_pending()  # a pass from step 0 is an epoch start
-        if not self._first_pass_checked:
-            self._first_pass_checked = True
-            if on_main_thread():
-                check_first_pass(self, start[0], self._loader_cut)
-        arm_weighting_check(self)
+        if drawn_by_dataloader():
+            if not self._first_pass_checked:
+                self._first_pass_checked = True
+                if on_main_thread():
+                    check_first_pass(self, start[0], self._loader_cut)
+            arm_weighting_check(self)
         self._generation += 1
         self._generation_start = self._cursor = start
         return start

@@ -82,6 +82,8 @@ def train_one(rank: int, kind: str, plans: list[list[int]], mode: str, accum: in
     if mode == "hook":
         state = register_weighted_hook(ddp, sampler, accumulation_steps=accum,
                                        on_last_bucket=lambda: calls.append(state.num_syncs))  # type: ignore[union-attr]
+    if mode == "plain":  # stock DDP averaging on purpose: without this the first backward refuses to run unweighted
+        sampler.declare_weighting("none: the negative control")
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
     syncs = 0
     for epoch, sizes in enumerate(plans):
