@@ -410,8 +410,8 @@ def _bench_rank(env: Any, opts: BenchOptions, slow: float, late: float | None, c
                     "measured_standalone_step_time_s": measured_alone, "bounded_by_run": bounded,
                     "predicted_samples_per_s": plan.predicted.ideal_samples_per_s}
     if env.is_main and bounded:
-        slow = ", ".join(f"rank {i} {1000 * measured_alone[i]:.1f} ms" for i in bounded)
-        print(f"note: measured alone ({slow}) slower than inside a synchronized run of the plan's split "
+        read = ", ".join(f"rank {i} {1000 * measured_alone[i]:.1f} ms" for i in bounded)
+        print(f"note: measured alone ({read}) slower than inside a synchronized run of the plan's split "
               f"({1000 * alone[bounded[0]]:.1f} ms a step); the ideal takes the run's step there, which a rank "
               "alone never exceeds", file=sys.stderr, flush=True)
     if opts.late_slowdown:  # the same condition on every rank: the gather below is a collective
