@@ -13,7 +13,7 @@ from planner.cli.loader_check import MIN_CHANGE, checked_profile, measured_line
 from planner.loader import loader_costs_s
 from planner.plan import Plan
 from planner.profile import Profile
-from tests._torchrun import run_planner_torchrun
+from tests._ranks import run_planner
 
 RESULTS = Path(__file__).resolve().parents[2] / "tests" / "data"
 # A skew launch on 2x H200 ran its loaders 14% costlier than this profile's curve at its plan.
@@ -68,7 +68,7 @@ def test_auto_checks_the_plans_loaders_and_keeps_plan_and_profile_together(tmp_p
     """Two CPU ranks with DataLoaders: the check runs on both, rank 0 says what it found, and the plan written is
     solved on the profile written (the checked one when the check moved it)."""
     plan_out, profile_out = tmp_path / "plan.json", tmp_path / "profile.json"
-    rc, out = run_planner_torchrun(2, ["train", "--auto", "--quick", "--device", "cpu", "--model", "cifar_cnn",
+    rc, out = run_planner(2, ["train", "--auto", "--quick", "--device", "cpu", "--model", "cifar_cnn",
                                        "--image-size", "16", "--num-samples", "256", "--global-batch", "32",
                                        "--epochs", "1", "--max-steps-per-epoch", "4", "--loader-check-s", "0.5",
                                        "--plan-out", str(plan_out), "--profile-out", str(profile_out)])

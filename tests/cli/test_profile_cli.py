@@ -11,7 +11,7 @@ from planner.cli import main
 from planner.profile import Profile
 from planner.solve import solve
 from profiler.loader import usable_cores
-from tests._torchrun import run_planner_torchrun
+from tests._ranks import run_planner
 
 
 def test_profile_one_cpu_rank_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -65,7 +65,7 @@ def test_user_mistakes_exit_2_with_one_line(argv: list[str], needle: str, capsys
 @pytest.mark.distributed
 def test_torchrun_two_ranks_write_one_profile_with_allreduce(tmp_path: Path) -> None:
     out = tmp_path / "p2.json"
-    rc, text = run_planner_torchrun(2, ["profile", "--model", "mlp", "--dataset", "fake", "--device", "cpu", "--quick",
+    rc, text = run_planner(2, ["profile", "--model", "mlp", "--dataset", "fake", "--device", "cpu", "--quick",
                                         "--budget-s", "3", "--emulate-slowdown", "1=2", "--out", str(out)])
     assert rc == 0, text[-3000:]
     prof = Profile.load(out)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import planner
-from tests.reliability import _torchrun
+from tests import _ranks
 from tests.reliability.test_crash_resume import _final, _train_args
 from tests.reliability.test_no_hangs import two_rank_profile
 
@@ -23,7 +23,7 @@ def _plan(path: Path, batches: list[int], steps: list[int]) -> Path:
 
 def _train(tmp_path: Path, name: str, plan: Path, *extra: str) -> dict:
     ckpt = tmp_path / name
-    rc, _, err, _ = _torchrun.run(_train_args(plan, ckpt, tmp_path / f"trace-{name}", *extra), timeout_s=120)
+    rc, _, err, _ = _ranks.run(_train_args(plan, ckpt, tmp_path / f"trace-{name}", *extra), timeout_s=120)
     assert rc == 0, err[-3000:]
     return _final(ckpt)["model"]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests._torchrun import run_planner_torchrun
+from tests._ranks import run_planner
 
 COMMON = ["train", "--auto", "--quick", "--device", "cpu", "--model", "cifar_cnn", "--image-size", "16",
           "--data-on-device", "--global-batch", "64", "--max-steps-per-epoch", "12", "--replan"]
@@ -21,7 +21,7 @@ def _events(log: Path, kind: str) -> list[dict[str, Any]]:
 @pytest.mark.distributed
 def test_replan_moves_work_off_a_rank_slowed_mid_run(tmp_path: Path) -> None:
     log = tmp_path / "run.jsonl"
-    rc, out = run_planner_torchrun(2, [*COMMON, "--epochs", "4", "--emulate-slowdown", "1=3",
+    rc, out = run_planner(2, [*COMMON, "--epochs", "4", "--emulate-slowdown", "1=3",
                                        "--emulate-slowdown-from-epoch", "1", "--plan-out", str(tmp_path / "plan.json"),
                                        "--log-file", str(log), "--max-workers-per-rank", "3",
                                        "--step-log", str(tmp_path / "steps{rank}.jsonl")])
@@ -63,7 +63,7 @@ def test_replan_moves_work_off_a_rank_slowed_mid_run(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_steady_run_logs_a_decision_after_every_epoch(tmp_path: Path) -> None:
     log = tmp_path / "run.jsonl"
-    rc, out = run_planner_torchrun(2, [*COMMON, "--epochs", "5", "--plan-out", str(tmp_path / "plan.json"),
+    rc, out = run_planner(2, [*COMMON, "--epochs", "5", "--plan-out", str(tmp_path / "plan.json"),
                                        "--log-file", str(log)], timeout_s=240)
     assert rc == 0, out[-3000:]
     decisions = _events(log, "replan")
@@ -91,7 +91,7 @@ def test_a_streamed_loader_does_not_judge_a_replan_on_its_refill(tmp_path: Path)
     epoch line says why) and the next epoch decides -- the new plan's trial included."""
     log = tmp_path / "run.jsonl"
     common = [c for c in COMMON if c != "--data-on-device"]
-    rc, out = run_planner_torchrun(2, [*common, "--epochs", "5", "--emulate-slowdown", "1=3",
+    rc, out = run_planner(2, [*common, "--epochs", "5", "--emulate-slowdown", "1=3",
                                        "--emulate-slowdown-from-epoch", "1", "--log-file", str(log)])
     assert rc == 0, out[-3000:]
     decisions = {d["epoch"]: d for d in _events(log, "replan")}

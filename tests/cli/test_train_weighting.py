@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.reliability import _torchrun
+from tests import _ranks
 from tests.reliability.test_crash_resume import _final, _train_args
 from tests.reliability.test_no_hangs import write_plan
 
@@ -24,7 +24,7 @@ def test_loss_scale_and_hook_train_to_the_same_parameters(tmp_path: Path) -> Non
     finals = {}
     for weighting in ("loss-scale", "hook"):
         ckpt = tmp_path / weighting
-        rc, _, err, _ = _torchrun.run(_train_args(plan, ckpt, tmp_path / f"trace-{weighting}", "--weighting",
+        rc, _, err, _ = _ranks.run(_train_args(plan, ckpt, tmp_path / f"trace-{weighting}", "--weighting",
                                                   weighting), timeout_s=90)
         assert rc == 0, err[-3000:]
         finals[weighting] = _final(ckpt)

@@ -82,11 +82,11 @@ def write_plan(path: Path, batches: list[int], sec_per_sample: list[float] | Non
 
 
 def torchrun(script: Path, args: list[str], *, timeout_s: float, nproc: int = 2) -> tuple[int, str, str]:
-    """``torchrun --standalone`` the script on ``nproc`` gloo ranks; killed (every descendant) past the deadline."""
-    from tests.reliability import _torchrun
+    """The script on ``nproc`` gloo ranks with torchrun's environment (tests/_ranks.py: forks of the tests' fork
+    server, no interpreter start); every rank killed past the deadline."""
+    from tests import _ranks
 
-    env = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    rc, out, err, _ = _torchrun.run([str(script), *args], nproc=nproc, timeout_s=timeout_s, env=env)
+    rc, out, err, _ = _ranks.run([str(script), *args], nproc=nproc, timeout_s=timeout_s)
     return rc, out, err
 
 

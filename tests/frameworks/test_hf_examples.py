@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from planner.cli import main
-from tests._torchrun import run_planner_torchrun
+from tests._ranks import run_planner
 from tests.frameworks._common import REPO, torchrun
 from tests.frameworks.test_examples import documented_diff
 from tests.runtime.test_adopting import apply_diff, changed_lines
@@ -56,7 +56,7 @@ def test_lm_profile_plan_train_report_and_the_hf_examples(tmp_path: Path, capsys
     sizes = json.loads(plan.read_text())
     batches = [r["batch_size"] for r in sizes["ranks"]]
     assert batches == [11, 5]  # the slow rank gets less
-    rc, out = run_planner_torchrun(2, ["train", "--plan", str(plan), "--profile", str(profile), "--model", "tiny_lm",
+    rc, out = run_planner(2, ["train", "--plan", str(plan), "--profile", str(profile), "--model", "tiny_lm",
                                        "--dataset", "fake_text", "--device", "cpu", "--epochs", "1", "--num-samples",
                                        "64", "--emulate-slowdown", "1=3", "--log-file", str(log)])
     assert rc == 0, out[-3000:]

@@ -16,7 +16,7 @@ import torch
 
 from planner.cli import main
 from profiler.workloads.specs import build_workload
-from tests._torchrun import run_planner_torchrun
+from tests._ranks import run_planner
 from tests.frameworks._common import write_plan
 
 DATASET, N, LR = "fake_text:4-16", 20, 0.1
@@ -44,7 +44,7 @@ def reference(trace: Path) -> dict[str, torch.Tensor]:
 def test_trainer_weights_variable_length_text_by_tokens(tmp_path: Path) -> None:
     plan = write_plan(tmp_path / "plan.json", [7, 3])
     ckpt, trace = tmp_path / "ckpt", tmp_path / "trace"
-    rc, out = run_planner_torchrun(2, ["train", "--plan", str(plan), "--model", "tiny_lm", "--dataset", DATASET,
+    rc, out = run_planner(2, ["train", "--plan", str(plan), "--model", "tiny_lm", "--dataset", DATASET,
                                        "--num-samples", str(N), "--device", "cpu", "--epochs", "1", "--lr", str(LR),
                                        "--checkpoint", str(ckpt), "--trace-file", f"{trace}.{{rank}}",
                                        "--allow-workload-mismatch", "--quiet"])

@@ -19,6 +19,7 @@ import psutil
 import pytest
 import torch
 
+from tests import _ranks
 from tests.reliability import _torchrun
 from tests.reliability.test_no_hangs import write_plan
 
@@ -66,7 +67,7 @@ def test_kill9_mid_epoch_then_resume_equals_uninterrupted(tmp_path: Path) -> Non
     plan = write_plan(tmp_path / "plan.json", [7, 5])
     # 1. the reference: one uninterrupted run
     ref_ckpt, ref_trace = tmp_path / "ref_ckpt", tmp_path / "ref_trace"
-    rc, _, err, _ = _torchrun.run(_train_args(plan, ref_ckpt, ref_trace), timeout_s=90)
+    rc, _, err, _ = _ranks.run(_train_args(plan, ref_ckpt, ref_trace), timeout_s=90)
     assert rc == 0, err[-3000:]
     ref = _trace(ref_trace)
     ref_map = dict(ref)
@@ -97,7 +98,7 @@ def test_kill9_mid_epoch_then_resume_equals_uninterrupted(tmp_path: Path) -> Non
     assert (EPOCHS - 1, STEPS - 1, 0) not in killed_keys  # it really died before the end
 
     # 3. resume from the checkpoint: no sleep needed now
-    rc, out, err, _ = _torchrun.run(_train_args(plan, ckpt, trace, "--resume"), timeout_s=90)
+    rc, out, err, _ = _ranks.run(_train_args(plan, ckpt, trace, "--resume"), timeout_s=90)
     assert rc == 0, err[-3000:]
     assert "resumed from" in out and "at epoch 1 step 4" in out
 

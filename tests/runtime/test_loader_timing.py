@@ -17,7 +17,7 @@ from planner.stats import StepStats
 from runtime.loader_timing import TimedBatches, TimedLoader
 from runtime.replan.model import RankCorrection
 from runtime.timing import StepTimer
-from tests._torchrun import run_planner_torchrun
+from tests._ranks import run_planner
 
 
 class Slow(Dataset[tuple[torch.Tensor, int]]):
@@ -145,7 +145,7 @@ def test_the_replanner_moves_a_measured_loader_cost_both_ways() -> None:
 @pytest.mark.distributed
 def test_planner_train_logs_each_ranks_loader_time(tmp_path: Path) -> None:
     log = tmp_path / "run.jsonl"
-    rc, out = run_planner_torchrun(2, ["train", "--auto", "--quick", "--device", "cpu", "--model", "cifar_cnn",
+    rc, out = run_planner(2, ["train", "--auto", "--quick", "--device", "cpu", "--model", "cifar_cnn",
                                        "--image-size", "16", "--num-samples", "256", "--global-batch", "32",
                                        "--epochs", "1", "--max-steps-per-epoch", "6", "--log-file", str(log)])
     assert rc == 0, out[-3000:]
