@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from runtime.adapters.ray import planned_dataloader, planned_epoch
+from runtime.adapters.ray import Plan, planned_dataloader, planned_epoch
 
 
 class Synthetic(Dataset[dict[str, torch.Tensor]]):
@@ -45,7 +45,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--num-samples", type=int, default=256, help="size of the synthetic dataset")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--plan", required=True, help="plan.json from planner plan")
+    parser.add_argument("--plan", required=True, type=Plan.load, help="plan.json from planner plan")
     return parser
 
 

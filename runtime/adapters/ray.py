@@ -1,8 +1,8 @@
 """A plan applied to a Ray Train ``TorchTrainer``: inside ``train_loop_per_worker``, two lines change.
 
-    from runtime.adapters.ray import planned_dataloader, planned_epoch
+    from runtime.adapters.ray import Plan, planned_dataloader, planned_epoch
 
-    def train_loop_per_worker(config):
+    def train_loop_per_worker(config):            # config["plan"] = Plan.load("plan.json"), read on the driver
         model = ray.train.torch.prepare_model(Net())                   # DDP over Ray's process group
         loader = planned_dataloader(config["plan"], data, model=model, shuffle=True)   # was DataLoader(...)
         loader = ray.train.torch.prepare_data_loader(loader)           # unchanged: adds device placement only
@@ -11,12 +11,15 @@
                 ...                                                    # forward, backward, optimizer step
 
 ``planned_dataloader(plan, data, ...)`` is ``RayPlan(plan, ...).dataloader(data, ...)``; ``planned_epoch`` finds
-that ``RayPlan`` on the loader (``loader.sampler.planned``, kept by Ray's wrapper) and runs its ``epoch``.
+that ``RayPlan`` on the loader (``loader.sampler.planned``, kept by Ray's wrapper) and runs its ``epoch``.  The
+plan goes to the workers as a ``Plan`` object in ``train_loop_config`` (``Plan`` is re-exported here for
+``type=Plan.load`` on the driver): Ray Train runs every worker in its own trial directory, possibly on another
+node, where a relative path would not be found.
 
-**The loader survives ``prepare_data_loader``.**  That function replaces the sampler of any loader whose
-``sampler`` is not a ``DistributedSampler`` by a new ``DistributedSampler`` with the loader's ``batch_size`` --
-for a loader built on ``batch_sampler=`` the ``batch_size`` is None, so the result would yield single samples,
-every worker the same number.  The planned loader is a ``DataLoader`` over the planned ``HeteroBatchSampler``
+**The loader survives ``prepare_data_loader``.**  That function rebuilds any loader whose ``sampler`` is not a
+``DistributedSampler`` over a new ``DistributedSampler`` with the loader's ``batch_size`` -- None for a loader built
+on ``batch_sampler=``, so the rebuilt loader hands each sample alone to the batch collate function (an error for
+dict samples, a wrong batch for others) and the plan is gone.  The planned loader is a ``DataLoader`` over the planned ``HeteroBatchSampler``
 whose ``sampler`` attribute is a ``DistributedSampler`` view of the same batches (this worker's indices in the
 planned order; ``set_epoch`` selects the planned sampler's epoch), so ``prepare_data_loader`` recognizes it as
 already distributed and only wraps it for device placement.  A stock loop's ``loader.sampler.set_epoch(epoch)``
@@ -67,6 +70,8 @@ from runtime.adapters.run import PlannedRun, _load_plan
 from runtime.collectives import decide_on_rank0
 from runtime.sampler import HeteroBatchSampler
 from runtime.weighting import register_weighted_hook
+
+__all__ = ["Plan", "PlannedDataLoader", "PlannedIndices", "RayPlan", "planned_dataloader", "planned_epoch"]
 
 INSTALL_HINT = "pip install 'ddp-planner[ray]'"
 T = TypeVar("T")
@@ -125,8 +130,9 @@ class RayPlan:
     """A plan applied to one Ray Train worker (module docstring).  Make it inside ``train_loop_per_worker``.
 
     Args:
-        plan: Plan or plan JSON path, passed in ``train_loop_config`` (a path must exist on every worker's node;
-            a ``Plan`` object travels with the config); None with ``profile_fn`` (auto mode).
+        plan: the Plan, passed in ``train_loop_config`` (read it on the driver: Ray Train runs each worker in its
+            own trial directory, possibly on another node, so a relative path is not found there), or an absolute
+            plan JSON path every worker's node can read; None with ``profile_fn`` (auto mode).
         profile: the Profile the plan was solved from (for ``replan=True``).
         profile_fn: zero-argument function, called on every worker, returning the job's Profile (collective;
             e.g. ``lambda: profile_job(Net, batches_from(data), loss_fn, device, data=data)``): auto mode, and the

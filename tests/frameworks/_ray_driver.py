@@ -6,7 +6,7 @@ Starts Ray with 2 CPUs, no dashboard and no usage report (nothing leaves the mac
 to OUT, and runs one training function on both workers that, in order:
 
   1. runs examples/ray_stock.py's and examples/ray_planned.py's ``train_loop_per_worker`` (the planned one on a
-     [12, 4] plan);
+     [12, 4] plan), and passes a plain ``batch_sampler`` loader through ``prepare_data_loader``;
   2. trains the float64 twin: a [7, 3] plan through ``planned_dataloader(..., model=ddp)`` and Ray's own
      ``prepare_model`` / ``prepare_data_loader``, with a run log;
   3. trains the control: the same planned batches under DDP's plain average (no ``model=``, so no weighting);
@@ -84,6 +84,7 @@ def twin(plan: Any, *, weighted: bool, log_file: str | None = None, **kw: Any) -
 
 def loop(config: dict[str, Any]) -> None:
     import ray.train
+    import ray.train.torch
 
     from profiler.api import batches_from, profile_job
     from tests._scripts import load_script
@@ -97,6 +98,18 @@ def loop(config: dict[str, Any]) -> None:
     out["planned"] = planned.train_loop_per_worker(
         vars(planned.get_args_parser().parse_args([*args, "--plan", config["example_plan"]])))
     out["t_examples"] = time.time()
+    # Why the planned loader carries a DistributedSampler view: a plain batch_sampler loader comes back from
+    # prepare_data_loader re-sampled with batch_size=None, each sample alone handed to the batch collate function.
+    from runtime.sampler import HeteroBatchSampler
+
+    bare = torch.utils.data.DataLoader(Indexed(30), batch_sampler=HeteroBatchSampler(30, TWIN_PLAN, rank))
+    prepared = ray.train.torch.prepare_data_loader(bare)
+    out["unplanned_batch_size"] = prepared.batch_size
+    try:
+        next(iter(prepared))
+        out["unplanned_error"] = None
+    except Exception as e:  # KeyError: default_collate took one dict sample for a batch
+        out["unplanned_error"] = type(e).__name__
     out["twin"] = twin(config["twin_plan"], weighted=True, log_file=config["log_file"])
     out["control"] = twin(config["twin_plan"], weighted=False)
 

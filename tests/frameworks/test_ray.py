@@ -99,6 +99,10 @@ def one_process(seen: list[list[list[int]]]) -> list[torch.Tensor]:
 def test_planned_twin_equals_one_process_and_plain_averaging_does_not(ray_run: dict[str, Any]) -> None:
     from runtime.sampler import epoch_permutation
 
+    # A plain batch_sampler loader does not survive: Ray re-samples it with batch_size=None and the batch collate
+    # function gets one dict sample at a time.
+    assert ray_run["ranks"][0]["unplanned_batch_size"] is None
+    assert ray_run["ranks"][0]["unplanned_error"] == "KeyError"
     twin = [ray_run["ranks"][r]["twin"] for r in range(2)]
     assert twin[0]["loader_type"] == "_WrappedDataLoader"  # Ray wrapped it (device placement) ...
     assert twin[0]["sampler_type"] == "PlannedIndices"  # ... and kept the planned sampler
