@@ -9,10 +9,11 @@ DEMO_OUT ?= demo-out
 
 .PHONY: venv test check lint demo clean
 
+# --no-compile: pip would byte-compile every module of torch, transformers and the rest (tens of seconds on 2
+# cores); Python compiles the ones a run imports, once, on first import.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,all]'
+	$(PY) -m pip install -q --no-compile -e '.[dev,all]'
 	touch $@
 
 venv: $(VENV)/.installed
