@@ -1,6 +1,6 @@
 """One local Ray cluster and one ``TorchTrainer.fit`` on 2 CPU workers (gloo) for everything test_ray.py checks.
 
-    python tests/frameworks/_ray_driver.py OUT
+    python tests/frameworks/_ray_driver.py OUT [RAY_TEMP_DIR]
 
 Starts Ray with 2 CPUs, no dashboard and no usage report (nothing leaves the machine), writes the plans it needs
 to OUT, and runs one training function on both workers that, in order:
@@ -14,7 +14,7 @@ to OUT, and runs one training function on both workers that, in order:
      twin's step): the 2-worker group is profiled and re-planned, then trains an epoch on the new plan.
 
 Each worker saves what it saw to OUT/rank{R}.pt.  ``ray.shutdown()`` runs in a ``finally``; the test kills this
-process group after its deadline.
+session (the driver, Ray's daemons and workers) after its deadline.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def loop(config: dict[str, Any]) -> None:
     out: dict[str, Any] = {"world": ray.train.get_context().get_world_size(), "t_start": time.time()}
     stock = load_script(str(REPO / "examples" / "ray_stock.py"), "ray_stock_example")
     planned = load_script(str(REPO / "examples" / "ray_planned.py"), "ray_planned_example")
-    args = ["--epochs", "2", "--num-samples", "64"]
+    args = ["--epochs", "1", "--num-samples", "64"]
     out["stock"] = stock.train_loop_per_worker(vars(stock.get_args_parser().parse_args([*args, "--batch-size", "8"])))
     out["planned"] = planned.train_loop_per_worker(
         vars(planned.get_args_parser().parse_args([*args, "--plan", config["example_plan"]])))
@@ -140,7 +140,7 @@ def write_plans(out: Path) -> dict[str, str]:
     return paths
 
 
-def main(out_dir: str) -> int:
+def main(out_dir: str, temp: str | None = None) -> int:
     import ray
     import ray.train
     import ray.train.torch
@@ -149,7 +149,7 @@ def main(out_dir: str) -> int:
     config = {**write_plans(out), "out": str(out), "log_file": str(out / "run.jsonl")}
     started = time.perf_counter()
     stamps = {"t0": time.time()}
-    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a length limit
+    temp = temp or tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a length limit
     try:
         ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024**2, _temp_dir=temp,
                  log_to_driver=True, configure_logging=False)
@@ -173,4 +173,5 @@ def main(out_dir: str) -> int:
 if __name__ == "__main__":
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report: nothing leaves the machine
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")  # one actor less to start
-    raise SystemExit(main(sys.argv[1]))
+    os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")  # no metrics callbacks
+    raise SystemExit(main(*sys.argv[1:3]))

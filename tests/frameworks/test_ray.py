@@ -8,16 +8,21 @@ past a deadline; every assert below reads what its workers saved:
   * float64: a [7, 3] plan through Ray's own ``prepare_model`` / ``prepare_data_loader`` equals one process on the
     same 10 samples per step; the same batches under DDP's plain average do not (the test can fail);
   * a plan for 1 worker handed to a 2-worker group with ``profile_fn`` is re-profiled and re-planned for 2.
+
+Without Ray (fake ``ray.train``): a missing Ray and a plan for another worker count are one-line errors.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -25,37 +30,48 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from planner.errors import ValidationError
 from tests.frameworks._common import REPO, max_diff
 from tests.frameworks.test_examples import documented_diff
 from tests.runtime.test_adopting import apply_diff, changed_lines
-
-pytest.importorskip("ray.train.torch")
-pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 
 DRIVER = Path(__file__).with_name("_ray_driver.py")
 DEADLINE_S = 300
 
 
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (the driver's, started with start_new_session: Ray's gcs, raylet
+    and agents share its process group, its workers each have their own group in the same session)."""
+    import psutil
+
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid:
+                os.kill(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 @pytest.fixture(scope="module")
 def ray_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Run the driver once (module scope: one Ray start for every test here); its process group is killed after."""
+    pytest.importorskip("ray.train.torch")  # `make test` installs it (the `all` extra)
     out = tmp_path_factory.mktemp("ray")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
            "RAY_USAGE_STATS_ENABLED": "0"}
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's session files; short (socket paths are limited)
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, str(DRIVER), str(out)], env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(DRIVER), str(out), temp], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         log, _ = proc.communicate(timeout=DEADLINE_S)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_session(proc.pid)
         log, _ = proc.communicate()
         pytest.fail(f"the Ray run passed its {DEADLINE_S} s deadline:\n{log[-4000:]}")
     finally:
-        try:  # whatever of the run is left (Ray's own processes end with ray.shutdown or with their driver)
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_session(proc.pid)  # whatever of the run is left: the driver's session, Ray's daemons and workers
+        shutil.rmtree(temp, ignore_errors=True)
     assert proc.returncode == 0, log[-6000:]
     ranks = {r: torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)}
     return {"out": out, "ranks": ranks, "seconds": time.perf_counter() - started,
@@ -70,8 +86,10 @@ def test_documented_diff_turns_the_stock_example_into_the_planned_one() -> None:
     assert apply_diff(stock, diff) == (REPO / "examples" / "ray_planned.py").read_text()
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess  # the Ray run: interpreters, tens of seconds
 def test_stock_and_planned_examples_train_on_two_workers(ray_run: dict[str, Any]) -> None:
-    steps = -(-64 // 16) * 2  # 2 epochs of 64 samples, global batch 16
+    steps = 64 // 16  # 1 epoch of 64 samples, global batch 16
     for rank, res in ray_run["ranks"].items():
         assert res["world"] == 2
         assert res["stock"]["batch_sizes"] == [8] * steps  # DistributedSampler: 32 samples a worker an epoch
@@ -96,6 +114,8 @@ def one_process(seen: list[list[list[int]]]) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess  # the Ray run: interpreters, tens of seconds
 def test_planned_twin_equals_one_process_and_plain_averaging_does_not(ray_run: dict[str, Any]) -> None:
     from runtime.sampler import epoch_permutation
 
@@ -118,6 +138,8 @@ def test_planned_twin_equals_one_process_and_plain_averaging_does_not(ray_run: d
     assert max_diff(control[0]["params"], reference) > 1e-4  # ... under DDP's plain average: not the true gradient
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess  # the Ray run: interpreters, tens of seconds
 def test_run_log_comes_from_the_planned_run(ray_run: dict[str, Any]) -> None:
     records = [json.loads(line) for line in (ray_run["out"] / "run.jsonl").read_text().splitlines()]
     kinds = [r["event"] for r in records]
@@ -126,6 +148,8 @@ def test_run_log_comes_from_the_planned_run(ray_run: dict[str, Any]) -> None:
     assert epoch["batch_sizes"] == [7, 3]
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess  # the Ray run: interpreters, tens of seconds
 def test_a_plan_for_another_worker_count_is_re_profiled_and_re_planned(ray_run: dict[str, Any]) -> None:
     auto = [ray_run["ranks"][r]["auto"] for r in range(2)]
     for rank, res in enumerate(auto):
@@ -135,3 +159,36 @@ def test_a_plan_for_another_worker_count_is_re_profiled_and_re_planned(ray_run: 
     assert auto[0]["plan"] == auto[1]["plan"]
     assert max_diff(auto[0]["params"], one_process([a["seen"] for a in auto])) < 1e-12
 
+
+
+# -- without Ray: the one-line errors ------------------------------------------------------------------------------
+
+def fake_ray_train(world_size: int) -> Any:
+    """What RayPlan reads of ``ray.train`` in a worker: the world size and the device."""
+    context = types.SimpleNamespace(get_world_size=lambda: world_size)
+    return types.SimpleNamespace(get_context=lambda: context,
+                                 torch=types.SimpleNamespace(get_device=lambda: torch.device("cpu")))
+
+
+def test_a_missing_ray_is_one_line_naming_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.adapters import ray as adapter
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(ValidationError, match=r"^Ray Train is not installed: pip install 'ddp-planner\[ray\]'$"):
+        adapter.RayPlan(None, shuffle=True)
+
+
+def test_a_plan_for_another_worker_count_without_profile_fn_names_both_fixes(monkeypatch: pytest.MonkeyPatch,
+                                                                              tmp_path: Path) -> None:
+    import planner
+    from runtime.adapters import ray as adapter
+
+    monkeypatch.setattr(adapter, "_ray_train", lambda: fake_ray_train(3))
+    profile = planner.Profile.load(REPO / "planner" / "examples" / "minimal_profile.json")
+    plan = planner.evaluate(profile, [7, 3], num_workers=[0, 0])
+    with pytest.raises(ValidationError, match=r"the plan is for 2 worker\(s\) but Ray started 3; pass profile_fn="):
+        adapter.RayPlan(plan, shuffle=True)
+    with pytest.raises(ValidationError, match="pass shuffle=True or shuffle=False"):
+        adapter.RayPlan(plan)
+    with pytest.raises(ValidationError, match="needs a plan, or profile_fn="):
+        adapter.RayPlan(None, shuffle=True)
