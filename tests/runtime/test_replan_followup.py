@@ -15,9 +15,11 @@ the remaining predicted gain (4.2%) was under the 5% threshold, and the printed 
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import pytest
 
 import planner
@@ -32,6 +34,10 @@ Curve = Callable[[float], float]
 
 def _profiled(b: float) -> float:
     return max(0.040, 0.004 + 0.0003 * b)
+
+
+def _scaled(factor: float, b: float) -> float:
+    return factor * _profiled(b)
 
 
 def _cotenant(b: float) -> float:
@@ -150,7 +156,7 @@ def test_a_kept_plan_carries_the_prediction_the_model_now_makes() -> None:
     profile = _profile()
     plan = planner.solve(profile, global_batch=512, min_batch=2)
     rp = Replanner(profile, plan)
-    slow = [lambda b: 1.12 * _profiled(b)] * 2
+    slow = [functools.partial(_scaled, 1.12)] * 2
     d = rp.decide(_stats(plan, 0, slow, 0.0), 0)
     assert not d.adopted and d.new_plan is None and d.repredicted is not None and d.plan is d.repredicted
     assert d.plan.fingerprint == plan.fingerprint and d.plan.batch_sizes == plan.batch_sizes
@@ -169,13 +175,12 @@ def test_a_kept_plan_carries_the_prediction_the_model_now_makes() -> None:
 
 def test_noise_alone_is_never_followed_up() -> None:
     # The 2% jitter of a quiet machine never reads as a miss: no re-made prediction, no follow-up.
-    import numpy as np
-
     profile = _profile()
     plan = planner.solve(profile, global_batch=512, min_batch=2)
     rng = np.random.default_rng(7)
     rp = Replanner(profile, plan)
     for epoch in range(12):
-        stats = _stats(rp.plan, epoch, [lambda b, j=float(rng.normal(0, 0.02)): _profiled(b) * (1 + j)] * 2, 0.0)
+        jittered = functools.partial(_scaled, 1.0 + float(rng.normal(0, 0.02)))
+        stats = _stats(rp.plan, epoch, [jittered] * 2, 0.0)
         d = rp.decide(stats, epoch)
         assert not d.adopted and d.repredicted is None, d.reason

@@ -167,3 +167,31 @@ def test_the_miss_and_the_trials_gain_survive_a_checkpoint() -> None:
     again = Replanner(profile, plan)
     again.load_state_dict(json.loads(json.dumps(rp.state_dict())))
     assert again._policy_state.miss == (0.32, 4)
+
+
+def test_a_trial_that_missed_its_prediction_is_followed_up_below_the_threshold() -> None:
+    # Adopted at epoch 3 predicting 80 ms; its first epoch measures 96 ms (+20%), still faster than the 120 ms before.
+    state, verdict = POLICY.judge(PolicyState(), epoch=3, current=EQUAL, candidate=TOWARD_0, gain=0.30, noise=0.0,
+                                  step_s=0.120, predicted_step_s=0.080)
+    assert verdict.adopt and state.trial is not None and state.trial.predicted_step_s == 0.080
+    missed, revert = POLICY.check_trial(state, epoch=4, batch_sizes=TOWARD_0, step_s=0.096, noise=0.0)
+    assert revert is None and missed.missed_trial is not None and missed.missed_trial.error == pytest.approx(0.2)
+    further = (320, 192)
+    # A 3% follow-up is adopted at once (over half the 5% threshold, no confirmation), and is on trial itself.
+    after, verdict = POLICY.judge(missed, epoch=4, current=TOWARD_0, candidate=further, gain=0.03, noise=0.0,
+                                  step_s=0.096, predicted_step_s=0.093)
+    assert verdict.adopt and verdict.why.startswith("adopted as the follow-up: the plan adopted at epoch 3 measured")
+    assert after.trial is not None and after.trial.previous == TOWARD_0 and after.missed_trial is None
+    # Not below half the threshold, not within the noise.
+    assert not POLICY.judge(missed, epoch=4, current=TOWARD_0, candidate=further, gain=0.02, noise=0.0,
+                            step_s=0.096)[1].adopt
+    assert not POLICY.judge(missed, epoch=4, current=TOWARD_0, candidate=further, gain=0.03, noise=0.04,
+                            step_s=0.096)[1].adopt
+    # A trial that measured what it predicted (within 5%) is not followed up: 3% waits for the threshold.
+    held, _ = POLICY.check_trial(state, epoch=4, batch_sizes=TOWARD_0, step_s=0.083, noise=0.0)
+    assert held.missed_trial is None
+    assert not POLICY.judge(held, epoch=4, current=TOWARD_0, candidate=further, gain=0.03, noise=0.0,
+                            step_s=0.083)[1].adopt
+    # A trial restored from a state that did not keep its prediction is never judged as a miss.
+    old = PolicyState(trial=Trial(previous=EQUAL, previous_step_s=0.120, adopted_at=3))
+    assert POLICY.check_trial(old, epoch=4, batch_sizes=TOWARD_0, step_s=0.096, noise=0.0)[0].missed_trial is None
