@@ -71,7 +71,10 @@ class RankPlan:
     num_workers: int
     """DataLoader workers for this rank (0 = load in the training process)."""
     predicted_step_time_s: float
-    """This rank's predicted busy time per step: max(compute, loader) -- before waiting for the others."""
+    """This rank's predicted step before waiting for the others (``planner.solve.rank_step_s``): max(compute,
+    loader) alone, under DDP its forward and backward stretched by the span factor the profile measured.  The one
+    per-rank prediction: the plan's table prints it, ``synchronous_step_s`` makes the plan's step of it, the run log
+    and the report compare the ranks' step timers with it (``timer_busy_s``)."""
     bottleneck: Bottleneck
     """What limits this rank: "memory" (at its batch cap), "loader" (data slower than compute) or "compute"."""
     device: str = ""
@@ -81,9 +84,9 @@ class RankPlan:
     predicted_compute_s: float | None = None
     predicted_loader_s: float | None = None
     predicted_busy_s: float | None = None
-    """What the rank's step timer should read as busy a step (``runtime.timing``: its compute span under DDP plus
-    its data wait), where the profile measured its span under DDP (``CommProfile.span_factors``): a compute-bound
-    rank's standalone step less the optimizer step, times its factor.  None: ``predicted_step_time_s``."""
+    """Read from plans written before ``predicted_step_time_s`` held the span under DDP itself: what the rank's
+    step timer should read as busy there (its compute span under DDP plus its data wait).  New plans leave it out:
+    ``predicted_step_time_s`` is the one per-rank prediction.  None: ``predicted_step_time_s``."""
     accumulation_steps: int = 1
     """Micro-steps (forward+backward) per optimizer step; 1 = no gradient accumulation."""
     micro_batch_size: int = 0
@@ -92,8 +95,9 @@ class RankPlan:
 
     @property
     def timer_busy_s(self) -> float:
-        """What the rank's step timer should read as busy a step: ``predicted_busy_s`` where the profile measured
-        the rank's span under DDP, else ``predicted_step_time_s`` (the run log's per-rank prediction)."""
+        """The rank's predicted step, what its step timer's busy time is compared with: ``predicted_step_time_s``
+        (an older plan's ``predicted_busy_s`` where it has one).  Every reader of a per-rank prediction -- the plan
+        table, the plan's step (``synchronous_step_s``), the run log, the report -- takes this number."""
         return self.predicted_step_time_s if self.predicted_busy_s is None else self.predicted_busy_s
 
     def __post_init__(self) -> None:
@@ -133,10 +137,18 @@ def _shown(sizes: Sequence[int]) -> str:
     return ", ".join(map(str, sizes)) if len(sizes) <= 4 else f"{sizes[0]}, {sizes[1]}, ..., {sizes[-1]}"
 
 
+def synchronous_step_s(rank_steps: Sequence[float], comm_s: float) -> float:
+    """The synchronous step of ranks predicted to take ``rank_steps`` (``RankPlan.timer_busy_s``) with ``comm_s`` of
+    exposed communication: the slowest rank plus the communication.  The one formula for a plan's step (its
+    ``predicted.step_time_s``, hence its samples/s = global batch / step) and for the predicted step the report
+    reads back from a run log's per-rank predictions."""
+    return max(rank_steps) + comm_s
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Predicted:
     step_time_s: float
-    """Synchronous step time: slowest rank + exposed communication."""
+    """Synchronous step time: slowest rank + exposed communication (``synchronous_step_s``)."""
     samples_per_s: float
     equal_split_samples_per_s: float
     """What DistributedSampler gives: B split equally, default workers; 0 when the equal split does not fit."""

@@ -62,7 +62,7 @@ from planner._search import improve_workers, search
 from planner.comm_model import applied_span_factors, links_meta, span_under_ddp_s
 from planner.errors import PlanError, ValidationError
 from planner.options import SolveOptions, resolve_options
-from planner.plan import Bottleneck, Plan, Predicted, RankPlan
+from planner.plan import Bottleneck, Plan, Predicted, RankPlan, synchronous_step_s
 from planner.profile import CommProfile, Profile
 
 LOAD_ROUNDS = 4
@@ -81,6 +81,7 @@ __all__ = [
     "evaluate",
     "exposed_comm_s",
     "kept_equal_split",
+    "rank_step_s",
     "solve",
     "worker_budgets",
 ]
@@ -363,17 +364,25 @@ def _check_feasible(models: list[RankModel], B: int, opts: SolveOptions) -> list
                     f"--max-accumulation-steps {need} would reach it, or lower the global batch or add devices")
 
 
-def _busy_under_ddp(m: RankModel, spans: Sequence[float] | None, steps: int, workers: int, tc: float,
-                    tl: float) -> float | None:
-    """What the rank's step timer should read as busy (``RankPlan.predicted_busy_s``), or None where the profile did
-    not measure the rank's span under DDP.  The span runs from the forward's start to the last gradient bucket: the
-    standalone step less its optimizer step, stretched by the all-reduce sharing the device with the backward
-    (``CommProfile.span_factors``).  None too for a loader-bound rank (the loader paces its whole step), one that
-    loads in the training process (its data wait adds to the span), and one with micro-steps (only the last one's
-    backward overlaps the all-reduce): ``predicted_step_time_s`` is their prediction."""
+def rank_step_s(m: RankModel, spans: Sequence[float] | None, b: int, workers: int,
+                steps: int = 1) -> tuple[float, float, float]:
+    """(the rank's predicted step, its compute part, its loader part) at batch ``b`` in ``steps`` micro-steps with
+    ``workers`` loader workers: the one per-rank prediction a plan prints, logs and is measured against
+    (``RankPlan.predicted_step_time_s``; ``planner.plan.synchronous_step_s`` makes the plan's step of them).
+
+    The rank alone: max(compute, loader) with workers, compute + loader in the training process
+    (``RankModel.busy_time``).  Under DDP, where the profile measured the rank's span factor f
+    (``CommProfile.span_factors``), a compute-bound rank with one micro-step runs its forward and backward f times
+    slower than alone (the all-reduce of the earlier buckets shares the device with its backward), then its
+    optimizer step o:  (t - o) f + o,  never below its loader's time.  That is what its step timer's busy time
+    (compute span plus data wait) and the synchronous step follow; the solver balances the standalone curves, so
+    the factors move the prediction, never the split.  Without factors, for a loader-bound rank (the loader paces
+    its whole step), one that loads in the training process (its data wait adds to the step) and one with
+    micro-steps (only the last one's backward overlaps the all-reduce), the rank alone is the prediction."""
+    t, tc, tl = m.busy_time(b, workers, steps)
     if spans is None or steps != 1 or tl > tc or ((workers == 0 or m.serial_loader) and tl > 0):
-        return None
-    return max(span_under_ddp_s(tc, m.optimizer_s, spans[m.rank]), tl)
+        return t, tc, tl
+    return max(span_under_ddp_s(tc, m.optimizer_s, spans[m.rank]) + m.optimizer_s, tl), tc, tl
 
 
 def _doubling(start: int) -> Sequence[int]:
@@ -398,23 +407,23 @@ def _make_plan(
 ) -> Plan:
     B = int(b.sum())
     comm = exposed_comm_s(profile)
+    spans = applied_span_factors(profile, opts.mode)
     ranks = []
-    busy = []
+    alone = []
     for i, m in enumerate(models):
         ki = int(steps[i])
         if ki < 1 or ki > int(b[i]):
             raise ValidationError(f"rank {m.rank}: {ki} accumulation steps for a batch of {int(b[i])}: give 1.."
                                   f"{int(b[i])}")
-        t, tc, tl = m.busy_time(int(b[i]), int(w[i]), ki)
-        busy.append(t)
+        t, tc, tl = rank_step_s(m, spans, int(b[i]), int(w[i]), ki)
+        alone.append(m.busy_time(int(b[i]), int(w[i]), ki)[0])
         ranks.append((m, int(b[i]), int(w[i]), ki, t, tc, tl))
-    t_max = max(busy)
-    spans = applied_span_factors(profile, opts.mode)
+    t_max = max(alone)  # what the solver balanced
     rank_plans = []
-    for m, bi, wi, ki, t, tc, tl in ranks:
+    for (m, bi, wi, ki, t, tc, tl), a in zip(ranks, alone, strict=True):
         bottleneck: Bottleneck = "compute"
         # "memory": the cap holds the rank back -- it waits at its cap, or it runs micro-steps to get past it.
-        if ki > 1 or (m.cap is not None and bi >= m.cap and t < t_max * (1 - 1e-9)):
+        if ki > 1 or (m.cap is not None and bi >= m.cap and a < t_max * (1 - 1e-9)):
             bottleneck = "memory"
         elif tl > tc:
             bottleneck = "loader"
@@ -429,20 +438,19 @@ def _make_plan(
                 predicted_step_time_s=t,
                 predicted_compute_s=tc,
                 predicted_loader_s=tl,
-                predicted_busy_s=_busy_under_ddp(m, spans, ki, wi, tc, tl),
                 bottleneck=bottleneck,
                 max_batch_size=m.cap,
                 accumulation_steps=ki,
             )
         )
-    step = t_max + comm
+    step = synchronous_step_s([r.timer_busy_s for r in rank_plans], comm)
     ideal = sum(bi / t for (_, bi, _, _, t, _, _) in ranks if t > 0)
     # The equal split as a user would run it: B/W per rank, each with the fewest micro-steps its memory needs.
     eq_b = equal_split(B, len(models))
     eq_w = equal_split_workers(profile, models, opts)
     eq_k, eq_fits = fewest_steps(models, eq_b, opts)
-    eq_step = max(m.busy_time(eb, int(ew), ek)[0]
-                  for m, eb, ew, ek in zip(models, eq_b, eq_w.tolist(), eq_k, strict=True)) + comm
+    eq_step = synchronous_step_s([rank_step_s(m, spans, eb, int(ew), ek)[0]
+                                  for m, eb, ew, ek in zip(models, eq_b, eq_w.tolist(), eq_k, strict=True)], comm)
     predicted = Predicted(
         step_time_s=step,
         samples_per_s=B / step,

@@ -10,13 +10,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from planner.comm_model import applied_span_factors
 from planner.curves import fit_envelope, fit_memory
 from planner.errors import PlanError, ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.quality import ProfileQuality, check_profile
 from planner.runlog import RunLog
-from planner.solve import SolveOptions, build_models, equal_split, equal_split_workers, solve
+from planner.solve import SolveOptions, build_models, equal_split, equal_split_workers, rank_step_s, solve
 from reports.causes import Causes, find_causes
 from reports.findings import BINDING_TOL, Findings, LoaderNeed, make_findings
 from reports.whatif import (
@@ -221,6 +222,7 @@ def _rank_rows(profile: Profile, plan: Plan, opts: SolveOptions) -> list[RankRow
     eq_b = equal_split(plan.global_batch, plan.world_size)
     # Equal split with the workers a DataLoader user would set: the plan's own rule (planner.solve).
     eq_ws = equal_split_workers(profile, models, opts).tolist()
+    spans = applied_span_factors(profile, opts.mode)
     rows = []
     for r, m, rp, eb, eq_w in zip(profile.by_rank, models, plan.ranks, eq_b, eq_ws, strict=True):
         _, tc, tl = m.busy_time(rp.batch_size, rp.num_workers, rp.accumulation_steps)
@@ -239,7 +241,7 @@ def _rank_rows(profile: Profile, plan: Plan, opts: SolveOptions) -> list[RankRow
                 accumulation_steps=rp.accumulation_steps,
                 share=rp.share,
                 num_workers=rp.num_workers,
-                predicted_step_time_s=rp.predicted_step_time_s,
+                predicted_step_time_s=rp.timer_busy_s,  # the plan's one per-rank prediction (planner.plan)
                 predicted_compute_s=tc,
                 predicted_loader_s=tl,
                 bottleneck=rp.bottleneck,
@@ -247,7 +249,7 @@ def _rank_rows(profile: Profile, plan: Plan, opts: SolveOptions) -> list[RankRow
                 capacity_bytes=cap_bytes,
                 predicted_peak_bytes=peak,
                 memory_free_frac=None if peak is None or not cap_bytes else 1.0 - peak / cap_bytes,
-                equal_split_step_time_s=m.busy_time(eb, eq_w)[0],
+                equal_split_step_time_s=rank_step_s(m, spans, eb, eq_w)[0],
                 measured_points=tuple((p.batch_size, p.step_time_s) for p in r.compute),
                 envelope_knots=env.knots,
                 envelope_slopes=env.slopes,

@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.plan import Plan
+from planner.plan import Plan, synchronous_step_s
 from planner.profile import Profile
 from planner.quality import ProfileQuality, QualityIssue
 from planner.runlog import EpochRecord, RunLog
@@ -77,10 +77,11 @@ def measured_splits(log: RunLog, comm_s: float) -> list[MeasuredSplit]:
 
 
 def _measured(batches: tuple[int, ...], epochs: Sequence[EpochRecord], comm_s: float) -> MeasuredSplit:
-    """The split ``batches`` measured over ``epochs`` (medians; the predicted step takes the plan's exposed
+    """The split ``batches`` measured over ``epochs`` (medians; the predicted step is the plan's own formula,
+    ``planner.plan.synchronous_step_s``, over the per-rank predictions the log holds: the plan's exposed
     communication ``comm_s`` on top of the slowest rank's)."""
     step = float(statistics.median(e.step_time_s or 0.0 for e in epochs))
-    pred = float(statistics.median(max(e.predicted_step_time_s) for e in epochs)) + comm_s
+    pred = float(statistics.median(synchronous_step_s(e.predicted_step_time_s, comm_s) for e in epochs))
     return MeasuredSplit(batch_sizes=batches, epochs=tuple(e.epoch for e in epochs), step_time_s=step,
                          predicted_step_time_s=pred, samples_per_s=sum(batches) / step)
 

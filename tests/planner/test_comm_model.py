@@ -176,11 +176,15 @@ def _measured_busy_s(prefix: str) -> list[float]:
 
 
 def test_a_compute_bound_rank_is_predicted_as_its_span_under_ddp(tmp_path: Path) -> None:
-    """CommProfile.span_factors: the run log's per-rank table compares a rank's compute span under DDP (plus its data
-    wait) with the plan; with the factors the plan predicts that span -- the standalone step less the optimizer
-    step, stretched by DDP -- and the step itself is unchanged.  On session 18's skew launch (2x H200, rank 1 3x
-    slower, [392, 120]) the standalone times read 4.5% and 5.3% under what the ranks measured, the spans within
-    3%; a loader-bound rank keeps its loader's time (the loader paces its whole step)."""
+    """CommProfile.span_factors: under DDP a compute-bound rank's forward and backward run f times slower than alone
+    (the all-reduce shares the device with its backward), then its optimizer step.  With the factors the plan
+    predicts each rank so, (t - o) f + o, as its one per-rank number (the plan table, the run log, the report), and
+    its step is the slowest of them plus the exposed communication; the split does not move.  On the recorded skew
+    launch (2x H200, rank 1 3x slower, [392, 120]) the standalone times read 4.5% and 5.3% under what the ranks
+    measured, the stretched ones within 2%; the step, measured 86.75-87.11 ms in epochs 1-4, is predicted 89.2 ms
+    (+2.6%; 85.4 ms, -1.6%, from the standalone times: the exposed communication, measured at the profile's equal
+    batch, holds that batch's stretch too).  A loader-bound rank keeps its loader's time (the loader paces its
+    whole step)."""
     from runtime.replan.model import CorrectionModel
 
     skew = "h200x2_train_auto_replan_s18a_skewS_r2"
@@ -189,18 +193,25 @@ def test_a_compute_bound_rank_is_predicted_as_its_span_under_ddp(tmp_path: Path)
     bare = dataclasses.replace(prof, comm=dataclasses.replace(prof.comm, span_factors=None))
     plan = evaluate(prof, [392, 120], num_workers=[23, 7], min_batch=2)
     before = evaluate(bare, [392, 120], num_workers=[23, 7], min_batch=2)
-    assert plan.predicted == before.predicted and plan.fingerprint == before.fingerprint  # the step: as before
+    assert plan.fingerprint == before.fingerprint
+    assert plan.predicted.step_time_s == max(r.predicted_step_time_s for r in plan.ranks) + plan.predicted.comm_s
+    assert plan.predicted.samples_per_s == 512 / plan.predicted.step_time_s
+    assert abs(plan.predicted.step_time_s / 0.0869 - 1) < 0.03
     busy = _measured_busy_s(skew)
     for r, old, measured in zip(plan.ranks, before.ranks, busy, strict=True):
-        assert r.bottleneck == "compute" and old.predicted_busy_s is None and old.timer_busy_s == old.predicted_step_time_s
-        assert r.predicted_busy_s is not None and r.timer_busy_s == r.predicted_busy_s
+        assert r.bottleneck == "compute" and old.timer_busy_s == old.predicted_step_time_s
+        assert r.predicted_busy_s is None and r.timer_busy_s == r.predicted_step_time_s  # one number
         assert measured / old.predicted_step_time_s - 1 > 0.04  # what the table read
-        assert abs(measured / r.predicted_busy_s - 1) < 0.03, (measured, r.predicted_busy_s)
+        assert abs(measured / r.predicted_step_time_s - 1) < 0.02, (measured, r.predicted_step_time_s)
     # The loader case: rank 1's two workers pace its step, so its prediction stays the loader's time.
-    loader = evaluate(_with_span_factors("h200x2_train_auto_replan_s18b_loader_r2"), [471, 41], num_workers=[28, 2],
-                      min_batch=2)
+    loaded = _with_span_factors("h200x2_train_auto_replan_s18b_loader_r2")
+    assert loaded.comm is not None
+    loader = evaluate(loaded, [471, 41], num_workers=[28, 2], min_batch=2)
+    alone = evaluate(dataclasses.replace(loaded, comm=dataclasses.replace(loaded.comm, span_factors=None)), [471, 41],
+                     num_workers=[28, 2], min_batch=2)
     assert [r.bottleneck for r in loader.ranks] == ["compute", "loader"]
-    assert loader.ranks[1].predicted_busy_s is None and loader.ranks[0].predicted_busy_s is not None
+    assert loader.ranks[1].predicted_step_time_s == alone.ranks[1].predicted_step_time_s
+    assert loader.ranks[0].predicted_step_time_s > alone.ranks[0].predicted_step_time_s
     # Both formats carry them (optional fields: older files load unchanged).
     data = prof.to_dict()
     jsonschema.validate(data, json.loads((ROOT / "planner" / "schemas" / "profile.schema.json").read_text()))
@@ -208,8 +219,7 @@ def test_a_compute_bound_rank_is_predicted_as_its_span_under_ddp(tmp_path: Path)
     plan.save(tmp_path / "plan.json")
     jsonschema.validate(json.loads((tmp_path / "plan.json").read_text()),
                         json.loads((ROOT / "planner" / "schemas" / "plan.schema.json").read_text()))
-    assert [r.predicted_busy_s for r in Plan.load(tmp_path / "plan.json").ranks] == [r.predicted_busy_s
-                                                                                      for r in plan.ranks]
+    assert Plan.load(tmp_path / "plan.json") == plan
     # The Replanner turns measured spans back into standalone steps, so its corrected profile keeps the factors.
     assert CorrectionModel.of(prof).corrected_profile().comm.span_factors == (1.0300, 1.0487)  # type: ignore[union-attr]
 
@@ -218,7 +228,9 @@ def test_the_replanner_reads_a_span_under_ddp_as_the_standalone_step_it_stands_f
     """Replayed on the same launch's four epochs: taken as standalone steps, the spans raised both curves by 4-5%
     and the Replanner, adding the exposed communication again, predicted 89.1-89.2 ms for epochs 1-3, which ran
     86.8-87.1 ms (+2.2-2.8%).  Turned back into standalone steps (span / f + optimizer step), the curves move 0.6-2.2%
-    and it predicts 87.1-87.2 ms; the spans it expects match the measured ones (the record's predicted_compute_s)."""
+    and the spans it expects match the measured ones (the record's predicted_compute_s).  Its predicted step, the
+    plan's (planner.solve.rank_step_s: the stretched ranks plus the exposed communication), reads +3.0-3.5%: the
+    exposed communication was measured at the profile's equal batch and holds part of that stretch already."""
     import re
 
     from planner.runlog import read_run_log
@@ -243,5 +255,5 @@ def test_the_replanner_reads_a_span_under_ddp_as_the_standalone_step_it_stands_f
     after = replay(prof)
     for (err0, scale0, _, _), (err1, scale1, spans, measured) in zip(before[1:], after[1:], strict=True):
         assert err0 > 0.02 and scale0 > 1.035  # the double count
-        assert abs(err1) < 0.01 and scale1 < 1.025
+        assert 0.02 < err1 < 0.04 and scale1 < 1.025
         assert spans == pytest.approx(measured, rel=0.01)
