@@ -162,9 +162,10 @@ class CommProfile:
     span_factors: tuple[float, ...] | None = None
     """By rank (>= 1): the rank's compute span under DDP (forward start to its last gradient bucket, what
     ``runtime.timing`` measures) over its standalone step less the optimizer step, at the profile's balanced split:
-    the backward shares the device with the all-reduce of the buckets before its last one.  Only what a rank is
-    predicted to measure reads it (``RankPlan.predicted_busy_s``); the step and the solve never do (``exposed_s``
-    already holds that time).  On 2x H200: 1.015-1.051.  None: not measured (one rank, or older profiles)."""
+    the backward shares the device with the all-reduce of the buckets before its last one.  The plan's per-rank
+    prediction, and so its step, reads it (``planner.solve.rank_step_s``); the solve never does (the split
+    balances the standalone curves).  On 2x H200: 1.015-1.051.  None: not measured (one rank, or older
+    profiles)."""
 
     def __post_init__(self) -> None:
         if self.launch_env is not None:

@@ -99,7 +99,7 @@ def measure_comm(grad_bytes: int, ranks: list[RankProfile], make_runner: Callabl
         # the wrong rank on 2x H100 (ResNet-50 bf16, F = 3: f = [1.0, 1.14] for the *slow* rank; the plan then ran
         # 1.79x equal against the proportional split's 1.86x).
         # A factor measured at the plan's own split is not implemented yet.
-        # The span factors only say what each rank's step timer will read (planner.solve: predicted_busy_s).
+        # The span factors move each rank's predicted step under DDP, never the split (planner.solve.rank_step_s).
         return (dataclasses.replace(comm, exposed_s=cost.exposed_s, wait_factors=None,
                                     span_factors=cost.span_factors or None,
                                     launch_env=dict(launch) if launch else None), meta)
