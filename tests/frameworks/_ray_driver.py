@@ -11,7 +11,8 @@ to OUT, and runs one training function on both workers that, in order:
      ``prepare_model`` / ``prepare_data_loader``, with a run log;
   3. trains the control: the same planned batches under DDP's plain average (no ``model=``, so no weighting);
   4. hands ``planned_dataloader`` a plan for 1 worker with ``profile_fn`` (profiler.api.profile_job on the
-     twin's step): the 2-worker group is profiled and re-planned, then trains an epoch on the new plan.
+     twin's step): the 2-worker group is profiled and re-planned, then trains an epoch on the new plan; and
+     auto mode as documented (no plan, ``profile_fn``, ``global_batch``, ``replan=True``).
 
 Each worker saves what it saw to OUT/rank{R}.pt.  ``ray.shutdown()`` runs in a ``finally``; the test kills this
 session (the driver, Ray's daemons and workers) after its deadline.
@@ -121,6 +122,7 @@ def loop(config: dict[str, Any]) -> None:
     t0 = time.perf_counter()
     out["auto"] = twin(config["one_worker_plan"], weighted=True, profile_fn=profile_fn)
     out["auto"]["seconds"] = time.perf_counter() - t0
+    out["auto_none"] = twin(None, weighted=True, profile_fn=profile_fn, global_batch=10, replan=True)
     out["t_end"] = time.time()
     torch.save(out, Path(config["out"]) / f"rank{rank}.pt")
 

@@ -158,6 +158,10 @@ def test_a_plan_for_another_worker_count_is_re_profiled_and_re_planned(ray_run: 
         assert {len(s) for s in res["seen"][:-1]} == {res["plan"][rank]}
     assert auto[0]["plan"] == auto[1]["plan"]
     assert max_diff(auto[0]["params"], one_process([a["seen"] for a in auto])) < 1e-12
+    fresh = [ray_run["ranks"][r]["auto_none"] for r in range(2)]  # auto mode: no plan at all
+    assert fresh[0]["replanned_for_world"] is None and fresh[0]["plan"] == fresh[1]["plan"]
+    assert len(fresh[0]["plan"]) == 2 and sum(fresh[0]["plan"]) == 10
+    assert max_diff(fresh[1]["params"], one_process([a["seen"] for a in fresh])) < 1e-12
 
 
 
