@@ -30,6 +30,7 @@ import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -162,7 +163,7 @@ def drawn_by_dataloader(depth: int = 8) -> bool:
     DataLoader draws the sampler's batches, or its BatchSampler draws a HeteroDistributedSampler's indices).
     Code that iterates a sampler itself (``list(sampler)``, a layout computed for another rank) is not checked:
     it may run on one rank only, where a collective would wait forever."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(depth):
         if frame is None:
             return False

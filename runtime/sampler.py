@@ -24,6 +24,7 @@ import math
 import os
 import sys
 from collections.abc import Iterator, Sequence
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -637,7 +638,7 @@ def _loader_cut(sampler: HeteroDistributedSampler) -> tuple[int, bool] | None:
     """(batch_size, drop_last) of the torch BatchSampler iterating ``sampler`` -- how a DataLoader given
     ``sampler=`` and ``batch_size=`` cuts its indices into batches -- read from the caller's frame (the
     BatchSampler's ``__iter__`` calls ``iter(sampler)``); None when something else iterates it."""
-    frame = sys._getframe(2)  # 0: this function, 1: HeteroDistributedSampler.__iter__
+    frame: FrameType | None = sys._getframe(2)  # 0: this function, 1: HeteroDistributedSampler.__iter__
     for _ in range(3):
         if frame is None:
             return None
@@ -654,7 +655,8 @@ class HeteroDistributedSampler(Sampler[int]):
     Yields this rank's indices in batch order. Use it with ``DataLoader(ds, sampler=s, batch_size=s.batch_size,
     drop_last=False)``: the loader then cuts exactly the planned batches, and the last batch of the epoch is the
     plan's partial step (r_i <= b_i always holds). Any other ``batch_size`` or ``drop_last=True`` breaks the
-    step alignment between ranks. Same arguments as HeteroBatchSampler; plans with gradient accumulation are
+    step alignment between ranks: the first pass refuses it, on every rank (it reads the cut from the torch
+    ``BatchSampler`` that iterates this sampler, runtime.safety.check_first_pass). Same arguments as HeteroBatchSampler; plans with gradient accumulation are
     refused (a fixed ``batch_size`` cannot cut their uneven micro-batches).
     """
 
