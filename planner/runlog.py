@@ -77,6 +77,13 @@ class StartRecord:
         return d if self.dataset_size is None else {**d, "dataset_size": self.dataset_size}
 
 
+def predicted_step_times(plan: Plan) -> tuple[float, ...]:
+    """Per rank, the prediction an epoch record carries for ``plan``: its one per-rank prediction
+    (``RankPlan.timer_busy_s``), the number its table prints; ``planner.plan.synchronous_step_s`` of them and the
+    plan's exposed communication is its predicted step.  Every writer of epoch records takes them from here."""
+    return tuple(r.timer_busy_s for r in plan.ranks)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EpochRecord:
     epoch: int
@@ -87,9 +94,8 @@ class EpochRecord:
     loss: float | None
     batch_sizes: tuple[int, ...]
     predicted_step_time_s: tuple[float, ...]
-    """Per-rank predicted busy time of the plan in force this epoch, what the step timer's busy time (compute span
-    plus data wait) is compared with: ``RankPlan.timer_busy_s`` (the span under DDP where the profile measured it,
-    else the max of compute and loader)."""
+    """Per-rank prediction of the plan in force this epoch (``predicted_step_times``: the plan table's per-rank
+    step), what the step timer's busy time (compute span plus data wait) is compared with."""
     ranks: tuple[StepStats, ...] = ()
     """What every rank measured this epoch, in rank order."""
     device_state: tuple[DeviceState | None, ...] = ()

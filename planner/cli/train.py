@@ -62,7 +62,7 @@ from planner.devstate import DeviceState
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
-from planner.runlog import EndRecord, EpochRecord, RunLogWriter, StartRecord
+from planner.runlog import EndRecord, EpochRecord, RunLogWriter, StartRecord, predicted_step_times
 from profiler.devstate import DeviceStateSampler
 from profiler.workloads.emulate import Slowdown
 from profiler.workloads.specs import Workload, build_workload
@@ -429,7 +429,7 @@ def _log_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
                               samples_per_s=res.samples_per_s, step_time_s=res.step_time_s, loss=res.loss,
                               batch_sizes=res.batch_sizes,
                               ranks=tuple(planner.StepStats.from_dict(s) for s in res.stats),
-                              predicted_step_time_s=tuple(r.timer_busy_s for r in epoch_plan.ranks),
+                              predicted_step_time_s=predicted_step_times(epoch_plan),
                               device_state=tuple(None if d is None else DeviceState.from_dict(d, strict=False)
                                                  for d in res.device_states),
                               wall_s=res.wall_s, samples=res.samples))

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
-from planner.runlog import EndRecord, EpochRecord, RunLogWriter, StartRecord
+from planner.runlog import EndRecord, EpochRecord, RunLogWriter, StartRecord, predicted_step_times
 from planner.stats import StepStats
 from runtime.collectives import all_gather_json
 from runtime.replan import ReplanDecision, Replanner
@@ -205,7 +205,7 @@ class PlannedRun:
         self.log.write(EpochRecord(epoch=epoch, plan_fingerprint=plan.fingerprint, samples_per_s=sps,
                                    step_time_s=step_s if math.isfinite(step_s) else None, loss=loss,
                                    batch_sizes=tuple(sizes), ranks=tuple(all_stats),
-                                   predicted_step_time_s=tuple(r.timer_busy_s for r in plan.ranks)))
+                                   predicted_step_time_s=predicted_step_times(plan)))
         return decision
 
     def epoch(self, epoch: int, loader: Iterable[T], *, last: bool = False,
