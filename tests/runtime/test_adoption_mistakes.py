@@ -109,6 +109,14 @@ def wrong_batch_size_worker(rank: int, world: int) -> None:
 
 def different_plans_worker(rank: int, world: int) -> None:
     data = _data()
+    # Only rank 0 weights its gradient before the first batch (a hook registered under `if rank == 0:`).
+    model = _model()
+    sampler = HeteroBatchSampler(N, SPLIT, rank, seed=1)
+    if rank == 0:
+        register_weighted_hook(model, sampler)
+    _first_step_raises(model, DataLoader(data, batch_sampler=sampler), (
+        "rank 0 weights its gradient for the uneven plan [32, 8] (weighted hook, micro_steps or a loss scale) "
+        "before its first batch but rank 1 does not; call register_weighted_hook(model, sampler) on every rank"))
     # The mistake: the ranks launched with different plans (form B, the weighted hook registered).
     model = _model()
     sampler = HeteroBatchSampler(N, SPLIT if rank == 0 else [20, 20], rank, seed=1)
