@@ -566,9 +566,8 @@ def _summary(e: Any, plan: Any, window: TimedWindow, *, timed: bool = True) -> d
             "data_wait_s": s["data_wait_s"],
             "idle_fraction": max(0.0, 1.0 - (s["compute_s"] + s["data_wait_s"]) / s["step_time_s"])
             if s["step_time_s"] and timed else None,
-            "predicted_busy_s": rp.predicted_step_time_s, "predicted_loader_s": rp.predicted_loader_s,
-            # the compute span under DDP, as the step timer measures it (RankPlan.predicted_busy_s; None: not known)
-            "predicted_busy_under_ddp_s": rp.predicted_busy_s,
+            # the plan's one per-rank prediction (planner.solve.rank_step_s), as its table prints it
+            "predicted_busy_s": rp.timer_busy_s, "predicted_loader_s": rp.predicted_loader_s,
         })
     return {
         "samples_per_s": sps, "step_time_s": step_s, "steptimer_step_time_s": e.step_time_s,
