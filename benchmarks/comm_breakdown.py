@@ -71,6 +71,7 @@ from runtime.compress import check_compress, stock_compress_hook
 from runtime.sampler import HeteroBatchSampler
 from runtime.weighting import register_weighted_hook
 
+CHOICES = ["cap100", "gabv", "static", "cap100:gabv:static"]
 SETTINGS = {"cap25": ("bucket_cap_mb", 25.0), "cap100": ("bucket_cap_mb", 100.0),
             "gabv": ("gradient_as_bucket_view", True), "static": ("static_graph", True)}
 
@@ -141,6 +142,8 @@ class Variant:
     split: str  # 'equal' or 'plan'
     compress: str
     ddp_kw: dict[str, Any]
+    opts: str = ""
+    """The variant's own DDP settings, ':'-joined as named (cap100:gabv)."""
     batch_sizes: list[int] = field(default_factory=list)
     ddp: Any = None
     opt: Any = None
@@ -165,7 +168,7 @@ def parse_variants(text: str, compress: str, base_kw: dict[str, Any]) -> list[Va
             key, value = SETTINGS[o]
             kw[key] = value
         name = split + ("" if comp == "none" else f"+{comp}") + "".join(":" + o for o in opts)
-        out.append(Variant(name=name, split=split, compress=comp, ddp_kw=kw))
+        out.append(Variant(name=name, split=split, compress=comp, ddp_kw=kw, opts=":".join(opts)))
     if len({v.name for v in out}) != len(out):
         raise SystemExit(f"variants repeat a name: {[v.name for v in out]}")
     return out
@@ -370,6 +373,13 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--label", default=None, help="free text recorded with the launch (e.g. the co-tenants run beside)")
     p.add_argument("--json", default=None, help="append the launch's record here (default $OUT/comm_breakdown.jsonl)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout")
+    p.add_argument("--choose", default=None, metavar="C,..",
+                   help="time candidate DDP settings (each a ':'-joined set, e.g. cap100,gabv,static,cap100:gabv:static;"
+                        " 'all' for those four) at the plan's and the equal split against the launch's settings, and "
+                        "pick a winner by planner.comm_model.choose_launch_env's rule (sets the variants)")
+    p.add_argument("--plan-out", default=None,
+                   help="with --choose and --plan: write the plan with the winner in meta['ddp'] (what `planner "
+                        "train` applies); without a winner, the plan unchanged")
     p.add_argument("--overhead", action="store_true",
                    help="instead: the runtime pieces' per-step cost against plain DDP (see overhead())")
     p.add_argument("--batch", type=int, default=512, help="--overhead: the per-rank batch (default 512)")
@@ -405,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
     if rank == 0:
         report(record)
+        if args.plan_out and args.plan and "ddp_choice" in record:
+            write_plan(args.plan, args.plan_out, record)
         path = args.json or (os.path.join(os.environ["OUT"], "comm_breakdown.jsonl") if os.environ.get("OUT") else None)
         if path:
             with open(path, "a", encoding="utf-8") as f:
@@ -421,6 +433,10 @@ def breakdown(args: argparse.Namespace, device: torch.device, rank: int, world: 
     clock = Clock(device)
     base_kw = {"bucket_cap_mb": args.bucket_cap_mb, "static_graph": args.static_graph,
                "gradient_as_bucket_view": args.grad_as_bucket_view}
+    candidates: list[str] = []
+    if args.choose:
+        candidates = CHOICES if args.choose == "all" else [c for c in args.choose.split(",") if c]
+        args.variants = ",".join(["plan", "equal"] + [f"{s}:{c}" for c in candidates for s in ("plan", "equal")])
     variants = parse_variants(args.variants or "equal,plan", args.compress, base_kw)
 
     plan_sizes: list[int] | None = None
@@ -475,6 +491,8 @@ def breakdown(args: argparse.Namespace, device: torch.device, rank: int, world: 
         record["measured_samples_per_s"] = [round(r * 1e3, 1) for r in rates]
     if args.label:
         record["label"] = args.label
+    if candidates:
+        record["ddp_choice"] = choose(variants, candidates, total)
     for v in variants:
         record["variants"][v.name] = {
             "split": v.split, "compress": v.compress, "ddp": v.ddp_kw, "batch_sizes": v.batch_sizes,
@@ -482,6 +500,26 @@ def breakdown(args: argparse.Namespace, device: torch.device, rank: int, world: 
             "ranks": [g["medians"][v.name] for g in gathered],
         }
     return record
+
+
+def choose(variants: list[Variant], candidates: list[str], total: int) -> dict[str, Any]:
+    """The DDP settings to record: a candidate wins when its median plan step beats the default's by more than
+    both rounds' spreads and it costs the equal split no more than that margin (choose_launch_env's rule)."""
+    from planner.comm_model import choose_launch_env
+
+    def step_s(split: str, opts: str) -> list[float]:
+        v = next(x for x in variants if x.split == split and x.opts == opts)
+        return [total / s for s in v.rounds_samples_per_s if s > 0]
+
+    default = (step_s("plan", ""), step_s("equal", ""))
+    cands = {c: ({"settings": c}, step_s("plan", c), step_s("equal", c)) for c in candidates}
+    won = choose_launch_env(default, cands)
+    settings = dict(SETTINGS[o] for o in won[0].split(":")) if won else {}
+    return {"candidates": candidates, "winner": won[0] if won else None, "settings": settings,
+            "plan_step_ms": {c: round(statistics.median(cands[c][1]) * 1e3, 3) for c in candidates}
+            | {"default": round(statistics.median(default[0]) * 1e3, 3)},
+            "rule": "median plan step below the default's by more than both rounds' spreads, the equal split's "
+                    "no more than that margin above (planner.comm_model.choose_launch_env)"}
 
 
 def report(record: dict[str, Any]) -> None:
@@ -496,6 +534,23 @@ def report(record: dict[str, Any]) -> None:
                 print(f"   rank {r}: step {m['step_ms']:7.2f} ms = compute {m['compute_ms']:7.2f} + wait "
                       f"{m['wait_ms']:6.2f} (exposed comm {m['exposed_ms']:6.2f}, busy {m['comm_busy_ms']:6.2f} in "
                       f"{len(m['buckets'])} buckets) + optimizer {m['optimizer_ms']:6.2f}")
+
+
+def write_plan(src: str, dst: str, record: dict[str, Any]) -> None:
+    """The plan at ``src`` with the chosen DDP settings in meta['ddp'] and the evidence in meta['ddp_choice']."""
+    import dataclasses
+
+    from planner.plan import Plan
+
+    plan = Plan.load(src)
+    choice = record["ddp_choice"]
+    meta = {k: v for k, v in plan.meta.items() if k not in ("ddp", "ddp_choice")}
+    if choice["winner"]:
+        meta["ddp"] = choice["settings"]
+    meta["ddp_choice"] = {"winner": choice["winner"], "plan_step_ms": choice["plan_step_ms"],
+                          "devices": record["devices"], "nccl_env": record["nccl_env"]}
+    dataclasses.replace(plan, meta=meta).save(dst)
+    print(f"wrote {dst}: DDP settings {choice['settings'] or 'unchanged (no candidate beat the default)'}")
 
 
 # -- the runtime's per-step cost against plain DDP ------------------------------------------------------------------

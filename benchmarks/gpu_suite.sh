@@ -119,7 +119,7 @@ comm() {  # the communication breakdown under real co-tenants, then over sockets
   for item in ${spec//,/ }; do
     dev=${item%%:*}; [ "$dev" != cpu ] && dev=cuda:$dev
     for i in $(seq 1 "${item#*:}"); do
-      $PY benchmarks/cotenant.py --device "$dev" --duty "$DUTY" >> "$OUT/comm_cotenant.log" 2>&1 & pids+=($!)
+      $PY benchmarks/cotenant.py --device "$dev" --duty "$DUTY" >> "$OUT/comm_cotenant_load.log" 2>&1 & pids+=($!)
     done
   done
   sleep "${COTENANT_SETTLE:-10}"

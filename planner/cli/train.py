@@ -56,7 +56,7 @@ from planner.cli.steps import (
     stream_drain_note,
     sync_only_if,
 )
-from planner.cli.train_config import EpochResult, TrainConfig
+from planner.cli.train_config import EpochResult, TrainConfig, ddp_settings_from
 from planner.cli.train_resume import checkpoint, resume
 from planner.devstate import DeviceState
 from planner.errors import ValidationError
@@ -125,6 +125,8 @@ class Run:
     """Step lines during an epoch (rank 0, not quiet): steps/s and ETA at least every few seconds."""
     on_step: Callable[[int, int], None] | None = None
     """Called after each optimizer step with (epoch, steps done this epoch): `planner bench`'s timed window."""
+    profile: Profile | None = None
+    """The profile the plan was solved on (kept in checkpoints: an elastic restart reuses its ranks' curves)."""
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -154,9 +156,12 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
             "size (planner plan, or planner train --auto)"
         )
     dataset_len = len(workload.dataset)  # type: ignore[arg-type]
+    ddp_kw = ddp_settings_from(plan.meta)  # measured DDP settings the plan records (meta is not fingerprinted)
+    if ddp_kw and env.distributed and not cfg.fsdp and env.is_main and not cfg.quiet:
+        print(f"DDP settings from the plan: {', '.join(f'{k}={v}' for k, v in sorted(ddp_kw.items()))}", flush=True)
     if env.distributed:
         check_agreement(plan_fingerprint=plan.fingerprint, dataset_len=dataset_len, seed=cfg.seed,
-                        world_size=env.world_size, settings=cfg.agreed_settings())
+                        world_size=env.world_size, settings={**cfg.agreed_settings(), "plan.meta.ddp": ddp_kw})
     min_batch = check_batchnorm(model, plan.min_batch)
     if min(plan.batch_sizes) < min_batch:
         raise ValidationError(
@@ -188,7 +193,7 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
         scale_loss = hetero is not None  # n_ij * W / n: exact under FSDP2's division by W (runtime/accumulate.py)
     elif env.distributed:
         group = launch_group(plan, env)
-        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, process_group=group)
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, process_group=group, **ddp_kw)
         if hetero is not None and (cfg.weighting == "hook" or cfg.grad_compress != "none"):
             # compression runs in the weighting hook: scale by n_i / n first, then cast (runtime/compress.py)
             register_weighted_hook(ddp, hetero, on_last_bucket=timer.compute_end,  # type: ignore[arg-type]
@@ -207,7 +212,7 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
                optimizer=torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9), timer=timer, hetero=hetero,
                batch_sampler=batch_sampler, dsampler=dsampler, scale_loss=scale_loss, channels_last=cl,
                replanner=replanner, log=RunLogWriter(None), to_device=DeviceCopy(device, cl, workload.normalize),
-               start_plan=plan, micro=micro, open_compute=ComputeStart(ddp, timer))
+               start_plan=plan, micro=micro, open_compute=ComputeStart(ddp, timer), profile=profile)
 
 
 def rank_loader(run: Run) -> Any:
@@ -266,7 +271,8 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
         x, y = run.to_device(x, y)  # on a side stream: overlaps the previous step's compute (planner.cli.steps.DeviceCopy)
         if run.trace is not None:
             idx = next(tracer) if tracer is not None else []
-            rec: dict[str, Any] = {"epoch": epoch, "step": step, "rank": env.rank, "indices": idx}
+            rec: dict[str, Any] = {"epoch": epoch, "step": step, "rank": env.rank, "world_size": env.world_size,
+                                   "indices": idx}
             if micro is not None and micro.count > 1:
                 rec["micro"] = micro.index
             run.trace.write(json.dumps(rec) + "\n")

@@ -138,3 +138,17 @@ def test_train_config_and_run_log_carry_the_compression() -> None:
     d = StartRecord(time=1.0, world_size=2, global_batch=10, grad_compress="bf16").to_dict()
     parsed = parse_record(d)
     assert d["grad_compress"] == "bf16" and isinstance(parsed, StartRecord) and parsed.grad_compress == "bf16"
+
+
+def test_plan_ddp_settings_are_checked() -> None:
+    from planner.cli.train_config import ddp_settings_from
+
+    assert ddp_settings_from({}) == {}
+    assert ddp_settings_from({"ddp": {"bucket_cap_mb": 100, "static_graph": True}}) == {
+        "bucket_cap_mb": 100.0, "static_graph": True}
+    for bad, match in (({"find_unused_parameters": True}, "not a DDP setting"), ({"bucket_cap_mb": 0}, r"\[1, 1024\]"),
+                       ({"bucket_cap_mb": True}, "MiB"), ({"static_graph": "yes"}, "true or false")):
+        with pytest.raises(ValidationError, match=match):
+            ddp_settings_from({"ddp": bad})
+    with pytest.raises(ValidationError, match="object"):
+        ddp_settings_from({"ddp": [1]})
