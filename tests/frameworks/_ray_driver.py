@@ -5,7 +5,7 @@
 Starts Ray with 2 CPUs, no dashboard and no usage report (nothing leaves the machine), writes the plans it needs
 to OUT, and runs one training function on both workers that, in order:
 
-  1. runs examples/ray_stock.py's and examples/ray_planned.py's ``train_loop_per_worker`` (the planned one on a
+  1. runs examples/ray_stock.py's and examples/ray_planned.py's ``train`` (the planned one on a
      [12, 4] plan), and passes a plain ``batch_sampler`` loader through ``prepare_data_loader``;
   2. trains the float64 twin: a [7, 3] plan through ``planned_dataloader(..., model=ddp)`` and Ray's own
      ``prepare_model`` / ``prepare_data_loader``, with a run log;
@@ -95,8 +95,8 @@ def loop(config: dict[str, Any]) -> None:
     stock = load_script(str(REPO / "examples" / "ray_stock.py"), "ray_stock_example")
     planned = load_script(str(REPO / "examples" / "ray_planned.py"), "ray_planned_example")
     args = ["--epochs", "1", "--num-samples", "64"]
-    out["stock"] = stock.train_loop_per_worker(vars(stock.get_args_parser().parse_args([*args, "--batch-size", "8"])))
-    out["planned"] = planned.train_loop_per_worker(
+    out["stock"] = stock.train(vars(stock.get_args_parser().parse_args([*args, "--batch-size", "8"])))
+    out["planned"] = planned.train(
         vars(planned.get_args_parser().parse_args([*args, "--plan", config["example_plan"]])))
     out["t_examples"] = time.time()
     # Why the planned loader carries a DistributedSampler view: a plain batch_sampler loader comes back from
