@@ -177,7 +177,8 @@ def fake_ray_train(world_size: int) -> Any:
 def test_a_missing_ray_is_one_line_naming_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
     from runtime.adapters import ray as adapter
 
-    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    for name in ("ray", "ray.train", "ray.train.torch"):  # import ray.train -> ImportError, imported before or not
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(ValidationError, match=r"^Ray Train is not installed: pip install 'ddp-planner\[ray\]'$"):
         adapter.RayPlan(None, shuffle=True)
 
@@ -196,3 +197,22 @@ def test_a_plan_for_another_worker_count_without_profile_fn_names_both_fixes(mon
         adapter.RayPlan(plan)
     with pytest.raises(ValidationError, match="needs a plan, or profile_fn="):
         adapter.RayPlan(None, shuffle=True)
+
+
+def test_the_planned_loader_looks_distributed_to_ray_and_its_view_moves_nothing() -> None:
+    """prepare_data_loader keeps a loader whose ``sampler`` is a DistributedSampler; the view lists this rank's
+    planned indices without starting a pass of the planned sampler (the weighting hook counts passes)."""
+    from torch.utils.data import DistributedSampler
+
+    from runtime.adapters.ray import PlannedDataLoader
+    from runtime.sampler import HeteroBatchSampler
+
+    sampler = HeteroBatchSampler(30, [7, 3], 1, seed=0)
+    loader = PlannedDataLoader(list(range(30)), sampler, planned=None)  # type: ignore[arg-type]
+    view = loader.sampler
+    assert isinstance(view, DistributedSampler) and loader.batch_size is None
+    loader.sampler.set_epoch(2)
+    generation = sampler.generation
+    indices = list(view)
+    assert len(view) == len(indices) == 9 and sampler.generation == generation
+    assert [i for batch in loader for i in batch.tolist()] == indices  # the loader draws the same, from the batch sampler
