@@ -26,12 +26,14 @@
 #   causes    benchmarks/gpu_causes_check.py: does `planner report` name a real co-tenant as the cause?
 #   overhead  benchmarks/comm_breakdown.py --overhead: the runtime's per-step cost against plain DDP
 #   comm      where the all-reduce time goes (benchmarks/comm_breakdown.py, 4 GPUs, ResNet-50 fp32, B = 256, about
-#             5 min): co-tenants $COTENANT (default 2:1,3:2: 1 benchmarks/cotenant.py process on GPU 2, 2 on GPU 3,
+#             5 min on 4 H100s): co-tenants $COTENANT (default 2:1,3:2: 1 benchmarks/cotenant.py process on GPU 2, 2 on GPU 3,
 #             at $DUTY) run through the part; a --quick profile and `planner plan` under them; then (i) the
 #             breakdown of the equal split and the plan, (ii) the same plan over a slow link (NCCL_P2P_DISABLE=1
 #             NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo: NCCL over sockets), uncompressed against
-#             weighted bf16; $ROUNDS rounds each; one JSON line per launch in comm_breakdown.jsonl (without a plan,
-#             the launch measures a throughput-proportional split itself)
+#             weighted bf16; (iii) the DDP settings (bucket_cap_mb 100, gradient_as_bucket_view, static_graph, all
+#             three) at the plan's and the equal split, the winner written to comm_plan_ddp.json's meta.ddp, which
+#             `planner train --plan` applies; $ROUNDS rounds each; one JSON line per launch in comm_breakdown.jsonl
+#             (without a plan, (i) and (ii) measure a throughput-proportional split themselves and (iii) is skipped)
 #   profile   wall seconds of a torchrun `planner profile` on every rank (ResNet-50 fp32, fake data, loader measured)
 #   sampler   benchmarks/sampler_bench.py on the host's CPU
 #   env       the machine: GPUs, CPUs, library versions
@@ -131,6 +133,8 @@ comm() {  # the communication breakdown under real co-tenants, then over sockets
   LIMIT=150 part comm_cotenant "${cb[@]}" --variants equal,plan "${plan[@]}" --label "$label"
   NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo LIMIT=200 part comm_slowlink \
     "${cb[@]}" --variants plan,plan+bf16 --warmup 5 "${plan[@]}" --label "$label; NCCL over sockets on lo"
+  [ -s "$OUT/comm_plan.json" ] && LIMIT=200 part comm_choose "${cb[@]}" --choose all "${plan[@]}" \
+    --plan-out "$OUT/comm_plan_ddp.json" --label "$label; DDP settings"
   kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null
 }
 
