@@ -4,6 +4,7 @@ co-tenant started and stopped by the script, and its --overhead mode (the runtim
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import psutil
@@ -60,3 +61,50 @@ def test_comm_breakdown_overhead_mode_runs_on_cpu() -> None:
          "--steps", "2", "--rounds", "1"], timeout_s=120)
     assert rc == 0, err[-3000:]
     assert "of plain DDP throughput" in stdout and "loss_scale+gradtimer" in stdout
+
+
+def _module():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("comm_breakdown", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_choose_keeps_a_setting_only_past_the_spread(tmp_path: Path) -> None:
+    """--choose's decision and the plan it writes, on made-up rounds (samples/s of a 256 global batch)."""
+    from planner.cli.train_config import ddp_settings_from
+    from planner.plan import Plan
+    from tests.reliability.test_no_hangs import write_plan
+
+    cb = _module()
+
+    def variants(plan_c: list[float], equal_c: list[float]) -> list:  # type: ignore[type-arg]
+        out = []
+        for split, opts, rounds in (("plan", "", [5000, 5100, 5050]), ("equal", "", [4000, 4050, 4020]),
+                                    ("plan", "cap100", plan_c), ("equal", "cap100", equal_c)):
+            v = cb.Variant(name=split + (":" + opts if opts else ""), split=split, compress="none", ddp_kw={},
+                           opts=opts)
+            v.rounds_samples_per_s = rounds
+            out.append(v)
+        return out
+
+    won = cb.choose(variants([5800, 5850, 5900], [4010, 4030, 4040]), ["cap100"], 256)
+    assert won["winner"] == "cap100" and won["settings"] == {"bucket_cap_mb": 100.0}
+    # inside the spread (5200 +- 10%): kept
+    assert cb.choose(variants([4900, 5200, 5500], [4010, 4030, 4040]), ["cap100"], 256)["winner"] is None
+    # faster at the plan's split but it costs the equal split 20%: kept
+    assert cb.choose(variants([5800, 5850, 5900], [3300, 3350, 3320]), ["cap100"], 256)["winner"] is None
+    one = [v for v in variants([9000], [9000])]
+    for v in one:
+        v.rounds_samples_per_s = v.rounds_samples_per_s[:1]
+    assert cb.choose(one, ["cap100"], 256)["winner"] is None  # one round: no spread to beat
+
+    src, dst = write_plan(tmp_path / "plan.json", [7, 5]), tmp_path / "plan_ddp.json"
+    cb.write_plan(str(src), str(dst), {"ddp_choice": won, "devices": ["cpu", "cpu"], "nccl_env": {}})
+    plan = Plan.load(dst)
+    assert ddp_settings_from(plan.meta) == {"bucket_cap_mb": 100.0}
+    assert plan.fingerprint == Plan.load(src).fingerprint  # meta is not part of it
