@@ -9,7 +9,8 @@ to OUT, and runs one training function on both workers that, in order:
      [12, 4] plan), and passes a plain ``batch_sampler`` loader through ``prepare_data_loader``;
   2. trains the float64 twin: a [7, 3] plan through ``planned_dataloader(..., model=ddp)`` and Ray's own
      ``prepare_model`` / ``prepare_data_loader``, with a run log;
-  3. trains the control: the same planned batches under DDP's plain average (no ``model=``, so no weighting);
+  3. trains it again with the loss scale instead of the hook, and the control: the same planned batches under
+     DDP's plain average (no ``model=``, no loss scale: no weighting);
   4. hands ``planned_dataloader`` a plan for 1 worker with ``profile_fn`` (profiler.api.profile_job on the
      twin's step): the 2-worker group is profiled and re-planned, then trains an epoch on the new plan; and
      auto mode as documented (no plan, ``profile_fn``, ``global_batch``, ``replan=True``).
@@ -57,8 +58,10 @@ def make_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).double()
 
 
-def twin(plan: Any, *, weighted: bool, log_file: str | None = None, **kw: Any) -> dict[str, Any]:
-    """One epoch of SGD on the planned loader; ``weighted``: the DDP model goes to planned_dataloader."""
+def twin(plan: Any, *, weighted: bool, scaled: bool = False, log_file: str | None = None,
+         **kw: Any) -> dict[str, Any]:
+    """One epoch of SGD on the planned loader; ``weighted``: the DDP model goes to planned_dataloader (the hook);
+    ``scaled``: the loss is multiplied by ``RayPlan.loss_scale(step)`` instead."""
     import ray.train.torch
 
     from runtime.adapters.ray import planned_dataloader, planned_epoch
@@ -71,8 +74,8 @@ def twin(plan: Any, *, weighted: bool, log_file: str | None = None, **kw: Any) -
     loader = ray.train.torch.prepare_data_loader(loader)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2)
     seen: list[list[int]] = []
-    for batch in planned_epoch(loader, 0, last=True):
-        loss = F.mse_loss(model(batch["x"]), batch["y"])
+    for step, batch in enumerate(planned_epoch(loader, 0, last=True)):
+        loss = F.mse_loss(model(batch["x"]), batch["y"]) * (planned.loss_scale(step) if scaled else 1.0)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -112,6 +115,7 @@ def loop(config: dict[str, Any]) -> None:
     except Exception as e:  # KeyError: default_collate took one dict sample for a batch
         out["unplanned_error"] = type(e).__name__
     out["twin"] = twin(config["twin_plan"], weighted=True, log_file=config["log_file"])
+    out["scaled"] = twin(config["twin_plan"], weighted=False, scaled=True)
     out["control"] = twin(config["twin_plan"], weighted=False)
 
     def profile_fn() -> Any:

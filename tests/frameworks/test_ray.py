@@ -133,6 +133,7 @@ def test_planned_twin_equals_one_process_and_plain_averaging_does_not(ray_run: d
     reference = one_process([t["seen"] for t in twin])
     assert max_diff(twin[0]["params"], reference) < 1e-12
     assert max_diff(twin[1]["params"], reference) < 1e-12
+    assert max_diff(ray_run["ranks"][0]["scaled"]["params"], reference) < 1e-12  # loss_scale instead of the hook
     control = [ray_run["ranks"][r]["control"] for r in range(2)]
     assert control[0]["seen"] == twin[0]["seen"]  # the same batches ...
     assert max_diff(control[0]["params"], reference) > 1e-4  # ... under DDP's plain average: not the true gradient
