@@ -37,11 +37,17 @@ def _model() -> DDP:
     return DDP(nn.Linear(4, 1).double())
 
 
-def _train(model: DDP, loader: DataLoader, sampler: object | None = None, steps: int = 3) -> int:
-    """A stock training loop; returns the optimizer steps it finished. ``sampler``: scale the loss by it."""
+def _train(model: DDP, loader: DataLoader, sampler: object | None = None, steps: int = 3,
+           prelude: bool = False) -> int:
+    """A stock training loop; returns the optimizer steps it finished. ``sampler``: scale the loss by it.
+    ``prelude``: each step first runs a module without parameters (a GPU transform) and an evaluation forward."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     done = 0
     for step, (x, y) in enumerate(loader):
+        if prelude:
+            x = nn.Identity()(x)
+            with torch.no_grad():
+                model(x)
         loss = F.mse_loss(model(x), y)
         if sampler is not None:
             loss = loss * loss_scale(sampler, step)  # type: ignore[arg-type]
@@ -54,10 +60,10 @@ def _train(model: DDP, loader: DataLoader, sampler: object | None = None, steps:
     return done
 
 
-def _first_step_raises(model: DDP, loader: DataLoader, expected: str) -> None:
+def _first_step_raises(model: DDP, loader: DataLoader, expected: str, prelude: bool = False) -> None:
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(ValidationError) as info:
-        _train(model, loader)
+        _train(model, loader, prelude=prelude)
     message = str(info.value)
     assert message == expected and "\n" not in message, message
     # nothing trained: no optimizer step, and no gradient reached the parameters (none was all-reduced)
@@ -67,7 +73,8 @@ def _first_step_raises(model: DDP, loader: DataLoader, expected: str) -> None:
 
 def no_weighting_worker(rank: int, world: int) -> None:
     data = _data()
-    # The mistake: form A without register_weighted_hook (an uneven plan trained with DDP's plain average).
+    # The mistake: form A without register_weighted_hook (an uneven plan trained with DDP's plain average); a GPU
+    # transform and an evaluation forward come first in each step, and the check still waits for the training one.
     model = _model()
     sampler = HeteroDistributedSampler(N, SPLIT, rank, seed=1)
     loader = DataLoader(data, batch_size=sampler.batch_size, sampler=sampler)
@@ -75,18 +82,15 @@ def no_weighting_worker(rank: int, world: int) -> None:
         "the plan gives the ranks [32, 8] samples a step, but nothing weights the gradient by them (DDP averages the "
         "ranks' gradients as if their batches were equal); call register_weighted_hook(model, sampler) after "
         "model = DDP(...), or multiply the loss by runtime.loss_scale(sampler, step) (sampler.declare_weighting() "
-        "if you weight it yourself)"))
+        "if you weight it yourself)"), prelude=True)
     # An equal plan needs no weighting (DDP's average is then exact): no check fires.
     equal = HeteroDistributedSampler(N, [20, 20], rank, seed=1)
     assert _train(_model(), DataLoader(data, batch_size=equal.batch_size, sampler=equal)) == 2
-    # The loss-scale form, batches from 2 prefetching workers, an evaluation forward before training: no check
-    # fires (the scale is called in training order, after the first forward and before the first backward).
-    model = _model()
-    with torch.no_grad():
-        model(data.tensors[0][:3])
+    # The loss-scale form, batches from 2 prefetching workers, the same prelude: no check fires (the scale is
+    # called in training order, after the first training forward and before the first backward).
     batches = HeteroBatchSampler(N, SPLIT, rank, seed=1)
     loader = DataLoader(data, batch_sampler=batches, num_workers=2)
-    assert _train(model, loader, batches, steps=2) == 2
+    assert _train(_model(), loader, batches, steps=2, prelude=True) == 2
 
 
 def wrong_batch_size_worker(rank: int, world: int) -> None:
