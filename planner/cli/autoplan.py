@@ -94,17 +94,33 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, workload: Workload, options: AutoP
     """Profile every rank, solve on rank 0 under the quality gate, check the plan's loaders (collective; a
     PlanError reaches every rank).  ``say``: where rank 0's notes on the loader check go (`planner bench` keeps its
     stdout for the results table and passes stderr)."""
+    from planner.cli.elastic import known_curve
     from planner.cli.loader_check import check_seconds
     from planner.cli.steps import channels_last_for
     from profiler.run import gather_profile, profile_this_rank
     from runtime.collectives import decide_on_rank0
 
     t0 = time.perf_counter()
-    rank_profile = profile_this_rank(workload, env.device, quick=options.quick, slowdown=cfg.slowdown,
-                                     loader_workers_cap=cfg.loader_workers_cap, amp=cfg.amp, rank=env.rank,
-                                     measure_loader=not cfg.data_on_device,
-                                     channels_last=channels_last_for(workload, env.device, cfg.mixed_devices),
-                                     progress=progress, loader_per_host=True)  # every rank: the same dataset
+    # An elastic restart (--resume into another world): ranks of a kind the checkpoint's profile measured on their
+    # host keep those curves (planner/cli/elastic.py); none is swept when every rank has one.
+    known, all_known = known_curve(cfg, env, workload.name)
+    if all_known:
+        assert known is not None
+        if progress is not None:
+            progress(f"every rank's curves from the checkpoint's profile ({env.world_size} ranks): no sweep")
+        rank_profile = known
+    else:
+        rank_profile = profile_this_rank(
+            workload, env.device, quick=options.quick, slowdown=cfg.slowdown,
+            loader_workers_cap=cfg.loader_workers_cap, amp=cfg.amp, rank=env.rank,
+            measure_loader=not cfg.data_on_device,
+            channels_last=channels_last_for(workload, env.device, cfg.mixed_devices),
+            # a rank with a known curve sweeps one batch size: the collectives need it, the curve does not
+            batch_sizes=None if known is None else [min(p.batch_size for p in known.compute)],
+            progress=progress, loader_per_host=True)  # every rank: the same dataset
+        if known is not None:
+            rank_profile = dataclasses.replace(known, loader=rank_profile.loader or known.loader,
+                                               device_state=rank_profile.device_state)
     gathered = gather_profile(rank_profile, workload=workload, progress=progress)  # rank 0's; None elsewhere
     profile_s = time.perf_counter() - t0
     solve_options = options.solve_options(cfg, workload)

@@ -47,11 +47,14 @@ _SAFE_LOAD_TORCH = (2, 6)
 
 def save_checkpoint(directory: str | os.PathLike[str], *, epoch: int, step: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, plan: Plan, sampler_state: dict[str, Any] | None,
-                    replanner: Any = None, run: dict[str, Any] | None = None) -> Path:
+                    replanner: Any = None, run: dict[str, Any] | None = None,
+                    profile: dict[str, Any] | None = None) -> Path:
     """Save where training resumes: `epoch` and `step` are the next step to run.
 
     ``run``: what the run was started with (model, lr, global batch, plan fingerprint...), JSON-able; a resume
     compares it with its own command line (planner/cli/preflight.py) instead of silently taking the checkpoint's.
+    ``profile``: the profile the plan was solved on, as JSON (``Profile.to_dict``): an elastic restart takes the
+    curves of the ranks it already measured from it (planner/cli/elastic.py).
     """
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
@@ -67,6 +70,7 @@ def save_checkpoint(directory: str | os.PathLike[str], *, epoch: int, step: int,
         "sampler": _plain(sampler_state, "sampler"),
         "replanner": _plain(replanner.state_dict(), "replanner") if replanner is not None else None,
         "run": _plain(run, "run"),
+        "profile": _plain(profile, "profile"),
     }
     _check_data_only(state, "checkpoint")  # our invariant: what we write, load_checkpoint can read back
     fd, tmp = tempfile.mkstemp(prefix=".checkpoint.", suffix=".tmp", dir=d)
@@ -122,6 +126,8 @@ def _plain(value: Any, path: str) -> Any:
         return value.item()  # np.int64 -> int, np.float64 -> float, np.bool_ -> bool
     if type(value) in _SCALARS:
         return value
+    if isinstance(value, str):  # a str subclass (torch.__version__ is a TorchVersion): its text
+        return str(value)
     if isinstance(value, Mapping):
         out = {}
         for k, v in value.items():
@@ -195,8 +201,8 @@ def _check_layout(state: Any, path: Path) -> None:
             raise bad(f"{key} is {str(state[key])[:30]}, expected an integer in 0..{most}")
     for key, kinds in (("model", (dict,)), ("optimizer", (dict,)), ("plan", (dict,)),
                        ("sampler", (dict, type(None))), ("replanner", (dict, type(None))),
-                       ("run", (dict, type(None)))):
-        if not isinstance(state.get(key), kinds):  # "run" is absent from checkpoints before it was added
+                       ("run", (dict, type(None))), ("profile", (dict, type(None)))):
+        if not isinstance(state.get(key), kinds):  # "run" and "profile" are absent from older checkpoints
             raise bad(f"{key} is a {type(state.get(key)).__name__}, expected "
                       + " or ".join("None" if k is type(None) else k.__name__ for k in kinds))
     try:

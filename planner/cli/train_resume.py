@@ -90,5 +90,6 @@ def checkpoint(run: Run, epoch: int, step: int) -> None:
                         seed=cfg.seed, lr=cfg.lr, plan=start)
         save_checkpoint(cfg.checkpoint_dir, epoch=epoch, step=step, model=run.model, optimizer=run.optimizer,
                         plan=run.plan, sampler_state=run.hetero.state_dict(step) if run.hetero else None,
-                        replanner=run.replanner, run=meta)
+                        replanner=run.replanner, run=meta,
+                        profile=run.profile.to_dict() if run.profile is not None else None)
         run.last_saved = (epoch, step)

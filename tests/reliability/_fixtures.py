@@ -121,3 +121,8 @@ class _Failing(nn.Module):
 def failing_model(num_classes: int = NUM_CLASSES) -> nn.Module:
     """Raises in the forward of its 3rd step: an internal error in the middle of a run."""
     return _Failing(model(num_classes))
+
+
+def long_dataset() -> TensorPairs:
+    """2000 samples: epochs of 100 steps at global batch 20, long enough to stop a run in the middle of one."""
+    return TensorPairs(2000)
