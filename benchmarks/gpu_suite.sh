@@ -34,6 +34,14 @@
 #             three) at the plan's and the equal split, the winner written to comm_plan_ddp.json's meta.ddp, which
 #             `planner train --plan` applies; $ROUNDS rounds each; one JSON line per launch in comm_breakdown.jsonl
 #             (without a plan, (i) and (ii) measure a throughput-proportional split themselves and (iii) is skipped)
+#   promise   does a plan keep the step time it prints? (4 GPUs, about 8.5 min on 4 H100s) co-tenants $PR_COTENANT
+#             (default 2:1,3:2, benchmarks/cotenant.py at $DUTY) run through the part; (a) own loop: a profile and
+#             `planner plan` (ResNet-50 bf16 channels-last, B = $PR_B) under them, then $LAUNCHES interleaved launches of
+#             examples/ddp_planned.py (re-plans) and examples/ddp_stock.py (equal split), $PR_EPOCHS epochs, one more
+#             co-tenant joining GPU 1 when epoch 2 starts; (b) `planner train` with ranks 0-1 capped at $PR_MEM_GIB GiB
+#             (--emulate-memory) so they accumulate, B = $PR_B_ACC; (c) `planner train --data-on-device`; (b) and (c)
+#             profile once (--auto) and reuse that plan in the later launches; raw files promise_*; then
+#             `summarize_bench.py --promise $OUT` prints the table and writes promise_records.jsonl
 #   profile   wall seconds of a torchrun `planner profile` on every rank (ResNet-50 fp32, fake data, loader measured)
 #   sampler   benchmarks/sampler_bench.py on the host's CPU
 #   env       the machine: GPUs, CPUs, library versions
@@ -57,6 +65,9 @@ if [ -n "${TINY:-}" ]; then
   TRAIN=(--device cpu --model cifar_cnn --quick --global-batch 64 --num-samples 1024); TORCHRUN_DEV=(--device cpu)
   CB_B=32; CB=(--device cpu --model mlp --global-batch "$CB_B" --steps 3 --rounds 1 --warmup 2)
   CB_PROFILE=(--device cpu --model mlp); CB_COTENANT=cpu:1
+  PR_B=16; PR_B_ACC=32; PR_JOIN=cpu; PR_COTENANT_DEFAULT=cpu:1; PR_SAMPLES=128; PR_EPOCHS=${PR_EPOCHS:-4}
+  PR_PROFILE=(--device cpu --model mlp); PR_MEM=(); PR_EX=(--device cpu --arch mlp --image-size 8 --num-classes 10 --workers 0)
+  PR_TRAIN=(--device cpu --model mlp --quick --num-samples 128)
 else
   NPROC=${NPROC:-$($PY -c "import torch; print(torch.cuda.device_count())")}
   CARD=$($PY -c "import torch; n=torch.cuda.get_device_name(0).split(); print((n[1] if len(n) > 1 else n[0]).lower())")
@@ -67,6 +78,11 @@ else
   TRAIN=(--model resnet50 --amp --global-batch 512 --num-samples 122880); TORCHRUN_DEV=()
   CB_B=256; CB=(--model resnet50 --global-batch "$CB_B" --steps "$STEPS" --rounds "$ROUNDS")
   CB_PROFILE=(--model resnet50); CB_COTENANT=2:1,3:2
+  PR_B=${PR_B:-512}; PR_B_ACC=${PR_B_ACC:-2048}; PR_JOIN=cuda:1; PR_COTENANT_DEFAULT=2:1,3:2
+  PR_SAMPLES=$(( PR_B * ${PR_STEPS:-25} )); PR_EPOCHS=${PR_EPOCHS:-6}
+  PR_PROFILE=(--model resnet50 --amp --channels-last on); PR_MEM=(--emulate-memory "0=${PR_MEM_GIB:-12},1=${PR_MEM_GIB:-12}")
+  PR_EX=(--arch resnet50 --amp --channels-last --workers "${PR_WORKERS:-8}")
+  PR_TRAIN=(--model resnet50 --amp --quick)
 fi
 LAST=$(( NPROC - 1 ))
 SKEW=${SKEW:-$( [ "$NPROC" -ge 4 ] && echo "2=2,3=4" || echo "$LAST=3" )}
@@ -138,6 +154,55 @@ comm() {  # the communication breakdown under real co-tenants, then over sockets
   kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null
 }
 
+promise() {  # does a plan keep the step time it prints (the header says what it runs)
+  local spec=${PR_COTENANT:-$PR_COTENANT_DEFAULT} pids=() item dev i v tag join a=() b=() c=()
+  trap 'kill ${pids[*]} $join 2>/dev/null' EXIT
+  for item in ${spec//,/ }; do
+    dev=${item%%:*}; [ "$dev" != cpu ] && dev=cuda:$dev
+    for i in $(seq 1 "${item#*:}"); do
+      $PY benchmarks/cotenant.py --device "$dev" --duty "$DUTY" >> "$OUT/promise_cotenant_load.log" 2>&1 & pids+=($!)
+    done
+  done
+  echo "co-tenants $spec at duty $DUTY; joining at epoch 2: $PR_JOIN" > "$OUT/promise_setup.txt"
+  sleep "${COTENANT_SETTLE:-8}"
+  # (a) own loop: one profile and plan under the co-tenants, then planned and stock launches interleaved
+  LIMIT=120 part promise_a_profile "${TR[@]}" -m planner profile "${PR_PROFILE[@]}" --dataset fake --quick --no-loader \
+    --out "$OUT/promise_a_profile.json"
+  LIMIT=60 part promise_a_plan $PY -m planner plan --profile "$OUT/promise_a_profile.json" --global-batch "$PR_B" \
+    --max-accumulation-steps 1 --out "$OUT/promise_a_plan.json"
+  for i in $(seq 1 "$LAUNCHES"); do
+    for v in planned stock; do
+      tag="$OUT/promise_a_${v}_r$i"; rm -f "${tag}_epochs.jsonl" "${tag}_run.jsonl"
+      if [ "$v" = planned ]; then a=(--plan "$OUT/promise_a_plan.json" --profile "$OUT/promise_a_profile.json" \
+        --log-file "${tag}_run.jsonl"); else a=(--batch-size $(( PR_B / NPROC ))); fi
+      (while ! grep -q '"epoch": 1,' "${tag}_epochs.jsonl" 2>/dev/null; do sleep 0.2; done
+       date +%s.%N > "${tag}_join.txt"
+       exec $PY benchmarks/cotenant.py --device "$PR_JOIN" --duty "$DUTY" >> "$OUT/promise_cotenant_load.log" 2>&1) &
+      join=$!
+      LIMIT=${PR_LIMIT_A:-75} part "promise_a_${v}_r$i" "${TR[@]}" "examples/ddp_$v.py" "${PR_EX[@]}" "${a[@]}" \
+        --num-samples "$PR_SAMPLES" --epochs "$PR_EPOCHS" --epoch-log "${tag}_epochs.jsonl"
+      kill "$join" 2>/dev/null; wait "$join" 2>/dev/null; join=
+    done
+  done
+  # (b) accumulation: ranks 0-1 memory-capped; (c) no DataLoader; each profiles once, later launches reuse the plan
+  for i in $(seq 1 "$LAUNCHES"); do
+    for v in b c; do
+      tag="$OUT/promise_${v}_r$i"
+      if [ "$v" = b ]; then c=("${PR_MEM[@]}" --global-batch "$PR_B_ACC" --num-samples $(( PR_B_ACC * 10 )));
+      else c=(--data-on-device --global-batch "$PR_B" --num-samples $(( PR_B * 20 ))); fi
+      if [ "$i" = 1 ] || [ ! -s "$OUT/promise_${v}_r1_plan.json" ]; then
+        b=(--auto --plan-out "${tag}_plan.json" --profile-out "${tag}_profile.json")
+      else
+        b=(--plan "$OUT/promise_${v}_r1_plan.json" --profile "$OUT/promise_${v}_r1_profile.json")
+      fi
+      LIMIT=${PR_LIMIT_BC:-100} part "promise_${v}_r$i" "${TR[@]}" -m planner train "${PR_TRAIN[@]}" "${b[@]}" "${c[@]}" \
+        --no-replan --epochs 2 --log-file "${tag}_run.jsonl"
+    done
+  done
+  kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null; pids=(); trap - EXIT
+  $PY benchmarks/summarize_bench.py --promise "$OUT" | tee "$OUT/promise_summary.txt"
+}
+
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(equal skew loader cotenant mixed memory midrun)
 for p in "${PARTS[@]}"; do
@@ -169,6 +234,7 @@ for p in "${PARTS[@]}"; do
                   --out-dir "$OUT" ;;
     overhead)   part overhead "${TR[@]}" benchmarks/comm_breakdown.py --overhead --json "$OUT/hook_overhead.json" ;;
     comm)       comm ;;
+    promise)    promise ;;
     profile)    t0=$(date +%s.%N)
                 part profile "${TR[@]}" -m planner profile --model resnet50 --dataset fake --out "$OUT/profile_wall.json"
                 $PY -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f} s wall, $NPROC ranks')" \

@@ -568,6 +568,123 @@ def render(text: str, generated: dict[str, str]) -> str:
     return text
 
 
+# --promise: the `promise` part of benchmarks/gpu_suite.sh (does a plan keep the step time it prints?)
+
+def _promise_plans(log: Any) -> dict[str, Any]:
+    """Every plan a run log names, by fingerprint: its start plan and each re-plan's."""
+    plans = [log.start_plan, *(d.plan for d in log.replans)]
+    return {p.fingerprint: p for p in plans if p is not None}
+
+
+def _promise_epochs(log: Any) -> list[dict[str, Any]]:
+    """Per epoch: measured and predicted step (the plan in force's printed prediction), error, batches, ideal."""
+    from planner.runlog import predicted_step_times
+
+    plans = _promise_plans(log)
+    rows = []
+    for e in log.epochs:
+        plan = plans.get(e.plan_fingerprint)
+        predicted = plan.predicted.step_time_s if plan is not None else max(e.predicted_step_time_s, default=None)
+        computes = [s.compute_s for s in e.ranks]
+        ideal = (sum(b / c for b, c in zip(e.batch_sizes, computes) if c) if computes and all(computes) else None)
+        rows.append({"epoch": e.epoch, "step_s": e.step_time_s, "predicted_step_s": predicted,
+                     "error": (e.step_time_s / predicted - 1) if e.step_time_s and predicted else None,
+                     "batch_sizes": list(e.batch_sizes), "samples_per_s": e.samples_per_s,
+                     "ideal_samples_per_s": ideal,
+                     "of_ideal": e.samples_per_s / ideal if ideal and e.samples_per_s else None,
+                     "table_vs_log": (max(abs(a - b) for a, b in zip(predicted_step_times(plan), e.predicted_step_time_s))
+                                      if plan is not None and e.predicted_step_time_s else None),
+                     "adopted": [list(d.new_batch_sizes) for d in log.replans if d.adopted and d.epoch == e.epoch]})
+    return rows
+
+
+def _epoch_log_rate(path: Path) -> float | None:
+    """Samples/s over a launch's whole epoch log (examples/ddp_*.py --epoch-log): all samples / all wall."""
+    if not path.exists():
+        return None
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    wall = sum(r["wall_s"] for r in recs)
+    return sum(r["samples"] for r in recs) / wall if wall else None
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _med(values: list[float | None]) -> str:
+    v = sorted(x for x in values if x is not None)
+    if not v:
+        return "-"
+    return f"{statistics.median(v):.3f} [{v[0]:.3f}-{v[-1]:.3f}] (n={len(v)})"
+
+
+def promise_summary(out: Path, join_epoch: int = 2) -> list[dict[str, Any]]:
+    """Print the promise part's table from ``out`` and return one record per launch (written to
+    ``out/promise_records.jsonl``; kind "own-loop" for (a), "train" for (b) and (c))."""
+    from planner.runlog import read_run_log
+
+    records: list[dict[str, Any]] = []
+    for scenario in ("a", "b", "c"):
+        logs = sorted(out.glob(f"promise_{scenario}_{'planned_' if scenario == 'a' else ''}r*_run.jsonl"))
+        for path in logs:
+            launch = re.search(r"_r(\d+)_run", path.name).group(1)  # type: ignore[union-attr]
+            log = read_run_log(path)
+            rows = _promise_epochs(log)
+            rec: dict[str, Any] = {"record": 1, "kind": "own-loop" if scenario == "a" else "train",
+                                   "scenario": scenario, "launch": int(launch), "source": path.name,
+                                   "meta": {"world_size": log.world_size, "global_batch": log.global_batch},
+                                   "epochs": rows}
+            print(f"\n[{scenario}] launch {launch}: {path.name}")
+            print("  epoch  step ms  predicted ms  error   samples/s  of ideal  batch sizes  adopted")
+            for r in rows:
+                print(f"  {r['epoch']:5d}  {_fmt(r['step_s'] and 1000 * r['step_s'], '7.1f')}  "
+                      f"{_fmt(r['predicted_step_s'] and 1000 * r['predicted_step_s'], '12.1f')}  "
+                      f"{_fmt(r['error'], '+.3f'):>6}  {_fmt(r['samples_per_s'], '9.1f')}  {_fmt(r['of_ideal'], '8.3f')}"
+                      f"  {r['batch_sizes']}  {r['adopted'] or ''}")
+            if scenario == "a":
+                decided = [d.epoch for d in log.replans if d.adopted and d.epoch >= join_epoch]  # after the join
+                first = decided[0] + 1 if decided else None  # a decision at an epoch's end applies from the next
+                by = {r["epoch"]: r for r in rows}
+                second = by.get(first + 1) if first is not None else None
+                before = by.get(join_epoch - 1)
+                planned_rate = _epoch_log_rate(out / f"promise_a_planned_r{launch}_epochs.jsonl")
+                stock_rate = _epoch_log_rate(out / f"promise_a_stock_r{launch}_epochs.jsonl")
+                rec["own_loop"] = {
+                    "join_epoch": join_epoch, "adopted_from_epoch": first,
+                    "epochs_to_adopt": first - join_epoch if first is not None else None,
+                    "error_second_steady": second["error"] if second else None,
+                    "of_ideal_second_steady": second["of_ideal"] if second else None,
+                    "error_before_change": before["error"] if before else None,
+                    "planned_samples_per_s": planned_rate, "stock_samples_per_s": stock_rate,
+                    "planned_vs_stock": planned_rate / stock_rate if planned_rate and stock_rate else None}
+                o = rec["own_loop"]
+                print(f"  co-tenant joins at epoch {join_epoch}; change adopted from epoch {first} "
+                      f"({o['epochs_to_adopt']} epochs after); second steady epoch after adoption: error "
+                      f"{_fmt(o['error_second_steady'], '+.3f')}, {_fmt(o['of_ideal_second_steady'])} of the ideal "
+                      f"(sum b_i / measured compute_i at its batches); before the change: error "
+                      f"{_fmt(o['error_before_change'], '+.3f')}; planned/stock {_fmt(o['planned_vs_stock'])} "
+                      f"({_fmt(planned_rate, '.1f')} / {_fmt(stock_rate, '.1f')} samples/s over all epochs)")
+            else:
+                steady = [r for r in rows if r["epoch"] > 0] or rows
+                rec["steady_error"] = statistics.median([r["error"] for r in steady if r["error"] is not None] or [0.0])
+                rec["table_vs_log_s"] = max((r["table_vs_log"] for r in rows if r["table_vs_log"] is not None),
+                                            default=None)
+                print(f"  steady error (epochs after the first) {rec['steady_error']:+.3f}; plan table vs run-log "
+                      f"prediction, largest per-rank difference {_fmt(rec['table_vs_log_s'], '.2e')} s")
+            records.append(rec)
+    print("\nmedians [min-max] over launches")
+    own = [r["own_loop"] for r in records if r["scenario"] == "a"]
+    for key in ("epochs_to_adopt", "error_second_steady", "of_ideal_second_steady", "error_before_change",
+                "planned_vs_stock"):
+        print(f"  (a) {key}: {_med([o[key] for o in own])}")
+    for s in ("b", "c"):
+        print(f"  ({s}) steady error: {_med([r['steady_error'] for r in records if r['scenario'] == s])}")
+    with open(out / "promise_records.jsonl", "w") as f:
+        for rec in records:
+            f.write(json.dumps(rec) + "\n")
+    return records
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("files", nargs="*", type=Path, help="more records or raw bench files (besides --results)")
@@ -576,7 +693,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="write a record into --results for every launch of these raw `planner bench --json` files")
     p.add_argument("--check", nargs="+", type=Path, metavar="DOC", help="exit 1 if DOC's generated blocks are stale")
     p.add_argument("--write", nargs="+", type=Path, metavar="DOC", help="rewrite DOC's generated blocks")
+    p.add_argument("--promise", type=Path, metavar="DIR",
+                   help="gpu_suite.sh promise's $OUT: per launch and epoch measured vs predicted step, adoption, "
+                        "planned/stock; medians; one record per launch in DIR/promise_records.jsonl")
     args = p.parse_args(argv)
+    if args.promise:
+        promise_summary(args.promise)
+        return 0
     if args.compact:
         for path in write_records(args.compact, args.results):
             print(path)

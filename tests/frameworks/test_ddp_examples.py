@@ -18,7 +18,7 @@ from tests.runtime.test_adopting import apply_diff
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
-SPELLING = {"TensorDataset": "Dataset", "default=8,": "default=8,", '"cpu")': "device)"}
+SPELLING = {"DistributedSampler, TensorDataset": "Dataset, DistributedSampler", '"cpu")': "device)"}
 """The documented diff's lines as this script spells them (the same change: only names differ)."""
 
 
