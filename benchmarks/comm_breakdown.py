@@ -35,6 +35,12 @@ collective; its ready time is an event recorded on the compute stream when DDP h
 The record gives the median over every timed step of every round, per rank, and samples/s per round (the global
 batch times steps over the round's wall time, every rank synchronized first).
 
+DDP settings (``--choose all`` or a list such as ``cap100,static``): the plan and the equal split under the launch's
+settings and under each candidate; a candidate is kept only when its median plan step beats the default's by more
+than both rounds' spreads and it costs the equal split no more than that margin (planner.comm_model's
+choose_launch_env rule, as for the launch environment), so one lucky round picks nothing. ``--plan-out`` writes the
+``--plan`` with the winner in ``meta["ddp"]``, which ``planner train --plan`` applies to its DDP.
+
 Output: one JSON object per launch (compact, one line) appended to ``--json`` (default $OUT/comm_breakdown.jsonl
 when $OUT is set), and a summary on stdout. NCCL environment variables (NCCL_*) are recorded as set.
 
