@@ -219,7 +219,7 @@ def format_plan(plan: Plan, profile: Profile | None = None, quality: ProfileQual
     names = {r.rank: (r.device_name or r.device) for r in profile.by_rank} if profile else {}
     rows: list[tuple[object, ...]] = [
         (r.rank, names.get(r.rank, r.device), r.batch_size, f"{100 * r.share:.1f}%", r.num_workers,
-         f"{1000 * r.predicted_step_time_s:.2f}", r.bottleneck)
+         f"{1000 * r.timer_busy_s:.2f}", r.bottleneck)
         for r in plan.ranks
     ]
     headers = ["rank", "device", "batch", "share", "workers", "step ms", "bottleneck"]
