@@ -115,6 +115,24 @@ def test_a_missed_correction_is_followed_up() -> None:
     assert off[CHANGE_EPOCH + 1] == pytest.approx(0.198, abs=0.005)
 
 
+def test_a_resumed_replanner_follows_up_the_same_way() -> None:
+    # The trial's prediction is part of the checkpointed state: resumed between the adoption and its first epoch,
+    # the Replanner judges the trial against the same number.
+    profile = _profile()
+    plan = planner.solve(profile, global_batch=512, min_batch=2)
+    rp = Replanner(profile, plan)
+    for epoch in range(CHANGE_EPOCH + 1):
+        truth = [_profiled, _cotenant if epoch >= CHANGE_EPOCH else _profiled]
+        rp.decide(_stats(rp.plan, epoch, truth, 0.0), epoch)
+    again = Replanner(profile, plan)
+    again.load_state_dict(json.loads(json.dumps(rp.state_dict())))
+    nxt = _stats(rp.plan, CHANGE_EPOCH + 1, [_profiled, _cotenant], 0.0)
+    a, b = rp.decide(nxt, CHANGE_EPOCH + 1), again.decide(nxt, CHANGE_EPOCH + 1)
+    la, lb = a.to_log(), b.to_log()
+    assert la.pop("plan")["ranks"] == lb.pop("plan")["ranks"]  # (the solver's own timing differs)
+    assert a.adopted and "follow-up" in a.reason and la == lb
+
+
 def test_a_missed_correction_is_followed_up_with_accumulation() -> None:
     # Both ranks capped at 256 samples: 1024 runs as micro-steps, and the co-tenant's rank runs fewer of them.
     # Before, the model read the span of k micro-steps as one step of the whole batch; its first move, [763, 261],
