@@ -65,7 +65,7 @@ if [ -n "${TINY:-}" ]; then
   TRAIN=(--device cpu --model cifar_cnn --quick --global-batch 64 --num-samples 1024); TORCHRUN_DEV=(--device cpu)
   CB_B=32; CB=(--device cpu --model mlp --global-batch "$CB_B" --steps 3 --rounds 1 --warmup 2)
   CB_PROFILE=(--device cpu --model mlp); CB_COTENANT=cpu:1
-  PR_B=16; PR_B_ACC=32; PR_JOIN=cpu; PR_COTENANT_DEFAULT=cpu:1; PR_SAMPLES=128; PR_EPOCHS=${PR_EPOCHS:-4}
+  PR_B=16; PR_B_ACC=32; PR_JOIN=cpu; PR_COTENANT_DEFAULT=cpu:1; PR_SAMPLES=96; PR_EPOCHS=${PR_EPOCHS:-4}
   PR_PROFILE=(--device cpu --model mlp); PR_MEM=(); PR_EX=(--device cpu --arch mlp --image-size 8 --num-classes 10 --workers 0)
   PR_TRAIN=(--device cpu --model mlp --quick --num-samples 128)
 else
@@ -78,8 +78,8 @@ else
   TRAIN=(--model resnet50 --amp --global-batch 512 --num-samples 122880); TORCHRUN_DEV=()
   CB_B=256; CB=(--model resnet50 --global-batch "$CB_B" --steps "$STEPS" --rounds "$ROUNDS")
   CB_PROFILE=(--model resnet50); CB_COTENANT=2:1,3:2
-  PR_B=${PR_B:-512}; PR_B_ACC=${PR_B_ACC:-2048}; PR_JOIN=cuda:1; PR_COTENANT_DEFAULT=2:1,3:2
-  PR_SAMPLES=$(( PR_B * ${PR_STEPS:-25} )); PR_EPOCHS=${PR_EPOCHS:-6}
+  PR_B=${PR_B:-512}; PR_B_ACC=${PR_B_ACC:-1024}; PR_JOIN=cuda:1; PR_COTENANT_DEFAULT=2:1,3:2
+  PR_SAMPLES=$(( PR_B * ${PR_STEPS:-20} )); PR_EPOCHS=${PR_EPOCHS:-6}
   PR_PROFILE=(--model resnet50 --amp --channels-last on); PR_MEM=(--emulate-memory "0=${PR_MEM_GIB:-12},1=${PR_MEM_GIB:-12}")
   PR_EX=(--arch resnet50 --amp --channels-last --workers "${PR_WORKERS:-8}")
   PR_TRAIN=(--model resnet50 --amp --quick)
@@ -155,8 +155,17 @@ comm() {  # the communication breakdown under real co-tenants, then over sockets
 }
 
 promise() {  # does a plan keep the step time it prints (the header says what it runs)
-  local spec=${PR_COTENANT:-$PR_COTENANT_DEFAULT} pids=() item dev i v tag join a=() b=() c=()
+  local spec=${PR_COTENANT:-$PR_COTENANT_DEFAULT} pids=() item dev i v tag join= a=() b=() c=() t0=$SECONDS
+  local budget=${PR_BUDGET:-500}
   trap 'kill ${pids[*]} $join 2>/dev/null' EXIT
+  trap 'kill ${pids[*]} $join 2>/dev/null; exit 143' TERM INT
+  left() { echo $(( budget - (SECONDS - t0) )); }
+  go() {  # go NAME LIMIT CMD...: `part`, at most LIMIT s and never past the part's budget; skipped when it is spent
+    local name=$1 lim=$2; shift 2
+    if [ "$(left)" -lt 20 ]; then echo "=== $name skipped: the part's ${budget} s budget is spent"; return 1; fi
+    [ "$(left)" -lt "$lim" ] && lim=$(left)
+    LIMIT=$lim part "$name" "$@"
+  }
   for item in ${spec//,/ }; do
     dev=${item%%:*}; [ "$dev" != cpu ] && dev=cuda:$dev
     for i in $(seq 1 "${item#*:}"); do
@@ -165,11 +174,13 @@ promise() {  # does a plan keep the step time it prints (the header says what it
   done
   echo "co-tenants $spec at duty $DUTY; joining at epoch 2: $PR_JOIN" > "$OUT/promise_setup.txt"
   sleep "${COTENANT_SETTLE:-8}"
-  # (a) own loop: one profile and plan under the co-tenants, then planned and stock launches interleaved
-  LIMIT=120 part promise_a_profile "${TR[@]}" -m planner profile "${PR_PROFILE[@]}" --dataset fake --quick --no-loader \
+  # (a) own loop: one profile and plan under the co-tenants
+  go promise_a_profile 120 "${TR[@]}" -m planner profile "${PR_PROFILE[@]}" --dataset fake --quick --no-loader \
     --out "$OUT/promise_a_profile.json"
-  LIMIT=60 part promise_a_plan $PY -m planner plan --profile "$OUT/promise_a_profile.json" --global-batch "$PR_B" \
+  go promise_a_plan 60 $PY -m planner plan --profile "$OUT/promise_a_profile.json" --global-batch "$PR_B" \
     --max-accumulation-steps 1 --out "$OUT/promise_a_plan.json"
+  # then launch by launch: (a) planned and stock; (b) accumulation, ranks 0-1 memory-capped; (c) no DataLoader.
+  # (b) and (c) profile in their first launch (--auto) and reuse that plan after it.
   for i in $(seq 1 "$LAUNCHES"); do
     for v in planned stock; do
       tag="$OUT/promise_a_${v}_r$i"; rm -f "${tag}_epochs.jsonl" "${tag}_run.jsonl"
@@ -179,27 +190,25 @@ promise() {  # does a plan keep the step time it prints (the header says what it
        date +%s.%N > "${tag}_join.txt"
        exec $PY benchmarks/cotenant.py --device "$PR_JOIN" --duty "$DUTY" >> "$OUT/promise_cotenant_load.log" 2>&1) &
       join=$!
-      LIMIT=${PR_LIMIT_A:-75} part "promise_a_${v}_r$i" "${TR[@]}" "examples/ddp_$v.py" "${PR_EX[@]}" "${a[@]}" \
+      go "promise_a_${v}_r$i" "${PR_LIMIT_A:-80}" "${TR[@]}" "examples/ddp_$v.py" "${PR_EX[@]}" "${a[@]}" \
         --num-samples "$PR_SAMPLES" --epochs "$PR_EPOCHS" --epoch-log "${tag}_epochs.jsonl"
       kill "$join" 2>/dev/null; wait "$join" 2>/dev/null; join=
     done
-  done
-  # (b) accumulation: ranks 0-1 memory-capped; (c) no DataLoader; each profiles once, later launches reuse the plan
-  for i in $(seq 1 "$LAUNCHES"); do
     for v in b c; do
       tag="$OUT/promise_${v}_r$i"
-      if [ "$v" = b ]; then c=("${PR_MEM[@]}" --global-batch "$PR_B_ACC" --num-samples $(( PR_B_ACC * 10 )));
-      else c=(--data-on-device --global-batch "$PR_B" --num-samples $(( PR_B * 20 ))); fi
-      if [ "$i" = 1 ] || [ ! -s "$OUT/promise_${v}_r1_plan.json" ]; then
+      if [ "$v" = b ]; then c=("${PR_MEM[@]}" --global-batch "$PR_B_ACC" --num-samples $(( PR_B_ACC * ${PR_STEPS_B:-8} )));
+      else c=(--data-on-device --global-batch "$PR_B" --num-samples $(( PR_B * ${PR_STEPS_C:-15} ))); fi
+      if [ ! -s "$OUT/promise_${v}_r1_plan.json" ]; then
         b=(--auto --plan-out "${tag}_plan.json" --profile-out "${tag}_profile.json")
       else
         b=(--plan "$OUT/promise_${v}_r1_plan.json" --profile "$OUT/promise_${v}_r1_profile.json")
       fi
-      LIMIT=${PR_LIMIT_BC:-100} part "promise_${v}_r$i" "${TR[@]}" -m planner train "${PR_TRAIN[@]}" "${b[@]}" "${c[@]}" \
+      go "promise_${v}_r$i" "${PR_LIMIT_BC:-100}" "${TR[@]}" -m planner train "${PR_TRAIN[@]}" "${b[@]}" "${c[@]}" \
         --no-replan --epochs 2 --log-file "${tag}_run.jsonl"
     done
   done
-  kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null; pids=(); trap - EXIT
+  kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null; pids=(); trap - EXIT TERM INT
+  echo "=== promise: $((SECONDS - t0)) s"
   $PY benchmarks/summarize_bench.py --promise "$OUT" | tee "$OUT/promise_summary.txt"
 }
 

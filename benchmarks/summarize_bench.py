@@ -592,6 +592,11 @@ def _promise_epochs(log: Any) -> list[dict[str, Any]]:
                      "batch_sizes": list(e.batch_sizes), "samples_per_s": e.samples_per_s,
                      "ideal_samples_per_s": ideal,
                      "of_ideal": e.samples_per_s / ideal if ideal and e.samples_per_s else None,
+                     # the plan in force's ideal: each rank alone at its batch under the model it was solved from
+                     # (after a re-plan, the Replanner's corrected model)
+                     "of_plan_ideal": (e.samples_per_s / plan.predicted.ideal_samples_per_s
+                                       if plan is not None and plan.predicted.ideal_samples_per_s and e.samples_per_s
+                                       else None),
                      "table_vs_log": (max(abs(a - b) for a, b in zip(predicted_step_times(plan), e.predicted_step_time_s))
                                       if plan is not None and e.predicted_step_time_s else None),
                      "adopted": [list(d.new_batch_sizes) for d in log.replans if d.adopted and d.epoch == e.epoch]})
@@ -654,14 +659,17 @@ def promise_summary(out: Path, join_epoch: int = 2) -> list[dict[str, Any]]:
                     "epochs_to_adopt": first - join_epoch if first is not None else None,
                     "error_second_steady": second["error"] if second else None,
                     "of_ideal_second_steady": second["of_ideal"] if second else None,
+                    "of_plan_ideal_second_steady": second["of_plan_ideal"] if second else None,
                     "error_before_change": before["error"] if before else None,
                     "planned_samples_per_s": planned_rate, "stock_samples_per_s": stock_rate,
                     "planned_vs_stock": planned_rate / stock_rate if planned_rate and stock_rate else None}
                 o = rec["own_loop"]
                 print(f"  co-tenant joins at epoch {join_epoch}; change adopted from epoch {first} "
                       f"({o['epochs_to_adopt']} epochs after); second steady epoch after adoption: error "
-                      f"{_fmt(o['error_second_steady'], '+.3f')}, {_fmt(o['of_ideal_second_steady'])} of the ideal "
-                      f"(sum b_i / measured compute_i at its batches); before the change: error "
+                      f"{_fmt(o['error_second_steady'], '+.3f')}, {_fmt(o['of_plan_ideal_second_steady'])} of the "
+                      f"adopted plan's ideal (the Replanner's corrected model), {_fmt(o['of_ideal_second_steady'])} of "
+                      f"the measured ideal (sum b_i / compute_i, compute to the last gradient bucket, no optimizer or "
+                      f"communication); before the change: error "
                       f"{_fmt(o['error_before_change'], '+.3f')}; planned/stock {_fmt(o['planned_vs_stock'])} "
                       f"({_fmt(planned_rate, '.1f')} / {_fmt(stock_rate, '.1f')} samples/s over all epochs)")
             else:
@@ -669,12 +677,17 @@ def promise_summary(out: Path, join_epoch: int = 2) -> list[dict[str, Any]]:
                 rec["steady_error"] = statistics.median([r["error"] for r in steady if r["error"] is not None] or [0.0])
                 rec["table_vs_log_s"] = max((r["table_vs_log"] for r in rows if r["table_vs_log"] is not None),
                                             default=None)
+                rec["accumulation_steps"] = ([r.accumulation_steps for r in log.start_plan.ranks]
+                                             if log.start_plan is not None else None)
+                print(f"  accumulation steps per rank {rec['accumulation_steps']}; the plan's printed step "
+                      f"{_fmt(1000 * log.start_plan.predicted.step_time_s if log.start_plan else None, '.2f')} ms")
                 print(f"  steady error (epochs after the first) {rec['steady_error']:+.3f}; plan table vs run-log "
                       f"prediction, largest per-rank difference {_fmt(rec['table_vs_log_s'], '.2e')} s")
             records.append(rec)
     print("\nmedians [min-max] over launches")
     own = [r["own_loop"] for r in records if r["scenario"] == "a"]
-    for key in ("epochs_to_adopt", "error_second_steady", "of_ideal_second_steady", "error_before_change",
+    for key in ("epochs_to_adopt", "error_second_steady", "of_plan_ideal_second_steady", "of_ideal_second_steady",
+                "error_before_change",
                 "planned_vs_stock"):
         print(f"  (a) {key}: {_med([o[key] for o in own])}")
     for s in ("b", "c"):
