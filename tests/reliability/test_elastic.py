@@ -42,7 +42,9 @@ GLOBAL_BATCH = 20
 N = 2000  # _fixtures.long_dataset: 100 steps an epoch
 EPOCHS = 2
 KILL_AT_STEP = 30  # node B dies once rank 0 has begun step 30 of epoch 0 (checkpoints every 10 steps)
-RDZV = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=2,join_timeout=60"
+# A node is taken for dead after keep_alive_interval x keep_alive_max_attempt seconds without a heartbeat: short
+# enough to notice node B's death soon, long enough for a busy machine's agents (2 s was not: docs/RELIABILITY.md).
+RDZV = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5,join_timeout=60"
 
 
 def start_node(port: int, run_id: str, host: str, addr: str, nproc: int, is_host: bool, args: list[str],
