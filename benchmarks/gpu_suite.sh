@@ -39,7 +39,9 @@
 #             `planner plan` (ResNet-50 bf16 channels-last, B = $PR_B) under them, then $LAUNCHES interleaved launches of
 #             examples/ddp_planned.py (re-plans) and examples/ddp_stock.py (equal split), $PR_EPOCHS epochs, one more
 #             co-tenant joining GPU 1 when epoch 2 starts; (b) `planner train` with ranks 0-1 capped at $PR_MEM_GIB GiB
-#             (--emulate-memory) so they accumulate, B = $PR_B_ACC; (c) `planner train --data-on-device`; (b) and (c)
+#             (--emulate-memory) so they accumulate, B = $PR_B_ACC, inputs made on the GPU (PR_B_LOADER=1: a DataLoader,
+#             whose prefetched batches would make 2 short epochs the loaders' drain); (c) `planner train
+#             --data-on-device`, B = $PR_B; (b) and (c)
 #             profile once (--auto) and reuse that plan in the later launches; raw files promise_*; then
 #             `summarize_bench.py --promise $OUT` prints the table and writes promise_records.jsonl
 #   profile   wall seconds of a torchrun `planner profile` on every rank (ResNet-50 fp32, fake data, loader measured)
@@ -196,7 +198,8 @@ promise() {  # does a plan keep the step time it prints (the header says what it
     done
     for v in b c; do
       tag="$OUT/promise_${v}_r$i"
-      if [ "$v" = b ]; then c=("${PR_MEM[@]}" --global-batch "$PR_B_ACC" --num-samples $(( PR_B_ACC * ${PR_STEPS_B:-8} )));
+      if [ "$v" = b ]; then c=("${PR_MEM[@]}" --global-batch "$PR_B_ACC" --num-samples $(( PR_B_ACC * ${PR_STEPS_B:-10} )))
+        [ -z "${PR_B_LOADER:-}" ] && c+=(--data-on-device)
       else c=(--data-on-device --global-batch "$PR_B" --num-samples $(( PR_B * ${PR_STEPS_C:-15} ))); fi
       if [ ! -s "$OUT/promise_${v}_r1_plan.json" ]; then
         b=(--auto --plan-out "${tag}_plan.json" --profile-out "${tag}_profile.json")

@@ -599,6 +599,7 @@ def _promise_epochs(log: Any) -> list[dict[str, Any]]:
                                        else None),
                      "table_vs_log": (max(abs(a - b) for a, b in zip(predicted_step_times(plan), e.predicted_step_time_s))
                                       if plan is not None and e.predicted_step_time_s else None),
+                     "drained": e.drained,
                      "adopted": [list(d.new_batch_sizes) for d in log.replans if d.adopted and d.epoch == e.epoch]})
     return rows
 
@@ -645,7 +646,7 @@ def promise_summary(out: Path, join_epoch: int = 2) -> list[dict[str, Any]]:
                 print(f"  {r['epoch']:5d}  {_fmt(r['step_s'] and 1000 * r['step_s'], '7.1f')}  "
                       f"{_fmt(r['predicted_step_s'] and 1000 * r['predicted_step_s'], '12.1f')}  "
                       f"{_fmt(r['error'], '+.3f'):>6}  {_fmt(r['samples_per_s'], '9.1f')}  {_fmt(r['of_ideal'], '8.3f')}"
-                      f"  {r['batch_sizes']}  {r['adopted'] or ''}")
+                      f"  {r['batch_sizes']}  {r['adopted'] or ''}{'  (loader drain)' if r['drained'] else ''}")
             if scenario == "a":
                 decided = [d.epoch for d in log.replans if d.adopted and d.epoch >= join_epoch]  # after the join
                 first = decided[0] + 1 if decided else None  # a decision at an epoch's end applies from the next
@@ -673,7 +674,7 @@ def promise_summary(out: Path, join_epoch: int = 2) -> list[dict[str, Any]]:
                       f"{_fmt(o['error_before_change'], '+.3f')}; planned/stock {_fmt(o['planned_vs_stock'])} "
                       f"({_fmt(planned_rate, '.1f')} / {_fmt(stock_rate, '.1f')} samples/s over all epochs)")
             else:
-                steady = [r for r in rows if r["epoch"] > 0] or rows
+                steady = [r for r in rows if r["epoch"] > 0 and not r["drained"]] or rows
                 rec["steady_error"] = statistics.median([r["error"] for r in steady if r["error"] is not None] or [0.0])
                 rec["table_vs_log_s"] = max((r["table_vs_log"] for r in rows if r["table_vs_log"] is not None),
                                             default=None)

@@ -24,9 +24,11 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 
 
 class SyntheticImageNet(Dataset[tuple[torch.Tensor, int]]):
-    """``n`` uint8 images of 3 x size x size and labels in [0, classes), each made from its index alone (the same
-    sample on every rank, in every worker, in every epoch): ImageNet's tensors without its files.  Each 8 x 8 pixel
-    block shares one random value, so a sample costs about 0.1 ms to make and one loader worker feeds a GPU."""
+    """``n`` ImageNet-shaped samples, each made from its index alone (the same sample on every rank, in every
+    worker, in every epoch): labels in [0, classes) and images of 3 x size x size whose 8 x 8 pixel blocks share
+    one random uint8 value.  The loader ships the blocks (3 x size/8 x size/8, 1/64 of the image) and
+    ``to_images`` expands them on the device, so one loader worker feeds a GPU: the step is the model's, not a
+    decoder's."""
 
     def __init__(self, n: int, size: int, classes: int) -> None:
         self.n, self.size, self.classes = n, size, classes
@@ -38,9 +40,14 @@ class SyntheticImageNet(Dataset[tuple[torch.Tensor, int]]):
         g = torch.Generator().manual_seed(i)
         side = -(-self.size // 8)
         blocks = torch.randint(0, 256, (3, side, side), generator=g, dtype=torch.uint8)
-        image = blocks[:, :, None, :, None].expand(3, side, 8, side, 8).reshape(3, 8 * side, 8 * side)
-        image = image[:, :self.size, :self.size].contiguous()
-        return image, int(torch.randint(0, self.classes, (1,), generator=g))
+        return blocks, int(torch.randint(0, self.classes, (1,), generator=g))
+
+
+def to_images(blocks: torch.Tensor, size: int, memory_format: torch.memory_format) -> torch.Tensor:
+    """A batch of blocks (N x 3 x s x s uint8) as N x 3 x size x size float images in [0, 1]."""
+    n, c, s, _ = blocks.shape
+    images = blocks[:, :, :, None, :, None].expand(n, c, s, 8, s, 8).reshape(n, c, 8 * s, 8 * s)
+    return images[:, :, :size, :size].float().div_(255).contiguous(memory_format=memory_format)
 
 
 def build_model(arch: str, size: int, classes: int) -> torch.nn.Module:
@@ -100,7 +107,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         steps, samples, t0, t_warm = 0, 0, time.perf_counter(), 0.0
         sampler.set_epoch(epoch)
         for x, y in loader:
-            x = x.to(device, non_blocking=True).float().div_(255).contiguous(memory_format=memory_format)
+            x = to_images(x.to(device, non_blocking=True), args.image_size, memory_format)
             y = y.to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
                 loss = F.cross_entropy(model(x), y)
