@@ -44,6 +44,11 @@
 #             --data-on-device`, B = $PR_B; (b) and (c)
 #             profile once (--auto) and reuse that plan in the later launches; raw files promise_*; then
 #             `summarize_bench.py --promise $OUT` prints the table and writes promise_records.jsonl
+#   nodes     two torchrun agents on this host as two nodes of $NODE_A + $NODE_B ranks (default NPROC-1 + 1; c10d,
+#             node B named by PLANNER_HOST_ID and --local-addr 127.0.0.2), real co-tenants $NODES_COTENANT on node A's
+#             GPUs (default 1:1,2:2); a --quick profile through both agents, then $LAUNCHES rounds of `planner train`
+#             with the equal split, the throughput-proportional split and the plan (ResNet-50 bf16, B = 512, inputs
+#             made on the GPU); nodes_summary.json: per launch samples/s, x equal, measured vs printed step
 #   profile   wall seconds of a torchrun `planner profile` on every rank (ResNet-50 fp32, fake data, loader measured)
 #   sampler   benchmarks/sampler_bench.py on the host's CPU
 #   env       the machine: GPUs, CPUs, library versions
@@ -67,6 +72,8 @@ if [ -n "${TINY:-}" ]; then
   TRAIN=(--device cpu --model cifar_cnn --quick --global-batch 64 --num-samples 1024); TORCHRUN_DEV=(--device cpu)
   CB_B=32; CB=(--device cpu --model mlp --global-batch "$CB_B" --steps 3 --rounds 1 --warmup 2)
   CB_PROFILE=(--device cpu --model mlp); CB_COTENANT=cpu:1
+  NODES_B=16; NODES_PROFILE=(--device cpu --model mlp); NODES_COTENANT_DEFAULT=cpu:1
+  NODES_TRAIN=(--device cpu --model mlp --data-on-device --epochs 2 --max-steps-per-epoch 4)
   PR_B=16; PR_B_ACC=32; PR_JOIN=cpu; PR_COTENANT_DEFAULT=cpu:1; PR_SAMPLES=96; PR_EPOCHS=${PR_EPOCHS:-4}
   PR_PROFILE=(--device cpu --model mlp); PR_MEM=(); PR_EX=(--device cpu --arch mlp --image-size 8 --num-classes 10 --workers 0)
   PR_TRAIN=(--device cpu --model mlp --quick --num-samples 128)
@@ -80,6 +87,8 @@ else
   TRAIN=(--model resnet50 --amp --global-batch 512 --num-samples 122880); TORCHRUN_DEV=()
   CB_B=256; CB=(--model resnet50 --global-batch "$CB_B" --steps "$STEPS" --rounds "$ROUNDS")
   CB_PROFILE=(--model resnet50); CB_COTENANT=2:1,3:2
+  NODES_B=512; NODES_PROFILE=(--model resnet50 --amp --dataset fake); NODES_COTENANT_DEFAULT=1:1,2:2
+  NODES_TRAIN=(--model resnet50 --amp --data-on-device --epochs 3 --max-steps-per-epoch 25)
   PR_B=${PR_B:-512}; PR_B_ACC=${PR_B_ACC:-1024}; PR_JOIN=cuda:1; PR_COTENANT_DEFAULT=2:1,3:2
   PR_SAMPLES=$(( PR_B * ${PR_STEPS:-20} )); PR_EPOCHS=${PR_EPOCHS:-6}
   PR_PROFILE=(--model resnet50 --amp --channels-last on); PR_MEM=(--emulate-memory "0=${PR_MEM_GIB:-12},1=${PR_MEM_GIB:-12}")
@@ -129,6 +138,90 @@ train() {  # the loader-fed `planner train --auto --replan` launches, skew and l
         --plan "${tag}_plan.json" --log "${tag}_run.jsonl" --out "${tag}_report.html" --json "${tag}_report.json"
     done
   done
+}
+
+nodes() {  # two torchrun agents on this host as two nodes of $NODE_A + $NODE_B ranks (c10d), co-tenants on node A
+  local a=${NODE_A:-$(( NPROC - 1 ))} b=${NODE_B:-1} spec=${NODES_COTENANT:-$NODES_COTENANT_DEFAULT} pids=() item dev i s
+  local vis_a vis_b
+  vis_a=$(seq -s, 0 $(( a - 1 ))); vis_b=$(seq -s, "$a" $(( a + b - 1 )))
+  [ "$DEV" = cpu ] && { vis_a=; vis_b=; }
+  for item in ${spec//,/ }; do
+    dev=${item%%:*}; [ "$dev" != cpu ] && dev=cuda:$dev
+    for i in $(seq 1 "${item#*:}"); do
+      $PY benchmarks/cotenant.py --device "$dev" --duty "$DUTY" >> "$OUT/nodes_cotenant_load.log" 2>&1 & pids+=($!)
+    done
+  done
+  sleep "${COTENANT_SETTLE:-10}"
+  two_nodes() {  # two_nodes NAME ARGS...: `planner ARGS` on both agents, each its own --nproc-per-node; both awaited
+    local name=$1; shift
+    local port=$(( 29500 + RANDOM % 2000 )) t0=$SECONDS agents=() rc=0 node n vis host addr
+    echo "=== $name: planner $*"
+    for node in 0 1; do
+      if [ "$node" = 0 ]; then n=$a vis=$vis_a host= addr=127.0.0.1; else n=$b vis=$vis_b host=node-b addr=127.0.0.2; fi
+      ( [ -n "$vis" ] && export CUDA_VISIBLE_DEVICES=$vis; [ -n "$host" ] && export PLANNER_HOST_ID=$host
+        exec timeout -k 10 "$LIMIT" $PY -m torch.distributed.run --nnodes 2 --nproc-per-node "$n" \
+          --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "$name-$port" --local-addr "$addr" \
+          --max-restarts 0 -m planner "$@" ) > "$OUT/${name}_node$node.log" 2>&1 &
+      agents+=($!)
+    done
+    for node in 0 1; do wait "${agents[$node]}" || rc=$?; done
+    grep -v -E "^\s*$|Warning|warn\(|^\[" "$OUT/${name}_node0.log" | tail -"${PART_TAIL:-12}"
+    echo "=== $name rc=$rc in $((SECONDS - t0)) s"
+  }
+  local p="$OUT/nodes"
+  rm -f "${p}_profile.json" "${p}"_*.jsonl
+  two_nodes nodes_profile profile "${NODES_PROFILE[@]}" --quick --no-loader --out "${p}_profile.json"
+  if [ -s "${p}_profile.json" ]; then
+    part nodes_plan $PY -m planner plan --profile "${p}_profile.json" --global-batch "$NODES_B" --out "${p}_plan.json"
+    local eq prop
+    eq=$($PY -c "print(','.join([str($NODES_B // $NPROC)] * $NPROC))")
+    prop=$($PY -c "
+import planner; from planner.cli.bench import proportional_split
+print(','.join(map(str, proportional_split(planner.Profile.load('${p}_profile.json'), $NODES_B, 1))))")
+    part nodes_equal_plan $PY -m planner plan --profile "${p}_profile.json" --global-batch "$NODES_B" \
+      --from-batches "$eq" --force --out "${p}_equal.json"
+    part nodes_prop_plan $PY -m planner plan --profile "${p}_profile.json" --global-batch "$NODES_B" \
+      --from-batches "$prop" --force --out "${p}_proportional.json"
+    for i in $(seq 1 "$LAUNCHES"); do
+      for s in equal proportional plan; do
+        [ -s "${p}_$s.json" ] && two_nodes "nodes_${s}_r$i" train --plan "${p}_$s.json" --profile "${p}_profile.json" \
+          "${NODES_TRAIN[@]}" --log-file "${p}_${s}_r$i.jsonl" --quiet
+      done
+    done
+  fi
+  kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null
+  $PY - "$OUT" <<'PY'
+import glob, json, statistics, sys
+out = sys.argv[1]
+def epochs(path):
+    rows = [json.loads(x) for x in open(path)]
+    return [r for r in rows if r.get("event") == "epoch"]
+res = {}
+for s in ("equal", "proportional", "plan"):
+    for path in sorted(glob.glob(f"{out}/nodes_{s}_r*.jsonl")):
+        ep = [e for e in epochs(path) if e["epoch"] >= 1] or epochs(path)
+        sps = statistics.median(e["samples_per_s"] for e in ep if e.get("samples_per_s"))
+        meas = statistics.median(e["step_time_s"] for e in ep if e.get("step_time_s"))
+        pred = max(ep[0]["predicted_step_time_s"])
+        res.setdefault(s, []).append({"file": path.rsplit("/", 1)[1], "samples_per_s": sps, "step_s": meas,
+                                      "predicted_step_s": pred, "error": meas / pred - 1,
+                                      "batch_sizes": ep[0]["batch_sizes"]})
+rows = []
+for s, launches in res.items():
+    for k, l in enumerate(launches):
+        base = res.get("equal", [])[k]["samples_per_s"] if k < len(res.get("equal", [])) else None
+        l["vs_equal"] = l["samples_per_s"] / base if base else None
+        print(f"{s:13s} {l['file']:28s} {l['samples_per_s']:9.1f} samples/s  x{l['vs_equal'] or 0:.3f} equal  "
+              f"step {l['step_s'] * 1e3:7.2f} ms  predicted {l['predicted_step_s'] * 1e3:7.2f} ms  "
+              f"error {l['error']:+.1%}  batches {l['batch_sizes']}")
+for s, launches in res.items():
+    r = [l["vs_equal"] for l in launches if l["vs_equal"]]
+    e = [l["error"] for l in launches]
+    if r:
+        print(f"{s}: vs equal median {statistics.median(r):.3f} [{min(r):.3f}-{max(r):.3f}]; prediction error median "
+              f"{statistics.median(e):+.1%} [{min(e):+.1%} .. {max(e):+.1%}] over {len(r)} launches")
+json.dump(res, open(f"{out}/nodes_summary.json", "w"), indent=1)
+PY
 }
 
 comm() {  # the communication breakdown under real co-tenants, then over sockets (the header says what it runs)
@@ -246,6 +339,7 @@ for p in "${PARTS[@]}"; do
                   --out-dir "$OUT" ;;
     overhead)   part overhead "${TR[@]}" benchmarks/comm_breakdown.py --overhead --json "$OUT/hook_overhead.json" ;;
     comm)       comm ;;
+    nodes)      nodes ;;
     promise)    promise ;;
     profile)    t0=$(date +%s.%N)
                 part profile "${TR[@]}" -m planner profile --model resnet50 --dataset fake --out "$OUT/profile_wall.json"
