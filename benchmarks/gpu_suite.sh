@@ -34,7 +34,7 @@
 #             three) at the plan's and the equal split, the winner written to comm_plan_ddp.json's meta.ddp, which
 #             `planner train --plan` applies; $ROUNDS rounds each; one JSON line per launch in comm_breakdown.jsonl
 #             (without a plan, (i) and (ii) measure a throughput-proportional split themselves and (iii) is skipped)
-#   promise   does a plan keep the step time it prints? (4 GPUs, about 8.5 min on 4 H100s) co-tenants $PR_COTENANT
+#   promise   does a plan keep the step time it prints? (4 GPUs, about 6 min on 4 H100s, never past $PR_BUDGET = 500 s) co-tenants $PR_COTENANT
 #             (default 2:1,3:2, benchmarks/cotenant.py at $DUTY) run through the part; (a) own loop: a profile and
 #             `planner plan` (ResNet-50 bf16 channels-last, B = $PR_B) under them, then $LAUNCHES interleaved launches of
 #             examples/ddp_planned.py (re-plans) and examples/ddp_stock.py (equal split), $PR_EPOCHS epochs, one more
@@ -89,7 +89,7 @@ else
   CB_PROFILE=(--model resnet50); CB_COTENANT=2:1,3:2
   NODES_B=512; NODES_PROFILE=(--model resnet50 --amp --dataset fake); NODES_COTENANT_DEFAULT=1:1,2:2
   NODES_TRAIN=(--model resnet50 --amp --data-on-device --epochs 3 --max-steps-per-epoch 25)
-  PR_B=${PR_B:-512}; PR_B_ACC=${PR_B_ACC:-1024}; PR_JOIN=cuda:1; PR_COTENANT_DEFAULT=2:1,3:2
+  PR_B=${PR_B:-512}; PR_B_ACC=${PR_B_ACC:-1024}; PR_JOIN=${PR_JOIN:-cuda:1}; PR_COTENANT_DEFAULT=2:1,3:2
   PR_SAMPLES=$(( PR_B * ${PR_STEPS:-20} )); PR_EPOCHS=${PR_EPOCHS:-6}
   PR_PROFILE=(--model resnet50 --amp --channels-last on); PR_MEM=(--emulate-memory "0=${PR_MEM_GIB:-12},1=${PR_MEM_GIB:-12}")
   PR_EX=(--arch resnet50 --amp --channels-last --workers "${PR_WORKERS:-8}")
