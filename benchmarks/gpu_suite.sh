@@ -202,7 +202,8 @@ for s in ("equal", "proportional", "plan"):
         ep = [e for e in epochs(path) if e["epoch"] >= 1] or epochs(path)
         sps = statistics.median(e["samples_per_s"] for e in ep if e.get("samples_per_s"))
         meas = statistics.median(e["step_time_s"] for e in ep if e.get("step_time_s"))
-        pred = max(ep[0]["predicted_step_time_s"])
+        # the plan's printed prediction: the synchronous step (slowest rank + exposed communication)
+        pred = json.load(open(f"{out}/nodes_{s}.json"))["predicted"]["step_time_s"]
         res.setdefault(s, []).append({"file": path.rsplit("/", 1)[1], "samples_per_s": sps, "step_s": meas,
                                       "predicted_step_s": pred, "error": meas / pred - 1,
                                       "batch_sizes": ep[0]["batch_sizes"]})

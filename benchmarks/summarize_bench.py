@@ -554,6 +554,69 @@ def blocks(launches: Sequence[Launch]) -> dict[str, str]:
     return out
 
 
+def _spread(values: Sequence[float], fmt: str) -> str:
+    """median [min-max] of ``values`` in ``fmt``."""
+    return (f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))} .. {fmt.format(max(values))}]"
+            if values else "-")
+
+
+def _records(results: Path, kind: str) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted(results.glob("*.json")):
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(d, dict) and d.get("kind") == kind:
+            out.append({**d, "_file": path.name})
+    return out
+
+
+def nodes_table(results: Path) -> str:
+    """Records of `gpu_suite.sh nodes` (kind "nodes"): per strategy, samples/s, x the equal split of the same round,
+    and measured / printed step - 1, medians [min-max] over launches."""
+    recs = _records(results, "nodes")
+    if not recs:
+        return "No records yet (`benchmarks/gpu_suite.sh nodes`)."
+    meta = recs[0]["meta"]
+    rows = ["| split | batch sizes | launches | samples/s | x equal split | prediction error |", "|---|---|---|---|---|---|"]
+    for strategy in ("equal", "proportional", "plan"):
+        g = [r for r in recs if r["strategy"] == strategy]
+        if g:
+            rows.append(f"| {strategy} | {g[0]['batch_sizes']} | {len(g)} | {_spread([r['samples_per_s'] for r in g], '{:.0f}')} | "
+                        f"{_spread([r['vs_equal'] for r in g], '{:.3f}')} | "
+                        f"{_spread([r['prediction_error'] for r in g], '{:+.1%}')} |")
+    return (f"{len(meta['devices'])}x {meta['devices'][0]}, torch {meta['torch']}, {meta['model']}"
+            f"{' bf16' if meta.get('amp') else ''}, global batch {meta['global_batch']}, inputs {meta['data']}. "
+            f"Nodes: {meta['nodes']}. Heterogeneity: {meta['heterogeneity']}. `{meta['command']}`; samples/s and step "
+            "time are each launch's median over its steady epochs (all but the first); prediction error = measured "
+            "step / the plan's printed step - 1. Records: docs/results/*_nodes-*.json.\n\n" + "\n".join(rows))
+
+
+def comm_table(results: Path) -> str:
+    """Records of benchmarks/comm_breakdown.py (kind "comm-breakdown"): per launch and variant, samples/s over the
+    rounds and, per rank, the median compute span and the communication exposed after it."""
+    recs = _records(results, "comm-breakdown")
+    if not recs:
+        return "No records yet (`benchmarks/gpu_suite.sh comm`)."
+    rows = ["| launch | setting | variant | batch sizes | samples/s (rounds) | compute ms per rank | exposed ms per rank |",
+            "|---|---|---|---|---|---|---|"]
+    for r in recs:
+        for name, v in r["variants"].items():
+            ranks = v.get("ranks") or []
+            compute = ", ".join(f"{x['compute_ms']:.1f}" for x in ranks)
+            exposed = ", ".join(f"{x['exposed_ms']:.1f}" for x in ranks)
+            launch = r["_file"].rsplit("_", 1)[1].split(".")[0]
+            rows.append(f"| {launch} | {r.get('label', '')} | {name} | {v.get('batch_sizes')} | "
+                        f"{_spread(v.get('rounds_samples_per_s') or [], '{:.0f}')} | {compute} | {exposed} |")
+    r0 = recs[0]
+    return (f"{r0['world_size']}x {r0['devices'][0]}, torch {r0['torch']}, {r0['model']} "
+            f"{'bf16' if r0.get('amp') else 'fp32'}, global batch {r0['global_batch']}, {r0['steps']} timed steps "
+            "per round, rounds interleaved; one launch per row group (benchmarks/comm_breakdown.py). compute = "
+            "backward start to the last gradient bucket ready; exposed = communication still running after it. "
+            "Records: docs/results/*_comm-breakdown_*.json.\n\n" + "\n".join(rows))
+
+
 # -- files ---------------------------------------------------------------------------------------------------
 def render(text: str, generated: dict[str, str]) -> str:
     """`text` with every generated block it holds replaced by what the records give now."""
@@ -720,7 +783,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     launches, ignored = load([*sorted(args.results.glob("*.json")), *args.files])
     if ignored:
         print(f"not bench records: {', '.join(ignored)}", file=sys.stderr)
-    generated = blocks(launches)
+    generated = {**blocks(launches), "nodes": nodes_table(args.results), "comm": comm_table(args.results)}
     stale = []
     for doc in args.check or []:
         old = doc.read_text(encoding="utf-8")
