@@ -267,7 +267,11 @@ def equal_accumulation_split(
 
 
 def kept_equal_split(plan: Plan) -> tuple[list[int], float, float] | None:
-    """(optimum batches, its predicted gain over the equal split, min_gain) when ``solve`` kept the equal split."""
+    """(optimum batches, its predicted gain over the equal split, min_gain) when ``solve`` kept the equal split for
+    ``min_gain``; None otherwise -- also when it was kept for the profile's noise (``quality.kept_within_noise``),
+    whose gain can be far above ``min_gain``."""
+    if plan.solver.get("kept_for") == "profile noise":
+        return None
     kept = plan.solver.get("optimum_batch_sizes")
     t_opt = plan.solver.get("optimum_step_time_s")
     if not kept or not isinstance(t_opt, (int, float)) or t_opt <= 0:

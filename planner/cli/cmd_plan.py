@@ -15,7 +15,14 @@ from planner.options import DEFAULT_MIN_GAIN, MODES, SolveOptions
 from planner.paths import Output, check_outputs
 from planner.plan import Plan
 from planner.profile import Profile
-from planner.quality import ProfileQuality, check_profile, extrapolation_lines, keep_equal_within_noise, noise_line
+from planner.quality import (
+    ProfileQuality,
+    check_profile,
+    extrapolation_lines,
+    keep_equal_within_noise,
+    kept_within_noise,
+    noise_line,
+)
 from planner.solve import accumulation_note, build_models, evaluate, kept_equal_split, solve
 from planner.table import table
 
@@ -256,8 +263,13 @@ def format_plan(plan: Plan, profile: Profile | None = None, quality: ProfileQual
     if noisy is not None and quality is not None:
         noisy = cite_warnings(noisy, quality)
     kept = kept_equal_split(plan)
+    for_noise = kept_within_noise(plan)
     if noisy is not None:
         lines.append(f"  {noisy}")
+    elif for_noise is not None:  # the profile's quality is not at hand here; the plan says why it kept the split
+        optimum, gain, noise = for_noise
+        lines.append(f"  kept the equal split: the optimum {optimum} is predicted {1.0 + gain:.2f}x as fast, inside "
+                     f"the profile's own noise (measurements off by up to {noise:.0%}); --min-gain 0 plans it anyway")
     elif kept is not None:
         optimum, gain, min_gain = kept
         lines.append(f"  kept the equal split: the optimum {optimum} is predicted only {gain:.1%} faster "

@@ -162,3 +162,23 @@ def test_kept_equal_split_is_explained(tmp_path: Path, capsys: pytest.CaptureFix
     assert "< min gain 5%" in out
     rc, out, _ = _run(["plan", "--profile", str(path), "--global-batch", "1024", "--min-gain", "0"], capsys)
     assert rc == 0 and "kept the equal split" not in out
+
+
+def test_a_split_kept_for_noise_is_not_called_below_min_gain() -> None:
+    # A plan kept equal because the profile was too noisy to trust a 1.68x optimum must not read
+    # "only 68.2% faster (< min gain 5%)": without the quality report at hand the summary gives the noise reason.
+    from dataclasses import replace
+
+    import planner
+    from planner.cli.cmd_plan import format_plan
+    from planner.solve import kept_equal_split
+
+    equal = planner.evaluate(planner.Profile.load(MINIMAL), [256, 256], num_workers=[0, 0])
+    kept = replace(equal, solver={**equal.solver, "kept_for": "profile noise", "profile_noise": 0.9,
+                                  "optimum_batch_sizes": [400, 112],
+                                  "optimum_step_time_s": equal.predicted.step_time_s / 1.682})
+    assert kept_equal_split(kept) is None
+    text = format_plan(kept)
+    assert "min gain" not in text
+    assert "kept the equal split: the optimum [400, 112] is predicted 1.68x as fast, inside the profile's own noise" \
+        in text and "(measurements off by up to 90%)" in text
