@@ -365,9 +365,9 @@ def unsteady_start(*, streamed: bool, fresh: bool, first: bool, fill: int, fill_
 
     Streamed, the epochs before a re-plan ran on a full pipeline and the one after it refills it: judged on it, the
     new plan (on trial) and the model would carry the refill.  The run's first epoch, when its loaders' fill took
-    all of it, likewise: judged on it, the start plan's fill is compared with another split's steady pace (session
-    19, 2x H100, 80-step epochs: epoch 0 ran 130 ms a step in the fill, a 10.7% gain was adopted on it, and the new
-    split ran 119.7 ms where the start split ran 101 ms in the other launches).  ``fill``: the epoch's fill steps
+    all of it, likewise: judged on it, the start plan's fill is compared with another split's steady pace (2x H100,
+    80-step epochs: epoch 0 ran 130 ms a step in the fill, a 10.7% gain was adopted on it, and the new split ran
+    119.7 ms where the start split ran 101 ms in the other launches).  ``fill``: the epoch's fill steps
     (``planner.cli.steps.loader_fill_drain``); ``first``: the run's first epoch (its start epoch when resumed)."""
     if not (streamed and fresh) or any(fill_steps):
         return None

@@ -91,15 +91,15 @@ def test_a_streamed_loader_does_not_judge_a_replan_on_its_refill(tmp_path: Path)
     epoch line says why) and the next epoch decides -- the new plan's trial included."""
     log = tmp_path / "run.jsonl"
     common = [c for c in COMMON if c != "--data-on-device"]
-    rc, out = run_planner(2, [*common, "--epochs", "5", "--emulate-slowdown", "1=3",
+    rc, out = run_planner(2, [*common, "--epochs", "6", "--emulate-slowdown", "1=3",
                                        "--emulate-slowdown-from-epoch", "1", "--log-file", str(log)])
     assert rc == 0, out[-3000:]
     decisions = {d["epoch"]: d for d in _events(log, "replan")}
     adopted = sorted(e for e, d in decisions.items() if d["adopted"])
-    # The first adoption comes at once or, when a busy host's noise makes the gain need a second epoch's
-    # confirmation, one epoch later: epoch 0, 1 or 2 (what this test checks is the epoch after it).
-    assert adopted and adopted[0] in (0, 1, 2), [d["reason"] for d in decisions.values()]
-    after = adopted[0] + 1  # refilled: not judged, and never the last epoch here (4)
+    # The first adoption comes at once or, when a busy host's noise (or an unjudged fill epoch) makes the gain need
+    # another epoch, up to two epochs later: epoch 0 to 3 (what this test checks is the epoch after it).
+    assert adopted and adopted[0] in (0, 1, 2, 3), [d["reason"] for d in decisions.values()]
+    after = adopted[0] + 1  # refilled: not judged, and never the last epoch here (5)
     assert after not in decisions
     assert f"epoch {after}:" in out and "not judged: this epoch refilled the loaders after the re-plan" in out
 
