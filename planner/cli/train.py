@@ -56,7 +56,7 @@ from planner.cli.steps import (
     stream_drain_note,
     sync_only_if,
 )
-from planner.cli.train_config import EpochResult, TrainConfig, ddp_settings_from
+from planner.cli.train_config import EpochResult, TrainConfig
 from planner.cli.train_resume import checkpoint, resume
 from planner.devstate import DeviceState
 from planner.errors import ValidationError
@@ -69,6 +69,7 @@ from profiler.workloads.specs import Workload, build_workload
 from runtime.accumulate import MicroStep, micro_steps
 from runtime.collectives import all_gather_json
 from runtime.compress import stock_compress_hook
+from runtime.ddp_settings import ddp_kwargs
 from runtime.replan import Replanner
 from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler
@@ -156,7 +157,7 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
             "size (planner plan, or planner train --auto)"
         )
     dataset_len = len(workload.dataset)  # type: ignore[arg-type]
-    ddp_kw = ddp_settings_from(plan.meta)  # measured DDP settings the plan records (meta is not fingerprinted)
+    ddp_kw = ddp_kwargs(plan)  # measured DDP settings the plan records (meta is not fingerprinted)
     if ddp_kw and env.distributed and not cfg.fsdp and env.is_main and not cfg.quiet:
         print(f"DDP settings from the plan: {', '.join(f'{k}={v}' for k, v in sorted(ddp_kw.items()))}", flush=True)
     if env.distributed:

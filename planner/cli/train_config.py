@@ -4,41 +4,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from planner.errors import ValidationError
+from runtime.ddp_settings import DDP_SETTINGS, ddp_settings_from  # noqa: F401  (re-exported: one check for train and the runtime)
 
 STRATEGIES = ("plan", "equal")
 WEIGHTINGS = ("loss_scale", "hook")
 GRAD_COMPRESSIONS = ("none", "bf16", "fp16")
-DDP_SETTINGS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
-"""DDP constructor settings a plan may record (``plan.meta["ddp"]``, measured by benchmarks/comm_breakdown.py
---choose) and `planner train` applies: none of them changes the update (buckets only group gradients for the
-all-reduce; a bucket view and a static graph change where gradients live and when DDP checks the graph)."""
-
-
-def ddp_settings_from(meta: Mapping[str, Any]) -> dict[str, Any]:
-    """The DDP keyword arguments recorded in a plan's ``meta["ddp"]`` ({} when none), checked: only
-    ``DDP_SETTINGS``, bucket_cap_mb a number in [1, 1024], the others true/false."""
-    raw = meta.get("ddp") or {}
-    if not isinstance(raw, Mapping):
-        raise ValidationError(f"plan.meta.ddp must be an object of DDP settings, got {type(raw).__name__}")
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key not in DDP_SETTINGS:
-            raise ValidationError(f"plan.meta.ddp.{key}: not a DDP setting a plan may set (one of "
-                                  f"{', '.join(DDP_SETTINGS)})")
-        if key == "bucket_cap_mb":
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= 1024:
-                raise ValidationError(f"plan.meta.ddp.bucket_cap_mb must be a number of MiB in [1, 1024], got {value!r}")
-            out[key] = float(value)
-        elif not isinstance(value, bool):
-            raise ValidationError(f"plan.meta.ddp.{key} must be true or false, got {value!r}")
-        else:
-            out[key] = value
-    return out
 """The names of runtime.compress.COMPRESSIONS (tests/runtime/test_compress.py keeps them equal)."""
 
 

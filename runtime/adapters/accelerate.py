@@ -29,6 +29,11 @@ compute from the batch's hand-over until backward reaches ``model``'s first para
 without it compute includes the wait for the peers and re-planning cannot see who is slow), and when an epoch's
 batches are exhausted it runs the epoch end on every rank (PlannedRun.epoch_end: the Replanner, whose batch
 sizes apply from the next epoch, and the run log).  A loop that breaks out of an epoch early skips that epoch end.
+
+The DDP settings the plan records (``plan.meta["ddp"]``: runtime.ddp_settings) go into the accelerator's
+``DistributedDataParallelKwargs`` (a value you set there yourself stays), which ``accelerator.prepare(model)``
+builds DDP with: so call ``planned_dataloader`` before preparing the model, as above (after, one warning says
+they were not applied).
 Accelerate is imported only when a loader is made; a missing one is one line naming
 ``pip install ddp-planner[accelerate]``.
 """
@@ -87,6 +92,7 @@ def planned_dataloader(accelerator: Any, plan: Plan | str | os.PathLike[str], da
     run = PlannedRun(plan, profile=profile, replan=replan, replan_threshold=replan_threshold, log_file=log_file,
                      seed=seed, shuffle=shuffle, drop_last=drop_last)
     sampler = run.sampler_for(len(dataset), accelerator.device)
+    apply_ddp_settings(accelerator, run.ddp_kwargs(), model)
     if model is not None:
         run.watch(model)
     workers = run.num_workers(0) if num_workers is None else int(num_workers)
@@ -94,6 +100,36 @@ def planned_dataloader(accelerator: Any, plan: Plan | str | os.PathLike[str], da
     return loader_cls(dataset, run=run, accelerator=accelerator, epochs=epochs, batch_sampler=sampler,
                       num_workers=workers, device=accelerator.device if accelerator.device_placement else None,
                       _non_blocking=bool(getattr(accelerator, "non_blocking", False)), **loader_kwargs)
+
+
+def apply_ddp_settings(accelerator: Any, settings: dict[str, Any], model: torch.nn.Module | None = None, *,
+                       who: str = "planned_dataloader") -> bool:
+    """Put the plan's DDP ``settings`` into ``accelerator.ddp_handler`` (created when absent; a field you set
+    away from accelerate's default stays yours).  False, with one warning, when the model is already wrapped in
+    DDP (``prepare`` ran first) or the accelerator has no DDP handler to carry them."""
+    if not settings:
+        return True
+    listed = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))
+    wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel) or any(
+        isinstance(m, torch.nn.parallel.DistributedDataParallel) for m in getattr(accelerator, "_models", ()))
+    if wrapped or not hasattr(accelerator, "ddp_handler"):
+        warnings.warn(f"{who}: the plan's DDP settings ({listed}) are not applied: "
+                      + (f"the model was prepared before {who}; call it before accelerator.prepare(model)"
+                         if wrapped else "this accelerator has no ddp_handler")
+                      + " or pass Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(**ddp_kwargs(plan))])",
+                      stacklevel=3)
+        return False
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    handler = accelerator.ddp_handler
+    if handler is None:
+        accelerator.ddp_handler = DistributedDataParallelKwargs(**settings)
+        return True
+    defaults = DistributedDataParallelKwargs()
+    for key, value in settings.items():
+        if getattr(handler, key) == getattr(defaults, key):
+            setattr(handler, key, value)
+    return True
 
 
 @functools.cache

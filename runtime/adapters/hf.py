@@ -54,6 +54,7 @@ from torch.utils.data import DataLoader
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
+from runtime.adapters.accelerate import apply_ddp_settings
 from runtime.adapters.run import PlannedRun
 from runtime.collectives import all_gather_json, is_distributed
 from runtime.weighting import StepWeights, step_weights
@@ -236,6 +237,9 @@ def planned_trainer(plan: Plan | str | os.PathLike[str], *, trainer_cls: type[An
     planned_cls = type(f"Planned{cls.__name__}", (_PlannedTrainerMixin, cls), {})
     trainer = planned_cls(**trainer_kwargs)
     trainer._init_planned(run, count_tokens, None if num_workers is None else int(num_workers))
+    # The plan's DDP settings into the DistributedDataParallelKwargs the Trainer built from its TrainingArguments
+    # (ddp_bucket_cap_mb, ddp_static_graph); a value set there stays.
+    apply_ddp_settings(getattr(trainer, "accelerator", None), run.ddp_kwargs(), who="planned_trainer")
     trainer.add_callback(_callback(transformers)(run))
     return trainer
 

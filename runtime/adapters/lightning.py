@@ -86,7 +86,9 @@ class LightningPlan:
         num_workers: the training loader's workers: "plan" (the plan's, default), "loader" (your DataLoader's), or
             a number.
         package: "lightning.pytorch" or "pytorch_lightning" (default: the one your script imported).
-        strategy_kwargs: passed on to ``DDPStrategy`` (timeout, find_unused_parameters, process_group_backend...).
+        strategy_kwargs: passed on to ``DDPStrategy`` (timeout, find_unused_parameters, process_group_backend...),
+            over the DDP settings the plan records (``plan.meta["ddp"]``: runtime.ddp_settings), which the strategy
+            passes to ``DistributedDataParallel`` unless a keyword here sets the same one.
     """
 
     def __init__(self, plan: Plan | str | os.PathLike[str], *, profile: Profile | str | os.PathLike[str] | None = None,
@@ -104,7 +106,7 @@ class LightningPlan:
         self.step = 0
         """Lightning's batch_idx of the batch being trained (the sampler step the loss scale is for)."""
         self.epoch = 0
-        self.strategy = strategy_cls(self, **strategy_kwargs)
+        self.strategy = strategy_cls(self, **{**self.run.ddp_kwargs(), **strategy_kwargs})
         self.callback = callback_cls(self)
 
     @property

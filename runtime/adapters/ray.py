@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -68,6 +69,7 @@ from planner.profile import Profile
 from planner.quality import solve_within_noise
 from runtime.adapters.run import PlannedRun, _load_plan
 from runtime.collectives import decide_on_rank0
+from runtime.ddp_settings import settings_missing
 from runtime.sampler import HeteroBatchSampler
 from runtime.weighting import register_weighted_hook
 
@@ -222,6 +224,11 @@ class RayPlan:
             raise ValidationError("RayPlan.watch: make the loader first (planned.dataloader(data))")
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             register_weighted_hook(model, sampler)
+            missing = settings_missing(model, self.run.ddp_kwargs())
+            if missing:  # prepare_model built the DDP before the plan was seen: only the user can pass them
+                warnings.warn(f"RayPlan: the prepared model lacks the plan's DDP settings ({', '.join(missing)}); pass "
+                              "ray.train.torch.prepare_model(model, parallel_strategy_kwargs=ddp_kwargs(plan)) "
+                              "(runtime.ddp_settings.ddp_kwargs)", stacklevel=2)
         elif self.world_size > 1 and dist.is_available() and dist.is_initialized():
             raise ValidationError(
                 f"RayPlan: the model is a {type(model).__name__}, not the DistributedDataParallel that "

@@ -9,6 +9,8 @@ extension points and call this object, which holds the exactness and the bookkee
   * the exact loss scale: ``loss_scale(step, K)`` = n_i * W / n over the step's accumulation window, the factor
     that makes DDP's averaging all-reduce give the sample-weighted mean gradient (runtime.weighting);
   * the StepTimer (data wait, local compute closed on the first parameter's gradient, step time);
+  * the DDP constructor keywords the plan records (``ddp_kwargs()``: runtime.ddp_settings) and, in an own loop,
+    the exact weighting hook with the run's opt-in gradient compression (``register_weighting``: runtime.compress);
   * at each epoch end (collective): the epoch's stats, the Replanner's decision (adopted batch sizes take effect
     at the next epoch start) and the run log -- StartRecord, ReplanRecord, EpochRecord, EndRecord -- written by
     rank 0 only (planner.runlog).
@@ -35,11 +37,13 @@ from planner.profile import Profile
 from planner.runlog import EndRecord, EpochRecord, RunLogWriter, StartRecord, predicted_step_times
 from planner.stats import StepStats
 from runtime.collectives import all_gather_json
+from runtime.compress import check_compress
+from runtime.ddp_settings import ddp_kwargs
 from runtime.replan import ReplanDecision, Replanner
 from runtime.safety import check_agreement, check_batchnorm, note_weighting
 from runtime.sampler import HeteroBatchSampler
 from runtime.timing import StepTimer, close_compute_on_last_gradient, peer_data_waits
-from runtime.weighting import loss_scale
+from runtime.weighting import WeightedHookState, loss_scale, register_weighted_hook
 
 T = TypeVar("T")
 
@@ -60,12 +64,22 @@ class PlannedRun:
         seed: shuffle seed, the same on every rank (epoch e shuffles with seed + e, as DistributedSampler).
         shuffle, drop_last: as DistributedSampler's.
         warmup_steps: steps at each epoch start left out of the timing means.
+        compress: gradient compression of the weighting hook that ``register_weighting`` registers: "none" (the
+            default: the exact fp32 all-reduce), "bf16" or "fp16" (each bucket scaled by n_i / n in fp32, then cast
+            and SUM-all-reduced: runtime.compress). It changes numerics, so it is on only when asked; the run log's
+            start record names it.
+
+    The plan's DDP settings (``plan.meta["ddp"]``) are checked here: a bad one is refused before any collective.
     """
 
     def __init__(self, plan: Plan | str | os.PathLike[str], *, profile: Profile | str | os.PathLike[str] | None = None,
                  replan: bool = False, replan_threshold: float = 0.05, log_file: str | os.PathLike[str] | None = None,
-                 seed: int = 0, shuffle: bool = True, drop_last: bool = False, warmup_steps: int = 2) -> None:
+                 seed: int = 0, shuffle: bool = True, drop_last: bool = False, warmup_steps: int = 2,
+                 compress: str = "none") -> None:
         self.plan = _load_plan(plan)
+        self.compress = check_compress(compress)
+        self._ddp_kwargs = ddp_kwargs(self.plan)  # of the plan DDP is built with; a re-plan changes only batch sizes
+        self._weighting: WeightedHookState | None = None
         self.profile = profile if isinstance(profile, Profile) or profile is None else Profile.load(profile)
         if replan and self.profile is None:
             raise ValidationError("replan=True needs the profile the plan came from (profile=...)")
@@ -91,6 +105,7 @@ class PlannedRun:
         self._watched: set[int] = set()
         self._finished = False
         self._warned = False
+        self._warned_compress = False
 
     # -- set-up (once the framework knows the rank and the dataset) ---------------------------------------------
     def sampler_for(self, dataset_len: int, device: torch.device | str) -> HeteroBatchSampler:
@@ -113,7 +128,8 @@ class PlannedRun:
                 "size (planner plan, or the adapter's auto mode)")
         if distributed:
             check_agreement(plan_fingerprint=self.plan.fingerprint, dataset_len=dataset_len, seed=self.seed,
-                            world_size=world)
+                            world_size=world,
+                            settings={"compress": self.compress, "plan.meta.ddp": self._ddp_kwargs})
         self.sampler = HeteroBatchSampler.from_plan(self.plan, self.rank, dataset_len, seed=self.seed,
                                                     shuffle=self.shuffle, drop_last=self.drop_last)
         self.sampler._first_pass_checked = True  # check_agreement above compared what it would
@@ -124,8 +140,34 @@ class PlannedRun:
             self.replanner = Replanner(self.profile, self.plan, threshold=self.replan_threshold)
         self.log = RunLogWriter(self.log_file, enabled=self.rank == 0)
         self.log.write(StartRecord(time=time.time(), world_size=world, global_batch=self.plan.global_batch,
-                                   strategy="plan", plan=self.plan))
+                                   strategy="plan", plan=self.plan, grad_compress=self.compress))
         return self.sampler
+
+    def ddp_kwargs(self) -> dict[str, Any]:
+        """The DDP constructor keywords the plan records, checked ({} when none): build the model's wrapper as
+        ``DistributedDataParallel(model, device_ids=..., **run.ddp_kwargs())``.
+
+        benchmarks/comm_breakdown.py --choose measures them (``bucket_cap_mb``, ``gradient_as_bucket_view``,
+        ``static_graph``) and writes them to ``plan.meta["ddp"]``; none changes the update
+        (runtime.ddp_settings).  A fresh dict on every call: add your own keywords to it freely.
+        """
+        return dict(self._ddp_kwargs)
+
+    def register_weighting(self, ddp_model: torch.nn.parallel.DistributedDataParallel,
+                           **kwargs: Any) -> WeightedHookState:
+        """Register the exact weighting hook on ``ddp_model`` with the run's compression:
+        ``register_weighted_hook(ddp_model, run.sampler, compress=run.compress, **kwargs)`` (after ``sampler_for``).
+
+        ``register_weighted_hook(ddp_model, sampler)`` stays valid for an uncompressed run; with ``compress`` other
+        than "none" call this instead, so the hook compresses as the run log says.
+        """
+        if self.sampler is None:
+            raise ValidationError("run.register_weighting: build the sampler with run.sampler_for(len(dataset), "
+                                  "device) first")
+        if "compress" in kwargs:
+            raise ValidationError("run.register_weighting: the compression is the run's (PlannedRun(compress=...))")
+        self._weighting = register_weighted_hook(ddp_model, self.sampler, compress=self.compress, **kwargs)
+        return self._weighting
 
     def num_workers(self, default: int) -> int:
         """This rank's planned loader workers (``default`` before the sampler exists)."""
@@ -177,6 +219,11 @@ class PlannedRun:
         """
         if self.sampler is None or self.timer is None:
             return None
+        if self.compress != "none" and self._weighting is None and not self._warned_compress:
+            self._warned_compress = True
+            warnings.warn(f"PlannedRun(compress={self.compress!r}) compresses only through "
+                          "run.register_weighting(ddp_model); no hook was registered that way, so the run log's "
+                          "grad_compress may not describe this run", stacklevel=2)
         sizes = self.sampler.batch_sizes
         plan = self.plan
         known = all_gather_json(self.loader_workers)
