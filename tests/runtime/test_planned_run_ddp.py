@@ -147,3 +147,21 @@ def test_own_loop_bf16_with_plan_ddp_settings_matches_uncompressed(tmp_path: Pat
     starts = {name: json.loads((tmp_path / f"{name}.jsonl").read_text().splitlines()[0]) for name in ("none", "bf16")}
     assert starts["bf16"]["grad_compress"] == "bf16" and "grad_compress" not in starts["none"]
     assert (tmp_path / "diff.pt").exists()
+
+
+def test_hf_trainer_accelerator_gets_the_plan_settings(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    from runtime.adapters.hf import planned_trainer
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 1)
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"loss": F.mse_loss(self.lin(x), labels)}
+
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, ddp_bucket_cap_mb=50)
+    trainer = planned_trainer(_plan([4], SETTINGS), model=Net(), args=args, count_tokens=lambda b: b["x"].shape[0])
+    handler = trainer.accelerator.ddp_handler
+    assert (handler.bucket_cap_mb, handler.gradient_as_bucket_view, handler.static_graph) == (50, True, True)
