@@ -48,7 +48,8 @@
 #             node B named by PLANNER_HOST_ID and --local-addr 127.0.0.2), real co-tenants $NODES_COTENANT on node A's
 #             GPUs (default 1:1,2:2); a --quick profile through both agents, then $LAUNCHES rounds of `planner train`
 #             with the equal split, the throughput-proportional split and the plan (ResNet-50 bf16, B = 512, inputs
-#             made on the GPU); nodes_summary.json: per launch samples/s, x equal, measured vs printed step
+#             made on the GPU); `summarize_bench.py --nodes $OUT`: per launch samples/s, x equal, measured vs printed
+#             step, one record per launch in nodes_records.jsonl
 #   profile   wall seconds of a torchrun `planner profile` on every rank (ResNet-50 fp32, fake data, loader measured)
 #   sampler   benchmarks/sampler_bench.py on the host's CPU
 #   env       the machine: GPUs, CPUs, library versions
@@ -126,6 +127,17 @@ with_cotenant() {  # with_cotenant DEVICE CMD...: CMD while a co-tenant keeps DE
   kill "$load" 2>/dev/null; wait "$load" 2>/dev/null
 }
 
+start_cotenants() {  # start_cotenants SPEC LOG: for each GPU:N of SPEC ("2:1,3:2"; cpu:N on CPU), N processes of
+  local item dev i   # benchmarks/cotenant.py at duty $DUTY, their output appended to LOG; their pids in COTENANT_PIDS
+  COTENANT_PIDS=()
+  for item in ${1//,/ }; do
+    dev=${item%%:*}; [ "$dev" != cpu ] && dev=cuda:$dev
+    for i in $(seq 1 "${item#*:}"); do
+      $PY benchmarks/cotenant.py --device "$dev" --duty "$DUTY" >> "$2" 2>&1 & COTENANT_PIDS+=($!)
+    done
+  done
+}
+
 train() {  # the loader-fed `planner train --auto --replan` launches, skew and loader interleaved launch by launch
   for i in $(seq 1 "$LAUNCHES"); do
     for case in skew loader; do
@@ -141,16 +153,11 @@ train() {  # the loader-fed `planner train --auto --replan` launches, skew and l
 }
 
 nodes() {  # two torchrun agents on this host as two nodes of $NODE_A + $NODE_B ranks (c10d), co-tenants on node A
-  local a=${NODE_A:-$(( NPROC - 1 ))} b=${NODE_B:-1} spec=${NODES_COTENANT:-$NODES_COTENANT_DEFAULT} pids=() item dev i s
+  local a=${NODE_A:-$(( NPROC - 1 ))} b=${NODE_B:-1} spec=${NODES_COTENANT:-$NODES_COTENANT_DEFAULT} pids=() i s
   local vis_a vis_b
   vis_a=$(seq -s, 0 $(( a - 1 ))); vis_b=$(seq -s, "$a" $(( a + b - 1 )))
   [ "$DEV" = cpu ] && { vis_a=; vis_b=; }
-  for item in ${spec//,/ }; do
-    dev=${item%%:*}; [ "$dev" != cpu ] && dev=cuda:$dev
-    for i in $(seq 1 "${item#*:}"); do
-      $PY benchmarks/cotenant.py --device "$dev" --duty "$DUTY" >> "$OUT/nodes_cotenant_load.log" 2>&1 & pids+=($!)
-    done
-  done
+  start_cotenants "$spec" "$OUT/nodes_cotenant_load.log"; pids+=("${COTENANT_PIDS[@]}")
   sleep "${COTENANT_SETTLE:-10}"
   two_nodes() {  # two_nodes NAME ARGS...: `planner ARGS` on both agents, each its own --nproc-per-node; both awaited
     local name=$1; shift
@@ -170,6 +177,16 @@ nodes() {  # two torchrun agents on this host as two nodes of $NODE_A + $NODE_B 
   }
   local p="$OUT/nodes"
   rm -f "${p}_profile.json" "${p}"_*.jsonl
+  $PY - "${p}_setup.json" "$(printf '%s\n' "${NODES_TRAIN[@]}" | grep -A1 -x -- --model | tail -1)" \
+    "$( [[ " ${NODES_TRAIN[*]} " == *" --amp "* ]] && echo 1 )" \
+    "$a + $b ranks: two torchrun agents on one host, c10d; node A GPUs ${vis_a:-cpu}, node B GPU ${vis_b:-cpu} (PLANNER_HOST_ID=node-b, --local-addr 127.0.0.2)" \
+    "real co-tenants on node A: benchmarks/cotenant.py at duty $DUTY, GPU:processes $spec" \
+    "DUTY=$DUTY NODES_COTENANT=$spec LAUNCHES=$LAUNCHES benchmarks/gpu_suite.sh nodes" <<'PY'
+import json, sys
+path, model, amp, nodes, heterogeneity, command = sys.argv[1:]
+json.dump({"model": model, "amp": bool(amp), "data": "on device", "nodes": nodes, "heterogeneity": heterogeneity,
+           "command": command}, open(path, "w"))
+PY
   two_nodes nodes_profile profile "${NODES_PROFILE[@]}" --quick --no-loader --out "${p}_profile.json"
   if [ -s "${p}_profile.json" ]; then
     part nodes_plan $PY -m planner plan --profile "${p}_profile.json" --global-batch "$NODES_B" --out "${p}_plan.json"
@@ -190,52 +207,15 @@ print(','.join(map(str, proportional_split(planner.Profile.load('${p}_profile.js
     done
   fi
   kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null
-  $PY - "$OUT" <<'PY'
-import glob, json, statistics, sys
-out = sys.argv[1]
-def epochs(path):
-    rows = [json.loads(x) for x in open(path)]
-    return [r for r in rows if r.get("event") == "epoch"]
-res = {}
-for s in ("equal", "proportional", "plan"):
-    for path in sorted(glob.glob(f"{out}/nodes_{s}_r*.jsonl")):
-        ep = [e for e in epochs(path) if e["epoch"] >= 1] or epochs(path)
-        sps = statistics.median(e["samples_per_s"] for e in ep if e.get("samples_per_s"))
-        meas = statistics.median(e["step_time_s"] for e in ep if e.get("step_time_s"))
-        # the plan's printed prediction: the synchronous step (slowest rank + exposed communication)
-        pred = json.load(open(f"{out}/nodes_{s}.json"))["predicted"]["step_time_s"]
-        res.setdefault(s, []).append({"file": path.rsplit("/", 1)[1], "samples_per_s": sps, "step_s": meas,
-                                      "predicted_step_s": pred, "error": meas / pred - 1,
-                                      "batch_sizes": ep[0]["batch_sizes"]})
-rows = []
-for s, launches in res.items():
-    for k, l in enumerate(launches):
-        base = res.get("equal", [])[k]["samples_per_s"] if k < len(res.get("equal", [])) else None
-        l["vs_equal"] = l["samples_per_s"] / base if base else None
-        print(f"{s:13s} {l['file']:28s} {l['samples_per_s']:9.1f} samples/s  x{l['vs_equal'] or 0:.3f} equal  "
-              f"step {l['step_s'] * 1e3:7.2f} ms  predicted {l['predicted_step_s'] * 1e3:7.2f} ms  "
-              f"error {l['error']:+.1%}  batches {l['batch_sizes']}")
-for s, launches in res.items():
-    r = [l["vs_equal"] for l in launches if l["vs_equal"]]
-    e = [l["error"] for l in launches]
-    if r:
-        print(f"{s}: vs equal median {statistics.median(r):.3f} [{min(r):.3f}-{max(r):.3f}]; prediction error median "
-              f"{statistics.median(e):+.1%} [{min(e):+.1%} .. {max(e):+.1%}] over {len(r)} launches")
-json.dump(res, open(f"{out}/nodes_summary.json", "w"), indent=1)
-PY
+  $PY benchmarks/summarize_bench.py --nodes "$OUT" | tee "$OUT/nodes_summary.txt"
 }
 
 comm() {  # the communication breakdown under real co-tenants, then over sockets (the header says what it runs)
-  local spec=${COTENANT:-$CB_COTENANT} pids=() item dev i plan=()
+  local spec=${COTENANT:-$CB_COTENANT} pids=() plan=()
   local cb=("${TR[@]}" benchmarks/comm_breakdown.py "${CB[@]}" --json "$OUT/comm_breakdown.jsonl")
   local label="co-tenants $spec (GPU:processes, benchmarks/cotenant.py at duty $DUTY)"
   rm -f "$OUT/comm_profile.json" "$OUT/comm_plan.json"
-  for item in ${spec//,/ }; do
-    dev=${item%%:*}; [ "$dev" != cpu ] && dev=cuda:$dev
-    for i in $(seq 1 "${item#*:}"); do
-      $PY benchmarks/cotenant.py --device "$dev" --duty "$DUTY" >> "$OUT/comm_cotenant_load.log" 2>&1 & pids+=($!)
-    done
-  done
+  start_cotenants "$spec" "$OUT/comm_cotenant_load.log"; pids+=("${COTENANT_PIDS[@]}")
   sleep "${COTENANT_SETTLE:-10}"
   LIMIT=150 part comm_profile "${TR[@]}" -m planner profile "${CB_PROFILE[@]}" --dataset fake --quick --no-loader \
     --out "$OUT/comm_profile.json"
@@ -251,7 +231,7 @@ comm() {  # the communication breakdown under real co-tenants, then over sockets
 }
 
 promise() {  # does a plan keep the step time it prints (the header says what it runs)
-  local spec=${PR_COTENANT:-$PR_COTENANT_DEFAULT} pids=() item dev i v tag join= a=() b=() c=() t0=$SECONDS
+  local spec=${PR_COTENANT:-$PR_COTENANT_DEFAULT} pids=() i v tag join= a=() b=() c=() t0=$SECONDS
   local budget=${PR_BUDGET:-500}
   trap 'kill ${pids[*]} $join 2>/dev/null' EXIT
   trap 'kill ${pids[*]} $join 2>/dev/null; exit 143' TERM INT
@@ -262,12 +242,7 @@ promise() {  # does a plan keep the step time it prints (the header says what it
     [ "$(left)" -lt "$lim" ] && lim=$(left)
     LIMIT=$lim part "$name" "$@"
   }
-  for item in ${spec//,/ }; do
-    dev=${item%%:*}; [ "$dev" != cpu ] && dev=cuda:$dev
-    for i in $(seq 1 "${item#*:}"); do
-      $PY benchmarks/cotenant.py --device "$dev" --duty "$DUTY" >> "$OUT/promise_cotenant_load.log" 2>&1 & pids+=($!)
-    done
-  done
+  start_cotenants "$spec" "$OUT/promise_cotenant_load.log"; pids+=("${COTENANT_PIDS[@]}")
   echo "co-tenants $spec at duty $DUTY; joining at epoch 2: $PR_JOIN" > "$OUT/promise_setup.txt"
   sleep "${COTENANT_SETTLE:-8}"
   # (a) own loop: one profile and plan under the co-tenants

@@ -558,12 +558,6 @@ def blocks(launches: Sequence[Launch]) -> dict[str, str]:
     return out
 
 
-def _spread(values: Sequence[float], fmt: str) -> str:
-    """median [min-max] of ``values`` in ``fmt``."""
-    return (f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))} .. {fmt.format(max(values))}]"
-            if values else "-")
-
-
 def _records(results: Path, kind: str) -> list[dict[str, Any]]:
     out = []
     for path in sorted(results.glob("*.json")):
@@ -587,9 +581,9 @@ def nodes_table(results: Path) -> str:
     for strategy in ("equal", "proportional", "plan"):
         g = [r for r in recs if r["strategy"] == strategy]
         if g:
-            rows.append(f"| {strategy} | {g[0]['batch_sizes']} | {len(g)} | {_spread([r['samples_per_s'] for r in g], '{:.0f}')} | "
-                        f"{_spread([r['vs_equal'] for r in g], '{:.3f}')} | "
-                        f"{_spread([r['prediction_error'] for r in g], '{:+.1%}')} |")
+            rows.append(f"| {strategy} | {g[0]['batch_sizes']} | {len(g)} | {_x([r['samples_per_s'] for r in g], '{:.0f}')} | "
+                        f"{_x([r['vs_equal'] for r in g], '{:.3f}')} | "
+                        f"{_pct([r['prediction_error'] for r in g])} |")
     return (f"{len(meta['devices'])}x {meta['devices'][0]}, torch {meta['torch']}, {meta['model']}"
             f"{' bf16' if meta.get('amp') else ''}, global batch {meta['global_batch']}, inputs {meta['data']}. "
             f"Nodes: {meta['nodes']}. Heterogeneity: {meta['heterogeneity']}. `{meta['command']}`; samples/s and step "
@@ -612,7 +606,7 @@ def comm_table(results: Path) -> str:
             exposed = ", ".join(f"{x['exposed_ms']:.1f}" for x in ranks)
             launch = r["_file"].rsplit("_", 1)[1].split(".")[0]
             rows.append(f"| {launch} | {r.get('label', '')} | {name} | {v.get('batch_sizes')} | "
-                        f"{_spread(v.get('rounds_samples_per_s') or [], '{:.0f}')} | {compute} | {exposed} |")
+                        f"{_x(v.get('rounds_samples_per_s') or [], '{:.0f}')} | {compute} | {exposed} |")
     r0 = recs[0]
     return (f"{r0['world_size']}x {r0['devices'][0]}, torch {r0['torch']}, {r0['model']} "
             f"{'bf16' if r0.get('amp') else 'fp32'}, global batch {r0['global_batch']}, {r0['steps']} timed steps "
@@ -766,6 +760,55 @@ def promise_summary(out: Path, join_epoch: int = 2) -> list[dict[str, Any]]:
     return records
 
 
+def nodes_summary(out: Path) -> list[dict[str, Any]]:
+    """`gpu_suite.sh nodes`' $OUT: one record per launch (kind "nodes", written to ``out/nodes_records.jsonl``)
+    and a line each: samples/s and step time (the launch's medians over its steady epochs, all but the first),
+    x the equal split of the same round, measured / the plan's printed step - 1; then medians [min-max]."""
+    setup = json.loads((out / "nodes_setup.json").read_text(encoding="utf-8"))
+    profile = json.loads((out / "nodes_profile.json").read_text(encoding="utf-8"))
+
+    def steady(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        epochs = [e for e in map(json.loads, path.read_text(encoding="utf-8").splitlines()) if e.get("event") == "epoch"]
+        return epochs, [e for e in epochs if e["epoch"] >= 1] or epochs
+
+    records: list[dict[str, Any]] = []
+    for path in sorted(out.glob("nodes_*_r*.jsonl")):
+        m = re.fullmatch(r"nodes_(equal|proportional|plan)_r(\d+)\.jsonl", path.name)
+        if m is None:
+            continue
+        strategy, launch = m.group(1), int(m.group(2))
+        plan = json.loads((out / f"nodes_{strategy}.json").read_text(encoding="utf-8"))
+        epochs, ep = steady(path)
+        equal = out / f"nodes_equal_r{launch}.jsonl"
+        equal_sps = statistics.median(e["samples_per_s"] for e in steady(equal)[1]) if equal.exists() else None
+        step = statistics.median(e["step_time_s"] for e in ep)
+        predicted = plan["predicted"]["step_time_s"]  # the printed step: slowest rank + exposed communication
+        sps = statistics.median(e["samples_per_s"] for e in ep)
+        records.append({
+            "record": RECORD_FORMAT, "kind": "nodes", "source": path.name, "run": launch,
+            "meta": {"devices": [r["device_name"] for r in profile["ranks"]], "torch": profile["meta"]["torch"],
+                     "global_batch": plan["global_batch"], **setup},
+            "strategy": strategy, "batch_sizes": [r["batch_size"] for r in plan["ranks"]],
+            "epochs_samples_per_s": [e["samples_per_s"] for e in epochs], "samples_per_s": sps, "step_time_s": step,
+            "predicted_step_time_s": predicted, "prediction_error": step / predicted - 1,
+            "equal_samples_per_s_same_round": equal_sps, "vs_equal": sps / equal_sps if equal_sps else None})
+    order = {"equal": 0, "proportional": 1, "plan": 2}
+    records.sort(key=lambda r: (r["run"], order[r["strategy"]]))
+    for r in records:
+        print(f"{r['strategy']:13s} {r['source']:28s} {r['samples_per_s']:9.1f} samples/s  x{r['vs_equal'] or 0:.3f} "
+              f"equal  step {r['step_time_s'] * 1e3:7.2f} ms  predicted {r['predicted_step_time_s'] * 1e3:7.2f} ms  "
+              f"error {r['prediction_error']:+.1%}  batches {r['batch_sizes']}")
+    for strategy in order:
+        g = [r for r in records if r["strategy"] == strategy]
+        if g:
+            print(f"{strategy}: vs equal {_x([r['vs_equal'] for r in g if r['vs_equal']], '{:.3f}')}; prediction "
+                  f"error {_pct([r['prediction_error'] for r in g])} over {len(g)} launches")
+    with open(out / "nodes_records.jsonl", "w", encoding="utf-8") as f:
+        for rec in records:
+            f.write(json.dumps(rec) + "\n")
+    return records
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("files", nargs="*", type=Path, help="more records or raw bench files (besides --results)")
@@ -777,7 +820,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--promise", type=Path, metavar="DIR",
                    help="gpu_suite.sh promise's $OUT: per launch and epoch measured vs predicted step, adoption, "
                         "planned/stock; medians; one record per launch in DIR/promise_records.jsonl")
+    p.add_argument("--nodes", type=Path, metavar="DIR",
+                   help="gpu_suite.sh nodes' $OUT: per launch samples/s, x equal, measured vs printed step; medians; "
+                        "one record per launch in DIR/nodes_records.jsonl")
     args = p.parse_args(argv)
+    if args.nodes:
+        nodes_summary(args.nodes)
+        return 0
     if args.promise:
         promise_summary(args.promise)
         return 0
