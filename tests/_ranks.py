@@ -32,7 +32,8 @@ FAIL_GRACE_S = 5.0
 """After a rank fails, the others get this long to print their own error and leave before they are killed."""
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port nothing listens on now (bound to 0, read, released); the rendezvous binds it right after."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -95,7 +96,7 @@ def run(argv: list[str], *, nproc: int = 2, timeout_s: float = 120.0,
     rank's output is concatenated in rank order. A launch past ``timeout_s`` is killed and fails the test."""
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as out_dir:
-        ctx = mp.start_processes(_rank, args=(nproc, _free_port(), list(argv), dict(env or {}), out_dir),
+        ctx = mp.start_processes(_rank, args=(nproc, free_port(), list(argv), dict(env or {}), out_dir),
                                  nprocs=nproc, join=False, start_method=_start_method())
         hung = False
         try:

@@ -32,8 +32,8 @@ import torch
 import planner
 from planner.plan import Plan
 from planner.runlog import read_run_log
+from tests._ranks import free_port
 from tests.reliability import _torchrun
-from tests.reliability.test_multinode import free_port
 from tests.reliability.test_no_hangs import two_rank_profile
 
 FIX = "tests.reliability._fixtures"

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -33,6 +32,7 @@ import planner
 from planner.plan import Plan
 from planner.runlog import read_run_log
 from profiler.inventory import machine_name
+from tests._ranks import free_port
 from tests.reliability import _torchrun
 from tests.reliability.test_no_hangs import two_rank_profile
 
@@ -41,13 +41,6 @@ DEADLINE_S = 150.0
 NODES = ((None, "127.0.0.1", 2), ("node-b", "127.0.0.2", 1))  # (PLANNER_HOST_ID, --local-addr, ranks)
 GLOBAL_BATCH = 20  # 100 samples: 5 full steps an epoch, no padded step (every split covers the same samples)
 EPOCHS = 2
-
-
-def free_port() -> int:
-    """A port nothing listens on now (bound to 0, read, released); the rendezvous binds it right after."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_node(port: int, run_id: str, host: str | None, addr: str, nproc: int, args: list[str],
