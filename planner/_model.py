@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.comm_model import rank_factors
+from planner.comm_model import applied_span_factors, rank_factors
 from planner.curves import Envelope, fit_envelope, memory_cap
 from planner.loader import handover_costs_s, loader_costs_s, worker_budgets
 from planner.options import SolveOptions
@@ -145,11 +145,19 @@ def equal_split_workers(profile: Profile, models: list[RankModel], opts: SolveOp
     return w
 
 
-def exposed_comm_s(profile: Profile) -> float:
-    """Communication left exposed after the slowest rank's backward ends (0 on one rank)."""
+def exposed_comm_s(profile: Profile, mode: str = "ddp") -> float:
+    """Communication left exposed after the slowest rank's backward ends (0 on one rank), the term a plan adds to
+    its slowest rank's predicted step (``planner.plan.synchronous_step_s``).
+
+    Under DDP with span factors the ranks' predictions are their spans under DDP (``planner.solve.rank_step_s``),
+    so the term is the tail measured after those spans, ``comm.span_tail_s``; ``comm.exposed_s`` was taken
+    against the standalone steps and already holds the slowest rank's stretch.  Otherwise ``exposed_s``; with
+    neither, the last bucket's share of one all-reduce."""
     comm = profile.comm
     if profile.world_size == 1 or comm is None:
         return 0.0
+    if comm.span_tail_s is not None and applied_span_factors(profile, mode) is not None:
+        return comm.span_tail_s
     if comm.exposed_s is not None:
         return comm.exposed_s
     if comm.allreduce_s is None:

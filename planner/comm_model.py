@@ -139,6 +139,18 @@ def recorded_span_factors(profile: Profile) -> tuple[float, ...] | None:
     return span_factors(ddp["balanced_compute_s"], alone)
 
 
+def recorded_span_tail_s(profile: Profile) -> float | None:
+    """The span tail (``CommProfile.span_tail_s``) of a profile written before the field existed, from the balanced
+    split's DDP rounds its meta keeps, as ``profiler.ddp.measure_ddp_cost`` computes it; None where the meta has
+    none.  For replaying recorded launches."""
+    ddp = profile.meta.get("ddp_cost[default]") if isinstance(profile.meta, Mapping) else None
+    if not isinstance(ddp, Mapping) or "balanced_step_s" not in ddp or "balanced_compute_s" not in ddp:
+        return None
+    slowest = max(c + (r.optimizer_step_s or 0.0) for c, r in zip(ddp["balanced_compute_s"], profile.by_rank,
+                                                                   strict=True))
+    return max(0.0, statistics.median(ddp["balanced_step_s"]) - slowest)
+
+
 def rank_factors(factors: Sequence[float] | None, world_size: int) -> tuple[float, ...]:
     """The factors the solver applies (1 per rank where the profile has none or they do not fit its ranks)."""
     if factors is None or len(factors) != world_size:

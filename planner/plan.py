@@ -156,7 +156,8 @@ class Predicted:
     """sum_i b_i / t_i(b_i) at the planned batches: every rank flat out, nobody waiting."""
     equal_split_step_time_s: float | None = None
     comm_s: float = 0.0
-    """Exposed communication time added to every synchronous step."""
+    """Exposed communication time added to every synchronous step (``planner.solve.exposed_comm_s``: under DDP
+    with span factors the tail measured after the stretched spans, else the exposed time at the equal split)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -166,6 +166,13 @@ class CommProfile:
     prediction, and so its step, reads it (``planner.solve.rank_step_s``); the solve never does (the split
     balances the standalone curves).  On 2x H200: 1.015-1.051.  None: not measured (one rank, or older
     profiles)."""
+    span_tail_s: float | None = None
+    """With ``span_factors``: what the synchronous step adds after the slowest rank's span under DDP and its
+    optimizer step, at the same balanced split the factors were measured at (median step - max_i (span_i + o_i),
+    >= 0): the last bucket's all-reduce and DDP's per-step work.  The plan's step under DDP is the slowest
+    stretched rank plus this tail (``planner.solve.exposed_comm_s``).  ``exposed_s`` is taken against the
+    standalone steps at the equal split, so it already holds the slowest rank's stretch: added to stretched ranks
+    it counts the stretch twice.  None: not measured (older profiles use ``exposed_s``)."""
 
     def __post_init__(self) -> None:
         if self.launch_env is not None:
@@ -466,9 +473,10 @@ def _model_from(v: Any, path: str) -> ModelInfo:
 
 
 def _comm_from(v: Any, path: str) -> CommProfile:
-    d = as_obj(v, path, allowed=("backend", "allreduce_s", "exposed_s", "wait_factors", "launch_env", "span_factors"))
+    d = as_obj(v, path, allowed=("backend", "allreduce_s", "exposed_s", "wait_factors", "launch_env", "span_factors",
+                                 "span_tail_s"))
     b, a, e = opt(d, "backend"), opt(d, "allreduce_s"), opt(d, "exposed_s")
-    w, env, sf = opt(d, "wait_factors"), opt(d, "launch_env"), opt(d, "span_factors")
+    w, env, sf, tail = opt(d, "wait_factors"), opt(d, "launch_env"), opt(d, "span_factors"), opt(d, "span_tail_s")
     factors = None
     if w is not None:
         factors = tuple(as_num(x, f"{path}.wait_factors[{i}]", positive=True)
@@ -488,4 +496,5 @@ def _comm_from(v: Any, path: str) -> CommProfile:
         wait_factors=factors,
         launch_env=launch,
         span_factors=spans,
+        span_tail_s=None if tail is None else _time(tail, f"{path}.span_tail_s", positive=False),
     )

@@ -139,7 +139,7 @@ def solve(
     solver: dict[str, object] = {"method": found.method, "status": found.status, "solve_time_s": 0.0,
                                  "profile_fingerprint": profile.fingerprint(), "options": opts.to_dict()}
     if found.plain_step_s is not None:
-        solver["no_accumulation_step_time_s"] = found.plain_step_s + exposed_comm_s(profile)
+        solver["no_accumulation_step_time_s"] = found.plain_step_s + exposed_comm_s(profile, opts.mode)
     plan = _make_plan(profile, models, b, workers, opts, solver=solver, steps=k)
     eq = np.asarray(equal_split(global_batch, len(models)), dtype=np.int64)
     eq_k, fits = fewest_steps(models, eq.tolist(), opts)
@@ -237,11 +237,15 @@ def calibrate_overhead(profile: Profile, batch_sizes: Sequence[int], measured_st
             "repeats, re-profile on the machine as it trains", stacklevel=2)
         e_new = 0.0
     comm = profile.comm if profile.comm is not None else CommProfile()
+    # The term the plan read (exposed_comm_s): the tail after the spans under DDP where the profile has one.
+    field = ("span_tail_s" if comm.span_tail_s is not None and applied_span_factors(profile, before.mode)
+             else "exposed_s")
     meta = {**profile.meta, "exposed_calibration": {
         "source": source, "batch_sizes": [int(b) for b in batch_sizes], "measured_step_s": float(measured_step_s),
         "predicted_step_s_before": float(before.predicted.step_time_s), "exposed_s_before": float(e_old),
-        "exposed_s": e_new, "clamped_at_zero": clamped}}
-    return replace(profile, comm=replace(comm, exposed_s=e_new), meta=meta)
+        "exposed_s": e_new, "clamped_at_zero": clamped, "field": field}}
+    comm = replace(comm, span_tail_s=e_new) if field == "span_tail_s" else replace(comm, exposed_s=e_new)
+    return replace(profile, comm=comm, meta=meta)
 
 
 def equal_accumulation_split(
@@ -410,7 +414,7 @@ def _make_plan(
     steps: Sequence[int] | np.ndarray,
 ) -> Plan:
     B = int(b.sum())
-    comm = exposed_comm_s(profile)
+    comm = exposed_comm_s(profile, opts.mode)
     spans = applied_span_factors(profile, opts.mode)
     ranks = []
     alone = []

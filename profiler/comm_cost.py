@@ -102,6 +102,7 @@ def measure_comm(grad_bytes: int, ranks: list[RankProfile], make_runner: Callabl
         # The span factors move each rank's predicted step under DDP, never the split (planner.solve.rank_step_s).
         return (dataclasses.replace(comm, exposed_s=cost.exposed_s, wait_factors=None,
                                     span_factors=cost.span_factors or None,
+                                    span_tail_s=cost.span_tail_s if cost.span_factors else None,
                                     launch_env=dict(launch) if launch else None), meta)
     finally:
         if group is not None:
@@ -116,4 +117,5 @@ def _cost_meta(name: str, cost: Any) -> dict[str, Any]:
         "balanced_step_s": [round(x, 6) for x in cost.balanced.step_s],
         "balanced_compute_s": [round(x, 6) for x in cost.balanced.compute_s],
         "predicted_balanced_s": round(cost.predicted_balanced_s, 6), "exposed_s": round(cost.exposed_s, 6),
-        "wait_factors": list(cost.wait_factors), "span_factors": list(cost.span_factors)}}
+        "wait_factors": list(cost.wait_factors), "span_factors": list(cost.span_factors),
+        "span_tail_s": None if cost.span_tail_s is None else round(cost.span_tail_s, 6)}}

@@ -1,8 +1,9 @@
 """What synchronous data parallelism adds to a step: measured, not assumed.
 
-The solver predicts a synchronous step as  max_i f_i * t_i(b_i) + exposed  (planner.comm_model), where t_i are
-the ranks' standalone steps.  Both terms come from a few real DDP steps, run with the same step code as the
-compute sweep (and the trainer), emulated slowdowns included, at two splits interleaved round by round:
+The plan predicts a synchronous step under DDP as  max_i [f_i (t_i(b_i) - o_i) + o_i] + tail  (planner.solve),
+where t_i are the ranks' standalone steps and o_i their optimizer steps.  Both terms come from a few real DDP
+steps, run with the same step code as the compute sweep (and the trainer), emulated slowdowns included, at two
+splits interleaved round by round:
 
   * equal: every rank at one common batch b.  ``exposed = t_DDP(b) - max_i t_i(b)`` with t_DDP the slowest
     rank's mean step (every rank waits for it): the all-reduce tail after the last bucket, DDP's per-step CPU
@@ -13,6 +14,8 @@ compute sweep (and the trainer), emulated slowdowns included, at two splits inte
     plan lands near.  Each rank's compute -- its step start to its last gradient bucket, marked by a comm hook
     (CUDA events on GPU, the host clock on CPU) -- over its standalone compute gives f_i: a rank whose
     all-reduce kernels wait for a later peer's buckets runs its own backward slower (+7-14% at F = 3 on 2x H100/H200).
+    The same split's step less the slowest span and its optimizer step is the tail; ``exposed`` above is taken
+    against standalone steps, holds the slowest rank's stretch, and stands in where no factors apply (FSDP).
 """
 
 from __future__ import annotations
@@ -223,6 +226,10 @@ class DDPCost:
     span_factors: tuple[float, ...] = ()
     """By rank (>= 1): the compute span under DDP at the balanced split over the standalone step less its optimizer
     step (planner.profile.CommProfile.span_factors): what the step timer reads, not snapped to a noise band."""
+    span_tail_s: float | None = None
+    """The balanced split's median step less max_i (span_i + o_i) (>= 0): what the step adds after the slowest
+    rank's span under DDP and its optimizer step (planner.profile.CommProfile.span_tail_s).  The plan adds it to
+    spans stretched by the factors above; ``exposed_s`` is taken against standalone steps and holds the stretch."""
 
     @property
     def some_rank_waits(self) -> bool:
@@ -255,8 +262,11 @@ def measure_ddp_cost(make_runner: Callable[[], TimedSteps], ranks: Sequence[Rank
     rounds_s = tuple(max(0.0, x - slowest) for x in eq_r.step_s)
     exposed = statistics.median(rounds_s)
     predicted = max(c(bi) for c, bi in zip(curves, bal, strict=True)) + exposed
+    # Both terms of the plan's step under DDP, measured at one split: the slowest span plus optimizer, then the tail.
+    opt = [r.optimizer_step_s or 0.0 for r in ranks]
+    tail = max(0.0, statistics.median(bal_r.step_s) - max(c + o for c, o in zip(bal_r.compute_s, opt, strict=True)))
     return DDPCost(exposed_s=exposed, exposed_rounds_s=rounds_s, wait_factors=factors, equal=eq_r, balanced=bal_r,
-                   predicted_balanced_s=predicted, span_factors=spans)
+                   predicted_balanced_s=predicted, span_factors=spans, span_tail_s=tail)
 
 
 def measure_exposed_rounds_s(make_runner: Callable[[], TimedSteps], ranks: Sequence[RankProfile], *,

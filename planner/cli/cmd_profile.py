@@ -221,6 +221,11 @@ def format_profile(profile: Profile) -> str:
                      if isinstance(rounds, list) and len(rounds) > 1 else "")
             lines.append(f"DDP overhead per step, measured (all-reduce tail + DDP's own work): "
                          f"{1000 * profile.comm.exposed_s:.2f} ms{shown}")
+        if profile.comm.span_tail_s is not None and profile.comm.span_factors is not None:
+            lines.append("span factors by rank (span under DDP over alone) and the tail after the slowest span "
+                         "(the plan's exposed communication): "
+                         + ", ".join(f"{f:.3f}" for f in profile.comm.span_factors)
+                         + f"; {1000 * profile.comm.span_tail_s:.2f} ms")
         if profile.comm.wait_factors is not None:
             # planner.comm_model: a rank's compute under DDP at a balanced split over alone, relative to the
             # least-waiting rank.

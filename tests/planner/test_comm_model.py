@@ -257,3 +257,60 @@ def test_the_replanner_reads_a_span_under_ddp_as_the_standalone_step_it_stands_f
         assert err0 > 0.02 and scale0 > 1.035  # the double count
         assert 0.02 < err1 < 0.04 and scale1 < 1.025
         assert spans == pytest.approx(measured, rel=0.01)
+
+
+def test_the_step_under_ddp_adds_the_tail_measured_after_the_spans() -> None:
+    """CommProfile.span_tail_s: the balanced split's step less its slowest span and optimizer step.  Added to the
+    stretched ranks in place of the exposed communication (taken against standalone steps at the equal split, so
+    holding the slowest rank's stretch), both terms come from one split and nothing is counted twice.  Recorded skew
+    launch (2x H200, rank 1 3x slower, [392, 120], steps of 86.75-87.11 ms in epochs 1-4): the plan's step reads
+    85.6 ms (-1.3..-1.7%) where the exposed communication gave 89.2 ms (+2.4..+2.8%), and the Replanner's
+    prediction of the running plan is within 1.1% in epochs 1-3 where it read +3.0-3.5%.  FSDP, where no span
+    factor applies, keeps the exposed communication; the profile's tail round-trips through both JSON forms, and
+    calibrating a loop's overhead moves the term the plan reads."""
+    import re
+
+    from planner.comm_model import recorded_span_tail_s
+    from planner.runlog import read_run_log
+    from planner.solve import calibrate_overhead
+    from runtime.replan.replanner import Replanner
+
+    skew = "h200x2_train_auto_replan_s18a_skewS_r2"
+    spans = _with_span_factors(skew)
+    assert spans.comm is not None
+    tail = recorded_span_tail_s(spans)
+    assert tail is not None and 0 < tail < spans.comm.exposed_s / 5  # 0.43 ms against 4.01 ms
+    prof = dataclasses.replace(spans, comm=dataclasses.replace(spans.comm, span_tail_s=tail))
+    log = read_run_log(RESULTS / f"{skew}_run.jsonl")
+    measured = [e.step_time_s for e in log.epochs[1:5]]
+    assert all(m is not None for m in measured)
+    plan = evaluate(prof, [392, 120], num_workers=[23, 7], min_batch=2)
+    doubled = evaluate(spans, [392, 120], num_workers=[23, 7], min_batch=2)
+    assert plan.predicted.comm_s == tail and doubled.predicted.comm_s == spans.comm.exposed_s
+    assert plan.predicted.step_time_s == max(r.predicted_step_time_s for r in plan.ranks) + tail
+    assert [r.predicted_step_time_s for r in plan.ranks] == [r.predicted_step_time_s for r in doubled.ranks]
+    for m in measured:
+        assert -0.02 < plan.predicted.step_time_s / m - 1 < -0.01  # type: ignore[operator]
+        assert doubled.predicted.step_time_s / m - 1 > 0.02  # type: ignore[operator]
+    # The Replanner re-predicts the running plan with the same term.
+    oplan = Plan.load(RESULTS / f"{skew}_plan.json")
+    rp = Replanner(prof, oplan, options=oplan.options)
+    for e in log.epochs[:4]:
+        d = rp.decide(list(e.ranks), e.epoch)
+        if e.epoch >= 1:
+            got = float(re.match(r"predicted step ([0-9.]+) ms", d.reason).group(1)) / 1e3  # type: ignore[union-attr]
+            assert abs(got / e.step_time_s - 1) < 0.011, (e.epoch, got, e.step_time_s)  # type: ignore[operator]
+    # FSDP: the factors were measured under DDP, so neither they nor the tail apply.
+    fsdp = evaluate(prof, [392, 120], num_workers=[23, 7], min_batch=2, mode="fsdp")
+    assert fsdp.predicted.comm_s == spans.comm.exposed_s
+    # Both formats carry it; older files (no field) load as None.
+    data = prof.to_dict()
+    jsonschema.validate(data, json.loads((ROOT / "planner" / "schemas" / "profile.schema.json").read_text()))
+    assert Profile.from_dict(json.loads(json.dumps(data))).comm.span_tail_s == tail  # type: ignore[union-attr]
+    assert spans.comm.span_tail_s is None
+    # A loop's measured overhead calibrates the term the plan reads.
+    cal = calibrate_overhead(prof, [392, 120], 0.0875, source="test", num_workers=[23, 7], min_batch=2)
+    assert cal.comm is not None and cal.comm.exposed_s == spans.comm.exposed_s
+    assert cal.meta["exposed_calibration"]["field"] == "span_tail_s"
+    again = evaluate(cal, [392, 120], num_workers=[23, 7], min_batch=2)
+    assert again.predicted.step_time_s == pytest.approx(0.0875, rel=1e-12)

@@ -64,6 +64,10 @@ def _worker(rank: int, world: int, slowdowns: list[float]) -> None:
     alone = [fit_envelope(r.compute)(b) for r, b in zip(ranks, cost.balanced.batch_sizes, strict=True)]
     assert cost.span_factors == tuple(round(max(1.0, c / a), 4)
                                       for c, a in zip(cost.balanced.compute_s, alone, strict=True))
+    # The tail after the slowest span (no optimizer step recorded here) at the same split, never negative.
+    import statistics
+
+    assert cost.span_tail_s == max(0.0, statistics.median(cost.balanced.step_s) - max(cost.balanced.compute_s))
     if slowdowns[1] > 1:  # the emulated rank gets the smaller batch
         assert cost.balanced.batch_sizes[1] < cost.balanced.batch_sizes[0]
     assert dist.get_backend() == "gloo"
