@@ -173,6 +173,10 @@ class CommProfile:
     stretched rank plus this tail (``planner.solve.exposed_comm_s``).  ``exposed_s`` is taken against the
     standalone steps at the equal split, so it already holds the slowest rank's stretch: added to stretched ranks
     it counts the stretch twice.  None: not measured (older profiles use ``exposed_s``)."""
+    grad_compress: str | None = None
+    """The wire format of the gradients in the DDP steps behind ``exposed_s``, ``span_factors`` and ``span_tail_s``
+    ("bf16" or "fp16", ``planner profile --grad-compress``); None: uncompressed.  A run sending another format
+    than its profile measured is warned that its prediction does not hold (``planner train``)."""
 
     def __post_init__(self) -> None:
         if self.launch_env is not None:
@@ -474,7 +478,7 @@ def _model_from(v: Any, path: str) -> ModelInfo:
 
 def _comm_from(v: Any, path: str) -> CommProfile:
     d = as_obj(v, path, allowed=("backend", "allreduce_s", "exposed_s", "wait_factors", "launch_env", "span_factors",
-                                 "span_tail_s"))
+                                 "span_tail_s", "grad_compress"))
     b, a, e = opt(d, "backend"), opt(d, "allreduce_s"), opt(d, "exposed_s")
     w, env, sf, tail = opt(d, "wait_factors"), opt(d, "launch_env"), opt(d, "span_factors"), opt(d, "span_tail_s")
     factors = None
@@ -497,4 +501,18 @@ def _comm_from(v: Any, path: str) -> CommProfile:
         launch_env=launch,
         span_factors=spans,
         span_tail_s=None if tail is None else _time(tail, f"{path}.span_tail_s", positive=False),
+        grad_compress=_wire_format(opt(d, "grad_compress"), f"{path}.grad_compress"),
     )
+
+
+WIRE_FORMATS = ("bf16", "fp16")
+"""The compressed wire formats a profile may have measured (``CommProfile.grad_compress``)."""
+
+
+def _wire_format(v: Any, path: str) -> str | None:
+    if v is None:
+        return None
+    name = as_str(v, path)
+    if name not in WIRE_FORMATS:
+        raise ValidationError(f"{path}: {name!r} is not a gradient wire format; one of {', '.join(WIRE_FORMATS)}")
+    return name

@@ -32,10 +32,12 @@ def _say(say: Callable[[str], None] | None, text: str) -> None:
 
 
 def measure_comm(grad_bytes: int, ranks: list[RankProfile], make_runner: Callable[[], TimedSteps] | None,
-                 repeats: int, say: Callable[[str], None] | None = None) -> tuple[CommProfile, dict[str, Any]]:
+                 repeats: int, say: Callable[[str], None] | None = None,
+                 grad_compress: str = "none") -> tuple[CommProfile, dict[str, Any]]:
     """All-reduce time and the measured DDP cost (profiler.ddp: exposed communication, wait factors), on the
-    backend training will use; on NCCL also the launch variants (profiler.comm.NCCL_CTA_VARIANTS), one recorded
-    only when it measurably helps.  The rounds go to the profile's meta."""
+    backend training will use, with the DDP steps' gradients on the wire as ``grad_compress`` says (what
+    ``planner train --grad-compress`` sends); on NCCL also the launch variants (profiler.comm.NCCL_CTA_VARIANTS),
+    one recorded only when it measurably helps.  The rounds go to the profile's meta."""
     # All-CUDA jobs train over NCCL: time NCCL even when the default group is gloo (mixed jobs stay on gloo).
     group: dist.ProcessGroup | None = None
     if all(r.device.startswith("cuda") for r in ranks) and dist.get_backend() != "nccl" and dist.is_nccl_available():
@@ -53,7 +55,8 @@ def measure_comm(grad_bytes: int, ranks: list[RankProfile], make_runner: Callabl
         if make_runner is not None:
             _say(say, "DDP cost: 3 rounds of DDP steps at the equal and the balanced split")
             try:
-                cost = measure_ddp_cost(make_runner, ranks, group=group, min_batch=min_batch)
+                cost = measure_ddp_cost(make_runner, ranks, group=group, min_batch=min_batch,
+                                        compress=grad_compress)
                 # A launch variant is timed only on NCCL, only where a rank waits for its peers (what fewer CTAs
                 # can help), and only when it is cheap; the test reads numbers every rank holds alike.
                 vcost = cost.cost_s(**VARIANT_COUNTS)
@@ -68,7 +71,7 @@ def measure_comm(grad_bytes: int, ranks: list[RankProfile], make_runner: Callabl
                     _say(say, f"DDP cost under {name}")
                     try:
                         variants[name] = (env, measure_ddp_cost(make_runner, ranks, group=vgroup, min_batch=min_batch,
-                                                                **VARIANT_COUNTS))
+                                                                compress=grad_compress, **VARIANT_COUNTS))
                     finally:
                         dist.destroy_process_group(vgroup)
             except Exception as e:
@@ -103,6 +106,7 @@ def measure_comm(grad_bytes: int, ranks: list[RankProfile], make_runner: Callabl
         return (dataclasses.replace(comm, exposed_s=cost.exposed_s, wait_factors=None,
                                     span_factors=cost.span_factors or None,
                                     span_tail_s=cost.span_tail_s if cost.span_factors else None,
+                                    grad_compress=None if grad_compress == "none" else grad_compress,
                                     launch_env=dict(launch) if launch else None), meta)
     finally:
         if group is not None:

@@ -34,6 +34,7 @@ from planner.comm_model import balanced_split, relative_spread, span_factors, wa
 from planner.curves import fit_envelope
 from planner.profile import RankProfile
 from profiler.compute import TimedSteps
+from runtime.compress import WIRE_DTYPES, check_compress
 
 BALANCED_MAX_STEPS = 4.0
 """The balanced split's step is at most this many times the equal split's (its cost stays near the equal one's)."""
@@ -122,15 +123,24 @@ class _Marks:
         return out
 
 
-def _hooked_ddp(model: torch.nn.Module, device: torch.device, group: Any, marks: _Marks) -> DDP:
+def _hooked_ddp(model: torch.nn.Module, device: torch.device, group: Any, marks: _Marks,
+                compress: str = "none") -> DDP:
     """DDP with a plain averaging all-reduce hook that marks each bucket (what the trainer's weighted hook does,
-    one Python hook per bucket, so the measured overhead is the trainer's)."""
+    one Python hook per bucket, so the measured overhead is the trainer's).  With ``compress`` ("bf16", "fp16")
+    the bucket goes over the wire as the weighted compressed hook sends it (runtime.compress): scaled in its own
+    dtype, cast, SUM-all-reduced, copied back."""
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, process_group=group)
     world = dist.get_world_size(group)
+    wire = WIRE_DTYPES.get(check_compress(compress))
 
     def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         marks.bucket()
         buf = bucket.buffer().div_(world)
+        if wire is not None:
+            sent = buf.to(wire)
+            work = dist.all_reduce(sent, group=group, async_op=True)
+            assert work is not None
+            return work.get_future().then(lambda fut: buf.copy_(fut.value()[0]))
         work = dist.all_reduce(buf, group=group, async_op=True)
         assert work is not None
         return work.get_future().then(lambda fut: fut.value()[0])
@@ -155,7 +165,7 @@ class SplitRounds:
 
 
 def measure_splits(make_runner: Callable[[], TimedSteps], splits: Sequence[Sequence[int]], *, group: Any = None,
-                   warmup: int = 2, rounds: int = 3, repeats: int = 4) -> list[SplitRounds]:
+                   warmup: int = 2, rounds: int = 3, repeats: int = 4, compress: str = "none") -> list[SplitRounds]:
     """Collective over `group`: `rounds` rounds of `repeats` DDP steps at each split (interleaved, so a drift
     in the machine hits every split alike); this rank runs batch ``split[rank]``."""
     runner = make_runner()
@@ -164,7 +174,7 @@ def measure_splits(make_runner: Callable[[], TimedSteps], splits: Sequence[Seque
     marks = _Marks(device)
     per_split: list[tuple[list[float], list[list[float]]]] = [([], []) for _ in splits]
     try:
-        ddp = _hooked_ddp(runner.model, device, group, marks)
+        ddp = _hooked_ddp(runner.model, device, group, marks, compress)
         batches = [runner.make_batch(int(s[me])) for s in splits]  # made once: no input work in a timed step
         for batch in batches:  # cuDNN picks algorithms per shape: every split warms up alike
             for _ in range(warmup):
@@ -243,14 +253,15 @@ class DDPCost:
 
 
 def measure_ddp_cost(make_runner: Callable[[], TimedSteps], ranks: Sequence[RankProfile], *, group: Any = None,
-                     min_batch: int = 1, warmup: int = 2, rounds: int = 3, repeats: int = 4) -> DDPCost:
+                     min_batch: int = 1, warmup: int = 2, rounds: int = 3, repeats: int = 4,
+                     compress: str = "none") -> DDPCost:
     """Collective over `group`: exposed communication and wait factors from DDP steps at the equal and the
-    balanced split; the same result on every rank."""
+    balanced split, gradients sent as ``compress`` says (``_hooked_ddp``); the same result on every rank."""
     b = ddp_equal_batch(ranks)
     equal = [b] * len(ranks)
     bal = balanced_batches(ranks, min_batch=min_batch)
     eq_r, bal_r = measure_splits(make_runner, [equal, bal], group=group, warmup=warmup, rounds=rounds,
-                                 repeats=repeats)
+                                 repeats=repeats, compress=compress)
     curves = [fit_envelope(r.compute) for r in ranks]
     # Alone, the marked part of a step is all of it but the optimizer step (it runs after the last bucket).
     alone = [max(1e-9, c(bi) - (r.optimizer_step_s or 0.0)) for c, bi, r in zip(curves, bal, ranks, strict=True)]

@@ -319,8 +319,10 @@ def share_on_host(lp: LoaderProfile, key: str | None) -> tuple[LoaderProfile, di
 
 
 def gather_profile(rank_profile: RankProfile, *, workload: Workload, comm_repeats: int = 10,
-                   meta: Mapping[str, Any] | None = None, progress: Progress | None = None) -> Profile | None:
-    """Collective: gather every rank's profile, time the all-reduce; rank 0 gets the Profile, others None.
+                   meta: Mapping[str, Any] | None = None, progress: Progress | None = None,
+                   grad_compress: str = "none") -> Profile | None:
+    """Collective: gather every rank's profile, time the all-reduce (the DDP steps' gradients on the wire as
+    ``grad_compress`` says); rank 0 gets the Profile, others None.
 
     Without an initialized process group (or with one rank) it returns the single-rank Profile, no comm.
     """
@@ -333,12 +335,12 @@ def gather_profile(rank_profile: RankProfile, *, workload: Workload, comm_repeat
 
     return gather_ranks(rank_profile, model_name=workload.name.split("@")[0], make_runner=make_runner,
                         comm_repeats=comm_repeats, meta={**_workload_info(workload), **(meta or {})},
-                        progress=progress)
+                        progress=progress, grad_compress=grad_compress)
 
 
 def gather_ranks(rank_profile: RankProfile, *, model_name: str, make_runner: Callable[[], TimedSteps] | None,
                  comm_repeats: int = 10, meta: Mapping[str, Any] | None = None,
-                 progress: Progress | None = None) -> Profile | None:
+                 progress: Progress | None = None, grad_compress: str = "none") -> Profile | None:
     """Collective: every rank's RankProfile and host into one Profile on rank 0 (None elsewhere), with the
     all-reduce and -- when ``make_runner`` rebuilds this rank's step -- the measured DDP overhead."""
     host = inventory.host_profile()
@@ -351,7 +353,7 @@ def gather_ranks(rank_profile: RankProfile, *, model_name: str, make_runner: Cal
     hosts = [HostProfile.from_dict(g["host"], path=f"rank {i}'s host") for i, g in enumerate(gathered)]
     t0 = time.perf_counter()
     comm, comm_meta = measure_comm(grad_bytes, ranks, make_runner, comm_repeats,
-                                   lambda line: _say(progress, line))
+                                   lambda line: _say(progress, line), grad_compress=grad_compress)
     if len({r.host for r in ranks}) > 1:  # spanning hosts: each host's own all-reduce too (planner.comm_model)
         nccl = all(r.device.startswith("cuda") for r in ranks) and dist.is_nccl_available()
         comm_meta["allreduce_by_host_s"] = measure_host_allreduce(

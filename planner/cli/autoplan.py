@@ -121,7 +121,9 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, workload: Workload, options: AutoP
         if known is not None:
             rank_profile = dataclasses.replace(known, loader=rank_profile.loader or known.loader,
                                                device_state=rank_profile.device_state)
-    gathered = gather_profile(rank_profile, workload=workload, progress=progress)  # rank 0's; None elsewhere
+    # rank 0's; None elsewhere.  The DDP steps send the gradients as the run will (--grad-compress).
+    gathered = gather_profile(rank_profile, workload=workload, progress=progress,
+                              grad_compress=cfg.grad_compress)
     profile_s = time.perf_counter() - t0
     solve_options = options.solve_options(cfg, workload)
 

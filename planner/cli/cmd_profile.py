@@ -71,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="emulate a smaller GPU: rank R may allocate only GIB GiB (real out-of-memory errors), e.g. 0=20")
     p.add_argument("--emulate-loader", default=None, metavar="R=W,..",
                    help="cap rank R's loader at W workers (recorded; the trainer applies it)")
+    p.add_argument("--grad-compress", choices=("none", "bf16", "fp16"), default="none",
+                   help="send the gradients of the measured DDP steps in this format, as `planner train "
+                        "--grad-compress` will (the plan's prediction then includes it; default none)")
     p.add_argument("--out", default="profile.json", metavar="PATH", help="profile JSON to write (default profile.json)")
     p.add_argument("--pg-timeout-s", type=real(0.0, lo_open=True), default=900.0, metavar="SEC",
                    help="torch.distributed timeout under torchrun (default 900: ranks wait for the slowest profile)")
@@ -158,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
             cap_device_memory(torch.device(device), memory_caps.get(0))
             rp = prun.profile_this_rank(workload, device, slowdown=slowdowns.get(0, 1.0),
                                         loader_workers_cap=loader_caps.get(0), **common)
-            profile = prun.gather_profile(rp, workload=workload, meta=meta)
+            profile = prun.gather_profile(rp, workload=workload, meta=meta, grad_compress=args.grad_compress)
     if profile is not None:
         profile.save(args.out)
         print(format_profile(profile))
@@ -187,7 +190,7 @@ def _run_distributed(args: argparse.Namespace, workload: Any, slowdowns: dict[in
         rp = prun.profile_this_rank(workload, str(env.device), slowdown=slowdowns.get(env.rank, 1.0),
                                     loader_workers_cap=loader_caps.get(env.rank), **common)
         return prun.gather_profile(rp, workload=workload, meta={**meta, "world_size": world},  # type: ignore[no-any-return]
-                                   progress=common["progress"])
+                                   progress=common["progress"], grad_compress=args.grad_compress)
     finally:
         shutdown(env)
 

@@ -454,6 +454,20 @@ def _eta(seconds: float) -> str:
 
 
 # -- the loop -----------------------------------------------------------------------------------------------
+def wire_format_warning(profile: Profile | None, grad_compress: str) -> str | None:
+    """A warning when the run sends its gradients in another format than the profile's DDP steps did
+    (``CommProfile.grad_compress``): the plan's printed step holds the profile's communication, not this run's."""
+    comm = profile.comm if profile is not None and profile.world_size > 1 else None
+    if comm is None or comm.exposed_s is None:
+        return None
+    measured = comm.grad_compress or "none"
+    if measured == grad_compress:
+        return None
+    return (f"warning: the profile's DDP steps sent gradients as {measured}, this run sends {grad_compress}: the "
+            f"plan's printed step does not include that change; for a prediction that does, profile with "
+            f"`planner profile --grad-compress {grad_compress}` (or train --auto --grad-compress {grad_compress})")
+
+
 def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
           workload: Workload | None = None, on_epoch: Callable[[EpochResult], None] | None = None,
           progress: Progress | None = None, on_start: Callable[[Run], None] | None = None,
@@ -494,7 +508,8 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
         steps, workers = total_steps(run), [r.num_workers for r in run.plan.ranks]
         streamed = isinstance(run.loader, StreamedEpochs)
         for line in (short_epoch_warning(steps, workers, streamed=streamed),
-                     stream_drain_note(steps, cfg.epochs - run.start_epoch, workers) if streamed else None):
+                     stream_drain_note(steps, cfg.epochs - run.start_epoch, workers) if streamed else None,
+                     wire_format_warning(profile, cfg.grad_compress)):
             if line is not None:
                 print(line, file=sys.stderr, flush=True)
     if on_start is not None:

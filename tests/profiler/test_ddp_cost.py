@@ -164,3 +164,32 @@ def test_the_equal_ddp_split_runs_where_plans_run_not_at_the_median_batch() -> N
     assert common_batch([fast, slow]) <= 64
     b = ddp_equal_batch([fast, slow])
     assert b > common_batch([fast, slow]) and fit_envelope(slow.compute)(b) <= 0.25
+
+
+def _compressed_worker(rank: int, world: int) -> None:
+    import torch
+
+    from profiler.ddp import _hooked_ddp, _Marks
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).double()
+    ddp = {c: _hooked_ddp(net, torch.device("cpu"), None, _Marks(torch.device("cpu")), c) for c in ("none", "bf16")}
+    got = {}
+    for c, model in ddp.items():
+        model.zero_grad()
+        torch.manual_seed(1 + rank)  # each rank its own batch
+        model(torch.randn(8, 16, dtype=torch.float64)).pow(2).sum().backward()
+        got[c] = [p.grad.clone() for p in net.parameters()]  # type: ignore[union-attr]
+    for exact, wire in zip(got["none"], got["bf16"], strict=True):
+        # What travelled was bf16: the averaged gradient is a bf16 number, within bf16's rounding of the exact mean
+        # (two roundings of terms up to the largest entry: the cast, the sum).
+        assert torch.equal(wire, wire.bfloat16().double())
+        assert (wire - exact).abs().max() <= 2 ** -7 * exact.abs().max()
+        assert not torch.equal(wire, exact)
+
+
+@pytest.mark.distributed
+def test_the_profiled_ddp_steps_send_the_gradients_as_the_run_will() -> None:
+    """``planner profile --grad-compress bf16``: the DDP steps behind the profile's communication all-reduce bf16
+    (profiler.ddp._hooked_ddp), as `planner train --grad-compress bf16` does, so the plan's step includes it."""
+    run_distributed(_compressed_worker, 2, timeout_s=60)
