@@ -38,12 +38,19 @@
 #             (default 2:1,3:2, benchmarks/cotenant.py at $DUTY) run through the part; (a) own loop: a profile and
 #             `planner plan` (ResNet-50 bf16 channels-last, B = $PR_B) under them, then $LAUNCHES interleaved launches of
 #             examples/ddp_planned.py (re-plans) and examples/ddp_stock.py (equal split), $PR_EPOCHS epochs, one more
-#             co-tenant joining GPU 1 when epoch 2 starts; (b) `planner train` with ranks 0-1 capped at $PR_MEM_GIB GiB
+#             co-tenant joining GPU 1 when epoch 2 starts (2 GPUs: 1 co-tenant on GPU 1, one joining GPU 0; rank 0
+#             capped in (b)); (b) `planner train` with ranks 0-1 capped at $PR_MEM_GIB GiB
 #             (--emulate-memory) so they accumulate, B = $PR_B_ACC, inputs made on the GPU (PR_B_LOADER=1: a DataLoader,
 #             whose prefetched batches would make 2 short epochs the loaders' drain); (c) `planner train
 #             --data-on-device`, B = $PR_B; (b) and (c)
 #             profile once (--auto) and reuse that plan in the later launches; raw files promise_*; then
 #             `summarize_bench.py --promise $OUT` prints the table and writes promise_records.jsonl
+#   slowlink  weighted bf16 compression over a slow link (2+ GPUs, about 6 min on 2 H100s): NCCL over sockets
+#             (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo), the last rank emulated
+#             ${SL_SKEW:-2x} slower; one --quick profile and plan per wire format (none, bf16: `planner profile
+#             --grad-compress`), then $LAUNCHES interleaved launches of `planner train --grad-compress` with each
+#             (ResNet-50 bf16 autocast, B = $SL_B, inputs made on the GPU); `summarize_bench.py --slowlink $OUT`:
+#             per launch samples/s, x the uncompressed plan of the same round, measured vs printed step
 #   nodes     two torchrun agents on this host as two nodes of $NODE_A + $NODE_B ranks (default NPROC-1 + 1; c10d,
 #             node B named by PLANNER_HOST_ID and --local-addr 127.0.0.2), real co-tenants $NODES_COTENANT on node A's
 #             GPUs (default 1:1,2:2); a --quick profile through both agents, then $LAUNCHES rounds of `planner train`
@@ -78,6 +85,7 @@ if [ -n "${TINY:-}" ]; then
   PR_B=16; PR_B_ACC=32; PR_JOIN=cpu; PR_COTENANT_DEFAULT=cpu:1; PR_SAMPLES=96; PR_EPOCHS=${PR_EPOCHS:-4}
   PR_PROFILE=(--device cpu --model mlp); PR_MEM=(); PR_EX=(--device cpu --arch mlp --image-size 8 --num-classes 10 --workers 0)
   PR_TRAIN=(--device cpu --model mlp --quick --num-samples 128)
+  SL_B=16; SL_PROFILE=(--device cpu --model mlp); SL_TRAIN=(--device cpu --model mlp --data-on-device --epochs 2 --max-steps-per-epoch 4)
 else
   NPROC=${NPROC:-$($PY -c "import torch; print(torch.cuda.device_count())")}
   CARD=$($PY -c "import torch; n=torch.cuda.get_device_name(0).split(); print((n[1] if len(n) > 1 else n[0]).lower())")
@@ -90,11 +98,17 @@ else
   CB_PROFILE=(--model resnet50); CB_COTENANT=2:1,3:2
   NODES_B=512; NODES_PROFILE=(--model resnet50 --amp --dataset fake); NODES_COTENANT_DEFAULT=1:1,2:2
   NODES_TRAIN=(--model resnet50 --amp --data-on-device --epochs 3 --max-steps-per-epoch 25)
-  PR_B=${PR_B:-512}; PR_B_ACC=${PR_B_ACC:-1024}; PR_JOIN=${PR_JOIN:-cuda:1}; PR_COTENANT_DEFAULT=2:1,3:2
+  # 4 GPUs: co-tenants 1 on GPU 2, 2 on GPU 3, one more joins GPU 1; ranks 0-1 memory-capped in (b).
+  # 2 GPUs: 1 co-tenant on GPU 1, one joins GPU 0 (the fast rank slows: the plan must move work back); rank 0 capped.
+  if [ "$NPROC" -ge 4 ]; then PR_COTENANT_DEFAULT=2:1,3:2; PR_JOIN=${PR_JOIN:-cuda:1}; PR_MEM_RANKS=${PR_MEM_RANKS:-0,1}
+  else PR_COTENANT_DEFAULT=1:1; PR_JOIN=${PR_JOIN:-cuda:0}; PR_MEM_RANKS=${PR_MEM_RANKS:-0}; fi
+  PR_B=${PR_B:-512}; PR_B_ACC=${PR_B_ACC:-1024}
   PR_SAMPLES=$(( PR_B * ${PR_STEPS:-20} )); PR_EPOCHS=${PR_EPOCHS:-6}
-  PR_PROFILE=(--model resnet50 --amp --channels-last on); PR_MEM=(--emulate-memory "0=${PR_MEM_GIB:-12},1=${PR_MEM_GIB:-12}")
+  PR_PROFILE=(--model resnet50 --amp --channels-last on); PR_MEM=(--emulate-memory "$(echo "$PR_MEM_RANKS" | sed -E "s/([0-9]+)/\1=${PR_MEM_GIB:-12}/g")")
   PR_EX=(--arch resnet50 --amp --channels-last --workers "${PR_WORKERS:-8}")
   PR_TRAIN=(--model resnet50 --amp --quick)
+  SL_B=${SL_B:-512}; SL_PROFILE=(--model resnet50 --amp --dataset fake)
+  SL_TRAIN=(--model resnet50 --amp --data-on-device --epochs 4 --max-steps-per-epoch 20)
 fi
 LAST=$(( NPROC - 1 ))
 SKEW=${SKEW:-$( [ "$NPROC" -ge 4 ] && echo "2=2,3=4" || echo "$LAST=3" )}
@@ -284,6 +298,37 @@ promise() {  # does a plan keep the step time it prints (the header says what it
   $PY benchmarks/summarize_bench.py --promise "$OUT" | tee "$OUT/promise_summary.txt"
 }
 
+slowlink() {  # weighted bf16 against the uncompressed plan over NCCL sockets (the header says what it runs)
+  local p="$OUT/slowlink" i c skew=${SL_SKEW:-$LAST=2}
+  local -a slow=(env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo)
+  [ "$DEV" = cpu ] && slow=(env)
+  rm -f "${p}"_*.jsonl "${p}"_*.json
+  $PY - "${p}_setup.json" "$(printf '%s\n' "${SL_TRAIN[@]}" | grep -A1 -x -- --model | tail -1)" \
+    "$( [[ " ${SL_TRAIN[*]} " == *" --amp "* ]] && echo 1 )" \
+    "NCCL over sockets on one host: NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo" \
+    "emulated compute skew: rank $skew (--emulate-slowdown)" \
+    "SL_SKEW=$skew LAUNCHES=$LAUNCHES benchmarks/gpu_suite.sh slowlink" <<'PY'
+import json, sys
+path, model, amp, link, heterogeneity, command = sys.argv[1:]
+json.dump({"model": model, "amp": bool(amp), "data": "on device", "link": link, "heterogeneity": heterogeneity,
+           "command": command}, open(path, "w"))
+PY
+  for c in none bf16; do
+    LIMIT=150 part "slowlink_${c}_profile" "${slow[@]}" "${TR[@]}" -m planner profile "${SL_PROFILE[@]}" --quick \
+      --no-loader --emulate-slowdown "$skew" --grad-compress "$c" --out "${p}_${c}_profile.json"
+    [ -s "${p}_${c}_profile.json" ] && part "slowlink_${c}_plan" $PY -m planner plan \
+      --profile "${p}_${c}_profile.json" --global-batch "$SL_B" --out "${p}_${c}.json"
+  done
+  for i in $(seq 1 "$LAUNCHES"); do
+    for c in none bf16; do
+      [ -s "${p}_${c}.json" ] && LIMIT=120 part "slowlink_${c}_r$i" "${slow[@]}" "${TR[@]}" -m planner train \
+        --plan "${p}_${c}.json" --profile "${p}_${c}_profile.json" "${SL_TRAIN[@]}" --emulate-slowdown "$skew" \
+        --grad-compress "$c" --log-file "${p}_${c}_r$i.jsonl" --quiet
+    done
+  done
+  $PY benchmarks/summarize_bench.py --slowlink "$OUT" | tee "$OUT/slowlink_summary.txt"
+}
+
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(equal skew loader cotenant mixed memory midrun)
 for p in "${PARTS[@]}"; do
@@ -317,6 +362,7 @@ for p in "${PARTS[@]}"; do
     comm)       comm ;;
     nodes)      nodes ;;
     promise)    promise ;;
+    slowlink)   slowlink ;;
     profile)    t0=$(date +%s.%N)
                 part profile "${TR[@]}" -m planner profile --model resnet50 --dataset fake --out "$OUT/profile_wall.json"
                 $PY -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f} s wall, $NPROC ranks')" \
