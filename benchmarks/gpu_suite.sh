@@ -259,15 +259,17 @@ promise() {  # does a plan keep the step time it prints (the header says what it
   start_cotenants "$spec" "$OUT/promise_cotenant_load.log"; pids+=("${COTENANT_PIDS[@]}")
   echo "co-tenants $spec at duty $DUTY; joining at epoch 2: $PR_JOIN" > "$OUT/promise_setup.txt"
   sleep "${COTENANT_SETTLE:-8}"
+  local cases=" ${PR_CASES:-a b c} "  # which of (a), (b), (c) to run (PR_CASES="b c": the two planner train cases)
   # (a) own loop: one profile and plan under the co-tenants
-  go promise_a_profile 120 "${TR[@]}" -m planner profile "${PR_PROFILE[@]}" --dataset fake --quick --no-loader \
+  [[ $cases == *" a "* ]] && go promise_a_profile 120 "${TR[@]}" -m planner profile "${PR_PROFILE[@]}" --dataset fake --quick --no-loader \
     --out "$OUT/promise_a_profile.json"
-  go promise_a_plan 60 $PY -m planner plan --profile "$OUT/promise_a_profile.json" --global-batch "$PR_B" \
+  [[ $cases == *" a "* ]] && go promise_a_plan 60 $PY -m planner plan --profile "$OUT/promise_a_profile.json" --global-batch "$PR_B" \
     --max-accumulation-steps 1 --out "$OUT/promise_a_plan.json"
   # then launch by launch: (a) planned and stock; (b) accumulation, ranks 0-1 memory-capped; (c) no DataLoader.
   # (b) and (c) profile in their first launch (--auto) and reuse that plan after it.
   for i in $(seq 1 "$LAUNCHES"); do
     for v in planned stock; do
+      [[ $cases == *" a "* ]] || continue
       tag="$OUT/promise_a_${v}_r$i"; rm -f "${tag}_epochs.jsonl" "${tag}_run.jsonl"
       if [ "$v" = planned ]; then a=(--plan "$OUT/promise_a_plan.json" --profile "$OUT/promise_a_profile.json" \
         --log-file "${tag}_run.jsonl"); else a=(--batch-size $(( PR_B / NPROC ))); fi
@@ -280,6 +282,7 @@ promise() {  # does a plan keep the step time it prints (the header says what it
       kill "$join" 2>/dev/null; wait "$join" 2>/dev/null; join=
     done
     for v in b c; do
+      [[ $cases == *" $v "* ]] || continue
       tag="$OUT/promise_${v}_r$i"
       if [ "$v" = b ]; then c=("${PR_MEM[@]}" --global-batch "$PR_B_ACC" --num-samples $(( PR_B_ACC * ${PR_STEPS_B:-10} )))
         [ -z "${PR_B_LOADER:-}" ] && c+=(--data-on-device)
