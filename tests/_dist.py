@@ -24,8 +24,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 # What the fork server imports before it forks any rank: what every worker function needs anyway.
-_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "numpy", "scipy.optimize", "pytest", "planner",
-            "runtime", "runtime.collectives", "runtime.sampler", "runtime.timing", "profiler", "tests._dist"]
+# torch._dynamo: DistributedDataParallel's constructor imports it on first use (through torch._disable_dynamo;
+# ~900 modules, sympy among them): 2-8 s in every rank of every launch that wraps a model in DDP, paid once here.
+# planner.cli.train/autoplan, torchvision and psutil: what a `planner train` or `planner profile` rank started by
+# tests/_ranks.py imports before its first step.
+_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "numpy", "scipy.optimize", "pytest",
+            "psutil", "torchvision", "planner", "planner.cli", "planner.cli.train", "planner.cli.autoplan", "runtime",
+            "runtime.collectives", "runtime.sampler", "runtime.timing", "profiler", "tests._dist"]
 
 
 def _entry(rank: int, world_size: int, store_path: str, fn: Callable[..., None], pg_timeout_s: float,
