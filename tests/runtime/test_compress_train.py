@@ -13,7 +13,7 @@ import torch
 
 from planner.plan import Plan
 from planner.runlog import read_run_log
-from tests.reliability import _torchrun
+from tests import _ranks
 from tests.reliability.test_crash_resume import _final, _train_args
 from tests.reliability.test_no_hangs import write_plan
 
@@ -28,9 +28,10 @@ def test_train_with_bf16_compression_records_it_and_trains(tmp_path: Path) -> No
     finals = {}
     for compress in ("none", "bf16"):
         ckpt, log = tmp_path / compress, tmp_path / f"{compress}.jsonl"
-        rc, out, err, _ = _torchrun.run(_train_args(with_ddp if compress == "none" else plan, ckpt,
-                                                    tmp_path / f"trace-{compress}", "--grad-compress", compress,
-                                                    "--log-file", str(log)), timeout_s=90)
+        # torchrun's own behaviour is not the subject: the ranks come from the tests' fork server (tests/_ranks.py)
+        rc, out, err, _ = _ranks.run(_train_args(with_ddp if compress == "none" else plan, ckpt,
+                                                 tmp_path / f"trace-{compress}", "--grad-compress", compress,
+                                                 "--log-file", str(log)), timeout_s=90)
         assert rc == 0, err[-3000:]
         applied = "DDP settings from the plan: bucket_cap_mb=1.0, gradient_as_bucket_view=True, static_graph=True"
         assert (applied in out) == (compress == "none"), out[-2000:]
