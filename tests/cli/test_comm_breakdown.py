@@ -10,6 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests import _ranks
 from tests.reliability import _torchrun
 
 SCRIPT = str(_torchrun.REPO / "benchmarks" / "comm_breakdown.py")
@@ -27,7 +28,8 @@ def _cotenants_left(duty: str) -> list[int]:
 @pytest.mark.subprocess
 def test_comm_breakdown_runs_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "cb.jsonl"
-    rc, stdout, err, _ = _torchrun.run(
+    # torchrun's own behaviour is not the subject: the ranks come from the tests' fork server (tests/_ranks.py)
+    rc, stdout, err, _ = _ranks.run(
         [SCRIPT, "--device", "cpu", "--model", "mlp", "--variants", "equal,plan+bf16:static", "--split", "20,12",
          "--steps", "3", "--rounds", "2", "--warmup", "2", "--cotenant", "cpu:1", "--cotenant-duty", "0.21",
          "--json", str(out)], timeout_s=120)
@@ -56,7 +58,7 @@ def test_comm_breakdown_runs_on_cpu(tmp_path: Path) -> None:
 @pytest.mark.subprocess
 @pytest.mark.slow
 def test_comm_breakdown_overhead_mode_runs_on_cpu() -> None:
-    rc, stdout, err, _ = _torchrun.run(
+    rc, stdout, err, _ = _ranks.run(
         [SCRIPT, "--overhead", "--device", "cpu", "--model", "mlp", "--image-size", "28", "--batch", "8",
          "--steps", "2", "--rounds", "1"], timeout_s=120)
     assert rc == 0, err[-3000:]
