@@ -14,6 +14,7 @@ the busy time is real device time) and sleeps the rest; a duty of 1 never sleeps
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -29,6 +30,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--period-s", type=float, default=0.05, help="length of one busy+idle period in seconds")
     p.add_argument("--size", type=int, default=None, help="matmul side (default 8192 on CUDA, 256 on CPU)")
     p.add_argument("--seconds", type=float, default=None, help="stop after this many seconds (default: until killed)")
+    p.add_argument("--start-file", default=None, metavar="PATH",
+                   help="set up (CUDA context, operands), then wait until PATH exists before loading the device: a "
+                        "co-tenant that joins at a chosen moment without its start-up delay")
     p.add_argument("--hold-gib", type=float, default=0.0,
                    help="also hold this many GiB of device memory, as a real co-tenant job does (default 0)")
     return p
@@ -60,9 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     # Printed once the memory is held: a caller may wait for this line before it measures.
-    print(f"cotenant pid {__import__('os').getpid()} on {device}: duty {args.duty:g}, period {args.period_s:g} s, "
+    print(f"cotenant pid {os.getpid()} on {device}: duty {args.duty:g}, period {args.period_s:g} s, "
           f"holding {args.hold_gib:g} GiB", file=sys.stderr, flush=True)
 
+    if args.start_file is not None:
+        torch.mm(a, b)  # the first matmul's set-up (cuBLAS handle, kernels) before the wait, not in the load
+        if cuda:
+            torch.cuda.synchronize(device)
+        while not stop and not os.path.exists(args.start_file):
+            time.sleep(0.01)
     busy_total, t_start = 0.0, time.perf_counter()
     end = None if args.seconds is None else t_start + args.seconds
     while not stop and (end is None or time.perf_counter() < end):

@@ -57,6 +57,16 @@
 #             with the equal split, the throughput-proportional split and the plan (ResNet-50 bf16, B = 512, inputs
 #             made on the GPU); `summarize_bench.py --nodes $OUT`: per launch samples/s, x equal, measured vs printed
 #             step, one record per launch in nodes_records.jsonl
+#   convergence  does weighted gradient compression train as the uncompressed run does? (2 GPUs, about 5 min on 2
+#             H100s) ResNet-18 bf16 on benchmarks.comm_breakdown:learnable_cifar (40960 32x32 images made from their
+#             index, learnable over epochs; TINY: an MLP on learnable_cifar_tiny), a --quick profile and one plan with
+#             an uneven split ($CONV_SPLIT, default 3:1:..:1 of B = $CONV_B = 512), then one `planner train` launch per
+#             entry of $CONV_RUNS (default "none bf16 fp16 none", each its --grad-compress; the second uncompressed
+#             launch shows the launch-to-launch noise) with that plan, --seed $CONV_SEED, $CONV_EPOCHS (5) epochs,
+#             --lr $CONV_LR, --weighting hook in every launch (only the wire dtype differs); run logs
+#             convergence_<compress>_r<i>_run.jsonl; `summarize_bench.py --convergence $OUT`: per epoch each launch's
+#             mean training loss and its relative difference to the first uncompressed launch's, one record per
+#             launch in convergence_records.jsonl
 #   profile   wall seconds of a torchrun `planner profile` on every rank (ResNet-50 fp32, fake data, loader measured)
 #   sampler   benchmarks/sampler_bench.py on the host's CPU
 #   env       the machine: GPUs, CPUs, library versions
@@ -103,7 +113,7 @@ else
   if [ "$NPROC" -ge 4 ]; then PR_COTENANT_DEFAULT=2:1,3:2; PR_JOIN=${PR_JOIN:-cuda:1}; PR_MEM_RANKS=${PR_MEM_RANKS:-0,1}
   else PR_COTENANT_DEFAULT=1:1; PR_JOIN=${PR_JOIN:-cuda:0}; PR_MEM_RANKS=${PR_MEM_RANKS:-0}; fi
   PR_B=${PR_B:-512}; PR_B_ACC=${PR_B_ACC:-1024}
-  PR_SAMPLES=$(( PR_B * ${PR_STEPS:-20} )); PR_EPOCHS=${PR_EPOCHS:-6}
+  PR_SAMPLES=$(( PR_B * ${PR_STEPS:-40} )); PR_EPOCHS=${PR_EPOCHS:-8}
   PR_PROFILE=(--model resnet50 --amp --channels-last on); PR_MEM=(--emulate-memory "$(echo "$PR_MEM_RANKS" | sed -E "s/([0-9]+)/\1=${PR_MEM_GIB:-12}/g")")
   PR_EX=(--arch resnet50 --amp --channels-last --workers "${PR_WORKERS:-8}")
   PR_TRAIN=(--model resnet50 --amp --quick)
@@ -273,13 +283,18 @@ promise() {  # does a plan keep the step time it prints (the header says what it
       tag="$OUT/promise_a_${v}_r$i"; rm -f "${tag}_epochs.jsonl" "${tag}_run.jsonl"
       if [ "$v" = planned ]; then a=(--plan "$OUT/promise_a_plan.json" --profile "$OUT/promise_a_profile.json" \
         --log-file "${tag}_run.jsonl"); else a=(--batch-size $(( PR_B / NPROC ))); fi
-      (while ! grep -q '"epoch": 1,' "${tag}_epochs.jsonl" 2>/dev/null; do sleep 0.2; done
-       date +%s.%N > "${tag}_join.txt"
-       exec $PY benchmarks/cotenant.py --device "$PR_JOIN" --duty "$DUTY" >> "$OUT/promise_cotenant_load.log" 2>&1) &
+      # The joiner sets up now and waits for its start file, touched the moment epoch 1's line appears: it loads
+      # the GPU from epoch 2 on, without its own start-up (seconds) delaying the change by several short epochs.
+      rm -f "${tag}_go"
+      $PY benchmarks/cotenant.py --device "$PR_JOIN" --duty "$DUTY" --start-file "${tag}_go" \
+        >> "$OUT/promise_cotenant_load.log" 2>&1 &
       join=$!
+      (while ! grep -q '"epoch": 1,' "${tag}_epochs.jsonl" 2>/dev/null; do sleep 0.05; done
+       touch "${tag}_go"; date +%s.%N > "${tag}_join.txt") &
+      join="$join $!"
       go "promise_a_${v}_r$i" "${PR_LIMIT_A:-80}" "${TR[@]}" "examples/ddp_$v.py" "${PR_EX[@]}" "${a[@]}" \
         --num-samples "$PR_SAMPLES" --epochs "$PR_EPOCHS" --epoch-log "${tag}_epochs.jsonl"
-      kill "$join" 2>/dev/null; wait "$join" 2>/dev/null; join=
+      kill $join 2>/dev/null; wait $join 2>/dev/null; join=
     done
     for v in b c; do
       [[ $cases == *" $v "* ]] || continue
@@ -332,6 +347,33 @@ PY
   $PY benchmarks/summarize_bench.py --slowlink "$OUT" | tee "$OUT/slowlink_summary.txt"
 }
 
+convergence() {  # weighted compression against uncompressed, one plan and seed (the header says what it runs)
+  local p="$OUT/convergence" wl=() runs=${CONV_RUNS:-none bf16 fp16 none} seen=" " b split c i
+  local epochs=${CONV_EPOCHS:-5} seed=${CONV_SEED:-1} lr=${CONV_LR:-0.02}
+  if [ "$DEV" = cpu ]; then
+    b=${CONV_B:-64}; wl=(--device cpu --model mlp --dataset benchmarks.comm_breakdown:learnable_cifar_tiny)
+  else
+    b=${CONV_B:-512}; wl=(--model resnet18 --amp --dataset benchmarks.comm_breakdown:learnable_cifar)
+  fi
+  split=${CONV_SPLIT:-$($PY -c "b, n = $b, $NPROC; s = [b * (3 if r == 0 else 1) // (n + 2) for r in range(n)]
+s[0] += b - sum(s); print(','.join(map(str, s)))")}
+  rm -f "${p}"_*.json "${p}"_*_run.jsonl "${p}_records.jsonl"
+  $PY -c "import json, sys; json.dump(dict(zip(sys.argv[2::2], sys.argv[3::2])), open(sys.argv[1], 'w'))" \
+    "${p}_setup.json" workload "${wl[*]}" split "$split" seed "$seed" epochs "$epochs" lr "$lr" weighting hook \
+    command "CONV_RUNS='$runs' benchmarks/gpu_suite.sh convergence"
+  LIMIT=180 part convergence_profile "${TR[@]}" -m planner profile "${wl[@]}" --quick --out "${p}_profile.json"
+  [ -s "${p}_profile.json" ] && LIMIT=60 part convergence_plan $PY -m planner plan --profile "${p}_profile.json" \
+    --global-batch "$b" --from-batches "$split" --force --max-accumulation-steps 1 --out "${p}_plan.json"
+  [ -s "${p}_plan.json" ] || { echo "=== convergence: no plan"; return; }
+  for c in $runs; do
+    seen+="$c "; i=$(grep -o " $c " <<< "$seen" | wc -l)
+    LIMIT=${CONV_LIMIT:-240} part "convergence_${c}_r$i" "${TR[@]}" -m planner train --plan "${p}_plan.json" "${wl[@]}" \
+      --seed "$seed" --epochs "$epochs" --lr "$lr" --weighting hook --grad-compress "$c" --quiet \
+      --log-file "${p}_${c}_r${i}_run.jsonl"
+  done
+  $PY benchmarks/summarize_bench.py --convergence "$OUT" | tee "$OUT/convergence_summary.txt"
+}
+
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(equal skew loader cotenant mixed memory midrun)
 for p in "${PARTS[@]}"; do
@@ -365,6 +407,7 @@ for p in "${PARTS[@]}"; do
     comm)       comm ;;
     nodes)      nodes ;;
     promise)    promise ;;
+    convergence) convergence ;;
     slowlink)   slowlink ;;
     profile)    t0=$(date +%s.%N)
                 part profile "${TR[@]}" -m planner profile --model resnet50 --dataset fake --out "$OUT/profile_wall.json"
