@@ -21,6 +21,8 @@ from tests.runtime.test_adopting import apply_diff, changed_lines
 
 pytest.importorskip("transformers")
 
+RUNNER = Path(__file__).with_name("_run_hf_examples.py")
+
 
 def test_documented_diff_turns_the_stock_hf_example_into_the_planned_one() -> None:
     diff = documented_diff("hf_trainer")
@@ -32,6 +34,19 @@ def test_documented_diff_turns_the_stock_hf_example_into_the_planned_one() -> No
     assert [b for b in adopting if "examples/hf_trainer_planned.py" in b] == [  # ADOPTING.md shows the same diff
         b for b in re.findall(r"```diff\n(.*?)```", (REPO / "docs" / "FRAMEWORKS.md").read_text(), re.S)
         if "examples/hf_trainer_planned.py" in b]
+
+
+def _by_example(out: str) -> dict[str, str]:
+    """Every rank's output split at the runner's ``example: <which>`` lines: which -> those lines of every rank."""
+    parts: dict[str, str] = {}
+    which = None
+    for line in out.splitlines(keepends=True):
+        if line.startswith("example: "):
+            which = line.split()[1]
+            parts.setdefault(which, "")
+        elif which is not None:
+            parts[which] += line
+    return parts
 
 
 def _steps(out: str) -> dict[int, tuple[int, list[int]]]:
@@ -65,14 +80,11 @@ def test_lm_profile_plan_train_report_and_the_hf_examples(tmp_path: Path, capsys
     assert main(["report", "--profile", str(profile), "--plan", str(plan), "--log", str(log),
                  "--out", str(tmp_path / "report.html")]) == 0
     assert "predicted" in capsys.readouterr().out and (tmp_path / "report.html").stat().st_size > 10_000
-    # The HF planned example trains on this plan: 64 sequences, global batch 16 -> 4 steps of the planned batches.
-    rc, out, err = torchrun(REPO / "examples" / "hf_trainer_planned.py",
-                            ["--plan", str(plan), "--epochs", "1", "--num-samples", "64", "--out", str(tmp_path / "o")],
-                            timeout_s=180)
+    # The HF planned example trains on this plan: 64 sequences, global batch 16 -> 4 steps of the planned batches;
+    # the stock one on 8 a rank. Both in one launch (tests/frameworks/_run_hf_examples.py: each example's main).
+    rc, out, err = torchrun(RUNNER, [str(plan), str(tmp_path / "o"), "--epochs", "1", "--num-samples", "64"],
+                            timeout_s=240)
     assert rc == 0, err[-3000:]
-    assert _steps(out) == {r: (4, [b]) for r, b in enumerate(batches)}
-    rc, out, err = torchrun(REPO / "examples" / "hf_trainer_stock.py",
-                            ["--batch-size", "8", "--epochs", "1", "--num-samples", "64", "--out", str(tmp_path / "o")],
-                            timeout_s=180)
-    assert rc == 0, err[-3000:]
-    assert _steps(out) == {0: (4, [8]), 1: (4, [8])}
+    parts = _by_example(out)
+    assert _steps(parts["planned"]) == {r: (4, [b]) for r, b in enumerate(batches)}
+    assert _steps(parts["stock"]) == {0: (4, [8]), 1: (4, [8])}
