@@ -62,6 +62,15 @@ first becomes the standalone step it stands for, c_i / f_i + opt_i, so the corre
 and the plan's exposed communication is not counted twice (2x H200: without the mapping the Replanner
 predicted 88-89 ms for steps that ran 86.8).
 
+Waiting ranks: under DDP a rank that finishes its backward before a slower peer launches the all-reduce of each
+early bucket and the kernel then sits on some of its SMs until the peer's bucket arrives, so its own backward runs
+slower the longer it waits: beyond the span factor the profile measured at a balanced split.  2x H200, a co-tenant
+joining the fast GPU 0: rank 1's span rose from 64.5 to 68-70 ms at the same batch while it waited 16 ms a step
+for rank 0; read as rank 1 slowing down, the model predicted the balancing split 3.7-5.9% faster where it ran 11%
+faster, and missed the 5% threshold in one launch of three.  So a rank whose busy time (span plus data wait) is
+more than ``WAITED_MARGIN`` under the slowest rank's may lower its curve, never raise it; once work moves to it,
+it is no longer waiting and its measurement counts in full.
+
 Micro-steps: a rank that ran its batch b_i as k_i > 1 micro-steps measured one span over all of them (the
 optimizer step o_i after it), which the plan predicted as k_i (t_i(b_i / k_i) - o_i) + o_i (planner._accumulation).
 The measurement is taken back to the standalone step at the micro-batch it ran, c_i' = (c_i - o_i) / k_i + o_i at
@@ -110,6 +119,11 @@ of the way (2x H100, rank 1 3x slower from epoch 1: with smoothing the factor we
 later; replayed with this rule the first re-plan goes straight to [377-384, 128-135], where the second one went)."""
 CHANGE_SIGMAS = 10.0
 """How far beyond the epoch mean's relative standard error a device change must lie (``DEVICE_CHANGE``)."""
+
+
+WAITED_MARGIN = 0.05
+"""A rank whose busy time is more than this fraction under the slowest rank's waited for it (module docstring,
+"Waiting ranks"): its span under DDP is an upper bound of its compute."""
 
 
 def device_changed(raw: float, expected: float, s: StepStats, *, seen: bool) -> bool:
@@ -322,8 +336,15 @@ class CorrectionModel:
         assert len(by_rank) == self.world_size and all(s.rank == i for i, s in enumerate(by_rank))
         steps = list(micro_steps) if micro_steps is not None else [1] * self.world_size
         if self.spans:  # a span under DDP stands for the standalone step c / f + opt (module docstring)
+            busy = [s.compute_s + s.data_wait_s for s in by_rank]
             by_rank = [s if k > 1 else replace(s, compute_s=standalone_step_s(s.compute_s, opt, f))
                        for s, (f, opt), k in zip(by_rank, self.spans, steps, strict=True)]
+            # A rank that waited for a slower peer (module docstring, "Waiting ranks"): its span holds part of the
+            # wait, so it may lower the rank's curve, never raise it.
+            top = max(busy)
+            by_rank = [replace(s, compute_s=min(s.compute_s, self.compute_s(i, s.batch_size)))
+                       if k == 1 and b < top * (1.0 - WAITED_MARGIN) else s
+                       for i, (s, b, k) in enumerate(zip(by_rank, busy, steps, strict=True))]
         ranks = tuple(r.updated(s, env, smoothing=smoothing, loader_wait_frac=loader_wait_frac, micro_steps=k,
                                 optimizer_s=self.opt_s(i))
                       for i, (r, s, env, k) in enumerate(zip(self.ranks, by_rank, self.envelopes, steps, strict=True)))
