@@ -28,7 +28,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           f"{', '.join(SPAWNING)}); an unmarked test that starts one fails")
 
 
+HEAVY_FIRST = (
+    "frameworks/test_ray.py", "cli/test_train_cli.py", "frameworks/test_hf_examples.py",
+    "reliability/test_elastic.py", "reliability/test_no_hangs.py", "frameworks/test_hf.py", "cli/test_progress.py",
+    "reliability/test_crash_resume.py", "frameworks/test_hf_bench.py", "runtime/test_replan.py",
+    "frameworks/test_examples.py", "cli/test_bench.py", "reliability/test_multinode.py",
+    "reliability/test_concurrent_runs.py", "cli/test_profile_cli.py", "cli/test_train_accumulation.py",
+    "frameworks/test_lightning.py", "frameworks/test_accelerate.py", "cli/test_loader_check.py",
+    "frameworks/test_ddp_examples.py", "reliability/test_divergence.py", "profiler/test_ddp_cost.py",
+)
+"""The modules that take longest on 2 cores, longest first (under tests/). They run first: pytest-xdist's
+``--dist loadscope`` hands a worker the next module whenever it runs dry, so with the long ones first the two
+workers end close together instead of one finishing a long module alone at the end. The order is only a
+schedule: no test depends on it."""
+
+
+def _heavy_first(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    here = os.path.dirname(__file__)
+
+    def key(item: pytest.Item) -> int:
+        return rank.get(os.path.relpath(str(item.path), here).replace(os.sep, "/"), len(HEAVY_FIRST))
+
+    items.sort(key=key)  # stable: a module's tests keep their order, the other modules theirs
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _heavy_first(items)
     if not config.getoption("--fast"):
         return
     keep: list[pytest.Item] = []
