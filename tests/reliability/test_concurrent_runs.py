@@ -14,7 +14,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,34 +65,44 @@ def _locked(path: Path) -> bool:
     return False
 
 
-@pytest.mark.parametrize("shared", ["--checkpoint", "--log-file"])
-@pytest.mark.subprocess
-def test_a_second_run_on_the_same_outputs_is_refused(shared: str, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def run_a(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Run A, one `python -m planner train` for the module: it trains for long enough to be caught holding both of
+    its outputs (--checkpoint and --log-file); its session is killed after the module's tests."""
+    tmp_path = tmp_path_factory.mktemp("run_a")
     plan = one_rank_plan(tmp_path / "plan.json", 8)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(OMP_NUM_THREADS="1")
     outputs = {"--checkpoint": str(tmp_path / "ck"), "--log-file": str(tmp_path / "run.jsonl")}
-    # Run A trains for long enough to be caught holding its outputs; the test stops it.
     first = subprocess.Popen([sys.executable, "-m", "planner", "train", "--plan", str(plan), *COMMON, "--epochs",
                               "100000", "--quiet", "--checkpoint", outputs["--checkpoint"], "--log-file",
                               outputs["--log-file"]], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while not _locked(Path(outputs[shared])):
+        while not all(_locked(Path(p)) for p in outputs.values()):
             assert first.poll() is None, first.stderr.read() if first.stderr else ""
-            assert time.monotonic() < deadline, "run A never took its lock"
+            assert time.monotonic() < deadline, "run A never took its locks"
             time.sleep(0.2)
-        other = {"--checkpoint": str(tmp_path / "ck2"), "--log-file": str(tmp_path / "run2.jsonl")}
-        other[shared] = outputs[shared]
-        second = subprocess.run([sys.executable, "-m", "planner", "train", "--plan", str(plan), *COMMON, "--epochs",
-                                 "1", "--resume" if shared == "--checkpoint" else "--quiet",
-                                 "--checkpoint", other["--checkpoint"], "--log-file", other["--log-file"]],
-                                cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        yield {"plan": plan, "outputs": outputs}
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=30)
-    line = _one_line_error(second.stderr)
-    assert second.returncode == 2, second.stderr
+
+
+@pytest.mark.parametrize("shared", ["--checkpoint", "--log-file"])
+@pytest.mark.subprocess
+def test_a_second_run_on_the_same_outputs_is_refused(shared: str, run_a: dict[str, Any], tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # Run B (here, in this process) shares one of run A's outputs while run A holds it.
+    assert _locked(Path(run_a["outputs"][shared]))
+    other = {"--checkpoint": str(tmp_path / "ck2"), "--log-file": str(tmp_path / "run2.jsonl")}
+    other[shared] = run_a["outputs"][shared]
+    capsys.readouterr()
+    rc = main(["train", "--plan", str(run_a["plan"]), *COMMON, "--epochs", "1",
+               "--resume" if shared == "--checkpoint" else "--quiet",
+               "--checkpoint", other["--checkpoint"], "--log-file", other["--log-file"]])
+    line = _one_line_error(capsys.readouterr().err)
+    assert rc == 2, line
     assert line.startswith(f"error: {shared} ") and " is in use by another run" in line, line  # long paths shortened
     assert not (tmp_path / "ck2" / "checkpoint.pt").exists()
