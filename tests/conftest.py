@@ -30,7 +30,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 HEAVY_FIRST = (
     "frameworks/test_ray.py", "cli/test_train_cli.py", "frameworks/test_hf_examples.py",
-    "reliability/test_elastic.py", "reliability/test_no_hangs.py", "frameworks/test_hf.py", "cli/test_progress.py",
+    "reliability/test_elastic.py", "reliability/test_no_hangs.py", "frameworks/test_hf.py",
     "reliability/test_crash_resume.py", "frameworks/test_hf_bench.py", "runtime/test_replan.py",
     "frameworks/test_examples.py", "cli/test_bench.py", "reliability/test_multinode.py",
     "reliability/test_concurrent_runs.py", "cli/test_profile_cli.py", "cli/test_train_accumulation.py",

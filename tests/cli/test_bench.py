@@ -8,12 +8,15 @@ what the code intends.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from planner.cli import main
+from planner.cli.progress import DEFAULT_INTERVAL_S
 
 COMPARED = ("equal", "proportional", "plan")
 """Strategies run in the interleaved rounds; plan+replan runs once after them, over more epochs on purpose."""
@@ -22,12 +25,46 @@ ROUNDS, STEPS, B = 2, 4, 16
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("bench") / "bench.json"
-    rc = main(["bench", "--device", "cpu", "--nproc", "2", "--model", "mlp", "--quick", "--global-batch", str(B),
-               "--steps", str(STEPS), "--rounds", str(ROUNDS), "--replan-epochs", "2", "--emulate-slowdown", "1=2",
-               "--timeout", "150", "--quiet", "--json", str(out)])
-    assert rc == 0
-    return dict(json.loads(out.read_text()))
+    """The shared launch; its ranks' stderr (file descriptor 2, where rank 0's progress lines go) is kept as
+    ``"stderr"`` beside what the JSON holds."""
+    tmp = tmp_path_factory.mktemp("bench")
+    out, err_path = tmp / "bench.json", tmp / "stderr.txt"
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(err_path, "wb") as err:
+            os.dup2(err.fileno(), 2)  # the spawned ranks inherit it
+            rc = main(["bench", "--device", "cpu", "--nproc", "2", "--model", "mlp", "--quick", "--global-batch",
+                       str(B), "--steps", str(STEPS), "--rounds", str(ROUNDS), "--replan-epochs", "2",
+                       "--emulate-slowdown", "1=2", "--timeout", "150", "--json", str(out)])
+            sys.stderr.flush()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    stderr = err_path.read_text(errors="replace")
+    assert rc == 0, stderr[-3000:]
+    return {**json.loads(out.read_text()), "stderr": stderr}
+
+
+@pytest.mark.subprocess
+def test_bench_reports_every_phase(bench: dict[str, Any]) -> None:
+    """Progress lines (tests/cli/test_progress.py): rank 0 says each phase of the profile and of every strategy's
+    run, and consecutive lines are never more than twice the heartbeat's interval apart."""
+    from tests.cli.test_progress import _lines, _max_gap_s
+
+    lines = _lines(bench["stderr"], "bench")
+    texts = [t for _, t in lines]
+    assert "profile: rank 0 (cpu): compute sweep (budget 6 s)" in texts
+    assert any(t.startswith("profile: DDP cost: 3 rounds") for t in texts)
+    n = len(COMPARED) + 1
+    for r in range(1, ROUNDS + 1):
+        for k, name in enumerate(COMPARED, 1):
+            assert any(t.startswith(f"round {r}/{ROUNDS}: strategy {name} ({k}/{n}, batches [")
+                       and f"epoch 1: {STEPS} steps of {B} samples" in t for t in texts), texts
+    assert any(t.startswith(f"strategy plan+replan ({n}/{n}): epoch 1: {STEPS} steps of {B} samples")
+               for t in texts), texts
+    assert any(t.startswith("ideal (each rank alone") for t in texts)
+    assert _max_gap_s(lines) <= 2 * DEFAULT_INTERVAL_S
 
 
 @pytest.mark.subprocess
