@@ -94,6 +94,13 @@ def run(argv: list[str], *, nproc: int = 2, timeout_s: float = 120.0,
     ...]`` or ``["script.py", ...]`` -- on ``nproc`` local ranks; the same return as
     ``tests.reliability._torchrun.run``. The exit code is the first failing rank's (0 when all succeeded); every
     rank's output is concatenated in rank order. A launch past ``timeout_s`` is killed and fails the test."""
+    codes, out, err, wall = run_each(argv, nproc=nproc, timeout_s=timeout_s, env=env)
+    return next((c for c in codes if c != 0), 0), out, err, wall
+
+
+def run_each(argv: list[str], *, nproc: int = 2, timeout_s: float = 120.0,
+             env: dict[str, str] | None = None) -> tuple[list[int], str, str, float]:
+    """``run``, with every rank's exit code (rank order; -9 for a rank killed after another failed)."""
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as out_dir:
         ctx = mp.start_processes(_rank, args=(nproc, free_port(), list(argv), dict(env or {}), out_dir),
@@ -129,8 +136,7 @@ def run(argv: list[str], *, nproc: int = 2, timeout_s: float = 120.0,
         out, err = read("out"), read("err")
     if hung:
         raise AssertionError(f"{' '.join(argv[:4])} on {nproc} ranks hung past {timeout_s:.0f} s\n{err[-3000:]}")
-    rc = next((c for c in codes if c != 0), 0)
-    return rc, out, err, time.monotonic() - t0
+    return codes, out, err, time.monotonic() - t0
 
 
 def run_planner(nproc: int, args: list[str], *, timeout_s: float = 150.0,

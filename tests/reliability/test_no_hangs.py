@@ -3,6 +3,9 @@
 runtime.safety.check_agreement is tested at the function level in tests/runtime/test_safety.py; here the whole
 ``planner train`` path runs, with the per-rank difference a real mistake would make (tests/reliability/_launch.py
 gives each rank its own argv). Launch and teardown take ~8 s per job on 2 cores, so each deadline allows for it.
+Of the ranks launched differently, the seed case goes through torchrun (its agent, its failure summary); the plan
+and dataset cases check the same per-rank error on the tests' fork-server launcher (tests/_ranks.py: the same
+environment torchrun gives its ranks, each rank's exit code read directly, no interpreter start).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import pytest
 
 import planner
 from planner.profile import Profile
+from tests import _ranks
 from tests.reliability import _torchrun
 
 FIX = "tests.reliability._fixtures"
@@ -58,6 +62,13 @@ def test_ranks_launched_differently_fail_with_the_same_error(case: str, expected
             "--plan", str(tmp_path / ("plan{rank}.json" if case == "plan" else "plan0.json")),
             "--dataset", f"{FIX}:dataset_len_by_rank" if case == "dataset" else f"{FIX}:dataset",
             "--seed", "{rank}" if case == "seed" else "0"]
+    if case != "seed":
+        codes, _, err, wall = _ranks.run_each(args, timeout_s=DEADLINE_S)
+        assert err.count(f"error: {expected}") == 2 and err.count("error: ") == 2, err[-3000:]
+        assert "Traceback" not in err, err[-3000:]  # no rank printed one
+        assert codes == [2, 2], (codes, err[-2000:])  # both ranks, by themselves, with the user-error code
+        assert wall < DEADLINE_S
+        return
     # --monitor-interval 1: torchrun looks at its children once a second, so the rank that raises second is not
     # SIGTERMed by the agent before it has printed its own error (the check is that *every* rank reports it).
     rc, _, err, wall = _torchrun.run(args, timeout_s=DEADLINE_S, monitor_interval_s=1)
