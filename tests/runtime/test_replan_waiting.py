@@ -49,7 +49,7 @@ def test_a_rank_waiting_for_a_slower_peer_does_not_hide_the_balancing_split(laun
     assert 0.0765 < measured < 0.0785
     decisions = _decisions(launch)
     assert not any(adopted for _, adopted, _, _ in decisions[:3])  # before the change, and its first epoch (trial)
-    epoch, adopted, batches, predicted = decisions[3]
+    _, adopted, batches, predicted = decisions[3]
     assert adopted and batches == (256, 256), decisions
     assert predicted is not None and abs(predicted / measured - 1) < 0.05, (predicted, measured)
 
@@ -59,7 +59,7 @@ def test_without_the_rule_the_recorded_launch_stays_put(monkeypatch: pytest.Monk
     candidate predicted 3.7% faster, below the 5% threshold) and the adopted launches' 6-7% pessimism."""
     monkeypatch.setattr(model, "WAITED_MARGIN", 10.0)
     measured = _measured_balanced_s()
-    epoch, adopted, batches, predicted = _decisions(3)[3]
+    _, adopted, batches, predicted = _decisions(3)[3]
     assert not adopted and batches == (256, 256)
     assert predicted is not None and predicted / measured - 1 > 0.06
     _, adopted1, _, predicted1 = _decisions(1)[3]
