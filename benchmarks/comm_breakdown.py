@@ -70,7 +70,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if not __package__:  # run as a script: the repository's packages; imported as benchmarks.comm_breakdown, they are
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # already on the path
 
 from profiler.workloads.specs import build_workload
 from runtime.compress import check_compress, stock_compress_hook
@@ -80,6 +81,65 @@ from runtime.weighting import register_weighted_hook
 CHOICES = ["cap100", "gabv", "static", "cap100:gabv:static"]
 SETTINGS = {"cap25": ("bucket_cap_mb", 25.0), "cap100": ("bucket_cap_mb", 100.0),
             "gabv": ("gradient_as_bucket_view", True), "static": ("static_graph", True)}
+
+
+# -- a learnable CIFAR-sized dataset: the convergence part of gpu_suite.sh ------------------------------------------
+class LearnableImages(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """3x32x32 float images whose class a network can learn, each made from its index alone (no files, the same on
+    every rank, worker and launch), for ``planner train --dataset benchmarks.comm_breakdown:learnable_cifar``.
+
+    Class c has a fixed template: random 4x4 values per channel, upsampled bilinearly to 32x32 and scaled to unit
+    standard deviation (a smooth pattern, as photographs are). Sample i draws from a generator seeded by i: its
+    class, a circular shift of up to ``max_shift`` pixels each way, white noise of standard deviation 1 added to
+    ``signal`` times the shifted template, and, with probability ``label_noise``, a label drawn afresh. The noise
+    hides the pattern from any one pixel, so a network learns it over epochs rather than steps, and the relabelled
+    samples keep the best achievable loss well above zero (about 0.5 nats for 10 classes at label_noise 0.1), so
+    a relative difference between two loss curves stays meaningful to the last epoch.
+    """
+
+    def __init__(self, num_samples: int, num_classes: int = 10, *, signal: float = 0.08, max_shift: int = 8,
+                 label_noise: float = 0.1, seed: int = 0, side: int = 32) -> None:
+        if num_samples < 1 or num_classes < 2:
+            raise ValueError(f"need num_samples >= 1 and num_classes >= 2, got {num_samples}, {num_classes}")
+        self.num_samples, self.num_classes, self.signal = num_samples, num_classes, signal
+        self.max_shift, self.label_noise, self.seed = max_shift, label_noise, seed
+        g = torch.Generator().manual_seed(seed)
+        low = torch.randn(num_classes, 3, 4, 4, generator=g)
+        t = torch.nn.functional.interpolate(low, size=(side, side), mode="bilinear", align_corners=False)
+        self.templates = (t - t.mean(dim=(1, 2, 3), keepdim=True)) / t.std(dim=(1, 2, 3), keepdim=True)
+        self.classes = [str(c) for c in range(num_classes)]
+        """Class names: their count is the workload's number of classes (profiler.workloads.specs)."""
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if not 0 <= index < self.num_samples:
+            raise IndexError(f"index {index} out of range for {self.num_samples} samples")
+        g = torch.Generator().manual_seed((self.seed << 32) + index)
+        label = int(torch.randint(self.num_classes, (1,), generator=g))
+        shift = torch.randint(-self.max_shift, self.max_shift + 1, (2,), generator=g).tolist()
+        x = torch.randn(self.templates.shape[1:], generator=g)
+        x.add_(torch.roll(self.templates[label], shifts=shift, dims=(1, 2)), alpha=self.signal)
+        if float(torch.rand((), generator=g)) < self.label_noise:
+            label = int(torch.randint(self.num_classes, (1,), generator=g))
+        return x, label
+
+
+LEARNABLE_SAMPLES = 40960
+"""learnable_cifar's epoch: 80 steps of a global batch of 512."""
+
+
+def learnable_cifar(num_classes: int = 10, num_samples: int = LEARNABLE_SAMPLES) -> LearnableImages:
+    """``--dataset benchmarks.comm_breakdown:learnable_cifar``: 40960 samples of ``LearnableImages``. A dataset
+    factory is called without arguments (`planner train --num-samples` sizes only the built-in fake data), so the
+    size is this function's default; ``learnable_cifar_tiny`` is the CPU-sized one."""
+    return LearnableImages(num_samples, num_classes)
+
+
+def learnable_cifar_tiny(num_classes: int = 10, num_samples: int = 1024) -> LearnableImages:
+    """``--dataset benchmarks.comm_breakdown:learnable_cifar_tiny``: 1024 samples, for a dry run on CPU."""
+    return LearnableImages(num_samples, num_classes)
 
 
 # -- clocks: CUDA events on the device, the host clock on CPU ------------------------------------------------------
