@@ -151,6 +151,19 @@ with_cotenant() {  # with_cotenant DEVICE CMD...: CMD while a co-tenant keeps DE
   kill "$load" 2>/dev/null; wait "$load" 2>/dev/null
 }
 
+write_setup() {  # write_setup FILE KEY VALUE...: a part's setup as one JSON object of the pairs, for the summaries'
+  # records; a pair `train "ARGS"` (the part's `planner train` arguments) stands for its model, bf16 autocast (--amp)
+  # and inputs made on the device
+  $PY - "$@" <<'PY'
+import json, sys
+path, pairs = sys.argv[1], dict(zip(sys.argv[2::2], sys.argv[3::2]))
+if "train" in pairs:
+    args = pairs.pop("train").split()
+    pairs = {"model": args[args.index("--model") + 1], "amp": "--amp" in args, "data": "on device", **pairs}
+json.dump(pairs, open(path, "w"))
+PY
+}
+
 start_cotenants() {  # start_cotenants SPEC LOG: for each GPU:N of SPEC ("2:1,3:2"; cpu:N on CPU), N processes of
   local item dev i   # benchmarks/cotenant.py at duty $DUTY, their output appended to LOG; their pids in COTENANT_PIDS
   COTENANT_PIDS=()
@@ -201,16 +214,10 @@ nodes() {  # two torchrun agents on this host as two nodes of $NODE_A + $NODE_B 
   }
   local p="$OUT/nodes"
   rm -f "${p}_profile.json" "${p}"_*.jsonl
-  $PY - "${p}_setup.json" "$(printf '%s\n' "${NODES_TRAIN[@]}" | grep -A1 -x -- --model | tail -1)" \
-    "$( [[ " ${NODES_TRAIN[*]} " == *" --amp "* ]] && echo 1 )" \
-    "$a + $b ranks: two torchrun agents on one host, c10d; node A GPUs ${vis_a:-cpu}, node B GPU ${vis_b:-cpu} (PLANNER_HOST_ID=node-b, --local-addr 127.0.0.2)" \
-    "real co-tenants on node A: benchmarks/cotenant.py at duty $DUTY, GPU:processes $spec" \
-    "DUTY=$DUTY NODES_COTENANT=$spec LAUNCHES=$LAUNCHES benchmarks/gpu_suite.sh nodes" <<'PY'
-import json, sys
-path, model, amp, nodes, heterogeneity, command = sys.argv[1:]
-json.dump({"model": model, "amp": bool(amp), "data": "on device", "nodes": nodes, "heterogeneity": heterogeneity,
-           "command": command}, open(path, "w"))
-PY
+  write_setup "${p}_setup.json" train "${NODES_TRAIN[*]}" \
+    nodes "$a + $b ranks: two torchrun agents on one host, c10d; node A GPUs ${vis_a:-cpu}, node B GPU ${vis_b:-cpu} (PLANNER_HOST_ID=node-b, --local-addr 127.0.0.2)" \
+    heterogeneity "real co-tenants on node A: benchmarks/cotenant.py at duty $DUTY, GPU:processes $spec" \
+    command "DUTY=$DUTY NODES_COTENANT=$spec LAUNCHES=$LAUNCHES benchmarks/gpu_suite.sh nodes"
   two_nodes nodes_profile profile "${NODES_PROFILE[@]}" --quick --no-loader --out "${p}_profile.json"
   if [ -s "${p}_profile.json" ]; then
     part nodes_plan $PY -m planner plan --profile "${p}_profile.json" --global-batch "$NODES_B" --out "${p}_plan.json"
@@ -321,16 +328,10 @@ slowlink() {  # weighted bf16 against the uncompressed plan over NCCL sockets (t
   local -a slow=(env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo)
   [ "$DEV" = cpu ] && slow=(env)
   rm -f "${p}"_*.jsonl "${p}"_*.json
-  $PY - "${p}_setup.json" "$(printf '%s\n' "${SL_TRAIN[@]}" | grep -A1 -x -- --model | tail -1)" \
-    "$( [[ " ${SL_TRAIN[*]} " == *" --amp "* ]] && echo 1 )" \
-    "NCCL over sockets on one host: NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo" \
-    "emulated compute skew: rank $skew (--emulate-slowdown)" \
-    "SL_SKEW=$skew LAUNCHES=$LAUNCHES benchmarks/gpu_suite.sh slowlink" <<'PY'
-import json, sys
-path, model, amp, link, heterogeneity, command = sys.argv[1:]
-json.dump({"model": model, "amp": bool(amp), "data": "on device", "link": link, "heterogeneity": heterogeneity,
-           "command": command}, open(path, "w"))
-PY
+  write_setup "${p}_setup.json" train "${SL_TRAIN[*]}" \
+    link "NCCL over sockets on one host: NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo" \
+    heterogeneity "emulated compute skew: rank $skew (--emulate-slowdown)" \
+    command "SL_SKEW=$skew LAUNCHES=$LAUNCHES benchmarks/gpu_suite.sh slowlink"
   for c in none bf16; do
     LIMIT=150 part "slowlink_${c}_profile" "${slow[@]}" "${TR[@]}" -m planner profile "${SL_PROFILE[@]}" --quick \
       --no-loader --emulate-slowdown "$skew" --grad-compress "$c" --out "${p}_${c}_profile.json"
@@ -358,8 +359,7 @@ convergence() {  # weighted compression against uncompressed, one plan and seed 
   split=${CONV_SPLIT:-$($PY -c "b, n = $b, $NPROC; s = [b * (3 if r == 0 else 1) // (n + 2) for r in range(n)]
 s[0] += b - sum(s); print(','.join(map(str, s)))")}
   rm -f "${p}"_*.json "${p}"_*_run.jsonl "${p}_records.jsonl"
-  $PY -c "import json, sys; json.dump(dict(zip(sys.argv[2::2], sys.argv[3::2])), open(sys.argv[1], 'w'))" \
-    "${p}_setup.json" workload "${wl[*]}" split "$split" seed "$seed" epochs "$epochs" lr "$lr" weighting hook \
+  write_setup "${p}_setup.json" workload "${wl[*]}" split "$split" seed "$seed" epochs "$epochs" lr "$lr" weighting hook \
     command "CONV_RUNS='$runs' benchmarks/gpu_suite.sh convergence"
   LIMIT=180 part convergence_profile "${TR[@]}" -m planner profile "${wl[@]}" --quick --out "${p}_profile.json"
   [ -s "${p}_profile.json" ] && LIMIT=60 part convergence_plan $PY -m planner plan --profile "${p}_profile.json" \

@@ -1013,18 +1013,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "relative difference to the first uncompressed launch; one record per launch in "
                         "DIR/convergence_records.jsonl")
     args = p.parse_args(argv)
-    if args.convergence:
-        convergence_summary(args.convergence)
-        return 0
-    if args.slowlink:
-        slowlink_summary(args.slowlink)
-        return 0
-    if args.nodes:
-        nodes_summary(args.nodes)
-        return 0
-    if args.promise:
-        promise_summary(args.promise)
-        return 0
+    for part, summary in ((args.convergence, convergence_summary), (args.slowlink, slowlink_summary),
+                          (args.nodes, nodes_summary), (args.promise, promise_summary)):
+        if part:  # one part's $OUT: its summary only
+            summary(part)
+            return 0
     if args.compact:
         for path in write_records(args.compact, args.results):
             print(path)
