@@ -964,7 +964,6 @@ def _launch_summary(out: Path, kind: str, strategies: Sequence[str], vs: str, *,
         step = statistics.median(e["step_time_s"] for e in ep)
         predicted = pl["predicted"]["step_time_s"]  # the printed step: slowest rank + exposed communication
         sps = statistics.median(e["samples_per_s"] for e in ep)
-        base_key = "equal_samples_per_s_same_round" if kind == "nodes" else f"{strategies[0]}_samples_per_s_same_round"
         records.append({
             "record": RECORD_FORMAT, "kind": kind, "source": path.name, "run": launch,
             "meta": {"devices": [r["device_name"] for r in prof["ranks"]], "torch": prof["meta"]["torch"],
@@ -972,7 +971,7 @@ def _launch_summary(out: Path, kind: str, strategies: Sequence[str], vs: str, *,
             "strategy": strategy, "batch_sizes": [r["batch_size"] for r in pl["ranks"]],
             "epochs_samples_per_s": [e["samples_per_s"] for e in epochs], "samples_per_s": sps, "step_time_s": step,
             "predicted_step_time_s": predicted, "prediction_error": step / predicted - 1,
-            base_key: base_sps, vs: sps / base_sps if base_sps else None})
+            f"{strategies[0]}_samples_per_s_same_round": base_sps, vs: sps / base_sps if base_sps else None})
     order = {s: i for i, s in enumerate(strategies)}
     records.sort(key=lambda r: (r["run"], order[r["strategy"]]))
     for r in records:

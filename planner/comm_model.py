@@ -146,9 +146,14 @@ def recorded_span_tail_s(profile: Profile) -> float | None:
     ddp = profile.meta.get("ddp_cost[default]") if isinstance(profile.meta, Mapping) else None
     if not isinstance(ddp, Mapping) or "balanced_step_s" not in ddp or "balanced_compute_s" not in ddp:
         return None
-    slowest = max(c + (r.optimizer_step_s or 0.0) for c, r in zip(ddp["balanced_compute_s"], profile.by_rank,
-                                                                   strict=True))
-    return max(0.0, statistics.median(ddp["balanced_step_s"]) - slowest)
+    return span_tail_s(ddp["balanced_step_s"], ddp["balanced_compute_s"],
+                       [r.optimizer_step_s or 0.0 for r in profile.by_rank])
+
+
+def span_tail_s(step_rounds_s: Sequence[float], spans_s: Sequence[float], optimizer_s: Sequence[float]) -> float:
+    """``CommProfile.span_tail_s`` from one split's DDP rounds: the median step less max_i (span_i + o_i), >= 0."""
+    slowest = max(c + o for c, o in zip(spans_s, optimizer_s, strict=True))
+    return max(0.0, statistics.median(step_rounds_s) - slowest)
 
 
 def rank_factors(factors: Sequence[float] | None, world_size: int) -> tuple[float, ...]:

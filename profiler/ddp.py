@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from planner.comm_model import balanced_split, relative_spread, span_factors, wait_factors
+from planner.comm_model import balanced_split, relative_spread, span_factors, span_tail_s, wait_factors
 from planner.curves import fit_envelope
 from planner.profile import RankProfile
 from profiler.compute import TimedSteps
@@ -274,8 +274,7 @@ def measure_ddp_cost(make_runner: Callable[[], TimedSteps], ranks: Sequence[Rank
     exposed = statistics.median(rounds_s)
     predicted = max(c(bi) for c, bi in zip(curves, bal, strict=True)) + exposed
     # Both terms of the plan's step under DDP, measured at one split: the slowest span plus optimizer, then the tail.
-    opt = [r.optimizer_step_s or 0.0 for r in ranks]
-    tail = max(0.0, statistics.median(bal_r.step_s) - max(c + o for c, o in zip(bal_r.compute_s, opt, strict=True)))
+    tail = span_tail_s(bal_r.step_s, bal_r.compute_s, [r.optimizer_step_s or 0.0 for r in ranks])
     return DDPCost(exposed_s=exposed, exposed_rounds_s=rounds_s, wait_factors=factors, equal=eq_r, balanced=bal_r,
                    predicted_balanced_s=predicted, span_factors=spans, span_tail_s=tail)
 
