@@ -34,7 +34,7 @@ from planner.comm_model import balanced_split, relative_spread, span_factors, sp
 from planner.curves import fit_envelope
 from planner.profile import RankProfile
 from profiler.compute import TimedSteps
-from runtime.compress import WIRE_DTYPES, check_compress
+from runtime.compress import WIRE_DTYPES, check_compress, sum_on_wire
 
 BALANCED_MAX_STEPS = 4.0
 """The balanced split's step is at most this many times the equal split's (its cost stays near the equal one's)."""
@@ -137,10 +137,7 @@ def _hooked_ddp(model: torch.nn.Module, device: torch.device, group: Any, marks:
         marks.bucket()
         buf = bucket.buffer().div_(world)
         if wire is not None:
-            sent = buf.to(wire)
-            work = dist.all_reduce(sent, group=group, async_op=True)
-            assert work is not None
-            return work.get_future().then(lambda fut: buf.copy_(fut.value()[0]))
+            return sum_on_wire(buf, buf, wire, group)
         work = dist.all_reduce(buf, group=group, async_op=True)
         assert work is not None
         return work.get_future().then(lambda fut: fut.value()[0])

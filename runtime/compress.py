@@ -71,8 +71,16 @@ def _weighted_compressed(state: WeightedHookState, bucket: dist.GradBucket,
         scaled = buffer.mul_(factor)  # in place, as the exact hook: no second full-size buffer
     else:  # a bf16/fp16 model: scale in fp32, round once at the cast
         scaled = buffer.float().mul_(factor)
+    return sum_on_wire(buffer, scaled, wire, state.process_group)
+
+
+def sum_on_wire(buffer: torch.Tensor, scaled: torch.Tensor, wire: torch.dtype,
+                group: dist.ProcessGroup | None) -> torch.futures.Future[torch.Tensor]:
+    """Steps 2-4 above: ``scaled`` (the bucket's already weighted gradient) cast to ``wire``, SUM-all-reduced over
+    ``group``, and the sum copied back into ``buffer`` (the bucket, in the parameters' dtype), which the future
+    returns.  The profiler's DDP rounds send their gradients through it too (profiler.ddp)."""
     compressed = scaled.to(wire)
-    fut = dist.all_reduce(compressed, group=state.process_group, async_op=True).get_future()  # type: ignore[union-attr]
+    fut = dist.all_reduce(compressed, group=group, async_op=True).get_future()  # type: ignore[union-attr]
 
     def decompress(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         buffer.copy_(f.value()[0])  # back to the parameters' dtype, in place (no peak of a second buffer)
