@@ -52,11 +52,6 @@ _FIXES = {
 }
 
 
-def _short(value: Any) -> str:
-    text = str(value)
-    return text[:10] + ".." if len(text) > 12 else text
-
-
 def check_agreement(*, plan_fingerprint: str, dataset_len: int, seed: int, world_size: int | None = None,
                     settings: Mapping[str, Any] | None = None, group: Any = None) -> None:
     """All-gather (world size, plan fingerprint, dataset length, seed) and raise on any disagreement.
@@ -86,17 +81,10 @@ def check_agreement(*, plan_fingerprint: str, dataset_len: int, seed: int, world
         "settings": dict(sorted((settings or {}).items())),
     }
     by_rank = dict(enumerate(all_gather_json(mine, group)))
-    for field, fix in _FIXES.items():
-        values = {r: by_rank[r][field] for r in sorted(by_rank)}
-        if len(set(values.values())) > 1:
-            listed = ", ".join(f"rank {r} has {_short(v)}" for r, v in values.items())
-            raise ValidationError(f"ranks disagree on {field}: {listed}; {fix}")
+    _raise_on_disagreement(by_rank, _FIXES, width=10)
     names = sorted({k for r in by_rank for k in by_rank[r]["settings"]})
-    for name in names:
-        values = {r: json.dumps(by_rank[r]["settings"].get(name), sort_keys=True) for r in sorted(by_rank)}
-        if len(set(values.values())) > 1:
-            listed = ", ".join(f"rank {r} has {_short(v)}" for r, v in values.items())
-            raise ValidationError(f"ranks disagree on {name}: {listed}; launch every rank with the same {name}")
+    settings_of = {r: {name: by_rank[r]["settings"].get(name) for name in names} for r in by_rank}
+    _raise_on_disagreement(settings_of, {name: f"launch every rank with the same {name}" for name in names}, width=10)
     if mine["world size"] != actual:  # everyone agrees, but not with the group they are in
         raise ValidationError(
             f"every rank expects world size {mine['world size']} but the process group has {actual} ranks; "
@@ -203,17 +191,27 @@ def _collective_device() -> Iterator[None]:
         yield
 
 
-def _shown(value: Any) -> str:
+def _shown(value: Any, width: int = 40) -> str:
     text = str(value)
-    return text[:40] + ".." if len(text) > 44 else text
+    return text[:width] + ".." if len(text) > width + 4 else text
 
 
-def _listed(values: Mapping[int, Any]) -> str:
-    """'rank 0 has X, rank 1 has Y': the first rank of each distinct value (at most 3)."""
+def _listed(values: Mapping[int, Any], width: int = 40) -> str:
+    """'rank 0 has X, rank 1 has Y': the first rank of each distinct value (at most 3), each cut to ``width``."""
     firsts: dict[str, int] = {}
     for r in sorted(values):
         firsts.setdefault(json.dumps(values[r], sort_keys=True), r)
-    return ", ".join(f"rank {r} has {_shown(values[r])}" for r in list(firsts.values())[:3])
+    return ", ".join(f"rank {r} has {_shown(values[r], width)}" for r in list(firsts.values())[:3])
+
+
+def _raise_on_disagreement(by_rank: Mapping[int, Mapping[str, Any]], fixes: Mapping[str, str], *,
+                           width: int = 40) -> None:
+    """The first field of ``fixes`` (in its order) on which the gathered ranks differ: one ValidationError naming
+    the field, the ranks that differ and their values, and the fix -- the same line on every rank."""
+    for field, fix in fixes.items():
+        values = {r: by_rank[r][field] for r in sorted(by_rank)}
+        if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
+            raise ValidationError(f"ranks disagree on {field}: {_listed(values, width)}; {fix}")
 
 
 # Layout facts every rank's sampler must share -> the fix to print with a disagreement.
@@ -286,10 +284,7 @@ def check_first_pass(sampler: HeteroBatchSampler, start_step: int, loader: tuple
     }
     with _collective_device():
         by_rank = dict(enumerate(all_gather_json(mine)))
-    for field, fix in _LAYOUT_FIXES.items():
-        values = {r: by_rank[r][field] for r in by_rank}
-        if len({json.dumps(v) for v in values.values()}) > 1:
-            raise ValidationError(f"ranks disagree on {field}: {_listed(values)}; {fix}")
+    _raise_on_disagreement(by_rank, _LAYOUT_FIXES)
     world, planned_world = len(by_rank), sampler.world_size
     if world % planned_world:
         raise ValidationError(
