@@ -55,8 +55,11 @@ def test_replan_moves_work_off_a_rank_slowed_mid_run(tmp_path: Path) -> None:
     # Within 2 epochs of the slowdown the split moved toward the fast rank 0 (judged on the decisions and the
     # batches, not on measured throughput, which this host's other work would move).
     assert max(e["batch_sizes"][0] for e in after) > slowed["batch_sizes"][0]
-    decisions = _events(log, "replan")
-    assert any(d["adopted"] for d in decisions if d["epoch"] in (1, 2)), [d["reason"] for d in decisions]
+    # The move is an adopted re-plan or, when a busy host's noise made epoch 0 adopt a move toward rank 1 (seen at
+    # 3 pytest workers on 2 cores: rank 0 read 40% slow), the revert of that move, which is the same direction.
+    decisions = _events(log, "replan") + _events(log, "revert")
+    assert any(d["event"] == "revert" or d["adopted"] for d in decisions if d["epoch"] in (1, 2)), \
+        [(d["epoch"], d["event"], d["reason"]) for d in decisions]
 
 
 @pytest.mark.distributed
