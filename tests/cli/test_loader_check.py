@@ -66,13 +66,19 @@ def test_the_check_is_refused_without_auto(capsys: pytest.CaptureFixture[str]) -
 @pytest.mark.distributed
 def test_auto_checks_the_plans_loaders_and_keeps_plan_and_profile_together(tmp_path: Path) -> None:
     """Two CPU ranks with DataLoaders: the check runs on both, rank 0 says what it found, and the plan written is
-    solved on the profile written (the checked one when the check moved it)."""
-    plan_out, profile_out = tmp_path / "plan.json", tmp_path / "profile.json"
+    solved on the profile written (the checked one when the check moved it).  The same run's log holds each rank's
+    loader time, timed in its DataLoader workers (runtime.loader_timing)."""
+    plan_out, profile_out, log = tmp_path / "plan.json", tmp_path / "profile.json", tmp_path / "run.jsonl"
     rc, out = run_planner(2, ["train", "--auto", "--quick", "--device", "cpu", "--model", "cifar_cnn",
                                        "--image-size", "16", "--num-samples", "256", "--global-batch", "32",
                                        "--epochs", "1", "--max-steps-per-epoch", "4", "--loader-check-s", "0.5",
-                                       "--plan-out", str(plan_out), "--profile-out", str(profile_out)])
+                                       "--plan-out", str(plan_out), "--profile-out", str(profile_out),
+                                       "--log-file", str(log)])
     assert rc == 0, out[-3000:]
+    epochs = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "epoch"]
+    assert epochs, log.read_text()[-2000:]
+    ranks = epochs[0]["ranks"]
+    assert len(ranks) == 2 and all(r["loader_s"] is not None and r["loader_s"] > 0 for r in ranks), ranks
     lines = [x for x in out.splitlines() if x.startswith("loader check")]
     assert len(lines) == 1, out[-3000:]
     profile = Profile.load(str(profile_out))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +16,6 @@ from planner.stats import StepStats
 from runtime.loader_timing import TimedBatches, TimedLoader
 from runtime.replan.model import RankCorrection
 from runtime.timing import StepTimer
-from tests._ranks import run_planner
 
 
 class Slow(Dataset[tuple[torch.Tensor, int]]):
@@ -142,14 +140,4 @@ def test_the_replanner_moves_a_measured_loader_cost_both_ways() -> None:
     assert starving.loader_sec_per_sample == pytest.approx(0.192 * 2 / 102)  # the wait rule still raises it
 
 
-@pytest.mark.distributed
-def test_planner_train_logs_each_ranks_loader_time(tmp_path: Path) -> None:
-    log = tmp_path / "run.jsonl"
-    rc, out = run_planner(2, ["train", "--auto", "--quick", "--device", "cpu", "--model", "cifar_cnn",
-                                       "--image-size", "16", "--num-samples", "256", "--global-batch", "32",
-                                       "--epochs", "1", "--max-steps-per-epoch", "6", "--log-file", str(log)])
-    assert rc == 0, out[-3000:]
-    epochs = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "epoch"]
-    assert epochs, log.read_text()[-2000:]
-    ranks = epochs[0]["ranks"]
-    assert len(ranks) == 2 and all(r["loader_s"] is not None and r["loader_s"] > 0 for r in ranks), ranks
+# `planner train` logging each rank's loader time: tests/cli/test_loader_check.py's --auto run checks it.
