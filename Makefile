@@ -25,12 +25,14 @@ lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-# Two pytest workers (pytest-xdist, the dev extra) where it is installed, one a core: with two the suite keeps both
-# cores busy (a third measured no faster and made the tests that time ranks noisier). A module's tests stay on one worker
-# (--dist loadscope), so a module-scoped launch runs once. Tests marked `alone` read the host's CPU load and run
-# afterwards, by themselves. pytest exit 5 (nothing collected, e.g. no `alone` test) is not a failure.
+# Two pytest workers (pytest-xdist, the dev extra) where it is installed, one a core: two keep both cores busy (a
+# third measured no faster and made the tests that time ranks noisier). A module's tests stay on one worker
+# (--dist loadscope), so a module-scoped launch runs once; --no-loadscope-reorder keeps the order tests/conftest.py
+# gives the modules (the longest first) rather than xdist's (by test count). Tests marked `alone` read the host's
+# CPU load and run afterwards, by themselves. pytest exit 5 (nothing collected, e.g. no `alone` test) is not a
+# failure.
 PYTEST   = GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 $(PY) -m pytest -q
-PARALLEL = $(shell $(PY) -c "import xdist" >/dev/null 2>&1 && echo "-n 2 --dist loadscope")
+PARALLEL = $(shell $(PY) -c "import xdist" >/dev/null 2>&1 && echo "-n 2 --dist loadscope --no-loadscope-reorder")
 OK5      = rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected (exit 5)"; rc=0; fi
 
 test: lint

@@ -29,18 +29,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 HEAVY_FIRST = (
-    "frameworks/test_ray.py", "cli/test_train_cli.py", "frameworks/test_hf_examples.py",
-    "reliability/test_elastic.py", "reliability/test_no_hangs.py", "frameworks/test_hf.py",
-    "reliability/test_crash_resume.py", "frameworks/test_hf_bench.py", "runtime/test_replan.py",
-    "frameworks/test_examples.py", "cli/test_bench.py", "reliability/test_multinode.py",
-    "reliability/test_concurrent_runs.py", "cli/test_profile_cli.py", "cli/test_train_accumulation.py",
-    "frameworks/test_lightning.py", "frameworks/test_accelerate.py", "cli/test_loader_check.py",
-    "frameworks/test_ddp_examples.py", "reliability/test_divergence.py", "profiler/test_ddp_cost.py",
+    "cli/test_train_cli.py", "runtime/test_replan.py", "frameworks/test_ray.py", "reliability/test_elastic.py",
+    "cli/test_bench.py", "reliability/test_no_hangs.py", "frameworks/test_hf.py", "frameworks/test_hf_examples.py",
+    "reliability/test_multinode.py", "frameworks/test_hf_bench.py", "reliability/test_issue21.py",
+    "runtime/test_sampler.py", "cli/test_loader_check.py", "reliability/test_crash_resume.py",
+    "planner/test_solve.py", "reliability/test_divergence.py", "reliability/test_bad_inputs.py",
+    "cli/test_comm_breakdown.py", "reliability/test_report_scale.py", "frameworks/test_lightning.py",
+    "frameworks/test_examples.py", "cli/test_profile_cli.py",
 )
 """The modules that take longest on 2 cores, longest first (under tests/). They run first: pytest-xdist's
 ``--dist loadscope`` hands a worker the next module whenever it runs dry, so with the long ones first the two
 workers end close together instead of one finishing a long module alone at the end. The order is only a
-schedule: no test depends on it."""
+schedule: no test depends on it (the Makefile passes --no-loadscope-reorder, or xdist would order the modules by
+test count)."""
 
 
 def _heavy_first(items: list[pytest.Item]) -> None:
