@@ -42,8 +42,8 @@
 #             capped in (b)); (b) `planner train` with ranks 0-1 capped at $PR_MEM_GIB GiB
 #             (--emulate-memory) so they accumulate, B = $PR_B_ACC, inputs made on the GPU (PR_B_LOADER=1: a DataLoader,
 #             whose prefetched batches would make 2 short epochs the loaders' drain); (c) `planner train
-#             --data-on-device`, B = $PR_B; (b) and (c)
-#             profile once (--auto) and reuse that plan in the later launches; raw files promise_*; then
+#             --data-on-device`, B = $PR_B; (b) and (c) run ${PR_EPOCHS_BC:-2} epochs (the steady error is the
+#             median of those after the first), profile once (--auto) and reuse that plan in the later launches; raw files promise_*; then
 #             `summarize_bench.py --promise $OUT` prints the table and writes promise_records.jsonl
 #   slowlink  weighted bf16 compression over a slow link (2+ GPUs, about 6 min on 2 H100s): NCCL over sockets
 #             (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo), the last rank emulated
@@ -315,7 +315,7 @@ promise() {  # does a plan keep the step time it prints (the header says what it
         b=(--plan "$OUT/promise_${v}_r1_plan.json" --profile "$OUT/promise_${v}_r1_profile.json")
       fi
       go "promise_${v}_r$i" "${PR_LIMIT_BC:-100}" "${TR[@]}" -m planner train "${PR_TRAIN[@]}" "${b[@]}" "${c[@]}" \
-        --no-replan --epochs 2 --log-file "${tag}_run.jsonl"
+        --no-replan --epochs "${PR_EPOCHS_BC:-2}" --log-file "${tag}_run.jsonl"
     done
   done
   kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null; pids=(); trap - EXIT TERM INT
