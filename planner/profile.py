@@ -507,6 +507,9 @@ def _comm_from(v: Any, path: str) -> CommProfile:
 
 WIRE_FORMATS = ("bf16", "fp16")
 """The compressed wire formats a profile may have measured (``CommProfile.grad_compress``)."""
+GRAD_COMPRESSIONS = ("none", *WIRE_FORMATS)
+"""What ``--grad-compress`` (planner train, planner profile) and ``register_weighted_hook(..., compress=)`` accept:
+uncompressed or a wire format."""
 
 
 def _wire_format(v: Any, path: str) -> str | None:

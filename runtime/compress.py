@@ -35,12 +35,12 @@ import torch
 import torch.distributed as dist
 
 from planner.errors import ValidationError
-from planner.profile import WIRE_FORMATS
+from planner.profile import GRAD_COMPRESSIONS
 
 if TYPE_CHECKING:
     from runtime.weighting import WeightedHookState
 
-COMPRESSIONS = ("none", *WIRE_FORMATS)
+COMPRESSIONS = GRAD_COMPRESSIONS
 """Names accepted by ``register_weighted_hook(..., compress=)`` and ``planner train --grad-compress``."""
 
 WIRE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -14,7 +14,7 @@ from typing import Any
 from planner.argcheck import GPU_NORMALIZE_CHOICES, check_ranks, count, real
 from planner.errors import ValidationError
 from planner.paths import Output, check_outputs
-from planner.profile import WIRE_FORMATS, Profile
+from planner.profile import GRAD_COMPRESSIONS, Profile
 from planner.table import table
 from profiler.sweep import parse_batch_sizes
 from profiler.workloads.emulate import cap_device_memory, parse_rank_floats, parse_rank_gib, parse_rank_ints
@@ -71,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="emulate a smaller GPU: rank R may allocate only GIB GiB (real out-of-memory errors), e.g. 0=20")
     p.add_argument("--emulate-loader", default=None, metavar="R=W,..",
                    help="cap rank R's loader at W workers (recorded; the trainer applies it)")
-    p.add_argument("--grad-compress", choices=("none", *WIRE_FORMATS), default="none",
+    p.add_argument("--grad-compress", choices=GRAD_COMPRESSIONS, default="none",
                    help="send the gradients of the measured DDP steps in this format, as `planner train "
                         "--grad-compress` will (the plan's prediction then includes it; default none)")
     p.add_argument("--out", default="profile.json", metavar="PATH", help="profile JSON to write (default profile.json)")

@@ -10,7 +10,7 @@ from typing import Any
 
 from planner.argcheck import ALLOW_RESUME_FLAG, GPU_NORMALIZE_CHOICES, count, real
 from planner.cli.advanced import add_help_all
-from planner.profile import WIRE_FORMATS
+from planner.profile import GRAD_COMPRESSIONS
 
 HELP = "train with a plan under torchrun (reference trainer)"
 AUTO_PLAN_OUT = "plan.json"
@@ -119,7 +119,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="exact weighting of uneven batches: scale the loss (default; DDP's own all-reduce, also exact "
                         "with SyncBatchNorm) or a Python comm hook (register_weighted_hook); the same parameters "
                         "either way")
-    a.add_argument("--grad-compress", choices=("none", *WIRE_FORMATS), default="none",
+    a.add_argument("--grad-compress", choices=GRAD_COMPRESSIONS, default="none",
                    help="all-reduce gradients in bf16 or fp16, half the bytes (opt-in: changes numerics to the "
                         "wire dtype's rounding). The plan's weighting scales each bucket by n_i / n in fp32 before "
                         "the cast (through the weighting hook), so uneven batches neither overflow nor underflow; "

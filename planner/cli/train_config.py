@@ -8,13 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.errors import ValidationError
-from planner.profile import WIRE_FORMATS
+from planner.profile import GRAD_COMPRESSIONS
 from runtime.ddp_settings import DDP_SETTINGS, ddp_settings_from  # noqa: F401  (re-exported: one check for train and the runtime)
 
 STRATEGIES = ("plan", "equal")
 WEIGHTINGS = ("loss_scale", "hook")
-GRAD_COMPRESSIONS = ("none", *WIRE_FORMATS)
-"""`--grad-compress` of `planner train` and `planner profile`: uncompressed or a wire format (runtime.compress)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
