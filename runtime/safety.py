@@ -196,22 +196,18 @@ def _shown(value: Any, width: int = 40) -> str:
     return text[:width] + ".." if len(text) > width + 4 else text
 
 
-def _listed(values: Mapping[int, Any], width: int = 40) -> str:
-    """'rank 0 has X, rank 1 has Y': the first rank of each distinct value (at most 3), each cut to ``width``."""
-    firsts: dict[str, int] = {}
-    for r in sorted(values):
-        firsts.setdefault(json.dumps(values[r], sort_keys=True), r)
-    return ", ".join(f"rank {r} has {_shown(values[r], width)}" for r in list(firsts.values())[:3])
-
-
 def _raise_on_disagreement(by_rank: Mapping[int, Mapping[str, Any]], fixes: Mapping[str, str], *,
                            width: int = 40) -> None:
     """The first field of ``fixes`` (in its order) on which the gathered ranks differ: one ValidationError naming
-    the field, the ranks that differ and their values, and the fix -- the same line on every rank."""
+    the field, the first rank of each distinct value (at most 3) with its value cut to ``width``, and the fix --
+    the same line on every rank."""
     for field, fix in fixes.items():
-        values = {r: by_rank[r][field] for r in sorted(by_rank)}
-        if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
-            raise ValidationError(f"ranks disagree on {field}: {_listed(values, width)}; {fix}")
+        firsts: dict[str, int] = {}  # each distinct value (as JSON) -> the first rank holding it
+        for r in sorted(by_rank):
+            firsts.setdefault(json.dumps(by_rank[r][field], sort_keys=True), r)
+        if len(firsts) > 1:
+            listed = ", ".join(f"rank {r} has {_shown(by_rank[r][field], width)}" for r in list(firsts.values())[:3])
+            raise ValidationError(f"ranks disagree on {field}: {listed}; {fix}")
 
 
 # Layout facts every rank's sampler must share -> the fix to print with a disagreement.
