@@ -750,9 +750,12 @@ def _promise_epochs(log: Any) -> list[dict[str, Any]]:
         plan = plans.get(e.plan_fingerprint)
         # The prediction in force this epoch, as the report reads it: the plan's formula over the epoch record's
         # per-rank predictions (a plan the Replanner re-predicted keeps its fingerprint and carries the new numbers).
-        predicted = (synchronous_step_s(e.predicted_step_time_s, plan.predicted.comm_s)
-                     if plan is not None and e.predicted_step_time_s else
-                     plan.predicted.step_time_s if plan is not None else max(e.predicted_step_time_s, default=None))
+        if plan is None:
+            predicted = max(e.predicted_step_time_s, default=None)
+        elif e.predicted_step_time_s:
+            predicted = synchronous_step_s(e.predicted_step_time_s, plan.predicted.comm_s)
+        else:
+            predicted = plan.predicted.step_time_s
         computes = [s.compute_s for s in e.ranks]
         ideal = (sum(b / c for b, c in zip(e.batch_sizes, computes) if c) if computes and all(computes) else None)
         rows.append({"epoch": e.epoch, "step_s": e.step_time_s, "predicted_step_s": predicted,
