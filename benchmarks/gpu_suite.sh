@@ -58,7 +58,7 @@
 #             made on the GPU); `summarize_bench.py --nodes $OUT`: per launch samples/s, x equal, measured vs printed
 #             step, one record per launch in nodes_records.jsonl
 #   convergence  does weighted gradient compression train as the uncompressed run does? (2 GPUs, about 5 min on 2
-#             H100s) ResNet-18 bf16 on benchmarks.comm_breakdown:learnable_cifar (40960 32x32 images made from their
+#             H100s; on a one-GPU host two ranks share it over gloo) ResNet-18 bf16 on benchmarks.comm_breakdown:learnable_cifar (40960 32x32 images made from their
 #             index, learnable over epochs; TINY: an MLP on learnable_cifar_tiny), a --quick profile and one plan with
 #             an uneven split ($CONV_SPLIT, default 3:1:..:1 of B = $CONV_B = 512), then one `planner train` launch per
 #             entry of $CONV_RUNS (default "none bf16 fp16 none", each its --grad-compress; the second uncompressed
@@ -349,25 +349,30 @@ slowlink() {  # weighted bf16 against the uncompressed plan over NCCL sockets (t
 }
 
 convergence() {  # weighted compression against uncompressed, one plan and seed (the header says what it runs)
-  local p="$OUT/convergence" wl=() runs=${CONV_RUNS:-none bf16 fp16 none} seen=" " b split c i
-  local epochs=${CONV_EPOCHS:-5} seed=${CONV_SEED:-1} lr=${CONV_LR:-0.02}
+  local p="$OUT/convergence" wl=() runs=${CONV_RUNS:-none bf16 fp16 none} seen=" " b split c i n=$NPROC
+  local epochs=${CONV_EPOCHS:-5} seed=${CONV_SEED:-1} lr=${CONV_LR:-0.02} tr=("${TR[@]}") where
   if [ "$DEV" = cpu ]; then
     b=${CONV_B:-64}; wl=(--device cpu --model mlp --dataset benchmarks.comm_breakdown:learnable_cifar_tiny)
   else
     b=${CONV_B:-512}; wl=(--model resnet18 --amp --dataset benchmarks.comm_breakdown:learnable_cifar)
   fi
-  split=${CONV_SPLIT:-$($PY -c "b, n = $b, $NPROC; s = [b * (3 if r == 0 else 1) // (n + 2) for r in range(n)]
+  where="$n ranks, one device each"
+  if [ "$DEV" = cuda ] && [ "$NPROC" -lt 2 ]; then  # one GPU: two ranks share it over gloo (the numbers are the same)
+    n=2; tr=("$PY" -m torch.distributed.run --standalone --nproc-per-node 2); wl+=(--device cuda:0)
+    where="2 ranks sharing GPU 0, gloo"
+  fi
+  split=${CONV_SPLIT:-$($PY -c "b, n = $b, $n; s = [b * (3 if r == 0 else 1) // (n + 2) for r in range(n)]
 s[0] += b - sum(s); print(','.join(map(str, s)))")}
   rm -f "${p}"_*.json "${p}"_*_run.jsonl "${p}_records.jsonl"
   write_setup "${p}_setup.json" workload "${wl[*]}" split "$split" seed "$seed" epochs "$epochs" lr "$lr" weighting hook \
-    command "CONV_RUNS='$runs' benchmarks/gpu_suite.sh convergence"
-  LIMIT=180 part convergence_profile "${TR[@]}" -m planner profile "${wl[@]}" --quick --out "${p}_profile.json"
+    ranks "$where" command "CONV_RUNS='$runs' benchmarks/gpu_suite.sh convergence"
+  LIMIT=180 part convergence_profile "${tr[@]}" -m planner profile "${wl[@]}" --quick --out "${p}_profile.json"
   [ -s "${p}_profile.json" ] && LIMIT=60 part convergence_plan $PY -m planner plan --profile "${p}_profile.json" \
     --global-batch "$b" --from-batches "$split" --force --max-accumulation-steps 1 --out "${p}_plan.json"
   [ -s "${p}_plan.json" ] || { echo "=== convergence: no plan"; return; }
   for c in $runs; do
     seen+="$c "; i=$(grep -o " $c " <<< "$seen" | wc -l)
-    LIMIT=${CONV_LIMIT:-240} part "convergence_${c}_r$i" "${TR[@]}" -m planner train --plan "${p}_plan.json" "${wl[@]}" \
+    LIMIT=${CONV_LIMIT:-240} part "convergence_${c}_r$i" "${tr[@]}" -m planner train --plan "${p}_plan.json" "${wl[@]}" \
       --seed "$seed" --epochs "$epochs" --lr "$lr" --weighting hook --grad-compress "$c" --quiet \
       --log-file "${p}_${c}_r${i}_run.jsonl"
   done

@@ -709,7 +709,8 @@ def convergence_table(results: Path) -> str:
         rows.append("| largest difference | " + " | ".join("" for _ in group) + " | "
                     + " | ".join(_fmt(r["max_abs_vs_reference"], ".2%") for r in group[1:]) + " |")
         devices = m.get("devices") or ["?"]
-        out.append(f"{len(devices)}x {devices[0]}, torch {m.get('torch')}, `{m['workload']}`, global batch "
+        where = f" ({m['ranks']})" if m.get("ranks") else ""
+        out.append(f"{len(devices)}x {devices[0]}{where}, torch {m.get('torch')}, `{m['workload']}`, global batch "
                    f"{m['global_batch']} split {m['batch_sizes']}, --seed {m['seed']}, --lr {m['lr']}, --weighting "
                    f"{m['weighting']}, {m['epochs']} epochs; `{m['command']}`.\n\n" + "\n".join(rows))
     return ("Loss: the epoch's mean training loss over every sample of every rank (the run log's epoch record); "

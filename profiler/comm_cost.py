@@ -38,9 +38,12 @@ def measure_comm(grad_bytes: int, ranks: list[RankProfile], make_runner: Callabl
     backend training will use, with the DDP steps' gradients on the wire as ``grad_compress`` says (what
     ``planner train --grad-compress`` sends); on NCCL also the launch variants (profiler.comm.NCCL_CTA_VARIANTS),
     one recorded only when it measurably helps.  The rounds go to the profile's meta."""
-    # All-CUDA jobs train over NCCL: time NCCL even when the default group is gloo (mixed jobs stay on gloo).
+    # Jobs with one GPU per rank train over NCCL: time NCCL even when the default group is gloo (mixed jobs, and
+    # ranks that share a GPU, which NCCL refuses, stay on gloo).
     group: dist.ProcessGroup | None = None
-    if all(r.device.startswith("cuda") for r in ranks) and dist.get_backend() != "nccl" and dist.is_nccl_available():
+    own_gpus = len({(r.host, r.device) for r in ranks}) == len(ranks)
+    if (all(r.device.startswith("cuda") for r in ranks) and own_gpus and dist.get_backend() != "nccl"
+            and dist.is_nccl_available()):
         new = dist.new_group(backend="nccl")
         assert isinstance(new, dist.ProcessGroup)  # every rank is a member, so never the non-member sentinel
         group = new

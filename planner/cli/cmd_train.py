@@ -308,7 +308,7 @@ def config_from_args(args: argparse.Namespace, env: Any, slowdowns: dict[int, fl
     from profiler.workloads.specs import gpu_normalize_for
 
     late = args.emulate_slowdown_from_epoch > 0
-    mixed = env.device.type == "cuda" and env.backend == "gloo"  # CPU ranks beside CUDA ones
+    mixed = env.device.type == "cuda" and env.backend == "gloo" and not env.shared_gpu  # CPU ranks beside CUDA ones
     return TrainConfig(
         model=args.model, dataset=args.dataset, image_size=args.image_size, num_samples=args.num_samples,
         epochs=args.epochs, max_steps_per_epoch=args.max_steps_per_epoch, lr=args.lr, amp=args.amp,

@@ -1,6 +1,6 @@
 """Process-group set-up for every program: from torchrun's environment (or a FileStore), one device per rank.
 
-What ranks exchange afterwards goes through ``collectives`` (JSON over tensors, never pickle).
+What ranks exchange afterwards goes through ``runtime.collectives`` (JSON over tensors, never pickle).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ class DistEnv:
     device: torch.device
     backend: str | None
     """None when running as a single process without a process group."""
+    shared_gpu: bool = False
+    """Two ranks of this host run on one GPU, so the job all-reduces over gloo (NCCL refuses a shared GPU)."""
 
     @property
     def is_main(self) -> bool:
@@ -71,9 +73,19 @@ def rank_device_spec(device: str, rank_devices: str | None, rank: int, world_siz
     return device, all_cuda
 
 
+def shares_gpu(device: str, rank_devices: str | None) -> bool:
+    """Whether two ranks of this host are placed on one GPU (`--device cuda:N` with several local ranks, or a
+    `cuda:N` listed twice in `--rank-devices`).  NCCL refuses two ranks on one device ("Duplicate GPU detected"),
+    so such a job all-reduces over gloo, through host memory: slower, the same numbers."""
+    if rank_devices:
+        indexed = [s.strip() for s in rank_devices.split(",") if s.strip().startswith("cuda:")]
+        return len(indexed) != len(set(indexed))
+    return device.startswith("cuda:") and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1
+
+
 def init_from_env(device: str = "auto", rank_devices: str | None = None, *, backend: str | None = None,
                   timeout_s: float = 120.0, store: dist.Store | None = None) -> DistEnv:
-    """Read RANK/WORLD_SIZE/LOCAL_RANK (torchrun); init NCCL when every rank is on CUDA, gloo otherwise.
+    """Read RANK/WORLD_SIZE/LOCAL_RANK (torchrun); init NCCL when every rank is on its own GPU, gloo otherwise.
 
     Without WORLD_SIZE > 1 or MASTER_ADDR (one plain process) no group is made.  ``store`` rendezvous through it
     instead of MASTER_ADDR (``planner.cli.launch.spawn`` ranks); ``backend`` forces one (the profiler's control traffic
@@ -88,7 +100,8 @@ def init_from_env(device: str = "auto", rank_devices: str | None = None, *, back
         torch.cuda.set_device(dev)
     if world_size == 1 and "MASTER_ADDR" not in os.environ and store is None:
         return DistEnv(rank=0, world_size=1, local_rank=0, device=dev, backend=None)
-    chosen = backend or ("nccl" if all_cuda else "gloo")
+    shared = all_cuda and shares_gpu(device, rank_devices)
+    chosen = backend or ("nccl" if all_cuda and not shared else "gloo")
     if not dist.is_initialized():
         kw: dict[str, Any] = {"backend": chosen, "timeout": timedelta(seconds=timeout_s)}
         if chosen == "nccl":
@@ -96,7 +109,8 @@ def init_from_env(device: str = "auto", rank_devices: str | None = None, *, back
         if store is not None:
             kw.update(store=store, rank=rank, world_size=world_size)
         dist.init_process_group(**kw)
-    return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, backend=chosen)
+    return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, backend=chosen,
+                   shared_gpu=shared)
 
 
 def sync_device(device: torch.device) -> None:

@@ -134,6 +134,19 @@ def test_rank_devices_without_a_gpu_names_the_rank_devices_flag(monkeypatch: pyt
         init_from_env("auto", "cuda:0")
 
 
+def test_ranks_that_share_a_gpu_all_reduce_over_gloo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): a job that places them so gets gloo."""
+    from planner.cli.distenv import shares_gpu
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert shares_gpu("cuda:0", None)  # every local rank on GPU 0
+    assert not shares_gpu("cuda", None) and not shares_gpu("auto", None)  # cuda:LOCAL_RANK, one GPU each
+    assert shares_gpu("auto", "cuda:0,cuda:0,cuda:1")
+    assert not shares_gpu("auto", "cuda:0,cuda:1") and not shares_gpu("auto", "cuda:0,cpu,cpu")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert not shares_gpu("cuda:0", None)  # one rank on this host: nothing to share
+
+
 # -- your own model, found in the current folder ------------------------------------------------------------------
 MYMODEL = '''\
 import torch
