@@ -58,15 +58,17 @@
 #             made on the GPU); `summarize_bench.py --nodes $OUT`: per launch samples/s, x equal, measured vs printed
 #             step, one record per launch in nodes_records.jsonl
 #   convergence  does weighted gradient compression train as the uncompressed run does? (2 GPUs, about 5 min on 2
-#             H100s; on a one-GPU host two ranks share it over gloo) ResNet-18 bf16 on benchmarks.comm_breakdown:learnable_cifar (40960 32x32 images made from their
-#             index, learnable over epochs; TINY: an MLP on learnable_cifar_tiny), a --quick profile and one plan with
-#             an uneven split ($CONV_SPLIT, default 3:1:..:1 of B = $CONV_B = 512), then one `planner train` launch per
-#             entry of $CONV_RUNS (default "none bf16 fp16 none", each its --grad-compress; the second uncompressed
-#             launch shows the launch-to-launch noise) with that plan, --seed $CONV_SEED, $CONV_EPOCHS (5) epochs,
-#             --lr $CONV_LR, --weighting hook in every launch (only the wire dtype differs); run logs
-#             convergence_<compress>_r<i>_run.jsonl; `summarize_bench.py --convergence $OUT`: per epoch each launch's
-#             mean training loss and its relative difference to the first uncompressed launch's, one record per
-#             launch in convergence_records.jsonl
+#             H100s; on a one-GPU host two ranks share it over gloo) ResNet-18 bf16 on
+#             benchmarks.comm_breakdown:learnable_cifar (40960 32x32 images made from their index, learnable over
+#             epochs; TINY: an MLP on learnable_cifar_tiny), a --quick profile and one plan with an uneven split
+#             ($CONV_SPLIT, default 3:1:..:1 of B = $CONV_B = 512), then one `planner train` launch per entry of
+#             $CONV_RUNS (default "none bf16 fp16 lossscale": --weighting hook with that --grad-compress; lossscale:
+#             uncompressed, --weighting loss-scale, the same update up to fp32 rounding, so its distance from the
+#             first launch is the curve's sensitivity to rounding alone) with that plan, --seed $CONV_SEED,
+#             $CONV_EPOCHS (5) epochs, --lr $CONV_LR (CONV_PROFILE=FILE: plan from that profile, no profiling); run
+#             logs convergence_<run>_r<i>_run.jsonl;
+#             `summarize_bench.py --convergence $OUT`: per epoch each launch's mean training loss and its relative
+#             difference to the first uncompressed launch's, one record per launch in convergence_records.jsonl
 #   profile   wall seconds of a torchrun `planner profile` on every rank (ResNet-50 fp32, fake data, loader measured)
 #   sampler   benchmarks/sampler_bench.py on the host's CPU
 #   env       the machine: GPUs, CPUs, library versions
@@ -349,7 +351,7 @@ slowlink() {  # weighted bf16 against the uncompressed plan over NCCL sockets (t
 }
 
 convergence() {  # weighted compression against uncompressed, one plan and seed (the header says what it runs)
-  local p="$OUT/convergence" wl=() runs=${CONV_RUNS:-none bf16 fp16 none} seen=" " b split c i n=$NPROC
+  local p="$OUT/convergence" wl=() runs=${CONV_RUNS:-none bf16 fp16 lossscale} seen=" " b split c i n=$NPROC how
   local epochs=${CONV_EPOCHS:-5} seed=${CONV_SEED:-1} lr=${CONV_LR:-0.02} tr=("${TR[@]}") where
   if [ "$DEV" = cpu ]; then
     b=${CONV_B:-64}; wl=(--device cpu --model mlp --dataset benchmarks.comm_breakdown:learnable_cifar_tiny)
@@ -366,15 +368,17 @@ s[0] += b - sum(s); print(','.join(map(str, s)))")}
   rm -f "${p}"_*.json "${p}"_*_run.jsonl "${p}_records.jsonl"
   write_setup "${p}_setup.json" workload "${wl[*]}" split "$split" seed "$seed" epochs "$epochs" lr "$lr" weighting hook \
     ranks "$where" command "CONV_RUNS='$runs' benchmarks/gpu_suite.sh convergence"
-  LIMIT=180 part convergence_profile "${tr[@]}" -m planner profile "${wl[@]}" --quick --out "${p}_profile.json"
+  if [ -n "${CONV_PROFILE:-}" ]; then cp "$CONV_PROFILE" "${p}_profile.json"  # another seed's runs: the same plan
+  else LIMIT=180 part convergence_profile "${tr[@]}" -m planner profile "${wl[@]}" --quick --out "${p}_profile.json"; fi
   [ -s "${p}_profile.json" ] && LIMIT=60 part convergence_plan $PY -m planner plan --profile "${p}_profile.json" \
     --global-batch "$b" --from-batches "$split" --force --max-accumulation-steps 1 --out "${p}_plan.json"
   [ -s "${p}_plan.json" ] || { echo "=== convergence: no plan"; return; }
   for c in $runs; do
     seen+="$c "; i=$(grep -o " $c " <<< "$seen" | wc -l)
+    how=(--weighting hook --grad-compress "$c")
+    [ "$c" = lossscale ] && how=(--weighting loss-scale --grad-compress none)
     LIMIT=${CONV_LIMIT:-240} part "convergence_${c}_r$i" "${tr[@]}" -m planner train --plan "${p}_plan.json" "${wl[@]}" \
-      --seed "$seed" --epochs "$epochs" --lr "$lr" --weighting hook --grad-compress "$c" --quiet \
-      --log-file "${p}_${c}_r${i}_run.jsonl"
+      --seed "$seed" --epochs "$epochs" --lr "$lr" "${how[@]}" --quiet --log-file "${p}_${c}_r${i}_run.jsonl"
   done
   $PY benchmarks/summarize_bench.py --convergence "$OUT" | tee "$OUT/convergence_summary.txt"
 }

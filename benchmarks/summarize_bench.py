@@ -684,6 +684,12 @@ def comm_table(results: Path) -> str:
             "Records: docs/results/*_comm-breakdown_*.json.\n\n" + "\n".join(rows))
 
 
+def _convergence_name(r: dict[str, Any]) -> str:
+    """A convergence launch's column name: its wire format, or `loss-scale` for the uncompressed launch weighted by
+    scaling the loss (the same update as the hook's up to fp32 rounding: the noise floor of one seed's curve)."""
+    return f"{'loss-scale' if r.get('weighting') == 'loss-scale' else r['compress']} r{r['run']}"
+
+
 def convergence_table(results: Path) -> str:
     """Records of `gpu_suite.sh convergence` (kind "convergence"): per epoch, each launch's mean training loss and
     its relative difference to the reference (the part's first uncompressed launch); one table per run of the part
@@ -696,9 +702,9 @@ def convergence_table(results: Path) -> str:
         runs.setdefault((r["reference"], r["reference_started"]), []).append(r)
     out = []
     for group in runs.values():
-        group.sort(key=lambda r: (r["compress"] != "none" or r["run"] != 1, r["meta"]["started"]))
+        group.sort(key=lambda r: (r["source"] != r["reference"], r["meta"]["started"]))
         m = group[0]["meta"]
-        names = [f"{r['compress']} r{r['run']}" for r in group]
+        names = [_convergence_name(r) for r in group]
         rows = ["| epoch | " + " | ".join(f"loss {n}" for n in names) + " | "
                 + " | ".join(f"{n} vs {names[0]}" for n in names[1:]) + " |",
                 "|---" * (2 * len(group)) + "|"]
@@ -899,11 +905,12 @@ def convergence_summary(out: Path) -> list[dict[str, Any]]:
     prof = json.loads(prof_path.read_text(encoding="utf-8")) if prof_path.exists() else {}
     launches = []
     for path in sorted(out.glob("convergence_*_r*_run.jsonl")):
-        m = re.fullmatch(r"convergence_(none|bf16|fp16)_r(\d+)_run\.jsonl", path.name)
+        m = re.fullmatch(r"convergence_(none|bf16|fp16|lossscale)_r(\d+)_run\.jsonl", path.name)
         if m is None:
             continue
         log = read_run_log(path)
-        if log.grad_compress != m.group(1):
+        wire = "none" if m.group(1) == "lossscale" else m.group(1)
+        if log.grad_compress != wire:
             raise SystemExit(f"{path.name}: its run log says --grad-compress {log.grad_compress}")
         start = json.loads(path.read_text(encoding="utf-8").splitlines()[0])
         launches.append((m.group(1), int(m.group(2)), path.name, log, float(start["time"])))
@@ -918,7 +925,9 @@ def convergence_summary(out: Path) -> list[dict[str, Any]]:
         vs = [a / b - 1 if a is not None and b else None for a, b in zip(loss, ref_loss)]
         plan = log.start_plan
         records.append({
-            "record": RECORD_FORMAT, "kind": "convergence", "source": name, "run": run, "compress": compress,
+            "record": RECORD_FORMAT, "kind": "convergence", "source": name, "run": run,
+            "compress": "none" if compress == "lossscale" else compress,
+            "weighting": "loss-scale" if compress == "lossscale" else "hook",
             "meta": {"devices": [r["device_name"] for r in prof.get("ranks", [])] or None,
                      "torch": prof.get("meta", {}).get("torch"), "world_size": log.world_size,
                      "global_batch": log.global_batch, "batch_sizes": list(plan.batch_sizes) if plan else None,
@@ -926,14 +935,14 @@ def convergence_summary(out: Path) -> list[dict[str, Any]]:
             "reference": ref[2], "reference_started": ref[4], "epoch_loss": loss, "vs_reference": vs,
             "max_abs_vs_reference": max((abs(v) for v in vs if v is not None), default=None),
             "epochs_samples_per_s": [e.samples_per_s for e in log.epochs]})
-    names = [f"{r['compress']} r{r['run']}" for r in records]
+    names = [_convergence_name(r) for r in records]
     print("epoch  " + "  ".join(f"{n:>10s}" for n in names) + "  " + "  ".join(f"{n + ' vs ref':>15s}" for n in names[1:]))
     for e in range(max(len(r["epoch_loss"]) for r in records)):
         loss = [_fmt(r["epoch_loss"][e] if e < len(r["epoch_loss"]) else None, ".4f") for r in records]
         diff = [_fmt(r["vs_reference"][e] if e < len(r["vs_reference"]) else None, "+.3%") for r in records[1:]]
         print(f"{e:5d}  " + "  ".join(f"{x:>10s}" for x in loss) + "  " + "  ".join(f"{x:>15s}" for x in diff))
     for r in records[1:]:
-        print(f"{r['compress']} r{r['run']}: largest |loss / {ref[2]} - 1| over the epochs "
+        print(f"{_convergence_name(r)}: largest |loss / {ref[2]} - 1| over the epochs "
               f"{_fmt(r['max_abs_vs_reference'], '.3%')}")
     with open(out / "convergence_records.jsonl", "w", encoding="utf-8") as f:
         for rec in records:

@@ -33,13 +33,13 @@ def _grads(model: nn.Module) -> list[torch.Tensor]:
     return [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
 
 
-def _one_step(rank: int, mode: str, wire: str) -> tuple[list[torch.Tensor], float | None]:
+def _one_step(rank: int, mode: str, wire: str, device: str) -> tuple[list[torch.Tensor], float | None]:
     """Gradients after one DDP backward on step 0's batch: 'weighted' (our hook, compress=wire), 'stock' (the loss
     scaled by n_i * W / n, torch's compress hook) or 'exact' (our hook, uncompressed)."""
     g = torch.Generator().manual_seed(5)
-    x, y = torch.randn(N, 4, generator=g) * 3, torch.randn(N, 2, generator=g)
+    x, y = (torch.randn(N, 4, generator=g) * 3).to(device), torch.randn(N, 2, generator=g).to(device)
     sampler = HeteroBatchSampler(N, SIZES, rank, seed=3)
-    model = _mlp()
+    model = _mlp().to(device)
     ddp = DDP(model, bucket_cap_mb=1e-6)  # one bucket per parameter: the step bookkeeping sees several buckets
     state = None
     if mode == "stock":
@@ -56,12 +56,12 @@ def _one_step(rank: int, mode: str, wire: str) -> tuple[list[torch.Tensor], floa
     return _grads(model), None if state is None else state.last_factor
 
 
-def compress_worker(rank: int, world: int) -> None:
+def compress_worker(rank: int, world: int, device: str = "cpu") -> None:
     for wire in ("bf16", "fp16"):
         eps = torch.finfo(WIRE_DTYPES[wire]).eps
-        weighted, factor = _one_step(rank, "weighted", wire)
-        stock, _ = _one_step(rank, "stock", wire)
-        exact, _ = _one_step(rank, "exact", wire)
+        weighted, factor = _one_step(rank, "weighted", wire, device)
+        stock, _ = _one_step(rank, "stock", wire, device)
+        exact, _ = _one_step(rank, "exact", wire, device)
         assert factor == pytest.approx(SIZES[rank] / sum(SIZES))
         differs = False
         for w, s, e in zip(weighted, stock, exact, strict=True):
@@ -106,6 +106,14 @@ def overflow_worker(rank: int, world: int) -> None:
 @pytest.mark.distributed
 def test_weighted_compression_equals_torch_hook_on_the_weighted_gradient() -> None:
     run_distributed(compress_worker, 2, timeout_s=120)
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_weighted_compression_on_a_shared_gpu() -> None:
+    """Two ranks on one GPU over gloo, as `planner train` runs them (planner.cli.distenv.shares_gpu): gloo's CUDA
+    all-reduce goes through host memory on its own stream, and the hook must still return the weighted sum."""
+    run_distributed(compress_worker, 2, "cuda:0", timeout_s=180)
 
 
 @pytest.mark.distributed
