@@ -253,7 +253,8 @@ def _runs(name: str, d: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def load(paths: Sequence[Path]) -> tuple[list[Launch], list[str]]:
-    """Every launch in `paths` (records or raw files) and the names of the files that are neither."""
+    """Every bench launch in `paths` (records or raw files) and the names of the files that are neither bench launches
+    nor records of another kind (``OTHER_KINDS``, which their own tables read)."""
     launches, ignored = [], []
     for p in sorted(set(paths)):
         try:
@@ -262,7 +263,8 @@ def load(paths: Sequence[Path]) -> tuple[list[Launch], list[str]]:
             ignored.append(p.name)
             continue
         if not is_bench(d):
-            ignored.append(p.name)
+            if not (isinstance(d, dict) and "record" in d and d.get("kind") in OTHER_KINDS):
+                ignored.append(p.name)
             continue
         launches += [launch_from(p.name, r) for r in _runs(p.name, d)]
     return launches, ignored
@@ -691,37 +693,64 @@ def _convergence_name(r: dict[str, Any]) -> str:
 
 
 def convergence_table(results: Path) -> str:
-    """Records of `gpu_suite.sh convergence` (kind "convergence"): per epoch, each launch's mean training loss and
-    its relative difference to the reference (the part's first uncompressed launch); one table per run of the part
-    (records sharing a reference launch)."""
+    """Records of `gpu_suite.sh convergence` (kind "convergence"), one table per setup (workload, split, lr, epochs,
+    devices): a row per launch with its mean training loss at every epoch and, in brackets, the relative difference
+    to its reference (the first uncompressed launch of the same run of the part, hence the same seed); then per launch
+    kind the largest difference over the epochs, median [min-max] over the runs of the part."""
     recs = _records(results, "convergence")
     if not recs:
         return "No records yet (`benchmarks/gpu_suite.sh convergence`)."
-    runs: dict[Any, list[dict[str, Any]]] = {}
+    setups: dict[str, list[dict[str, Any]]] = {}
     for r in recs:
-        runs.setdefault((r["reference"], r["reference_started"]), []).append(r)
+        m = r["meta"]
+        key = json.dumps([m.get(k) for k in ("workload", "global_batch", "batch_sizes", "lr", "epochs", "weighting",
+                                             "devices", "ranks", "torch")])
+        setups.setdefault(key, []).append(r)
     out = []
-    for group in runs.values():
-        group.sort(key=lambda r: (r["source"] != r["reference"], r["meta"]["started"]))
+    for group in setups.values():
+        group.sort(key=lambda r: (int(r["meta"]["seed"]), r["reference_started"], r["source"] != r["reference"],
+                                  r["meta"]["started"]))
         m = group[0]["meta"]
-        names = [_convergence_name(r) for r in group]
-        rows = ["| epoch | " + " | ".join(f"loss {n}" for n in names) + " | "
-                + " | ".join(f"{n} vs {names[0]}" for n in names[1:]) + " |",
-                "|---" * (2 * len(group)) + "|"]
-        for e in range(max(len(r["epoch_loss"]) for r in group)):
-            loss = [_fmt(r["epoch_loss"][e] if e < len(r["epoch_loss"]) else None, ".4f") for r in group]
-            diff = [_fmt(r["vs_reference"][e] if e < len(r["vs_reference"]) else None, "+.2%") for r in group[1:]]
-            rows.append(f"| {e} | " + " | ".join(loss) + " | " + " | ".join(diff) + " |")
-        rows.append("| largest difference | " + " | ".join("" for _ in group) + " | "
-                    + " | ".join(_fmt(r["max_abs_vs_reference"], ".2%") for r in group[1:]) + " |")
+        epochs = max(len(r["epoch_loss"]) for r in group)
+        rows = ["| seed | launch | launches | " + " | ".join(f"epoch {e}" for e in range(epochs))
+                + " | largest \\|diff\\| |", "|---" * (epochs + 4) + "|"]
+        largest: dict[str, dict[str, float]] = {}  # launch kind -> seed -> its largest difference
+        merged: dict[tuple[Any, ...], list[Any]] = {}  # launches of one seed and kind with equal losses: one row
+        for r in group:
+            name = _convergence_name(r).rsplit(" ", 1)[0]
+            key = (r["meta"]["seed"], name, tuple(r["epoch_loss"]))
+            if key in merged:
+                merged[key][1] += 1
+                continue
+            merged[key] = [r, 1]
+            if r["source"] != r["reference"] and r["max_abs_vs_reference"] is not None:
+                largest.setdefault(name, {}).setdefault(r["meta"]["seed"], r["max_abs_vs_reference"])
+        for (seed, name, _), (r, count) in merged.items():
+            ref = r["source"] == r["reference"]
+            cells = []
+            for e in range(epochs):
+                loss = r["epoch_loss"][e] if e < len(r["epoch_loss"]) else None
+                diff = r["vs_reference"][e] if e < len(r["vs_reference"]) else None
+                cells.append(_fmt(loss, ".4f") + ("" if ref or diff is None else f" ({diff:+.2%})"))
+            rows.append(f"| {seed} | {name}{' (reference)' if ref else ''} | {count} | " + " | ".join(cells)
+                        + f" | {'' if ref else _fmt(r['max_abs_vs_reference'], '.2%')} |")
         devices = m.get("devices") or ["?"]
-        where = f" ({m['ranks']})" if m.get("ranks") else ""
-        out.append(f"{len(devices)}x {devices[0]}{where}, torch {m.get('torch')}, `{m['workload']}`, global batch "
-                   f"{m['global_batch']} split {m['batch_sizes']}, --seed {m['seed']}, --lr {m['lr']}, --weighting "
-                   f"{m['weighting']}, {m['epochs']} epochs; `{m['command']}`.\n\n" + "\n".join(rows))
-    return ("Loss: the epoch's mean training loss over every sample of every rank (the run log's epoch record); "
-            "difference: a launch's loss / the first uncompressed launch's at the same epoch - 1. Records: "
-            "docs/results/*_convergence_*.json.\n\n" + "\n\n".join(out))
+        where = f"{devices[0]}, {m['ranks']}" if m.get("ranks") else f"{len(devices)}x {devices[0]}"
+        commands = sorted({r["meta"]["command"] for r in group})
+        summary = "; ".join(
+            f"{name} {_fmt(statistics.median(v), '.2%')} [{_fmt(min(v), '.2%')}-{_fmt(max(v), '.2%')}] "
+            f"({len(v)} seed{'s' if len(v) > 1 else ''})"
+            for name, v in ((n, list(by_seed.values())) for n, by_seed in sorted(largest.items())))
+        out.append(f"{where}, torch {m.get('torch')}, `{m['workload']}`, global batch {m['global_batch']} split "
+                   f"{m['batch_sizes']}, --lr {m['lr']}, {m['epochs']} epochs; "
+                   + ", ".join(f"`{c}`" for c in commands) + ".\n\n" + "\n".join(rows)
+                   + f"\n\nLargest difference over the epochs, median [min-max] over seeds: {summary}.")
+    return ("Loss: the epoch's mean training loss over every sample of every rank (the run log's epoch record); in "
+            "brackets: the launch's loss / its reference's at the same epoch - 1, the reference being the first "
+            "uncompressed launch (`--weighting hook`) of the same seed; launches of one seed and kind that gave the "
+            "same losses to the last digit share a row (launches: how many). `loss-scale` is uncompressed too, weighted by "
+            "scaling the loss: the same update up to fp32 rounding, so its difference is how far rounding alone moves "
+            "the curve. Records: docs/results/*_convergence_*.json.\n\n" + "\n\n".join(out))
 
 
 # -- files ---------------------------------------------------------------------------------------------------

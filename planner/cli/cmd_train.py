@@ -18,8 +18,8 @@ AUTO_WRITER = "planner train --auto"
 """``plan.meta["written_by"]`` of plans `train --auto` writes: the only plan files it will overwrite unasked."""
 DESCRIPTION = (
     "Train a torchvision model (FakeData by default) with per-rank batch sizes from a plan, exact weighted "
-    "gradients and optional re-planning between epochs. Run it under torchrun; NCCL when every rank is on CUDA, "
-    "gloo otherwise (mixed CPU + GPU ranks allowed)."
+    "gradients and optional re-planning between epochs. Run it under torchrun; NCCL when every rank has its own "
+    "GPU, gloo otherwise (mixed CPU + GPU ranks, or ranks sharing a GPU)."
 )
 EPILOG = """\
 examples:
