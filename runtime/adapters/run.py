@@ -239,7 +239,7 @@ class PlannedRun:
             self.log.write(decision.to_record())
             if decision.adopted and decision.new_plan is not None:
                 self.plan = decision.new_plan
-                self.sampler.set_batch_sizes(self.plan.batch_sizes)
+                self.sampler.set_batch_sizes(self.plan.batch_sizes, self.plan.accumulation_steps)
                 if self.plan.ranks[self.rank].num_workers != plan.ranks[self.rank].num_workers and not self._warned:
                     self._warned = True  # once per run: the same holds for every later re-plan
                     warnings.warn("the re-plan changed this rank's loader workers; the framework owns the DataLoader, "

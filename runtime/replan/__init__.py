@@ -14,7 +14,7 @@ state); ``decision.py`` holds ``ReplanDecision`` and its log record.  Each modul
 
     rp = Replanner(profile, plan)                       # smoothing=DEFAULT_SMOOTHING (0.8; why: model.py)
     decision = rp.step(local_stats, epoch)              # same decision on every rank
-    sampler.set_batch_sizes(decision.batch_sizes)       # before the next epoch
+    sampler.set_batch_sizes(decision.batch_sizes, decision.plan.accumulation_steps)  # before the next epoch
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 import planner
 from planner.runlog import read_run_log
@@ -78,3 +79,96 @@ def test_own_loop_replans_and_logs(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["report", "--profile", str(tmp_path / "profile.json"), "--plan", str(tmp_path / "plan.json"),
                  "--log", str(tmp_path / "run.jsonl"), "--out", str(tmp_path / "report.html")]) == 0
     assert "Run log" in capsys.readouterr().out
+
+
+# -- exactness across a re-plan that changes the batches and the micro-step counts -----------------------------------
+N_EXACT = 40  # global batch 12: 3 full steps and a partial one of 4 samples per epoch
+PLAN_A = ([8, 4], [2, 1])  # rank 0 accumulates 2 micro-batches of 4
+PLAN_B = ([3, 9], [1, 3])  # after the re-plan rank 1 accumulates 3 of 3
+LR_EXACT = 0.1
+
+
+def _exact_plans(tmp: Path) -> None:
+    profile, _ = _profile_and_plan(tmp)
+    base = planner.evaluate(planner.Profile.load(profile), PLAN_A[0], num_workers=[0, 0])
+    base.with_batch_sizes(*PLAN_A).save(tmp / "plan_a.json")
+    base.with_batch_sizes(*PLAN_B).save(tmp / "plan_b.json")
+
+
+def exact_replan_worker(rank: int, world: int, tmp: str) -> None:
+    """ADOPTING's own loop with accumulation (micro_steps, no_sync, the weighted hook) under PlannedRun; the
+    Replanner's epoch-0 verdict is replaced by plan B, so the run adopts new batches and micro-step counts exactly as
+    it adopts any re-plan. Returns nothing: asserts the parameters after every optimizer step equal one process
+    taking one SGD step on the concatenation of every rank's samples of that step (float64)."""
+    import contextlib
+    import dataclasses
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from planner.plan import Plan
+    from runtime import PlannedRun, micro_steps
+    from runtime.collectives import all_gather_json
+    from tests.runtime.test_weighting import make_data, make_model
+
+    plan_b = Plan.load(f"{tmp}/plan_b.json")
+    x, y = make_data("mlp", N_EXACT)
+    data = TensorDataset(torch.arange(N_EXACT), x, y)
+    ddp = DDP(make_model("mlp"), bucket_cap_mb=1e-6)  # one bucket per parameter: several buckets per sync
+    run = PlannedRun(f"{tmp}/plan_a.json", profile=f"{tmp}/profile.json", replan=True, seed=7,
+                     log_file=f"{tmp}/exact_run.jsonl")
+    sampler = run.sampler_for(N_EXACT, "cpu")
+    loader = DataLoader(data, batch_sampler=sampler)
+    run.register_weighting(ddp)
+    run.watch(ddp)
+    assert run.replanner is not None
+    decide = run.replanner.step
+
+    def adopt_b(stats: object, epoch: int) -> object:  # the collective decision runs; its verdict is replaced
+        d = decide(stats, epoch)  # type: ignore[arg-type]
+        return dataclasses.replace(d, adopted=True, new_plan=plan_b, reason="plan B") if epoch == 0 else d
+
+    run.replanner.step = adopt_b  # type: ignore[method-assign,assignment]
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR_EXACT)
+    steps: list[dict[str, object]] = []
+    after: list[list[torch.Tensor]] = []
+    current: list[int] = []
+    for epoch in range(2):
+        for (idx, xb, yb), micro in micro_steps(run.epoch(epoch, loader, last=epoch == 1), sampler):
+            with contextlib.nullcontext() if micro.is_last else ddp.no_sync():
+                (F.mse_loss(ddp(xb), yb) * micro.accumulation_weight).backward()
+            current += idx.tolist()
+            if micro.is_last:
+                opt.step()
+                opt.zero_grad()
+                steps.append({"epoch": epoch, "samples": current, "micro": micro.count})
+                after.append([p.detach().clone() for p in ddp.module.parameters()])
+                current = []
+    everyone = all_gather_json(steps)
+    # Rank 0 runs 2 micro-batches a full step under plan A and 1 under plan B; rank 1 runs 1, then 3.
+    full = [[s["micro"] for s in r if s["epoch"] == e][:3] for r in everyone for e in (0, 1)]
+    assert full == [[2] * 3, [1] * 3, [1] * 3, [3] * 3], full
+    assert [len(s["samples"]) for s in everyone[1] if s["epoch"] == 1][:3] == [9] * 3
+    # The reference: one process, one step on every rank's samples of that step.
+    model = make_model("mlp")
+    ref_opt = torch.optim.SGD(model.parameters(), lr=LR_EXACT)
+    worst = 0.0
+    for i, mine in enumerate(after):
+        idx = [j for r in everyone for j in r[i]["samples"]]  # type: ignore[union-attr]
+        loss = F.mse_loss(model(x[idx]), y[idx])
+        ref_opt.zero_grad()
+        loss.backward()
+        ref_opt.step()
+        worst = max(worst, *(((p - q).norm() / q.norm()).item() for p, q in zip(mine, model.parameters(), strict=True)))
+    assert len(after) == 8 and worst <= 1e-12, (len(after), worst)
+    for e in (0, 1):  # every sample of each epoch is seen (the partial step pads a few by wrap-around)
+        seen = {j for r in everyone for s in r if s["epoch"] == e for j in s["samples"]}  # type: ignore[union-attr]
+        assert seen == set(range(N_EXACT))
+
+
+@pytest.mark.distributed
+def test_own_loop_stays_exact_across_a_replan_of_batches_and_micro_steps(tmp_path: Path) -> None:
+    _exact_plans(tmp_path)
+    run_distributed(exact_replan_worker, 2, str(tmp_path), timeout_s=150)
+    log = read_run_log(tmp_path / "exact_run.jsonl")
+    assert [e.batch_sizes for e in log.epochs] == [tuple(PLAN_A[0]), tuple(PLAN_B[0])]
