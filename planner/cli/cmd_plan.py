@@ -30,7 +30,7 @@ HELP = "solve per-rank batch sizes, shares and workers for a global batch"
 EPILOG = """\
 examples:
   planner plan --profile profile.json --global-batch 512 --out plan.json
-  planner plan --profile profile.json --global-batch 512 --min-batch 2      # BatchNorm models
+  planner plan --profile profile.json --global-batch 512 --min-batch 8      # at least 8 samples a rank
   planner plan --profile profile.json --global-batch 512 --from-batches 256,256   # evaluate a given split
   planner plan --profile profile.json --global-batch 4096 --mode fsdp     # same micro-steps on every rank
   planner plan --profile profile.json --global-batch 64 --max-micro-batch 8   # accumulate past 8 per forward
@@ -73,8 +73,8 @@ def add_solve_arguments(p: argparse.ArgumentParser, *, from_plan: bool = False) 
     def default(value: object, text: str) -> tuple[object, str]:
         return (None, "the plan's") if from_plan else (value, text)
 
-    mb, mb_text = default(d.min_batch, f"{d.min_batch}; use >= 2 for BatchNorm")
-    p.add_argument("--min-batch", "--min_batch", type=count(), default=mb, metavar="M",
+    mb_text = "the plan's" if from_plan else f"{d.min_batch}, or 2 when the profile's model has BatchNorm"
+    p.add_argument("--min-batch", "--min_batch", type=count(), default=None, metavar="M",
                    help=f"smallest local batch per rank (default {mb_text})")
     p.add_argument("--max-batch-per-rank", "--max_batch_per_rank", type=count(), default=None, metavar="N",
                    help="cap every rank's batch per optimizer step (all its micro-batches together) at N samples, on "
@@ -110,12 +110,17 @@ _SOLVE_FLAGS = ("min_batch", "max_batch_per_rank", "max_micro_batch", "memory_he
                 "min_gain", "mode", "max_accumulation_steps")
 
 
-def solve_options_from_args(args: argparse.Namespace, base: SolveOptions | None = None) -> SolveOptions:
+def solve_options_from_args(args: argparse.Namespace, base: SolveOptions | None = None,
+                            profile: Profile | None = None) -> SolveOptions:
     """``base`` (default ``SolveOptions()``) with every solver flag the user gave (None = not given) applied.
 
     ``--max-batch-per-rank`` is the one option whose None is a value ("no cap"): without a base it stays None.
+    Without a base and without ``--min-batch``, a ``profile`` whose model has BatchNorm (``meta.has_batchnorm``)
+    plans at least 2 samples a rank: BatchNorm cannot normalize one sample, and training refuses such a plan.
     """
     given = {k: getattr(args, k) for k in _SOLVE_FLAGS if getattr(args, k, None) is not None}
+    if base is None and "min_batch" not in given and profile is not None and profile.meta.get("has_batchnorm"):
+        given["min_batch"] = 2
     return (base or SolveOptions()).with_overrides(given)
 
 
@@ -173,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     if args.force and not args.from_batches:
         raise ValidationError("--force only applies to --from-batches (the solver never exceeds a cap)")
     profile = Profile.load(args.profile)
-    options = solve_options_from_args(args)
+    options = solve_options_from_args(args, profile=profile)
     quality = check_profile(profile)
     warnings: list[str] = list(quality.warning_lines())  # printed after the work: never before an error line
     if args.from_batches:

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     elif log is not None and log.start_plan is not None and args.global_batch is None:
         plan = log.start_plan
     elif args.global_batch is not None:
-        plan = solve(profile, global_batch=args.global_batch, options=solve_options_from_args(args))
+        plan = solve(profile, global_batch=args.global_batch, options=solve_options_from_args(args, profile=profile))
         if plan.options.min_gain > 0:  # as `planner plan`: no lopsided split from a profile too noisy to tell
             plan = keep_equal_within_noise(profile, plan, quality)
     else:

@@ -130,12 +130,13 @@ def test_the_command_line_normalizes_on_the_gpu_where_every_rank_trains_on_cuda(
     add_arguments(p)
     base = ["--plan", "plan.json", "--model", "resnet18", "--lr", "0.1"]
 
-    def normalized(argv: list[str], device: str, backend: str) -> bool:
-        env = SimpleNamespace(rank=0, device=torch.device(device), backend=backend)
+    def normalized(argv: list[str], device: str, backend: str, shared_gpu: bool = False) -> bool:
+        env = SimpleNamespace(rank=0, device=torch.device(device), backend=backend, shared_gpu=shared_gpu)
         return bool(config_from_args(p.parse_args(argv), env, {}, {}).gpu_normalize)
 
     assert normalized(base, "cuda:0", "nccl")
     assert not normalized(base, "cuda:0", "gloo")  # a CPU rank trains beside this one: one pipeline for all
+    assert normalized(base, "cuda:0", "gloo", shared_gpu=True)  # ranks sharing a GPU: every rank is on CUDA
     assert not normalized(base, "cpu", "gloo")
     assert not normalized([*base, "--gpu-normalize", "off"], "cuda:0", "nccl")
     assert normalized([*base, "--gpu-normalize"], "cpu", "gloo")  # the bare flag is "on", as before

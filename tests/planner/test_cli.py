@@ -182,3 +182,25 @@ def test_a_split_kept_for_noise_is_not_called_below_min_gain() -> None:
     assert "min gain" not in text
     assert "kept the equal split: the optimum [400, 112] is predicted 1.68x as fast, inside the profile's own noise" \
         in text and "(measurements off by up to 90%)" in text
+
+
+def test_a_batchnorm_profile_plans_at_least_two_samples_a_rank(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A launch-bound fast rank beside a slow one: the optimum is lopsided. For a model with BatchNorm (the profile's
+    meta.has_batchnorm) `planner plan` keeps 2 samples on the slow rank unless --min-batch says otherwise, so the
+    plan is one `planner train` runs (it refuses a BatchNorm rank of 1)."""
+    from dataclasses import replace
+
+    from tests.planner._profiles import linear_profile
+
+    prof = linear_profile([0.00001, 0.01], fixed_s=0.05)
+    for bn in (False, True):
+        path = tmp_path / f"bn{bn}.json"
+        replace(prof, meta={"has_batchnorm": bn}).save(path)
+        rc, _, _ = _run(["plan", "--profile", str(path), "--global-batch", "128", "--min-gain", "0", "--out",
+                         str(tmp_path / "plan.json")], capsys)
+        assert rc == 0
+        assert min(r["batch_size"] for r in json.loads((tmp_path / "plan.json").read_text())["ranks"]) == (2 if bn else 1)
+    rc, _, _ = _run(["plan", "--profile", str(tmp_path / "bnTrue.json"), "--global-batch", "128", "--min-gain", "0",
+                     "--min-batch", "1", "--out", str(tmp_path / "plan.json")], capsys)
+    assert rc == 0 and min(r["batch_size"] for r in json.loads((tmp_path / "plan.json").read_text())["ranks"]) == 1
