@@ -78,6 +78,7 @@ def build_models(profile: Profile, opts: SolveOptions, workers: Sequence[int] | 
     equally -- planner.loader.loader_costs_s)."""
     budgets = worker_budgets(profile, opts)
     per_host = Counter(r.host for r in profile.ranks)
+    per_gpu = Counter((r.host, r.device) for r in profile.ranks)  # >1: ranks sharing one GPU share its memory
     # f_i: rank i's curve under DDP, slowed by all-reduce kernels waiting for later peers (planner.comm_model);
     # 1 for every rank unless the profile carries factors (profiler.comm_cost keeps its own in the meta).
     wait = rank_factors(profile.comm.wait_factors if profile.comm else None, len(profile.ranks))
@@ -85,7 +86,7 @@ def build_models(profile: Profile, opts: SolveOptions, workers: Sequence[int] | 
     loader_costs = loader_costs_s(profile, opts, envelopes, workers)
     models = []
     for r, env, p_eff, q in zip(profile.by_rank, envelopes, loader_costs, handover_costs_s(profile), strict=True):
-        mem = memory_cap(r.memory, headroom=opts.memory_headroom)
+        mem = memory_cap(r.memory, headroom=opts.memory_headroom, sharing=per_gpu[(r.host, r.device)])
         reason = "memory"
         if opts.max_micro_batch is not None and (mem is None or opts.max_micro_batch < mem):
             mem, reason = opts.max_micro_batch, "max-micro-batch"  # a stated memory cap: one micro-batch

@@ -188,10 +188,12 @@ def fit_memory(mem: MemoryProfile) -> MemoryFit | None:
     return MemoryFit(fixed_bytes=float(intercept), per_sample_bytes=float(slope))
 
 
-def memory_cap(mem: MemoryProfile | None, *, headroom: float = 0.10) -> int | None:
-    """Largest batch whose predicted peak stays below (1 - headroom) * capacity; None means uncapped.
+def memory_cap(mem: MemoryProfile | None, *, headroom: float = 0.10, sharing: int = 1) -> int | None:
+    """Largest batch whose predicted peak stays below (1 - headroom) * capacity / sharing; None means uncapped.
 
-    A measured ``max_batch_size`` (largest batch that ran without OOM) also caps.
+    ``sharing`` ranks run on the device (two local ranks on one GPU): each gets its part of the memory, its own
+    fixed bytes (parameters, optimizer state) included. A measured ``max_batch_size`` (largest batch that ran
+    without OOM) also caps.
     """
     if mem is None:
         return None
@@ -200,6 +202,6 @@ def memory_cap(mem: MemoryProfile | None, *, headroom: float = 0.10) -> int | No
         caps.append(mem.max_batch_size)
     fit = fit_memory(mem)
     if fit is not None and mem.capacity_bytes is not None and fit.per_sample_bytes > 0:
-        budget = mem.capacity_bytes * (1.0 - headroom)
+        budget = mem.capacity_bytes * (1.0 - headroom) / max(1, sharing)
         caps.append(max(0, math.floor((budget - fit.fixed_bytes) / fit.per_sample_bytes)))
     return min(caps) if caps else None

@@ -90,6 +90,23 @@ def test_memory_cap_affine_with_headroom() -> None:
     fixed = 2e9 - 32 * per
     assert memory_cap(mem, headroom=0.10) == math.floor((72e9 - fixed) / per)
     assert memory_cap(mem, headroom=0.0) == math.floor((80e9 - fixed) / per)
+    # Two ranks on the GPU: each its half, its own fixed bytes included.
+    assert memory_cap(mem, headroom=0.10, sharing=2) == math.floor((36e9 - fixed) / per)
+
+
+def test_ranks_sharing_a_gpu_share_its_memory() -> None:
+    from planner.options import SolveOptions
+    from planner.profile import ComputePoint, HostProfile, Profile, RankProfile
+    from planner.solve import build_models
+
+    mem = MemoryProfile(capacity_bytes=10_000, points=(MemoryPoint(batch_size=10, peak_bytes=1_000),
+                                                        MemoryPoint(batch_size=20, peak_bytes=2_000)))
+    compute = (ComputePoint(batch_size=10, step_time_s=0.01), ComputePoint(batch_size=20, step_time_s=0.02))
+    ranks = tuple(RankProfile(rank=i, host="h", device=dev, compute=compute, memory=mem)
+                  for i, dev in enumerate(("cuda:0", "cuda:0", "cuda:1")))
+    caps = [m.micro_cap for m in build_models(Profile(hosts=(HostProfile(name="h", cpu_cores=8),), ranks=ranks),
+                                               SolveOptions(memory_headroom=0.0))]
+    assert caps == [50, 50, 100]  # 100 bytes a sample, no fixed part: 10,000 bytes between two ranks, or alone
 
 
 def test_memory_cap_measured_max_and_absent() -> None:
