@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 DEMO_OUT ?= demo-out
 
-.PHONY: venv test check lint demo clean
+.PHONY: venv test test-setup check lint demo clean
 
 # --no-compile: pip would byte-compile every module of torch, transformers and the rest (tens of seconds on 2
 # cores); Python compiles the ones a run imports, once, on first import.  That needs Python allowed to write its
@@ -35,8 +35,15 @@ PYTEST   = GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 $(PY) -m pytest -q
 PARALLEL = $(shell $(PY) -c "import xdist" >/dev/null 2>&1 && echo "-n 2 --dist loadscope --no-loadscope-reorder")
 OK5      = rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected (exit 5)"; rc=0; fi
 
-test: lint
-	@bash scripts/ensure_chromium.sh >/dev/null 2>&1 || echo "note: chromium unavailable; the report rendering test will be skipped"
+# Chromium (for the report rendering test; Debian's package, installed where missing) installs in the background
+# while the venv installs and lint runs: the download waits on the network, lint on the CPU. (A target of its own:
+# make expands a recipe before running it, and PARALLEL needs the venv that this one installs.)
+test-setup:
+	@bash scripts/ensure_chromium.sh >/dev/null 2>&1 & chromium=$$!; \
+	$(MAKE) --no-print-directory lint || { kill $$chromium 2>/dev/null; exit 1; }; \
+	wait $$chromium || echo "note: chromium unavailable; the report rendering test will be skipped"
+
+test: test-setup
 	$(PYTEST) $(PARALLEL) -m "not alone"; $(OK5); first=$$rc; \
 	$(PYTEST) -m alone; $(OK5); if [ $$first -ne 0 ]; then exit $$first; fi; exit $$rc
 
