@@ -18,6 +18,18 @@ the restored plan that reaches 3/4 of the way toward them is adopted (a shorter 
 
     barred iff  cand == rejected   or  (current == moved_from  and  <cand - from, rej - from> >= 3/4 |rej - from|^2)
 
+A revert compares two epochs, so it holds only while the ranks stay as they were. A rank whose batch the trial
+did not raise cannot be slowed by the trial's split (its curve rises with the batch); when such a rank ran slower
+than the model predicted at its batch by more than max(5%, noise), the ranks changed (a co-tenant arrived, a
+clock dropped) and the trial is kept, no revert and no bar: its miss is followed up like any other, by the
+re-solve on the updated model.
+
+    conditions changed  iff  some rank i with b_i(trial) <= b_i(previous) measured c_i > pred_i * (1 + max(5%, noise))
+
+Without it a slowdown that arrives in a trial's epoch reverts the trial and then bars every move in its
+direction for 5 epochs, the right one included (tests/runtime/test_replan.py: a rank 3x slower, a 150% gain
+refused for 5 epochs).
+
 A revert also shows how far the model can be wrong: the reverted move predicted a gain g and measured s slower, so
 the model missed by m = (1 + g)(1 + s) - 1.  Until a later trial confirms a prediction, a move must predict more
 than that miss, halved every 5 epochs (the model keeps learning from what it measures):
@@ -208,9 +220,11 @@ class AdoptionPolicy:
              else s.compute_s_std / s.compute_s) / math.sqrt(s.num_steps) for s in by_rank)
 
     def check_trial(self, state: PolicyState, *, epoch: int, batch_sizes: Batches, step_s: float,
-                    noise: float) -> tuple[PolicyState, Revert | None]:
+                    noise: float, conditions_changed: bool = False) -> tuple[PolicyState, Revert | None]:
         """First at every accepted epoch: forget expired rejections, then judge the plan on trial (if any),
-        ``batch_sizes``, by the step time ``step_s`` its first epoch measured.  The trial ends either way."""
+        ``batch_sizes``, by the step time ``step_s`` its first epoch measured.  The trial ends either way.
+        ``conditions_changed``: a rank the trial did not load more ran slower than predicted (module docstring), so
+        a slower step is no evidence against the trial's split: it is kept and judged against its prediction."""
         rejections = tuple(r for r in state.rejections if epoch - r.epoch < WORSE_EPOCHS)
         trial = state.trial
         state = replace(state, trial=None, rejections=rejections, missed_trial=None)
@@ -218,7 +232,7 @@ class AdoptionPolicy:
             return state, None
         revert = Revert(trial=trial, rejected=batch_sizes, step_s=step_s)
         # A slowdown within the noise is no evidence against the new plan; 1% is not worth a change either way.
-        if not revert.slower > max(WORSE_MARGIN, noise):
+        if not revert.slower > max(WORSE_MARGIN, noise) or conditions_changed:
             # Kept: the move held.  Judged once more against its own prediction (module docstring).
             missed = (Missed(adopted_at=trial.adopted_at, step_s=step_s, predicted_step_s=trial.predicted_step_s)
                       if missed_prediction(step_s, trial.predicted_step_s, noise) else None)

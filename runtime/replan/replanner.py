@@ -32,7 +32,14 @@ from planner.stats import LOADER_WAIT_FRAC, StepStats
 from runtime.replan.decision import ReplanDecision
 from runtime.replan.exchange import exchange_decision
 from runtime.replan.model import DEFAULT_SMOOTHING, CorrectionModel, Observation, RankCorrection
-from runtime.replan.policy import AdoptionPolicy, PolicyState, Rejection, Trial, missed_prediction
+from runtime.replan.policy import (
+    PREDICTION_MISS,
+    AdoptionPolicy,
+    PolicyState,
+    Rejection,
+    Trial,
+    missed_prediction,
+)
 
 _SOLVE_KEYS = frozenset(f.name for f in fields(SolveOptions)) - {"min_batch"}  # min_batch comes from the plan
 _STATE_VERSION = 1
@@ -166,16 +173,30 @@ class Replanner:
         noise = self._policy.noise(by_rank)
         step_noise = max(noise, self._policy.revert_noise(by_rank))
 
+        # A rank the trial did not load more, slower than predicted at its batch: the ranks changed, not the split
+        # (policy module docstring), so a slower step does not revert the trial.
+        trial = self._policy_state.trial
+        changed = [] if trial is None else [
+            i for i, (s, m, p) in enumerate(zip(by_rank, measured, predicted, strict=True))
+            if s.batch_size <= trial.previous[i] and p > 0 and m > p * (1.0 + max(PREDICTION_MISS, noise))]
+        note = "" if not changed else (
+            f"rank{'s' if len(changed) > 1 else ''} {', '.join(map(str, changed))} ran "
+            + ", ".join(f"{measured[i] / predicted[i]:.2f}x" for i in changed)
+            + " the predicted compute at a batch the last change did not raise: the ranks changed, so the step is "
+              "not compared with the plan before; ")
+
         def outcome(reason: str, new: Plan | None = None, gain: float | None = None,
                     candidate: Plan | None = None, reverted: bool = False,
                     repredicted: Plan | None = None) -> ReplanDecision:
+            reason = note + reason
             return ReplanDecision(epoch=epoch, adopted=new is not None, reason=reason, old_plan=old, new_plan=new,
                                   predicted_gain=gain, measured_compute_s=measured, predicted_compute_s=predicted,
                                   candidate=candidate, scale_factors=self.scale_factors, reverted=reverted,
                                   repredicted=repredicted)
 
         self._policy_state, revert = self._policy.check_trial(
-            self._policy_state, epoch=epoch, batch_sizes=old.batch_sizes, step_s=step_s, noise=step_noise)
+            self._policy_state, epoch=epoch, batch_sizes=old.batch_sizes, step_s=step_s, noise=step_noise,
+            conditions_changed=bool(changed))
         previous, self._previous = self._previous, None
         if revert is not None:
             assert previous is not None and previous.batch_sizes == revert.trial.previous

@@ -72,6 +72,23 @@ def test_rank_three_times_slower_is_replanned_toward_rank0() -> None:
     assert not d2.adopted and d2.plan.batch_sizes == d.new_plan.batch_sizes
 
 
+def test_a_slowdown_in_a_trials_epoch_is_followed_not_reverted() -> None:
+    """Epoch 0 reads rank 1 1.4x slow (noise, or the start of a co-tenant) and moves work to rank 0; in epoch 1,
+    that move's trial, rank 1 runs 3x slow. The step is slower than epoch 0's, but rank 1's batch went down: the
+    ranks changed, not the split. Compared step to step the trial was reverted, and the 3/4-reach bar then refused
+    the 150%-gain move toward rank 0 for 5 epochs."""
+    profile = _profile()
+    plan = planner.solve(profile, global_batch=512)
+    rp = Replanner(profile, plan, threshold=0.05)
+    d0 = rp.decide(_stats(profile, rp.plan, 0, slow=(1.0, 1.4)), epoch=0)
+    assert d0.adopted and d0.plan.batch_sizes[1] < plan.batch_sizes[1], d0.reason
+    d1 = rp.decide(_stats(profile, rp.plan, 1, slow=(1.0, 3.0)), epoch=1)
+    assert not d1.reverted and d1.adopted, d1.reason
+    assert "the ranks changed" in d1.reason and d1.plan.batch_sizes[0] > d0.plan.batch_sizes[0]
+    d2 = rp.decide(_stats(profile, rp.plan, 2, slow=(1.0, 3.0)), epoch=2)
+    assert not d2.adopted and d2.plan.batch_sizes == d1.plan.batch_sizes  # settled at the 3x balance
+
+
 def test_noise_alone_does_not_churn_over_ten_epochs() -> None:
     profile = _profile()
     plan = planner.solve(profile, global_batch=512)
