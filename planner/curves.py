@@ -21,6 +21,7 @@ A single point gives the line through the origin (time proportional to batch), t
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import statistics
@@ -135,9 +136,17 @@ def _lower_hull(b: np.ndarray, t: np.ndarray) -> list[tuple[float, float]]:
 
 
 def fit_envelope(points: Sequence[ComputePoint]) -> Envelope:
-    """Fit the convex non-decreasing piecewise-linear envelope to measured (batch, step time) points."""
+    """Fit the convex non-decreasing piecewise-linear envelope to measured (batch, step time) points.
+
+    Points and envelopes are immutable, so each distinct set of points is fitted once (the solver builds every
+    rank's model several times per solve, the Replanner once more per epoch)."""
     if not points:
         raise ValueError("fit_envelope needs at least one measured point")
+    return _fit_envelope(tuple(points))
+
+
+@functools.lru_cache(maxsize=4096)
+def _fit_envelope(points: tuple[ComputePoint, ...]) -> Envelope:
     b, t_raw = _merge_median(points)
     t = isotonic(t_raw)
     if len(b) == 1:
@@ -170,11 +179,23 @@ class MemoryFit:
 
 
 def fit_memory(mem: MemoryProfile) -> MemoryFit | None:
-    """Affine fit of peak bytes against batch size; None without points.
+    """Affine fit of peak bytes against batch size; None without points (fitted once per distinct profile).
 
     With one point the fixed part is unknown; assuming it is zero over-estimates the growth per sample and so
     gives a conservative cap.
     """
+    try:
+        return _fit_memory_cached(mem)
+    except TypeError:  # built by hand with a list of points: unhashable, fitted every time
+        return _fit_memory(mem)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fit_memory_cached(mem: MemoryProfile) -> MemoryFit | None:
+    return _fit_memory(mem)
+
+
+def _fit_memory(mem: MemoryProfile) -> MemoryFit | None:
     if not mem.points:
         return None
     b = np.array([p.batch_size for p in mem.points], dtype=float)
