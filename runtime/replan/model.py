@@ -12,7 +12,10 @@ A device change replaces the factor instead: raw_i at least 1.5x (or at most 1/1
 batch -- 2x at a batch size not measured before, where the shape correction below may explain up to that -- and more
 than 10 standard errors of the epoch's mean away (``DEVICE_CHANGE``, ``CHANGE_SIGMAS``) means the device itself changed
 (a slowdown, a co-tenant arriving or leaving), so the smoothed history describes the old device: factor_i <- raw_i,
-and the rank's observations below restart from this one.  Epoch-to-epoch noise does not come near it (2% jitter):
+and the rank's observations below restart from this one.  At a batch size the rank ran before, 10% off the ratio it
+measured there (and 10 standard errors) is a device change too (``same_batch_changed``): no curve shape moves one
+batch size's time between epochs, and a co-tenant at half duty (about 1.3x) would otherwise take the EMA an extra
+epoch to follow (2x H200, own loop, a co-tenant joining GPU 0: the 9.5% gain was adopted 3 epochs after the join).  Epoch-to-epoch noise does not come near it (2% jitter):
 of 500 consecutive rank-epoch pairs at one split in the recorded launches (raw files in git history), six clear it, four of them
 real 3x slowdowns (the mid-run cases) and two a loader-bound rank's small compute.
 
@@ -138,6 +141,17 @@ def device_changed(raw: float, expected: float, s: StepStats, *, seen: bool) -> 
     return abs(raw / expected - 1.0) > CHANGE_SIGMAS * rel_se
 
 
+def same_batch_changed(raw: float, before: float, s: StepStats) -> bool:
+    """Whether a rank's ratio ``raw`` at a batch size it ran before (ratio ``before`` there) moved by more than
+    ``SAME_BATCH_CHANGE`` (10%) and ``CHANGE_SIGMAS`` standard errors of the epoch's mean: at an unchanged batch no
+    curve shape explains it, so the device changed (a co-tenant at half duty slows a GPU ~1.3x, under
+    ``DEVICE_CHANGE``), and the factor takes the new epoch whole instead of ``smoothing`` of the way."""
+    if not (raw > 0 and before > 0) or abs(math.log(raw / before)) <= SAME_BATCH_CHANGE:
+        return False
+    rel_se = s.compute_s_std / math.sqrt(max(1, s.num_steps)) / s.compute_s if s.compute_s > 0 else math.inf
+    return abs(raw / before - 1.0) > CHANGE_SIGMAS * rel_se
+
+
 TimeMap = Callable[[float, float], float]
 """f(batch_size, t): the model's time at ``batch_size`` for a point the original profile gave time ``t``."""
 
@@ -224,7 +238,8 @@ class RankCorrection:
         raw = compute / t0
         b = max(1, round(batch))
         same = [o.ratio for o in self.observations if o.batch_size == b]
-        changed = device_changed(raw, self.time_map(envelope)(batch, t0) / t0, s, seen=bool(same))
+        changed = device_changed(raw, self.time_map(envelope)(batch, t0) / t0, s, seen=bool(same)) or (
+            bool(same) and same_batch_changed(raw, same[0], s))
         if changed:
             obs: tuple[Observation, ...] = (Observation(batch_size=b, ratio=raw),)  # the old device's shape is gone
         elif same and abs(math.log(raw / same[0])) > SAME_BATCH_CHANGE:

@@ -89,6 +89,22 @@ def test_a_slowdown_in_a_trials_epoch_is_followed_not_reverted() -> None:
     assert not d2.adopted and d2.plan.batch_sizes == d1.plan.batch_sizes  # settled at the 3x balance
 
 
+def test_a_co_tenant_at_half_duty_is_a_device_change_at_the_batch_it_ran_before() -> None:
+    """1.3x is under DEVICE_CHANGE (1.5x), but at the batch size the rank ran in the epoch before no curve shape
+    moves it: the factor takes the epoch whole (runtime.replan.model.same_batch_changed) and the move follows at
+    once. The same jump in an epoch whose steps scatter 60% stays smoothed."""
+    profile = _profile()
+    plan = planner.solve(profile, global_batch=512)
+    rp = Replanner(profile, plan, threshold=0.05)
+    rp.decide(_stats(profile, rp.plan, 0), epoch=0)
+    d = rp.decide(_stats(profile, rp.plan, 1, slow=(1.0, 1.3)), epoch=1)
+    assert d.scale_factors == pytest.approx((1.0, 1.3)) and d.adopted, d.reason
+    noisy = Replanner(profile, plan, threshold=0.05)
+    noisy.decide(_stats(profile, noisy.plan, 0), epoch=0)
+    d = noisy.decide(_stats(profile, noisy.plan, 1, slow=(1.0, 1.3), rel_std=0.6, num_steps=20), epoch=1)
+    assert d.scale_factors[1] == pytest.approx(1.0 + DEFAULT_SMOOTHING * 0.3)
+
+
 def test_noise_alone_does_not_churn_over_ten_epochs() -> None:
     profile = _profile()
     plan = planner.solve(profile, global_batch=512)
