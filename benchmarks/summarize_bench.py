@@ -741,10 +741,28 @@ def convergence_table(results: Path) -> str:
             f"{name} {_fmt(statistics.median(v), '.2%')} [{_fmt(min(v), '.2%')}-{_fmt(max(v), '.2%')}] "
             f"({len(v)} seed{'s' if len(v) > 1 else ''})"
             for name, v in ((n, list(by_seed.values())) for n, by_seed in sorted(largest.items())))
+        # The seeds' mean curve of each kind against the reference's: one seed's chaos averaged out.
+        curves: dict[str, dict[str, list[float]]] = {}  # kind -> seed -> its first launch's losses
+        for (seed, name, loss), (r, _) in merged.items():
+            if r["source"] == r["reference"]:
+                name = "reference"
+            curves.setdefault(name, {}).setdefault(seed, list(loss))
+        mean_lines = []
+        ref_curves = curves.get("reference", {})
+        for name, by_seed in sorted(curves.items()):
+            seeds = sorted(set(by_seed) & set(ref_curves))
+            if name == "reference" or len(seeds) < 2:
+                continue
+            n_ep = min(len(by_seed[x]) for x in seeds)
+            diff = [statistics.mean(by_seed[x][e] for x in seeds) / statistics.mean(ref_curves[x][e] for x in seeds) - 1
+                    for e in range(n_ep)]
+            mean_lines.append(f"{name} " + ", ".join(f"{d:+.2%}" for d in diff) + f" (largest {max(map(abs, diff)):.2%})")
+        means = ("; mean over the seeds, per epoch, against the reference's mean: " + "; ".join(mean_lines)
+                 if mean_lines else "")
         out.append(f"{where}, torch {m.get('torch')}, `{m['workload']}`, global batch {m['global_batch']} split "
                    f"{m['batch_sizes']}, --lr {m['lr']}, {m['epochs']} epochs; "
                    + ", ".join(f"`{c}`" for c in commands) + ".\n\n" + "\n".join(rows)
-                   + f"\n\nLargest difference over the epochs, median [min-max] over seeds: {summary}.")
+                   + f"\n\nLargest difference over the epochs, median [min-max] over seeds: {summary}{means}.")
     return ("Loss: the epoch's mean training loss over every sample of every rank (the run log's epoch record); in "
             "brackets: the launch's loss / its reference's at the same epoch - 1, the reference being the first "
             "uncompressed launch (`--weighting hook`) of the same seed; launches of one seed and kind that gave the "
