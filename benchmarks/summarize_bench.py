@@ -696,7 +696,8 @@ def convergence_table(results: Path) -> str:
     """Records of `gpu_suite.sh convergence` (kind "convergence"), one table per setup (workload, split, lr, epochs,
     devices): a row per launch with its mean training loss at every epoch and, in brackets, the relative difference
     to its reference (the first uncompressed launch of the same run of the part, hence the same seed); then per launch
-    kind the largest difference over the epochs, median [min-max] over the runs of the part."""
+    kind the largest difference over the epochs, median [min-max] over the seeds, and its mean curve over the seeds
+    against the references' mean, per epoch."""
     recs = _records(results, "convergence")
     if not recs:
         return "No records yet (`benchmarks/gpu_suite.sh convergence`)."
@@ -715,16 +716,19 @@ def convergence_table(results: Path) -> str:
         rows = ["| seed | launch | launches | " + " | ".join(f"epoch {e}" for e in range(epochs))
                 + " | largest \\|diff\\| |", "|---" * (epochs + 4) + "|"]
         largest: dict[str, dict[str, float]] = {}  # launch kind -> seed -> its largest difference
+        curves: dict[str, dict[str, list[float]]] = {}  # launch kind ("reference") -> seed -> its first losses
         merged: dict[tuple[Any, ...], list[Any]] = {}  # launches of one seed and kind with equal losses: one row
         for r in group:
-            name = _convergence_name(r).rsplit(" ", 1)[0]
-            key = (r["meta"]["seed"], name, tuple(r["epoch_loss"]))
+            name, seed = _convergence_name(r).rsplit(" ", 1)[0], r["meta"]["seed"]
+            key = (seed, name, tuple(r["epoch_loss"]))
             if key in merged:
                 merged[key][1] += 1
                 continue
             merged[key] = [r, 1]
-            if r["source"] != r["reference"] and r["max_abs_vs_reference"] is not None:
-                largest.setdefault(name, {}).setdefault(r["meta"]["seed"], r["max_abs_vs_reference"])
+            ref = r["source"] == r["reference"]
+            curves.setdefault("reference" if ref else name, {}).setdefault(seed, r["epoch_loss"])
+            if not ref and r["max_abs_vs_reference"] is not None:
+                largest.setdefault(name, {}).setdefault(seed, r["max_abs_vs_reference"])
         for (seed, name, _), (r, count) in merged.items():
             ref = r["source"] == r["reference"]
             cells = []
@@ -742,11 +746,6 @@ def convergence_table(results: Path) -> str:
             f"({len(v)} seed{'s' if len(v) > 1 else ''})"
             for name, v in ((n, list(by_seed.values())) for n, by_seed in sorted(largest.items())))
         # The seeds' mean curve of each kind against the reference's: one seed's chaos averaged out.
-        curves: dict[str, dict[str, list[float]]] = {}  # kind -> seed -> its first launch's losses
-        for (seed, name, loss), (r, _) in merged.items():
-            if r["source"] == r["reference"]:
-                name = "reference"
-            curves.setdefault(name, {}).setdefault(seed, list(loss))
         mean_lines = []
         ref_curves = curves.get("reference", {})
         for name, by_seed in sorted(curves.items()):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.profile import ComputePoint, MemoryProfile
+from planner.profile import ComputePoint, MemoryPoint, MemoryProfile
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -179,27 +179,21 @@ class MemoryFit:
 
 
 def fit_memory(mem: MemoryProfile) -> MemoryFit | None:
-    """Affine fit of peak bytes against batch size; None without points (fitted once per distinct profile).
+    """Affine fit of peak bytes against batch size; None without points (each distinct set of points fitted once,
+    as ``fit_envelope``).
 
     With one point the fixed part is unknown; assuming it is zero over-estimates the growth per sample and so
     gives a conservative cap.
     """
-    try:
-        return _fit_memory_cached(mem)
-    except TypeError:  # built by hand with a list of points: unhashable, fitted every time
-        return _fit_memory(mem)
+    return _fit_memory(tuple(mem.points))
 
 
 @functools.lru_cache(maxsize=4096)
-def _fit_memory_cached(mem: MemoryProfile) -> MemoryFit | None:
-    return _fit_memory(mem)
-
-
-def _fit_memory(mem: MemoryProfile) -> MemoryFit | None:
-    if not mem.points:
+def _fit_memory(points: tuple[MemoryPoint, ...]) -> MemoryFit | None:
+    if not points:
         return None
-    b = np.array([p.batch_size for p in mem.points], dtype=float)
-    m = np.array([p.peak_bytes for p in mem.points], dtype=float)
+    b = np.array([p.batch_size for p in points], dtype=float)
+    m = np.array([p.peak_bytes for p in points], dtype=float)
     if len(set(b.tolist())) == 1:
         return MemoryFit(fixed_bytes=0.0, per_sample_bytes=float(np.max(m) / b[0]))
     slope, intercept = np.polyfit(b, m, 1)

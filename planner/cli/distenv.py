@@ -63,7 +63,7 @@ def resolve_device(spec: str, local_rank: int, *, flag: str | None = None) -> to
 def rank_device_spec(device: str, rank_devices: str | None, rank: int, world_size: int) -> tuple[str, bool]:
     """(this rank's device spec, whether every rank is on CUDA).  `rank_devices` lists one spec per rank."""
     if rank_devices:
-        specs = [s.strip() for s in rank_devices.split(",") if s.strip()]
+        specs = _device_specs(rank_devices)
         if len(specs) != world_size:
             raise ValidationError(
                 f"--rank-devices lists {len(specs)} devices for world size {world_size}; give one per rank"
@@ -73,12 +73,17 @@ def rank_device_spec(device: str, rank_devices: str | None, rank: int, world_siz
     return device, all_cuda
 
 
+def _device_specs(rank_devices: str) -> list[str]:
+    """``--rank-devices`` as its list of device specs, one per rank."""
+    return [s.strip() for s in rank_devices.split(",") if s.strip()]
+
+
 def shares_gpu(device: str, rank_devices: str | None) -> bool:
     """Whether two ranks of this host are placed on one GPU (`--device cuda:N` with several local ranks, or a
     `cuda:N` listed twice in `--rank-devices`).  NCCL refuses two ranks on one device ("Duplicate GPU detected"),
     so such a job all-reduces over gloo, through host memory: slower, the same numbers."""
     if rank_devices:
-        indexed = [s.strip() for s in rank_devices.split(",") if s.strip().startswith("cuda:")]
+        indexed = [s for s in _device_specs(rank_devices) if s.startswith("cuda:")]
         return len(indexed) != len(set(indexed))
     return device.startswith("cuda:") and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1
 

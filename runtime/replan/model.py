@@ -137,11 +137,7 @@ def device_changed(raw: float, expected: float, s: StepStats, *, seen: bool) -> 
     that batch (the shape correction's where one is in force, else the uniform factor: ``DEVICE_CHANGE``).  At a batch
     size not measured before (``seen`` False) a curve's shape may be off by up to ``SHAPE_MAX_LOG`` (2x), which the
     shape correction is there to learn: only a larger jump is a changed device there."""
-    bound = DEVICE_CHANGE if seen else max(DEVICE_CHANGE, SHAPE_MAX_LOG)
-    if not (raw > 0 and expected > 0) or abs(math.log(raw / expected)) <= bound:
-        return False
-    rel_se = s.compute_s_std / math.sqrt(max(1, s.num_steps)) / s.compute_s if s.compute_s > 0 else math.inf
-    return abs(raw / expected - 1.0) > CHANGE_SIGMAS * rel_se
+    return _jumped(raw, expected, DEVICE_CHANGE if seen else max(DEVICE_CHANGE, SHAPE_MAX_LOG), s)
 
 
 def same_batch_changed(raw: float, before: float, s: StepStats) -> bool:
@@ -149,10 +145,16 @@ def same_batch_changed(raw: float, before: float, s: StepStats) -> bool:
     ``SAME_BATCH_CHANGE`` (10%) and ``CHANGE_SIGMAS`` standard errors of the epoch's mean: at an unchanged batch no
     curve shape explains it, so the device changed (a co-tenant at half duty slows a GPU ~1.3x, under
     ``DEVICE_CHANGE``), and the factor takes the new epoch whole instead of ``smoothing`` of the way."""
-    if not (raw > 0 and before > 0) or abs(math.log(raw / before)) <= SAME_BATCH_CHANGE:
+    return _jumped(raw, before, SAME_BATCH_CHANGE, s)
+
+
+def _jumped(raw: float, ref: float, bound: float, s: StepStats) -> bool:
+    """``raw`` more than ``bound`` (a log ratio) from ``ref`` and more than ``CHANGE_SIGMAS`` standard errors of the
+    epoch's mean compute away."""
+    if not (raw > 0 and ref > 0) or abs(math.log(raw / ref)) <= bound:
         return False
     rel_se = s.compute_s_std / math.sqrt(max(1, s.num_steps)) / s.compute_s if s.compute_s > 0 else math.inf
-    return abs(raw / before - 1.0) > CHANGE_SIGMAS * rel_se
+    return abs(raw / ref - 1.0) > CHANGE_SIGMAS * rel_se
 
 
 TimeMap = Callable[[float, float], float]
@@ -243,10 +245,9 @@ class RankCorrection:
         same = [o.ratio for o in self.observations if o.batch_size == b]
         changed = device_changed(raw, self.time_map(envelope)(batch, t0) / t0, s, seen=bool(same)) or (
             bool(same) and same_batch_changed(raw, same[0], s))
-        if changed:
-            obs: tuple[Observation, ...] = (Observation(batch_size=b, ratio=raw),)  # the old device's shape is gone
-        elif same and abs(math.log(raw / same[0])) > SAME_BATCH_CHANGE:
-            obs = (Observation(batch_size=b, ratio=raw),)  # what it showed no longer holds
+        if changed or (same and abs(math.log(raw / same[0])) > SAME_BATCH_CHANGE):
+            # The old device's shape is gone, or what this batch size showed no longer holds: restart from here.
+            obs: tuple[Observation, ...] = (Observation(batch_size=b, ratio=raw),)
         else:
             others = [o for o in self.observations if o.batch_size != b]
             obs = (*others[-1:], Observation(batch_size=b, ratio=raw))
