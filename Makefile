@@ -9,14 +9,15 @@ DEMO_OUT ?= demo-out
 
 .PHONY: venv test test-setup check lint demo clean
 
-# --no-compile: pip would byte-compile every module of torch, transformers and the rest (tens of seconds on 2
-# cores); Python compiles the ones a run imports, once, on first import.  That needs Python allowed to write its
-# bytecode: with PYTHONDONTWRITEBYTECODE set (some CI images set it), every process the tests start would compile
-# torch's modules again (an `import torch, torchvision` costs 15 s of CPU instead of 6), so the targets clear it.
+# scripts/install_venv.sh installs with uv where it can (pip's own configuration passed on; pip otherwise), and
+# byte-compiles nothing up front: Python compiles the modules a run imports, once, on first import.  That needs
+# Python allowed to write its bytecode: with PYTHONDONTWRITEBYTECODE set (some CI images set it), every process the
+# tests start would compile torch's modules again (an `import torch, torchvision` costs 15 s of CPU instead of 6),
+# so the targets clear it.
 export PYTHONDONTWRITEBYTECODE :=
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --no-compile -e '.[dev,all]'
+	bash scripts/install_venv.sh $(VENV) -e '.[dev,all]'
 	touch $@
 
 venv: $(VENV)/.installed

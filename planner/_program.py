@@ -92,6 +92,43 @@ def capacity(
     return n if fed is None else np.minimum(n, fed)
 
 
+SCALAR_RANKS = 32
+"""Up to this many ranks (and without accumulation) ``bracket`` evaluates F(T) in plain Python floats: numpy's
+per-call overhead on (W, K) arrays this small costs ~10x the arithmetic (~70 us a pass, ~40 passes a bracket).
+The arithmetic is ``capacity``'s, operation for operation in IEEE double, so the bracket is the same to the bit."""
+
+
+def _scalar_rows(pieces: Pieces, caps: np.ndarray,
+                 loader: tuple[np.ndarray, np.ndarray] | None) -> list[tuple[list[tuple[float, float]], float, float,
+                                                                             float, float]]:
+    """Per rank: its rising pieces (c, s), the largest flat piece's value, its cap, its loader (w, p) or (0, 0)."""
+    rows = []
+    for i in range(len(caps)):
+        rising = [(float(c), float(s)) for s, c in zip(pieces.slopes[i], pieces.intercepts[i], strict=True) if s > 0]
+        flat = [float(c) for s, c in zip(pieces.slopes[i], pieces.intercepts[i], strict=True) if s <= 0]
+        w, p = (float(loader[1][i]), float(loader[0][i])) if loader is not None else (0.0, 0.0)
+        rows.append((rising, max(flat, default=-math.inf), float(caps[i]), w, p))
+    return rows
+
+
+def _scalar_total(rows: list[tuple[list[tuple[float, float]], float, float, float, float]], T: float) -> float:
+    """sum_i max(n_i(T), 0) as ``capacity`` computes it (Pieces.max_batch, then feed)."""
+    total = 0.0
+    for rising, flat_max, cap, w, p in rows:
+        if flat_max > T:
+            bound = -1.0
+        else:
+            bound = min(((T - c) / s for c, s in rising), default=math.inf)
+        n = min(cap, math.floor(min(bound, 1e15) * (1 + 1e-12) + 1e-9))
+        if p > 0:
+            fed = w * T / p * (1 + 1e-12) + 1e-9
+            if fed != fed:  # 0 workers at T = inf: nan, which numpy carries into the sum (never >= B)
+                return math.nan
+            n = min(n, math.floor(fed) if fed < math.inf else fed)
+        total += max(n, 0)
+    return total
+
+
 def bracket(
     pieces: Pieces,
     caps: np.ndarray,
@@ -110,8 +147,15 @@ def bracket(
         p, w = loader
         floor_t = max(floor_t, float(np.max(np.where(w > 0, p * min_batch / np.maximum(w, 1), 0.0))))
 
+    small = acc is None and len(caps) <= SCALAR_RANKS
+
     def fits(T: float) -> bool:
+        if small:
+            return _scalar_total(rows, T) >= B
         return float(np.sum(np.maximum(capacity(pieces, caps, T, loader, acc), 0))) >= B
+
+    if small:
+        rows = _scalar_rows(pieces, caps, loader)
 
     if fits(floor_t):
         return floor_t, floor_t

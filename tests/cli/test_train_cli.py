@@ -18,18 +18,30 @@ def _events(log: Path, kind: str) -> list[dict[str, Any]]:
     return [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == kind]
 
 
-@pytest.mark.distributed
-def test_replan_moves_work_off_a_rank_slowed_mid_run(tmp_path: Path) -> None:
-    log = tmp_path / "run.jsonl"
-    rc, out = run_planner(2, [*COMMON, "--epochs", "4", "--emulate-slowdown", "1=3",
-                                       "--emulate-slowdown-from-epoch", "1", "--plan-out", str(tmp_path / "plan.json"),
-                                       "--log-file", str(log), "--max-workers-per-rank", "3",
-                                       "--step-log", str(tmp_path / "steps{rank}.jsonl")])
+SLOWED_EPOCHS = 6
+
+
+@pytest.fixture(scope="module")
+def slowed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One launch for the tests of a mid-run slowdown: rank 1 runs 3x its compute from epoch 1 (emulated), the
+    DataLoader streams across epochs (the default), every step is logged (--step-log) and the workers are capped."""
+    tmp = tmp_path_factory.mktemp("slowed")
+    common = [c for c in COMMON if c != "--data-on-device"]
+    rc, out = run_planner(2, [*common, "--epochs", str(SLOWED_EPOCHS), "--emulate-slowdown", "1=3",
+                              "--emulate-slowdown-from-epoch", "1", "--plan-out", str(tmp / "plan.json"),
+                              "--log-file", str(tmp / "run.jsonl"), "--max-workers-per-rank", "3",
+                              "--step-log", str(tmp / "steps{rank}.jsonl")], timeout_s=240)
     assert rc == 0, out[-3000:]
+    return {"dir": tmp, "out": out, "log": tmp / "run.jsonl"}
+
+
+@pytest.mark.distributed
+def test_replan_moves_work_off_a_rank_slowed_mid_run(slowed: dict[str, Any]) -> None:
+    tmp_path, log = slowed["dir"], slowed["log"]
     # --step-log: each rank's every step, one line an epoch; the slowed rank's compute shows in its raw series
     for rank in (0, 1):
         lines = [json.loads(x) for x in (tmp_path / f"steps{rank}.jsonl").read_text().splitlines()]
-        assert [(x["epoch"], x["rank"]) for x in lines] == [(e, rank) for e in range(4)]
+        assert [(x["epoch"], x["rank"]) for x in lines] == [(e, rank) for e in range(SLOWED_EPOCHS)]
         assert all(len(x[k]) == 12 for x in lines for k in ("data_wait_ms", "compute_ms", "step_time_ms"))
         assert all(v > 0 for x in lines for v in x["step_time_ms"])
         # each step's lead (runtime.timing: the data wait and loop before its forward), none for an epoch's first
@@ -48,18 +60,34 @@ def test_replan_moves_work_off_a_rank_slowed_mid_run(tmp_path: Path) -> None:
     assert plan["solver"]["options"]["max_workers_per_rank"] == 3
     assert all(r["num_workers"] <= 3 for r in plan["ranks"])
     epochs = _events(log, "epoch")
-    assert [e["epoch"] for e in epochs] == [0, 1, 2, 3]
+    assert [e["epoch"] for e in epochs] == list(range(SLOWED_EPOCHS))
     # the wall clock's view beside the step timer's: every sample of the epoch, both recorded
     assert all(e["samples"] == 12 * 64 and e["wall_s"] > 0 and e["samples_per_s"] > 0 for e in epochs)
-    slowed, after = epochs[1], epochs[2:]
+    slowed_epoch, after = epochs[1], epochs[2:]
     # Within 2 epochs of the slowdown the split moved toward the fast rank 0 (judged on the decisions and the
     # batches, not on measured throughput, which this host's other work would move).
-    assert max(e["batch_sizes"][0] for e in after) > slowed["batch_sizes"][0]
+    assert max(e["batch_sizes"][0] for e in after) > slowed_epoch["batch_sizes"][0]
     # The move is an adopted re-plan or, when a busy host's noise made epoch 0 adopt a move toward rank 1 (seen at
     # 3 pytest workers on 2 cores: rank 0 read 40% slow), the revert of that move, which is the same direction.
     decisions = _events(log, "replan") + _events(log, "revert")
     assert any(d["event"] == "revert" or d["adopted"] for d in decisions if d["epoch"] in (1, 2)), \
         [(d["epoch"], d["event"], d["reason"]) for d in decisions]
+
+
+@pytest.mark.distributed
+def test_a_streamed_loader_does_not_judge_a_replan_on_its_refill(slowed: dict[str, Any]) -> None:
+    """With the DataLoader running across epochs (the default), an adopted re-plan starts a new stream: that epoch
+    refills the pipeline, unlike the streamed epochs before it, so the Replanner leaves it out (no record, the
+    epoch line says why) and the next epoch decides -- the new plan's trial included."""
+    log, out = slowed["log"], slowed["out"]
+    decisions = {d["epoch"]: d for d in _events(log, "replan")}
+    adopted = sorted(e for e, d in decisions.items() if d["adopted"])
+    # The first adoption comes at once or, when a busy host's noise (or an unjudged fill epoch) makes the gain need
+    # another epoch, up to two epochs later: epoch 0 to 3 (what this test checks is the epoch after it).
+    assert adopted and adopted[0] in (0, 1, 2, 3), [d["reason"] for d in decisions.values()]
+    after = adopted[0] + 1  # refilled: not judged, and never the last epoch here
+    assert after not in decisions
+    assert f"epoch {after}:" in out and "not judged: this epoch refilled the loaders after the re-plan" in out
 
 
 @pytest.mark.distributed
@@ -85,26 +113,6 @@ def test_the_worker_cap_is_refused_without_auto(capsys: pytest.CaptureFixture[st
     assert main(["train", "--plan", "plan.json", "--max-workers-per-rank", "4"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--max-workers-per-rank" in err and "Traceback" not in err
-
-
-@pytest.mark.distributed
-def test_a_streamed_loader_does_not_judge_a_replan_on_its_refill(tmp_path: Path) -> None:
-    """With the DataLoader running across epochs (the default), an adopted re-plan starts a new stream: that epoch
-    refills the pipeline, unlike the streamed epochs before it, so the Replanner leaves it out (no record, the
-    epoch line says why) and the next epoch decides -- the new plan's trial included."""
-    log = tmp_path / "run.jsonl"
-    common = [c for c in COMMON if c != "--data-on-device"]
-    rc, out = run_planner(2, [*common, "--epochs", "6", "--emulate-slowdown", "1=3",
-                                       "--emulate-slowdown-from-epoch", "1", "--log-file", str(log)])
-    assert rc == 0, out[-3000:]
-    decisions = {d["epoch"]: d for d in _events(log, "replan")}
-    adopted = sorted(e for e, d in decisions.items() if d["adopted"])
-    # The first adoption comes at once or, when a busy host's noise (or an unjudged fill epoch) makes the gain need
-    # another epoch, up to two epochs later: epoch 0 to 3 (what this test checks is the epoch after it).
-    assert adopted and adopted[0] in (0, 1, 2, 3), [d["reason"] for d in decisions.values()]
-    after = adopted[0] + 1  # refilled: not judged, and never the last epoch here (5)
-    assert after not in decisions
-    assert f"epoch {after}:" in out and "not judged: this epoch refilled the loaders after the re-plan" in out
 
 
 def test_an_epoch_is_judged_unless_it_began_a_stream_with_no_steady_window() -> None:
