@@ -4,10 +4,10 @@ Models:   any torchvision classification name (``resnet18``, ``resnet50``, ``vit
           ``cifar_cnn`` (small CNNs; cifar_cnn has BatchNorm), ``mlp`` (tiny, for quick CPU runs),
           ``tiny_lm[:tiny|small|125m]`` (a causal LM in plain torch, profiler.workloads.lm), or
           ``package.module:factory`` (called with ``num_classes=`` when it accepts it).
-Datasets: ``fake`` (torchvision FakeData with a realistic CPU transform pipeline: PIL image ->
-          RandomResizedCrop/flip -> ToTensor -> Normalize), ``cifar10:DIR``, ``mnist:DIR``, ``imagefolder:DIR``
-          (local files only, never downloaded), ``fake_text[:LEN|:MIN-MAX]`` (synthetic tokens for tiny_lm), or
-          ``package.module:factory`` (returns a Dataset of (x, y)).
+Datasets: ``fake`` (``FakeImages``, torchvision FakeData's images, through a realistic CPU transform pipeline:
+          PIL image -> RandomResizedCrop/flip -> ToTensor -> Normalize), ``cifar10:DIR``, ``mnist:DIR``,
+          ``imagefolder:DIR`` (local files only, never downloaded), ``fake_text[:LEN|:MIN-MAX]`` (synthetic
+          tokens for tiny_lm), or ``package.module:factory`` (returns a Dataset of (x, y)).
 
     >>> w = build_workload("mlp", "fake")                 # doctest: +SKIP
     >>> x, y = synthetic_batch(w, 32, torch.device("cpu")) # doctest: +SKIP
@@ -94,7 +94,7 @@ class IndexSeeded(torch.utils.data.Dataset[Any]):
     boundary) gave the same indices other crops and flips, and its weights drifted from the uninterrupted run's
     (0.0275 after a kill -9 and ``--resume``).  Seeded by index, sample i is the same tensor wherever and
     whenever it is built, so a resume is bit-identical.  Used for ``fake``, whose images are a function of the
-    index already (FakeData); the crop and flip still cost the CPU what a real pipeline's do.
+    index already (FakeImages); the crop and flip still cost the CPU what a real pipeline's do.
     """
 
     def __init__(self, dataset: Any) -> None:
@@ -107,29 +107,34 @@ class IndexSeeded(torch.utils.data.Dataset[Any]):
     def __getitem__(self, index: int) -> Any:
         # The CPU generator only: the transforms draw from it.  torch.manual_seed would also queue a seed for every
         # CUDA device, which in a process that has not initialized CUDA (a DataLoader worker) records a Python
-        # stack each call: 0.19 ms, a quarter of a small fake sample's whole cost on the CPU.
+        # stack each call: 0.19 ms a call here, against 0.6 ms for a whole 16-pixel fake sample.
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(AUGMENT_SEED + int(index))
             return self.dataset[index]
 
 
-def _fake_images(size: int, image_size: tuple[int, ...], num_classes: int, transform: Any) -> Any:
-    """torchvision's FakeData, each image drawn from its own CPU generator rather than by re-seeding the process's
-    (the same tensors: seed ``index + random_offset``, randn image, then randint target; see IndexSeeded for why
-    not torch.manual_seed)."""
-    import torchvision
-    from torchvision.transforms import functional as TF
+class FakeImages(torch.utils.data.Dataset[Any]):
+    """torchvision's FakeData (the same tensors: image i is ``randn(image_size)`` then its target ``randint``, from
+    seed ``i + random_offset``), each image drawn from a generator of its own rather than by re-seeding the
+    process's: see IndexSeeded for why not torch.manual_seed."""
 
-    class FakeImages(torchvision.datasets.FakeData):
-        def __getitem__(self, index: int) -> tuple[Any, Any]:
-            if index >= len(self):
-                raise IndexError(f"{type(self).__name__} index out of range")
-            g = torch.Generator().manual_seed(index + self.random_offset)
-            img = TF.to_pil_image(torch.randn(*self.image_size, generator=g))
-            target = torch.randint(0, self.num_classes, size=(1,), dtype=torch.long, generator=g)[0]
-            return (self.transform(img) if self.transform is not None else img), int(target)
+    def __init__(self, size: int, image_size: tuple[int, ...], num_classes: int, transform: Any = None,
+                 random_offset: int = 0) -> None:
+        self.size, self.image_size, self.num_classes = size, image_size, num_classes
+        self.transform, self.random_offset = transform, random_offset
 
-    return FakeImages(size=size, image_size=image_size, num_classes=num_classes, transform=transform)
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        from torchvision.transforms.functional import to_pil_image
+
+        if index >= len(self):
+            raise IndexError(f"{type(self).__name__} index out of range")
+        g = torch.Generator().manual_seed(index + self.random_offset)
+        img = to_pil_image(torch.randn(*self.image_size, generator=g))
+        target = int(torch.randint(0, self.num_classes, size=(1,), dtype=torch.long, generator=g)[0])
+        return (self.transform(img) if self.transform is not None else img), target
 
 
 def owns_transforms(model_spec: str, dataset_spec: str) -> bool:
@@ -323,8 +328,8 @@ def _build_dataset(
         classes = num_classes or default_classes
         # The source image is larger than the crop, as with real photos (256 -> 224), so the crop resizes.
         src = (shape[0], shape[1] + shape[1] // 7, shape[2] + shape[2] // 7)
-        ds = _fake_images(num_samples or DEFAULT_FAKE_SAMPLES, src, classes,
-                          _transform(shape, crop="resized", uint8=uint8))
+        ds = FakeImages(num_samples or DEFAULT_FAKE_SAMPLES, src, classes,
+                        _transform(shape, crop="resized", uint8=uint8))
         return IndexSeeded(ds), shape, classes
     if kind in ("cifar10", "mnist", "imagefolder"):
         if not arg:
