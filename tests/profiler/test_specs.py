@@ -159,3 +159,20 @@ def test_gpu_normalize_auto_is_on_where_every_rank_trains_on_cuda(choice: str, d
 def test_gpu_normalize_refuses_an_unknown_choice() -> None:
     with pytest.raises(ValidationError, match="--gpu-normalize: expected auto, on, off, got 'yes'"):
         gpu_normalize_for("yes", "resnet50", "fake", ["cuda"])
+
+
+def test_fake_images_are_torchvisions_fake_data_drawn_without_reseeding_the_process() -> None:
+    import torch
+    import torchvision
+
+    from profiler.workloads.specs import FakeImages
+
+    ours = FakeImages(size=8, image_size=(3, 9, 9), num_classes=7, transform=torchvision.transforms.ToTensor())
+    theirs = torchvision.datasets.FakeData(size=8, image_size=(3, 9, 9), num_classes=7,
+                                           transform=torchvision.transforms.ToTensor())
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    for i in (0, 3, 7):
+        (a, ya), (b, yb) = ours[i], theirs[i]
+        assert torch.equal(a, b) and ya == yb
+    assert torch.equal(torch.get_rng_state(), state)  # neither moved the process's generator
