@@ -147,15 +147,14 @@ def bracket(
         p, w = loader
         floor_t = max(floor_t, float(np.max(np.where(w > 0, p * min_batch / np.maximum(w, 1), 0.0))))
 
-    small = acc is None and len(caps) <= SCALAR_RANKS
-
-    def fits(T: float) -> bool:
-        if small:
-            return _scalar_total(rows, T) >= B
-        return float(np.sum(np.maximum(capacity(pieces, caps, T, loader, acc), 0))) >= B
-
-    if small:
+    if acc is None and len(caps) <= SCALAR_RANKS:
         rows = _scalar_rows(pieces, caps, loader)
+
+        def fits(T: float) -> bool:
+            return _scalar_total(rows, T) >= B
+    else:
+        def fits(T: float) -> bool:
+            return float(np.sum(np.maximum(capacity(pieces, caps, T, loader, acc), 0))) >= B
 
     if fits(floor_t):
         return floor_t, floor_t

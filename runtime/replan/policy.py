@@ -136,6 +136,16 @@ def missed_prediction(step_s: float, predicted_step_s: float, noise: float) -> b
     return predicted_step_s > 0 and abs(step_s / predicted_step_s - 1.0) > max(PREDICTION_MISS, noise)
 
 
+def changed_ranks(trial: Trial | None, batch_sizes: Sequence[int], measured: Sequence[float], predicted: Sequence[float],
+                  noise: float) -> list[int]:
+    """The ranks that show the conditions changed under ``trial`` (module docstring): a batch the trial did not
+    raise, and a measured compute over its prediction by more than ``max(PREDICTION_MISS, noise)``."""
+    if trial is None:
+        return []
+    return [i for i, (b, m, p) in enumerate(zip(batch_sizes, measured, predicted, strict=True))
+            if b <= trial.previous[i] and p > 0 and m > p * (1.0 + max(PREDICTION_MISS, noise))]
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PolicyState:
     """Everything the policy remembers between epochs."""

@@ -32,14 +32,7 @@ from planner.stats import LOADER_WAIT_FRAC, StepStats
 from runtime.replan.decision import ReplanDecision
 from runtime.replan.exchange import exchange_decision
 from runtime.replan.model import DEFAULT_SMOOTHING, CorrectionModel, Observation, RankCorrection
-from runtime.replan.policy import (
-    PREDICTION_MISS,
-    AdoptionPolicy,
-    PolicyState,
-    Rejection,
-    Trial,
-    missed_prediction,
-)
+from runtime.replan.policy import AdoptionPolicy, PolicyState, Rejection, Trial, changed_ranks, missed_prediction
 
 _SOLVE_KEYS = frozenset(f.name for f in fields(SolveOptions)) - {"min_batch"}  # min_batch comes from the plan
 _STATE_VERSION = 1
@@ -175,10 +168,7 @@ class Replanner:
 
         # A rank the trial did not load more, slower than predicted at its batch: the ranks changed, not the split
         # (policy module docstring), so a slower step does not revert the trial.
-        trial = self._policy_state.trial
-        changed = [] if trial is None else [
-            i for i, (s, m, p) in enumerate(zip(by_rank, measured, predicted, strict=True))
-            if s.batch_size <= trial.previous[i] and p > 0 and m > p * (1.0 + max(PREDICTION_MISS, noise))]
+        changed = changed_ranks(self._policy_state.trial, [s.batch_size for s in by_rank], measured, predicted, noise)
         note = "" if not changed else (
             f"rank{'s' if len(changed) > 1 else ''} {', '.join(map(str, changed))} ran "
             + ", ".join(f"{measured[i] / predicted[i]:.2f}x" for i in changed)
