@@ -131,6 +131,7 @@ def profile_step(
     loader: LoaderOptions | None = None,
     rank: int | None = None,
     on_point: Callable[[SweepPoint], None] | None = None,
+    max_batch: int | None = None,
 ) -> RankProfile:
     """Measure this rank's training step: compute curve, memory cap, loader cost (``data`` given), device facts.
 
@@ -146,8 +147,10 @@ def profile_step(
         min_batch: smallest batch tried (2 for BatchNorm models).
         amp: bf16 autocast around the forward and loss, as in training with autocast.
         rank: the rank to record (default: the process group's rank, or 0).
+        max_batch: the largest local batch a plan can give this rank (the global batch you will plan for): the
+            sweep stops there.  None: the sweep's own limit.
     """
-    sopts = sweep_options(quick, batch_sizes, sweep, min_batch=min_batch)
+    sopts = sweep_options(quick, batch_sizes, sweep, min_batch=min_batch, max_batch=max_batch)
     measure_loader = None
     if data is not None:
         dataset, collate = _dataset_and_collate(data, collate_fn)

@@ -125,7 +125,8 @@ def auto_plan(module: nn.Module, data: Any, *, global_batch: int, device: torch.
     step = TrainingStep(copy.deepcopy(module))
     profile = profile_job(step, batches_from(data, collate_fn), lambda m, batch: m(batch), dev,
                           optimizer_fn=first_optimizer(module), data=data, collate_fn=collate_fn, quick=quick,
-                          min_batch=min_batch, model_name=type(module).__name__, **profile_kw)
+                          min_batch=min_batch, model_name=type(module).__name__,
+                          **{"max_batch": global_batch, **profile_kw})
 
     def decide() -> dict[str, Any]:
         # The quality gate of every auto mode: the equal split when the gain is inside the profile's noise.

@@ -122,6 +122,7 @@ def profile_this_rank(
     overlap_loader: bool | None = None,
     loader_per_host: bool = False,
     loader_pin: Callable[[Any], Any] | None = None,
+    max_batch: int | None = None,
 ) -> RankProfile:
     """Measure this rank: compute curve, memory, loader cost, device facts.
 
@@ -133,9 +134,11 @@ def profile_this_rank(
     (in turns).  Once per host the measuring rank scans up to the host's cores whatever its own cap, since every
     rank needs the host's curve (the contention model reads it at the training load).  ``loader_pin``: how the
     training process will pin a batch (``runtime.pinning.pin_tree`` under ``PinAhead``; None: the DataLoader's
-    ``Tensor.pin_memory``), timed for the loader's hand-over reading.
+    ``Tensor.pin_memory``), timed for the loader's hand-over reading.  ``max_batch``: the largest batch a plan can
+    give this rank, where the sweep stops (``sweep_options``).
     """
-    sopts = sweep_options(quick, batch_sizes, sweep, min_batch=2 if workload.has_batchnorm else 1)
+    sopts = sweep_options(quick, batch_sizes, sweep, min_batch=2 if workload.has_batchnorm else 1,
+                          max_batch=max_batch)
     lopts = loader or (LoaderOptions.quick() if quick else LoaderOptions())
     if loader_workers_cap is not None and not loader_per_host:
         lopts = dataclasses.replace(lopts, max_workers=max(1, loader_workers_cap))
@@ -156,13 +159,24 @@ def profile_this_rank(
 
 
 def sweep_options(quick: bool, batch_sizes: Sequence[int] | None, sweep: SweepOptions | None, *,
-                  min_batch: int = 1) -> SweepOptions:
-    """The sweep `planner profile` runs: quick or full, explicit batches, min batch 2 for BatchNorm models."""
+                  min_batch: int = 1, max_batch: int | None = None) -> SweepOptions:
+    """The sweep `planner profile` runs: quick or full, explicit batches, min batch 2 for BatchNorm models.
+
+    ``max_batch``: the largest local batch any plan of this run can give a rank -- the global batch, when the run
+    plans for one (`planner train --auto`, `planner bench`, the adapters' auto mode).  The geometric series stops
+    there: points past it would only extend a curve no plan reads, and the DDP measurement (profiler.ddp), which
+    runs at the largest measured batches, then runs where the plans will.  Below the series' own start the cap
+    moves the start down, so that ``min_points`` points still fit under it, and the series ends at the cap itself
+    (global batch 20: 5, 10, 20; 100: 8, 16, 32, 64, 100).  Explicit ``batch_sizes`` are kept."""
     sopts = sweep or (SweepOptions.quick() if quick else SweepOptions())
     if batch_sizes is not None:
         sopts = _with_batches(sopts, batch_sizes)
     if sopts.min_batch < min_batch:
         sopts = _with_batches(sopts, sopts.batch_sizes, min_batch=min_batch)
+    if max_batch is not None and sopts.batch_sizes is None and max_batch < sopts.max_batch:
+        top = max(max_batch, sopts.min_batch)
+        start = min(sopts.start_batch, max(sopts.min_batch, top // sopts.growth ** (sopts.min_points - 1)))
+        sopts = _with_batches(sopts, None, max_batch=top, start_batch=start, end_at_max=True)
     return sopts
 
 

@@ -73,6 +73,9 @@ class SweepOptions:
     """Also measure 1.5x each geometric point (8, 12, 16, 24, ...): a GPU curve bends between its flat and
     linear parts, and a chord across a factor of 2 over-estimates there by up to ~10% (seen on H200)."""
     max_batch: int = 4096
+    end_at_max: bool = False
+    """End the geometric series at ``max_batch`` itself (a cap that is the largest batch a plan can ask for: the
+    global batch, profiler.run.sweep_options), not at the last series point below it."""
     warmup: int = 2
     warmup_next: int | None = 1
     """Warm-up steps of every point after the first (None: ``warmup``): the model, optimizer state and kernels are
@@ -179,8 +182,10 @@ class SweepResult:
         return fit_envelope(self.compute_points()).max_rel_residual if self.points else None
 
 
-def geometric_batches(start: int, stop: int, growth: int = 2, *, midpoints: bool = False) -> list[int]:
-    """start, start*growth, ... while <= stop; with midpoints also round(1.5*b) between them."""
+def geometric_batches(start: int, stop: int, growth: int = 2, *, midpoints: bool = False,
+                      end_at_stop: bool = False) -> list[int]:
+    """start, start*growth, ... while <= stop; with midpoints also round(1.5*b) between them.  ``end_at_stop``:
+    the series ends at ``stop`` itself -- added after the last point, or in its place when within 1.25x of it."""
     out, b = [], start
     while b <= stop:
         out.append(b)
@@ -188,6 +193,10 @@ def geometric_batches(start: int, stop: int, growth: int = 2, *, midpoints: bool
         if midpoints and b < mid < b * growth and mid <= stop:
             out.append(mid)
         b *= growth
+    if end_at_stop and out and out[-1] < stop:
+        if len(out) > 1 and stop < 1.25 * out[-1]:
+            out.pop()
+        out.append(stop)
     return out
 
 
@@ -216,7 +225,7 @@ def run_sweep(measure: Measure, opts: SweepOptions, *, clock: Callable[[], float
     """Measure the step time curve (see the module docstring for the policy)."""
     explicit = opts.batch_sizes is not None
     series = list(opts.batch_sizes) if opts.batch_sizes is not None else geometric_batches(
-        opts.start_batch, opts.max_batch, opts.growth, midpoints=opts.midpoints)
+        opts.start_batch, opts.max_batch, opts.growth, midpoints=opts.midpoints, end_at_stop=opts.end_at_max)
     t0 = clock()
     points: list[SweepPoint] = []
     warm = [0.0]  # seconds spent in warm-up steps (not charged to the budget)

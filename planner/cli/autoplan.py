@@ -117,7 +117,8 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, workload: Workload, options: AutoP
             channels_last=channels_last_for(workload, env.device, cfg.mixed_devices),
             # a rank with a known curve sweeps one batch size: the collectives need it, the curve does not
             batch_sizes=None if known is None else [min(p.batch_size for p in known.compute)],
-            progress=progress, loader_per_host=True)  # every rank: the same dataset
+            progress=progress, loader_per_host=True,  # every rank: the same dataset
+            max_batch=options.global_batch)  # no plan gives a rank more
         if known is not None:
             rank_profile = dataclasses.replace(known, loader=rank_profile.loader or known.loader,
                                                device_state=rank_profile.device_state)

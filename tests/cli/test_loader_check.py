@@ -82,6 +82,8 @@ def test_auto_checks_the_plans_loaders_and_keeps_plan_and_profile_together(tmp_p
     lines = [x for x in out.splitlines() if x.startswith("loader check")]
     assert len(lines) == 1, out[-3000:]
     profile = Profile.load(str(profile_out))
+    # --auto sweeps up to the global batch, no rank can be given more; the series ends there
+    assert all(max(p.batch_size for p in r.compute) == 32 for r in profile.by_rank), profile.by_rank
     plan = json.loads(plan_out.read_text())
     assert plan["solver"]["profile_fingerprint"] == profile.fingerprint()
     if "solving again" in lines[0]:

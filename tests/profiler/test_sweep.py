@@ -170,6 +170,29 @@ def test_options_are_validated() -> None:
     assert SweepOptions.quick(max_batch=64).max_batch == 64
 
 
+def test_a_planned_global_batch_caps_the_series_and_ends_it() -> None:
+    """A run that plans for global batch B (train --auto, bench, the adapters) sweeps no batch above B and
+    measures B itself; a cap below the series' start moves the start down so min_points still fit."""
+    from profiler.run import sweep_options
+
+    def series(opts: SweepOptions) -> list[int]:
+        return geometric_batches(opts.start_batch, opts.max_batch, opts.growth, midpoints=opts.midpoints,
+                                 end_at_stop=opts.end_at_max)
+
+    assert series(sweep_options(True, None, None, max_batch=64)) == [8, 16, 32, 64]
+    assert series(sweep_options(True, None, None, max_batch=100)) == [8, 16, 32, 64, 100]
+    assert series(sweep_options(True, None, None, max_batch=70)) == [8, 16, 32, 70]  # 64 -> 70: too close to keep
+    assert series(sweep_options(True, None, None, max_batch=20)) == [5, 10, 20]
+    assert series(sweep_options(True, None, None, min_batch=2, max_batch=4)) == [2, 4]
+    assert series(sweep_options(False, None, None, max_batch=100)) == [8, 12, 16, 24, 32, 48, 64, 100]
+    assert sweep_options(True, None, None, max_batch=10**6) == SweepOptions.quick()  # above the sweep's own limit
+    assert sweep_options(True, [8, 300], None, max_batch=64).batch_sizes == (8, 300)  # explicit batches are kept
+    dev = FakeDevice()
+    result = run_sweep(dev.measure, sweep_options(True, None, None, max_batch=100), clock=dev.clock)
+    assert [p.batch_size for p in result.points] == [8, 16, 32, 64, 100]
+    assert max(b for b, _, _ in dev.calls) == 100
+
+
 def test_default_series_has_midpoints_quick_does_not() -> None:
     from profiler.sweep import geometric_batches
 
