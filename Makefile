@@ -1,7 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   creates .venv, installs, profiles, plans, trains a little, writes a report
 #   make test   creates .venv, installs (with the Lightning, Accelerate and HF extras), runs ruff, mypy and the tests
-#   make check  ruff, mypy and the tests that start no other process (pytest --fast, tests/conftest.py): ~1-2 min
+#   make check  ruff, mypy and the tests that start no other process (pytest --fast, tests/conftest.py): ~1.5 min
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -37,19 +37,29 @@ PARALLEL = $(shell $(PY) -c "import xdist" >/dev/null 2>&1 && echo "-n 2 --dist 
 OK5      = rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected (exit 5)"; rc=0; fi
 
 # Chromium (for the report rendering test; Debian's package, installed where missing) installs in the background
-# while the venv installs and lint runs: the download waits on the network, lint on the CPU. (A target of its own:
-# make expands a recipe before running it, and PARALLEL needs the venv that this one installs.)
+# while the venv installs and lint runs: the download waits on the network, lint on the CPU.  Beside mypy, which
+# keeps one core busy, scripts/warm_imports.py imports what the tests import, once, leaving the bytecode that the
+# install did not write (otherwise the processes that start together at the tests' start compile the same modules
+# each).  (A target of its own: make expands a recipe before running it, and PARALLEL needs the venv that this one
+# installs.)
 test-setup:
 	@bash scripts/ensure_chromium.sh >/dev/null 2>&1 & chromium=$$!; \
-	$(MAKE) --no-print-directory lint || { kill $$chromium 2>/dev/null; exit 1; }; \
+	$(MAKE) --no-print-directory venv || { kill $$chromium 2>/dev/null; exit 1; }; \
+	$(PY) scripts/warm_imports.py core & core=$$!; $(PY) scripts/warm_imports.py frameworks & frameworks=$$!; \
+	$(MAKE) --no-print-directory lint || { kill $$chromium $$core $$frameworks 2>/dev/null; exit 1; }; \
+	wait $$core $$frameworks; \
 	wait $$chromium || echo "note: chromium unavailable; the report rendering test will be skipped"
 
 test: test-setup
 	$(PYTEST) $(PARALLEL) -m "not alone"; $(OK5); first=$$rc; \
 	$(PYTEST) -m alone; $(OK5); if [ $$first -ne 0 ]; then exit $$first; fi; exit $$rc
 
-check: lint
-	$(PYTEST) --fast $(PARALLEL); $(OK5); exit $$rc
+# Lint runs beside the fast tests (its output follows theirs): mypy holds one core for half a minute.
+check: venv
+	@{ $(PY) -m ruff check . && $(PY) -m mypy; } > $(VENV)/lint.log 2>&1 & lint=$$!; \
+	$(PYTEST) --fast $(PARALLEL); $(OK5); tests=$$rc; \
+	wait $$lint; lint=$$?; cat $(VENV)/lint.log; \
+	if [ $$lint -ne 0 ]; then echo "make check: lint failed"; exit $$lint; fi; exit $$tests
 
 demo: venv
 	$(VENV)/bin/planner demo --out $(DEMO_OUT)

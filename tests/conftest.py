@@ -1,7 +1,8 @@
 """Test selection: ``pytest --fast`` (``make check``) runs the tests that start no other process.
 
 A test that starts a program or an interpreter -- gloo ranks (``distributed``), ``python -m planner``, torchrun,
-a browser (``subprocess``) -- or takes long by itself (``slow``) carries that marker; ``--fast`` deselects them.
+a browser (``subprocess``) -- or takes long by itself (``slow``) carries that marker; ``--fast`` deselects them,
+and the tests marked ``alone``, which read the host's CPU load (`make check` runs lint beside its workers).
 Under ``--fast`` a test that starts an interpreter anyway fails at once, naming the marker it lacks, so the
 selection stays fast as tests are added.  Forked processes (DataLoader workers) cost no interpreter start and are
 allowed.
@@ -20,12 +21,14 @@ from typing import Any
 import pytest
 
 SPAWNING = ("distributed", "subprocess", "slow")
+LEFT_OUT = (*SPAWNING, "alone")
+"""What --fast deselects."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--fast", action="store_true",
-                     help="only the tests that start no other process (deselects the markers "
-                          f"{', '.join(SPAWNING)}); an unmarked test that starts one fails")
+                     help="only the tests that start no other process and need no quiet host (deselects the "
+                          f"markers {', '.join(LEFT_OUT)}); an unmarked test that starts a process fails")
 
 
 HEAVY_FIRST = (
@@ -61,7 +64,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     keep: list[pytest.Item] = []
     drop: list[pytest.Item] = []
     for item in items:
-        (drop if any(item.get_closest_marker(m) for m in SPAWNING) else keep).append(item)
+        (drop if any(item.get_closest_marker(m) for m in LEFT_OUT) else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
