@@ -21,6 +21,11 @@ DEFAULT_MAX_ACCUMULATION_STEPS = 64
 per-micro-step overhead the curves do not see (launches, the loader's per-batch work): a global batch that needs
 more is better served by more devices or a smaller global batch, which the error then says."""
 
+BATCHNORM_MIN_BATCH = 2
+"""Smallest local batch (and micro-batch) for a model with BatchNorm: in training mode it normalizes each channel over
+the batch, and one sample has no variance (torch raises "Expected more than 1 value per channel").  The sweep, the
+plan and the auto modes all take at least this many samples a rank for such a model."""
+
 DEFAULT_MIN_GAIN = 0.05
 """Predicted gain below which solve() keeps the equal split: predictions carry a few percent of error (measured in
 docs/PERFORMANCE.md), and on flat, launch-bound curves a gain of 2% can mean a lopsided split such as [1022, 2] that

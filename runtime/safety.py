@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch.utils.data import dataloader, get_worker_info
 
 from planner.errors import ValidationError
+from planner.options import BATCHNORM_MIN_BATCH
 from runtime.collectives import all_gather_json
 
 if TYPE_CHECKING:
@@ -93,7 +94,8 @@ def check_agreement(*, plan_fingerprint: str, dataset_len: int, seed: int, world
 
 
 def check_batchnorm(model: torch.nn.Module, min_batch: int) -> int:
-    """The min_batch to use for ``model``: at least 2 when it has (non-synchronized) BatchNorm layers.
+    """The min_batch to use for ``model``: at least ``BATCHNORM_MIN_BATCH`` (2) when it has (non-synchronized)
+    BatchNorm layers.
 
     BatchNorm in training mode raises on a batch of one sample ("Expected more than 1 value per channel") and is
     noisy on tiny ones; the sampler never yields a batch below the returned value. SyncBatchNorm normalizes over
@@ -101,15 +103,15 @@ def check_batchnorm(model: torch.nn.Module, min_batch: int) -> int:
     """
     plain = [name for name, m in model.named_modules()
              if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(m, torch.nn.SyncBatchNorm)]
-    if not plain or min_batch >= 2:
+    if not plain or min_batch >= BATCHNORM_MIN_BATCH:
         return min_batch
     warnings.warn(
-        f"model has BatchNorm layers ({plain[0]}{' and more' if len(plain) > 1 else ''}): using min_batch=2 "
-        f"instead of {min_batch}, since a per-rank batch of 1 breaks BatchNorm; consider "
+        f"model has BatchNorm layers ({plain[0]}{' and more' if len(plain) > 1 else ''}): using "
+        f"min_batch={BATCHNORM_MIN_BATCH} instead of {min_batch}, since a per-rank batch of 1 breaks BatchNorm; consider "
         "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) so small per-rank batches normalize over all ranks",
         stacklevel=2,
     )
-    return 2
+    return BATCHNORM_MIN_BATCH
 
 
 # -- a planned sampler's own checks: its first pass, and whether the gradient is weighted -----------------------------

@@ -11,7 +11,7 @@ from planner.argcheck import MAX_COUNT, count
 from planner.comm_model import links_line
 from planner.errors import ValidationError
 from planner.launchenv import export_lines
-from planner.options import DEFAULT_MIN_GAIN, MODES, SolveOptions
+from planner.options import BATCHNORM_MIN_BATCH, DEFAULT_MIN_GAIN, MODES, SolveOptions
 from planner.paths import Output, check_outputs
 from planner.plan import Plan
 from planner.profile import Profile
@@ -120,7 +120,7 @@ def solve_options_from_args(args: argparse.Namespace, base: SolveOptions | None 
     """
     given = {k: getattr(args, k) for k in _SOLVE_FLAGS if getattr(args, k, None) is not None}
     if base is None and "min_batch" not in given and profile is not None and profile.meta.get("has_batchnorm"):
-        given["min_batch"] = 2
+        given["min_batch"] = BATCHNORM_MIN_BATCH
     return (base or SolveOptions()).with_overrides(given)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from planner.argcheck import ALLOW_RESUME_FLAG, GPU_NORMALIZE_CHOICES, count, real
 from planner.cli.advanced import add_help_all
+from planner.options import BATCHNORM_MIN_BATCH
 from planner.profile import GRAD_COMPRESSIONS
 
 HELP = "train with a plan under torchrun (reference trainer)"
@@ -192,9 +193,9 @@ def run(args: argparse.Namespace) -> int:
                 print(note, flush=True)
         with Progress("train", enabled=env.is_main and not args.quiet) as progress:
             if args.auto:
-                if workload.has_batchnorm:  # the plan will ask min batch 2: known now, before anything is profiled
-                    check_global_batch(args.global_batch, env.world_size, max(args.min_batch, 2),
-                                       why=" (a BatchNorm model needs 2 per rank)")
+                if workload.has_batchnorm:  # the plan will ask for BatchNorm's floor: known before any profile
+                    check_global_batch(args.global_batch, env.world_size, max(args.min_batch, BATCHNORM_MIN_BATCH),
+                                       why=f" (a BatchNorm model needs {BATCHNORM_MIN_BATCH} per rank)")
                 auto = auto_plan(cfg, env, workload, AutoPlanOptions(
                     global_batch=args.global_batch, min_batch=args.min_batch, quick=args.quick,
                     max_workers_per_rank=args.max_workers_per_rank, plan_out=plan_out, profile_out=args.profile_out,
