@@ -495,7 +495,7 @@ def breakdown(args: argparse.Namespace, device: torch.device, rank: int, world: 
     model_name = args.model or ("resnet50" if cuda else "mlp")
     total = args.global_batch or (256 if cuda else 32)
     wl = build_workload(model_name, "fake", image_size=args.image_size, num_samples=10**6)
-    low = 2 if wl.has_batchnorm else 1
+    low = wl.min_batch
     clock = Clock(device)
     base_kw = {"bucket_cap_mb": args.bucket_cap_mb, "static_graph": args.static_graph,
                "gradient_as_bucket_view": args.grad_as_bucket_view}

@@ -123,10 +123,10 @@ def auto_plan(module: nn.Module, data: Any, *, global_batch: int, device: torch.
         torch.cuda.set_device(dev)
     ensure_process_group(dev)
     step = TrainingStep(copy.deepcopy(module))
+    profile_kw.setdefault("max_batch", global_batch)  # the sweep stops where no plan goes further
     profile = profile_job(step, batches_from(data, collate_fn), lambda m, batch: m(batch), dev,
                           optimizer_fn=first_optimizer(module), data=data, collate_fn=collate_fn, quick=quick,
-                          min_batch=min_batch, model_name=type(module).__name__,
-                          **{"max_batch": global_batch, **profile_kw})
+                          min_batch=min_batch, model_name=type(module).__name__, **profile_kw)
 
     def decide() -> dict[str, Any]:
         # The quality gate of every auto mode: the equal split when the gain is inside the profile's noise.

@@ -28,7 +28,6 @@ import torch
 import torch.distributed as dist
 
 from planner import __version__
-from planner.options import BATCHNORM_MIN_BATCH
 from planner.profile import CommProfile, ComputePoint, HostProfile, LoaderProfile, ModelInfo, Profile, RankProfile
 from profiler import inventory
 from profiler.comm_cost import measure_comm
@@ -138,8 +137,7 @@ def profile_this_rank(
     ``Tensor.pin_memory``), timed for the loader's hand-over reading.  ``max_batch``: the largest batch a plan can
     give this rank, where the sweep stops (``sweep_options``).
     """
-    sopts = sweep_options(quick, batch_sizes, sweep, min_batch=BATCHNORM_MIN_BATCH if workload.has_batchnorm else 1,
-                          max_batch=max_batch)
+    sopts = sweep_options(quick, batch_sizes, sweep, min_batch=workload.min_batch, max_batch=max_batch)
     lopts = loader or (LoaderOptions.quick() if quick else LoaderOptions())
     if loader_workers_cap is not None and not loader_per_host:
         lopts = dataclasses.replace(lopts, max_workers=max(1, loader_workers_cap))

@@ -107,8 +107,9 @@ def check_batchnorm(model: torch.nn.Module, min_batch: int) -> int:
         return min_batch
     warnings.warn(
         f"model has BatchNorm layers ({plain[0]}{' and more' if len(plain) > 1 else ''}): using "
-        f"min_batch={BATCHNORM_MIN_BATCH} instead of {min_batch}, since a per-rank batch of 1 breaks BatchNorm; consider "
-        "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) so small per-rank batches normalize over all ranks",
+        f"min_batch={BATCHNORM_MIN_BATCH} instead of {min_batch}, since a per-rank batch of 1 breaks BatchNorm; "
+        "consider torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) so small per-rank batches normalize over all "
+        "ranks",
         stacklevel=2,
     )
     return BATCHNORM_MIN_BATCH

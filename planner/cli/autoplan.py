@@ -32,7 +32,7 @@ from planner.cli.distenv import DistEnv
 from planner.cli.progress import Progress
 from planner.cli.train_config import TrainConfig
 from planner.errors import ValidationError
-from planner.options import BATCHNORM_MIN_BATCH, SolveOptions
+from planner.options import SolveOptions
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.quality import ProfileQuality, check_profile, solve_within_noise
@@ -66,8 +66,7 @@ class AutoPlanOptions:
 
     def solve_options(self, cfg: TrainConfig, workload: Workload) -> SolveOptions:
         cap = {} if self.max_workers_per_rank is None else {"max_workers_per_rank": self.max_workers_per_rank}
-        floor = BATCHNORM_MIN_BATCH if workload.has_batchnorm else 1
-        return SolveOptions(min_batch=max(self.min_batch, floor),
+        return SolveOptions(min_batch=max(self.min_batch, workload.min_batch),
                             mode="fsdp" if cfg.fsdp else "ddp", **cap)  # type: ignore[arg-type]
 
 

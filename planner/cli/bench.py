@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 from planner.argcheck import GPU_NORMALIZE_CHOICES, count, real
 from planner.cli.advanced import add_help_all
 from planner.cli.bench_options import DATA, DEFAULT_STRATEGIES, STRATEGIES, BenchOptions
-from planner.options import BATCHNORM_MIN_BATCH
 
 if TYPE_CHECKING:
     from planner.cli.bench_window import TimedWindow
@@ -325,7 +324,7 @@ def _bench_rank(env: Any, opts: BenchOptions, slow: float, late: float | None, c
                      progress=progress, say=lambda line: print(line, file=sys.stderr, flush=True))
     plan, profile, quality, profile_s, loader_check = (auto.plan, auto.profile, auto.quality, auto.profile_s,
                                                        auto.loader_check)
-    min_batch = BATCHNORM_MIN_BATCH if workload.has_batchnorm else 1
+    min_batch = workload.min_batch
     if env.is_main:
         for line in extrapolation_lines(plan, profile):
             print(line, file=sys.stderr, flush=True)

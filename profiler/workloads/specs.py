@@ -28,6 +28,7 @@ from torch import nn
 
 from planner.argcheck import GPU_NORMALIZE_CHOICES
 from planner.errors import ValidationError
+from planner.options import BATCHNORM_MIN_BATCH
 from profiler.workloads.lm import build_lm, count_tokens, is_lm_spec, lm_loss
 
 SMALL_MODELS = ("mlp", "mnist_cnn", "cifar_cnn")
@@ -83,6 +84,11 @@ class Workload:
     weight_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
     """weight_fn(targets): what a batch's mean loss averages over when it is not the sample count -- the counted
     tokens of variable-length text (runtime.weighting.step_weights). None: samples (packed text included)."""
+
+    @property
+    def min_batch(self) -> int:
+        """The smallest local batch the model trains on: ``BATCHNORM_MIN_BATCH`` with BatchNorm, else 1."""
+        return BATCHNORM_MIN_BATCH if self.has_batchnorm else 1
 
 
 class IndexSeeded(torch.utils.data.Dataset[Any]):
