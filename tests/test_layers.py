@@ -15,6 +15,7 @@ them with ``ast`` and fails on an import that goes against the layers:
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -74,8 +75,14 @@ def violations(root: Path) -> list[str]:
     return found
 
 
+@functools.cache
+def real_tree_violations() -> tuple[str, ...]:
+    """The real tree's, read once per test process (the tree does not change during a run)."""
+    return tuple(violations(ROOT))
+
+
 def test_the_tree_follows_the_layers() -> None:
-    assert violations(ROOT) == []
+    assert real_tree_violations() == ()
 
 
 def test_only_the_four_packages_exist_and_are_installed() -> None:
@@ -105,7 +112,7 @@ def test_a_forbidden_import_is_caught(tmp_path: Path, module: str, line: str, ex
     body = "def f():\n" + line + "\n" if line.startswith(" ") else "import os\n" + line + "\n"
     (tmp_path / module).write_text(body)
     assert violations(tmp_path) == [expected]
-    assert violations(ROOT) == []  # the real tree stays clean
+    assert real_tree_violations() == ()  # the real tree stays clean
 
 
 def test_the_programs_may_import_anything(tmp_path: Path) -> None:

@@ -1,9 +1,14 @@
-"""Spawn N local ranks that can never outlive their deadline: the bench's launcher and the tests' harness.
+"""Start N local ranks that can never outlive their deadline: the bench's launcher.
 
-spawn (never fork: CUDA and gloo threads do not survive a fork; inside a rank, DataLoader workers fork, as under
-torchrun: ``_rank_entry``), a FileStore rendezvous in a fresh temp dir (no
-port to pick, nothing to collide with a parallel run), a deadline, and every child killed in ``finally`` -- also
-when the parent is interrupted -- so nothing is left running or holding a GPU.
+Ranks fork from a fork server (``multiprocessing``'s "forkserver" where the platform has it, "spawn" elsewhere): a
+fresh interpreter that imports torch, torch.distributed and DDP's dependencies once, before any CUDA or gloo state
+exists, and forks one rank per request.  A rank then starts in a fraction of a second instead of importing torch
+again (about 5 s of CPU a rank, 7 with DDP's first import of torch._dynamo), and like a spawned rank it holds no
+CUDA context or gloo thread of its parent (those do not survive a plain fork).  Each rank gets the parent's
+environment as it is at launch, as a spawned one would.  Inside a rank, DataLoader workers fork, as under
+torchrun (``_rank_entry``).  A FileStore rendezvous in a fresh temp dir (no port to pick, nothing to collide with a
+parallel run), a deadline, and every child killed in ``finally`` -- also when the parent is interrupted -- so
+nothing is left running or holding a GPU.
 """
 
 from __future__ import annotations
@@ -15,15 +20,31 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
+"""What the fork server imports before forking ranks (DDP's constructor imports torch._dynamo)."""
 
-def _rank_entry(rank: int, fn: Callable[..., None], *args: Any) -> None:
-    """A spawned rank: DataLoader workers (and any other multiprocessing) start as under torchrun, by fork.
 
-    A spawned process inherits "spawn" as its default start method, so every DataLoader it made started each worker
-    as a fresh interpreter importing torch and the package: ~10 s a loader on 2x H100 (11.4-18.2 s per
-    worker count of the profile's loader scan, for 1 s of timing), paid again by every strategy's run of `planner
-    bench --data loader`.  torchrun's ranks fork their workers; ours do too (Linux only, where fork is the
+def _start_method(fn: Callable[..., None]) -> str:
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    # Where a fork server already runs in this process (a second launch), it keeps the modules it preloaded.
+    multiprocessing.get_context("forkserver").set_forkserver_preload([*PRELOAD, fn.__module__])
+    return "forkserver"
+
+
+def _rank_entry(rank: int, environ: dict[str, str], fn: Callable[..., None], *args: Any) -> None:
+    """A rank: the launching process's environment, then DataLoader workers (and any other multiprocessing) start
+    as under torchrun, by fork.
+
+    A rank started by spawn or the fork server keeps that start method as its default, so every DataLoader it made
+    would start each worker as a fresh interpreter importing torch and the package: ~10 s a loader on 2x H100
+    (11.4-18.2 s per worker count of the profile's loader scan, for 1 s of timing), paid again by every strategy's
+    run of `planner bench --data loader`.  torchrun's ranks fork their workers; ours do too (Linux only, where fork is the
     platform default; the workers never touch CUDA)."""
+    os.environ.clear()
+    os.environ.update(environ)
     if sys.platform.startswith("linux"):
         import multiprocessing
 
@@ -33,7 +54,7 @@ def _rank_entry(rank: int, fn: Callable[..., None], *args: Any) -> None:
 
 def spawn(fn: Callable[..., None], nprocs: int, args: tuple[Any, ...] = (), *, timeout_s: float,
           what: str = "ranks") -> None:
-    """Run ``fn(rank, nprocs, store_path, *args)`` in ``nprocs`` spawned processes and wait for all of them.
+    """Run ``fn(rank, nprocs, store_path, *args)`` in ``nprocs`` rank processes and wait for all of them.
 
     ``store_path`` names a fresh file for ``torch.distributed.FileStore(store_path, nprocs)``.  Raises the first
     failing rank's error (with its traceback) or ``TimeoutError`` after ``timeout_s`` seconds.
@@ -42,8 +63,8 @@ def spawn(fn: Callable[..., None], nprocs: int, args: tuple[Any, ...] = (), *, t
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(_rank_entry, args=(fn, nprocs, os.path.join(tmp, "store"), *args), nprocs=nprocs,
-                                 join=False, start_method="spawn")
+        ctx = mp.start_processes(_rank_entry, args=(dict(os.environ), fn, nprocs, os.path.join(tmp, "store"), *args),
+                                 nprocs=nprocs, join=False, start_method=_start_method(fn))
         try:
             deadline = time.monotonic() + timeout_s
             while not ctx.join(timeout=0.5, grace_period=5.0):  # raises as soon as any rank failed

@@ -362,8 +362,9 @@ def _random_case(rng: np.random.Generator) -> tuple[int, list[Any], planner.Prof
                                                  "hosts": [{"name": "n0", "cpu_cores": 64}], "ranks": ranks})
 
 
-RANDOM_SEEDS = (0, 1, 2, 3, 4, 2026)
-"""Several seeds, not one: a bound tuned on a single draw says little about the next one."""
+RANDOM_SEEDS = (0, 1, 2026)
+"""Several seeds, not one: a bound tuned on a single draw says little about the next one.  These three hold the
+cases the comments below describe; seeds 2, 3 and 4 pass both tests too (60 cases a seed, ~8 s of one core)."""
 
 
 def _replanned_ratios(seed: int) -> tuple[float, ...]:
