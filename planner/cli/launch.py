@@ -5,10 +5,10 @@ fresh interpreter that imports torch, torch.distributed and DDP's dependencies o
 exists, and forks one rank per request.  A rank then starts in a fraction of a second instead of importing torch
 again (about 5 s of CPU a rank, 7 with DDP's first import of torch._dynamo), and like a spawned rank it holds no
 CUDA context or gloo thread of its parent (those do not survive a plain fork).  Each rank gets the parent's
-environment as it is at launch, as a spawned one would.  Inside a rank, DataLoader workers fork, as under
-torchrun (``_rank_entry``).  A FileStore rendezvous in a fresh temp dir (no port to pick, nothing to collide with a
-parallel run), a deadline, and every child killed in ``finally`` -- also when the parent is interrupted -- so
-nothing is left running or holding a GPU.
+environment, stdout and stderr as they are at launch, as a spawned one would.  Inside a rank, DataLoader workers
+fork, as under torchrun (``_rank_entry``).  A FileStore rendezvous in a fresh temp dir (no port to pick, nothing
+to collide with a parallel run), a deadline, and every child killed in ``finally`` -- also when the parent is
+interrupted -- so nothing is left running or holding a GPU.
 """
 
 from __future__ import annotations
@@ -34,7 +34,29 @@ def _start_method(fn: Callable[..., None]) -> str:
     return "forkserver"
 
 
-def _rank_entry(rank: int, environ: dict[str, str], fn: Callable[..., None], *args: Any) -> None:
+class _Stdio:
+    """The launching process's stdout and stderr as they are at launch, handed to a rank with its arguments (a
+    fork-server rank would otherwise write where the fork server's own descriptors pointed when it started, e.g.
+    to an earlier launch's redirection).  Pickled while the rank starts, as ``multiprocessing`` passes a descriptor
+    to a child: the fork server receives a duplicate, a spawned child the same number."""
+
+    def __init__(self, out: Any = None, err: Any = None) -> None:
+        self.out, self.err = out, err
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from multiprocessing import reduction
+
+        return (_Stdio, (reduction.DupFd(1), reduction.DupFd(2)))
+
+    def apply(self) -> None:
+        for fd, wrapped in ((1, self.out), (2, self.err)):
+            got = wrapped.detach()
+            if got != fd:
+                os.dup2(got, fd)
+                os.close(got)
+
+
+def _rank_entry(rank: int, environ: dict[str, str], stdio: _Stdio, fn: Callable[..., None], *args: Any) -> None:
     """A rank: the launching process's environment, then DataLoader workers (and any other multiprocessing) start
     as under torchrun, by fork.
 
@@ -45,6 +67,7 @@ def _rank_entry(rank: int, environ: dict[str, str], fn: Callable[..., None], *ar
     platform default; the workers never touch CUDA)."""
     os.environ.clear()
     os.environ.update(environ)
+    stdio.apply()
     if sys.platform.startswith("linux"):
         import multiprocessing
 
@@ -63,8 +86,9 @@ def spawn(fn: Callable[..., None], nprocs: int, args: tuple[Any, ...] = (), *, t
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(_rank_entry, args=(dict(os.environ), fn, nprocs, os.path.join(tmp, "store"), *args),
-                                 nprocs=nprocs, join=False, start_method=_start_method(fn))
+        rank_args = (dict(os.environ), _Stdio(), fn, nprocs, os.path.join(tmp, "store"), *args)
+        ctx = mp.start_processes(_rank_entry, args=rank_args, nprocs=nprocs, join=False,
+                                 start_method=_start_method(fn))
         try:
             deadline = time.monotonic() + timeout_s
             while not ctx.join(timeout=0.5, grace_period=5.0):  # raises as soon as any rank failed

@@ -1,5 +1,5 @@
-"""Acceptance on CPU: a real CPU hog on one rank's core during `planner profile` under torchrun (2 ranks) is named
-by `planner report` as that rank's cause, with its pid and the CPU it took."""
+"""Acceptance on CPU: a real CPU hog on one rank's core during `planner profile` on 2 ranks with torchrun's
+environment (tests/_ranks.py) is named by `planner report` as that rank's cause, with its pid and the CPU it took."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from planner.cli import main
 from planner.profile import Profile
-from tests._torchrun import run_planner_torchrun
+from tests._ranks import run_planner
 from tests.profiler.test_hoststate import start_detached_hog, stop
 
 
@@ -46,7 +46,7 @@ def test_a_cpu_hog_on_one_ranks_core_is_the_reports_cause(tmp_path: Path, capsys
     # report's global batch: larger batches on the crowded rank (and the DDP steps there) would only cost time.
     hogs = [start_detached_hog(cores[1]) for _ in range(2)]
     try:
-        rc, text = run_planner_torchrun(
+        rc, text = run_planner(
             2, ["profile", "--model", "tests.profiler._pinned:pinned_mlp", "--image-size", "28", "--device", "cpu",
                 "--quick", "--budget-s", "3", "--max-batch", "64", "--no-loader", "--out", str(out)],
             env={"PLANNER_TEST_CORES": ",".join(map(str, cores))}, timeout_s=240)
