@@ -19,9 +19,9 @@ GROUPS = {
     "core": ["torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "torchvision", "numpy",
              "scipy.optimize", "psutil", "matplotlib.pyplot", "pytest", "xdist", "planner", "planner.cli",
              "planner.cli.train", "planner.cli.autoplan", "planner.cli.bench", "profiler", "profiler.run", "runtime",
-             "reports"],
+             "reports", "hypothesis", "jsonschema"],
     "frameworks": ["transformers", "transformers.trainer", "lightning", "lightning.pytorch", "accelerate", "ray",
-                   "ray.train", "ray.train.torch"],
+                   "ray.train", "ray.train.torch", "pytorch_lightning", "aiohttp"],
 }
 
 
