@@ -23,12 +23,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from planner.cli.launch import PRELOAD, fork_server
+
 # What the fork server imports before it forks any rank: what every worker function needs anyway.
 # torch._dynamo: DistributedDataParallel's constructor imports it on first use (through torch._disable_dynamo;
 # ~900 modules, sympy among them): 2-8 s in every rank of every launch that wraps a model in DDP, paid once here.
 # planner.cli.train/autoplan, torchvision and psutil: what a `planner train` or `planner profile` rank started by
 # tests/_ranks.py imports before its first step.
-_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "numpy", "scipy.optimize", "pytest",
+_PRELOAD = [*PRELOAD, "numpy", "scipy.optimize", "pytest",
             "psutil", "torchvision", "planner", "planner.cli", "planner.cli.train", "planner.cli.autoplan", "runtime",
             "runtime.collectives", "runtime.sampler", "runtime.timing", "profiler", "tests._dist",
             # The framework tests' ranks (tests/frameworks): ~4.6 s of CPU a rank for Lightning, ~1.8 for the HF
@@ -64,11 +66,7 @@ def _entry(rank: int, world_size: int, store_path: str, fn: Callable[..., None],
 
 
 def _start_method() -> str:
-    if "forkserver" not in mp.get_all_start_methods():
-        return "spawn"
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
-    return "forkserver"
+    return fork_server(_PRELOAD)
 
 
 def _every_error(error_files: list[str]) -> str:

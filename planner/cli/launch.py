@@ -17,20 +17,21 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
 """What the fork server imports before forking ranks (DDP's constructor imports torch._dynamo)."""
 
 
-def _start_method(fn: Callable[..., None]) -> str:
+def fork_server(preload: Sequence[str]) -> str:
+    """The start method for ranks: "forkserver", its server importing ``preload`` first, where the platform has it;
+    "spawn" elsewhere.  A process has one fork server: where it already runs, it keeps the modules it preloaded."""
     import multiprocessing
 
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
-    # Where a fork server already runs in this process (a second launch), it keeps the modules it preloaded.
-    multiprocessing.get_context("forkserver").set_forkserver_preload([*PRELOAD, fn.__module__])
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(preload))
     return "forkserver"
 
 
@@ -88,7 +89,7 @@ def spawn(fn: Callable[..., None], nprocs: int, args: tuple[Any, ...] = (), *, t
     with tempfile.TemporaryDirectory() as tmp:
         rank_args = (dict(os.environ), _Stdio(), fn, nprocs, os.path.join(tmp, "store"), *args)
         ctx = mp.start_processes(_rank_entry, args=rank_args, nprocs=nprocs, join=False,
-                                 start_method=_start_method(fn))
+                                 start_method=fork_server([*PRELOAD, fn.__module__]))
         try:
             deadline = time.monotonic() + timeout_s
             while not ctx.join(timeout=0.5, grace_period=5.0):  # raises as soon as any rank failed
