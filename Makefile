@@ -16,7 +16,7 @@ DEMO_OUT ?= demo-out
 # so the targets clear it.
 export PYTHONDONTWRITEBYTECODE :=
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv --without-pip $(VENV)
 	bash scripts/install_venv.sh $(VENV) -e '.[dev,all]'
 	touch $@
 
