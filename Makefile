@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 DEMO_OUT ?= demo-out
 
-.PHONY: venv test test-setup check lint demo clean
+.PHONY: venv test check lint demo clean
 
 # scripts/install_venv.sh installs with uv where it can (pip's own configuration passed on; pip otherwise), and
 # byte-compiles nothing up front: Python compiles the modules a run imports, once, on first import.  That needs
@@ -33,34 +33,37 @@ lint: venv
 # CPU load and run afterwards, by themselves. pytest exit 5 (nothing collected, e.g. no `alone` test) is not a
 # failure.
 PYTEST   = GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 $(PY) -m pytest -q
-PARALLEL = $(shell $(PY) -c "import xdist" >/dev/null 2>&1 && echo "-n 2 --dist loadscope --no-loadscope-reorder")
+XDIST    = -n 2 --dist loadscope --no-loadscope-reorder
 OK5      = rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected (exit 5)"; rc=0; fi
 # The `alone` run collects only the modules that mark a test `alone` (collecting all of them imports every framework
 # for a few tests: ~9 s of one core).  None marked: pytest collects everything, selects nothing and exits 5.
 ALONE    = $(shell grep -rlE --include='*.py' 'mark\.alone' tests 2>/dev/null | sort)
 
-# Chromium (for the report rendering test; Debian's package, installed where missing) installs in the background
-# while the venv installs and lint runs: the download waits on the network, lint on the CPU.  Beside mypy, which
-# keeps one core busy, scripts/warm_imports.py imports what the tests import, once, leaving the bytecode that the
-# install did not write (otherwise the processes that start together at the tests' start compile the same modules
-# each).  (A target of its own: make expands a recipe before running it, and PARALLEL needs the venv that this one
-# installs.)
-test-setup:
+# The order makes the most of 2 cores, where the suite is CPU-bound:
+#  - Chromium (for the report rendering test; Debian's package, installed where missing) installs in the background
+#    while the venv installs: the download waits on the network, the install mostly on the disk.
+#  - ruff (a second) before any test.  mypy (~40 s of one core from a fresh clone) runs beside the parallel tests at
+#    the lowest priority, so it takes the moments a worker leaves a core idle (a launch starting, the run's end)
+#    rather than a core of its own before they start; its output follows theirs.  The `alone` tests start after it.
+#  - Nothing is imported ahead of the tests to leave bytecode: the first process to import a module compiles it
+#    (an import ahead of them measured slower over the whole run than the few modules two processes compile at once).
+test: venv
 	@bash scripts/ensure_chromium.sh >/dev/null 2>&1 & chromium=$$!; \
-	$(MAKE) --no-print-directory venv || { kill $$chromium 2>/dev/null; exit 1; }; \
-	$(PY) scripts/warm_imports.py core & core=$$!; $(PY) scripts/warm_imports.py frameworks & frameworks=$$!; \
-	$(MAKE) --no-print-directory lint || { kill $$chromium $$core $$frameworks 2>/dev/null; exit 1; }; \
-	wait $$core $$frameworks; \
-	wait $$chromium || echo "note: chromium unavailable; the report rendering test will be skipped"
-
-test: test-setup
-	$(PYTEST) $(PARALLEL) -m "not alone"; $(OK5); first=$$rc; \
-	$(PYTEST) -m alone $(ALONE); $(OK5); if [ $$first -ne 0 ]; then exit $$first; fi; exit $$rc
+	$(PY) -m ruff check . || { kill $$chromium 2>/dev/null; exit 1; }; \
+	nice -n 19 $(PY) -m mypy > $(VENV)/mypy.log 2>&1 & mypy=$$!; \
+	wait $$chromium || echo "note: chromium unavailable; the report rendering test will be skipped"; \
+	xdist=$$($(PY) -c "import xdist" >/dev/null 2>&1 && echo "$(XDIST)"); \
+	$(PYTEST) $$xdist -m "not alone"; $(OK5); first=$$rc; \
+	wait $$mypy; lint=$$?; cat $(VENV)/mypy.log; \
+	$(PYTEST) -m alone $(ALONE); $(OK5); \
+	if [ $$lint -ne 0 ]; then echo "make test: mypy failed"; exit $$lint; fi; \
+	if [ $$first -ne 0 ]; then exit $$first; fi; exit $$rc
 
 # Lint runs beside the fast tests (its output follows theirs): mypy holds one core for half a minute.
 check: venv
 	@{ $(PY) -m ruff check . && $(PY) -m mypy; } > $(VENV)/lint.log 2>&1 & lint=$$!; \
-	$(PYTEST) --fast $(PARALLEL); $(OK5); tests=$$rc; \
+	xdist=$$($(PY) -c "import xdist" >/dev/null 2>&1 && echo "$(XDIST)"); \
+	$(PYTEST) --fast $$xdist; $(OK5); tests=$$rc; \
 	wait $$lint; lint=$$?; cat $(VENV)/lint.log; \
 	if [ $$lint -ne 0 ]; then echo "make check: lint failed"; exit $$lint; fi; exit $$tests
 

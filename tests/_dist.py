@@ -32,10 +32,13 @@ from planner.cli.launch import PRELOAD, fork_server
 # tests/_ranks.py imports before its first step.
 _PRELOAD = [*PRELOAD, "numpy", "scipy.optimize", "pytest",
             "psutil", "torchvision", "planner", "planner.cli", "planner.cli.train", "planner.cli.autoplan", "runtime",
-            "runtime.collectives", "runtime.sampler", "runtime.timing", "profiler", "tests._dist",
-            # The framework tests' ranks (tests/frameworks): ~4.6 s of CPU a rank for Lightning, ~1.8 for the HF
-            # Trainer, paid once here instead; a framework that is not installed is skipped by the fork server.
-            "lightning.pytorch", "transformers.trainer"]
+            "runtime.collectives", "runtime.sampler", "runtime.timing", "profiler", "tests._dist"]
+# The framework tests' ranks (tests/frameworks): ~4.6 s of CPU a rank for Lightning, ~1.8 for the HF Trainer, paid
+# once by the fork server instead -- where the session runs framework tests (tests/conftest.py sets
+# ``preload_frameworks``; ~6 s of one core otherwise spent for nothing).  A framework that is not installed is
+# skipped by the fork server.
+_FRAMEWORKS = ["lightning.pytorch", "transformers.trainer"]
+preload_frameworks = False
 
 
 def _entry(rank: int, world_size: int, store_path: str, fn: Callable[..., None], pg_timeout_s: float,
@@ -66,7 +69,7 @@ def _entry(rank: int, world_size: int, store_path: str, fn: Callable[..., None],
 
 
 def _start_method() -> str:
-    return fork_server(_PRELOAD)
+    return fork_server([*_PRELOAD, *(_FRAMEWORKS if preload_frameworks else [])])
 
 
 def _every_error(error_files: list[str]) -> str:

@@ -60,6 +60,11 @@ def _heavy_first(items: list[pytest.Item]) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _heavy_first(items)
     if not config.getoption("--fast"):
+        frameworks = os.path.join(os.path.dirname(__file__), "frameworks")
+        if any(str(item.path).startswith(frameworks + os.sep) for item in items):
+            from tests import _dist
+
+            _dist.preload_frameworks = True  # before any launch starts the fork server
         return
     keep: list[pytest.Item] = []
     drop: list[pytest.Item] = []
