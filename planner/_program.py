@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_matrix
+from scipy.sparse import csc_array
 
 from planner.curves import Envelope
 from planner.errors import PlanError
@@ -251,15 +251,19 @@ def solve_milp(
         for j in np.flatnonzero(p > 0).tolist():
             # p*b_j - w*T <= 0   (w fixed: the bilinear row becomes linear)
             row([(j, p[j] / scale), (t_col, -float(w[j]))], 0.0)
-    A = coo_matrix((vals, (rows, cols)), shape=(r, t_col + 1)).tocsr()
-    A_sum = coo_matrix((np.ones(n), (np.zeros(n, dtype=int), np.arange(n))), shape=(1, t_col + 1)).tocsr()
+    row([(i, 1.0) for i in range(n)], float(B))  # sum b = B (its lower bound set below)
+    # One constraint matrix, built in the column format HiGHS takes: milp converts and stacks nothing.
+    A = csc_array((vals, (rows, cols)), shape=(r, t_col + 1))
+    lower_rows = np.full(r, -np.inf)
+    lower_rows[-1] = B
+    constraint = LinearConstraint(A, lower_rows, np.array(rhs))
     cost = np.zeros(t_col + 1)
     cost[t_col] = 1.0
     status = ""
     for upper_T in (hi / scale * (1 + 1e-9), np.inf):
         res = milp(
             cost,
-            constraints=[LinearConstraint(A, -np.inf, np.array(rhs)), LinearConstraint(A_sum, B, B)],
+            constraints=constraint,
             bounds=Bounds(np.r_[lower.astype(float), np.ones(nk), lo / scale],
                           np.r_[caps.astype(float), k_hi, upper_T]),
             integrality=np.r_[np.ones(n + nk), 0.0],

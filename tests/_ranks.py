@@ -10,8 +10,8 @@ descriptors 1 and 2, C++ output included) go to files read back in rank order. A
 rank that fails makes the others' collectives fail within the program's gloo timeout, and the launch returns
 once every rank has exited.
 
-Tests of torchrun's own behaviour (a killed agent, two agents as two nodes, a SIGKILLed job) keep torchrun
-(tests/reliability/_torchrun.py).
+Tests of torchrun's own behaviour (an agent restarting its workers after a node died, two agents as two nodes,
+its failure summary) keep torchrun (tests/reliability/_torchrun.py).
 """
 
 from __future__ import annotations
@@ -101,17 +101,36 @@ def run(argv: list[str], *, nproc: int = 2, timeout_s: float = 120.0,
 def run_each(argv: list[str], *, nproc: int = 2, timeout_s: float = 120.0,
              env: dict[str, str] | None = None) -> tuple[list[int], str, str, float]:
     """``run``, with every rank's exit code (rank order; -9 for a rank killed after another failed)."""
-    t0 = time.monotonic()
-    with tempfile.TemporaryDirectory() as out_dir:
-        ctx = mp.start_processes(_rank, args=(nproc, free_port(), list(argv), dict(env or {}), out_dir),
-                                 nprocs=nproc, join=False, start_method=_start_method())
+    return start(argv, nproc=nproc, env=env).finish(timeout_s)
+
+
+class Launch:
+    """Ranks started by ``start``, running: their pids while they run, ``finish`` to wait for them."""
+
+    def __init__(self, argv: list[str], nproc: int, env: dict[str, str] | None) -> None:
+        self.argv, self.nproc, self.t0 = list(argv), nproc, time.monotonic()
+        self._dir = tempfile.TemporaryDirectory()
+        self.ctx = mp.start_processes(_rank, args=(nproc, free_port(), self.argv, dict(env or {}), self._dir.name),
+                                      nprocs=nproc, join=False, start_method=_start_method())
+
+    @property
+    def pids(self) -> list[int]:
+        return [int(p.pid) for p in self.ctx.processes if p.pid is not None]
+
+    def running(self) -> bool:
+        return any(p.is_alive() for p in self.ctx.processes)
+
+    def finish(self, timeout_s: float) -> tuple[list[int], str, str, float]:
+        """(exit codes, stdout, stderr, wall seconds since the start) once every rank has exited: a failed rank
+        stops the rest after FAIL_GRACE_S, as torchrun's agent does; past ``timeout_s`` every rank is killed and
+        the test fails."""
         hung = False
         try:
             deadline = time.monotonic() + timeout_s
             failed_at = None
-            while any(p.is_alive() for p in ctx.processes):
+            while self.running():
                 now = time.monotonic()
-                if failed_at is None and any(p.exitcode not in (None, 0) for p in ctx.processes):
+                if failed_at is None and any(p.exitcode not in (None, 0) for p in self.ctx.processes):
                     failed_at = now  # as torchrun's agent: a failed rank stops the job (after a grace period)
                 if failed_at is not None and now > failed_at + FAIL_GRACE_S:
                     break
@@ -120,23 +139,30 @@ def run_each(argv: list[str], *, nproc: int = 2, timeout_s: float = 120.0,
                     break
                 time.sleep(0.05)
         finally:
-            for p in ctx.processes:
+            for p in self.ctx.processes:
                 if p.is_alive():
                     p.kill()
                 p.join()
-        codes = [p.exitcode if p.exitcode is not None else -9 for p in ctx.processes]
+        codes = [p.exitcode if p.exitcode is not None else -9 for p in self.ctx.processes]
 
         def read(name: str) -> str:
             parts = []
-            for r in range(nproc):
-                path = Path(out_dir, f"{name}.{r}")
+            for r in range(self.nproc):
+                path = Path(self._dir.name, f"{name}.{r}")
                 parts.append(path.read_text(errors="replace") if path.exists() else "")
             return "".join(parts)
 
         out, err = read("out"), read("err")
-    if hung:
-        raise AssertionError(f"{' '.join(argv[:4])} on {nproc} ranks hung past {timeout_s:.0f} s\n{err[-3000:]}")
-    return codes, out, err, time.monotonic() - t0
+        self._dir.cleanup()
+        if hung:
+            raise AssertionError(f"{' '.join(self.argv[:4])} on {self.nproc} ranks hung past {timeout_s:.0f} s\n"
+                                 f"{err[-3000:]}")
+        return codes, out, err, time.monotonic() - self.t0
+
+
+def start(argv: list[str], *, nproc: int = 2, env: dict[str, str] | None = None) -> Launch:
+    """Start ``argv`` on ``nproc`` ranks (as ``run``) and return at once; ``Launch.finish`` waits for them."""
+    return Launch(argv, nproc, env)
 
 
 def run_planner(nproc: int, args: list[str], *, timeout_s: float = 150.0,

@@ -10,7 +10,8 @@ state are then bit-identical to the uninterrupted run's.
 from __future__ import annotations
 
 import json
-import subprocess
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,6 @@ import pytest
 import torch
 
 from tests import _ranks
-from tests.reliability import _torchrun
 from tests.reliability.test_no_hangs import write_plan
 
 FIX = "tests.reliability._fixtures"
@@ -73,25 +73,25 @@ def test_kill9_mid_epoch_then_resume_equals_uninterrupted(tmp_path: Path) -> Non
     ref_map = dict(ref)
     assert len(ref) == len(ref_map) == EPOCHS * STEPS * 2  # every step once per rank
 
-    # 2. the same run, slowed down so it can be killed mid-epoch, then SIGKILLed as a whole (torchrun + ranks)
+    # 2. the same run, slowed down so it can be killed mid-epoch, then SIGKILLed as a whole (every rank at once)
     ckpt, trace = tmp_path / "ckpt", tmp_path / "trace"
-    log = (tmp_path / "killed.log").open("w")
-    proc = _torchrun.start(_train_args(plan, ckpt, trace), env={"RELIABILITY_STEP_SLEEP_S": "0.1"},
-                           stdout=log, stderr=subprocess.STDOUT)
+    job = _ranks.start(_train_args(plan, ckpt, trace), env={"RELIABILITY_STEP_SLEEP_S": "0.1"})
+    killed = False
     try:
         deadline = time.monotonic() + 90
         while not any(k[:2] >= KILL_AT and k[2] == 0 for k, _ in _trace(trace)):
-            assert proc.poll() is None, "the run ended before it could be killed:\n" + (tmp_path / "killed.log").read_text()
+            assert job.running(), "the run ended before it could be killed"
             assert time.monotonic() < deadline, "the run never reached the kill point"
             time.sleep(0.02)
-        pids = _torchrun.job_pids(proc)
-        assert len(pids) >= 3, "torchrun and its two ranks"
-        _torchrun.kill_job(pids)  # kill -9 of every process of the job, mid-epoch
-        proc.wait(timeout=30)
-        assert _all_dead(pids[1:]), "the ranks are gone too (not orphans still writing checkpoints)"
+        pids = job.pids
+        assert len(pids) == 2, "two ranks"
+        for pid in pids:  # kill -9 of every process of the job, mid-epoch (no loader workers: num_workers 0)
+            os.kill(pid, signal.SIGKILL)
+        killed = True
+        assert _all_dead(pids), "the ranks are gone (not still writing checkpoints)"
     finally:
-        _torchrun.stop(proc)
-        log.close()
+        codes, _, err, _ = job.finish(timeout_s=30)
+    assert killed and codes == [-9, -9], (codes, err[-3000:])
     state = _final(ckpt)
     assert (state["epoch"], state["step"]) == (1, 4), "the last checkpoint before the kill"
     killed_keys = {k for k, _ in _trace(trace)}
