@@ -47,8 +47,9 @@ ALONE    = $(shell grep -rlE --include='*.py' 'mark\.alone' tests 2>/dev/null | 
 #    rather than a core of its own before they start; its output follows theirs.  The `alone` tests start after it.
 #  - Nothing is imported ahead of the tests to leave bytecode: the first process to import a module compiles it
 #    (an import ahead of them measured slower over the whole run than the few modules two processes compile at once).
-test: venv
+test:
 	@bash scripts/ensure_chromium.sh >/dev/null 2>&1 & chromium=$$!; \
+	$(MAKE) --no-print-directory venv || { kill $$chromium 2>/dev/null; exit 1; }; \
 	$(PY) -m ruff check . || { kill $$chromium 2>/dev/null; exit 1; }; \
 	nice -n 19 $(PY) -m mypy > $(VENV)/mypy.log 2>&1 & mypy=$$!; \
 	wait $$chromium || echo "note: chromium unavailable; the report rendering test will be skipped"; \
