@@ -32,5 +32,5 @@ if [ -n "$uv" ]; then
     fi
     echo "install_venv: uv failed; installing with pip" >&2
 fi
-"$py" -m pip --version >/dev/null 2>&1 || "$py" -m ensurepip -q
+"$py" -m pip --version >/dev/null 2>&1 || "$py" -m ensurepip >/dev/null
 exec "$py" -m pip "${pip_quiet[@]}" --no-compile "$@"
