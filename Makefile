@@ -33,7 +33,8 @@ lint: venv
 # CPU load and run afterwards, by themselves. pytest exit 5 (nothing collected, e.g. no `alone` test) is not a
 # failure.
 PYTEST   = GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 $(PY) -m pytest -q
-XDIST    = -n 2 --dist loadscope --no-loadscope-reorder
+# A shell substitution, so the recipe's shell evaluates it when the line runs: after `test` has installed the venv.
+PARALLEL = $$($(PY) -c "import xdist" >/dev/null 2>&1 && echo "-n 2 --dist loadscope --no-loadscope-reorder")
 OK5      = rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected (exit 5)"; rc=0; fi
 # The `alone` run collects only the modules that mark a test `alone` (collecting all of them imports every framework
 # for a few tests: ~9 s of one core).  None marked: pytest collects everything, selects nothing and exits 5.
@@ -53,8 +54,7 @@ test:
 	$(PY) -m ruff check . || { kill $$chromium 2>/dev/null; exit 1; }; \
 	nice -n 19 $(PY) -m mypy > $(VENV)/mypy.log 2>&1 & mypy=$$!; \
 	wait $$chromium || echo "note: chromium unavailable; the report rendering test will be skipped"; \
-	xdist=$$($(PY) -c "import xdist" >/dev/null 2>&1 && echo "$(XDIST)"); \
-	$(PYTEST) $$xdist -m "not alone"; $(OK5); first=$$rc; \
+	$(PYTEST) $(PARALLEL) -m "not alone"; $(OK5); first=$$rc; \
 	wait $$mypy; lint=$$?; cat $(VENV)/mypy.log; \
 	$(PYTEST) -m alone $(ALONE); $(OK5); \
 	if [ $$lint -ne 0 ]; then echo "make test: mypy failed"; exit $$lint; fi; \
@@ -63,8 +63,7 @@ test:
 # Lint runs beside the fast tests (its output follows theirs): mypy holds one core for half a minute.
 check: venv
 	@{ $(PY) -m ruff check . && $(PY) -m mypy; } > $(VENV)/lint.log 2>&1 & lint=$$!; \
-	xdist=$$($(PY) -c "import xdist" >/dev/null 2>&1 && echo "$(XDIST)"); \
-	$(PYTEST) --fast $$xdist; $(OK5); tests=$$rc; \
+	$(PYTEST) --fast $(PARALLEL); $(OK5); tests=$$rc; \
 	wait $$lint; lint=$$?; cat $(VENV)/lint.log; \
 	if [ $$lint -ne 0 ]; then echo "make check: lint failed"; exit $$lint; fi; exit $$tests
 
