@@ -32,7 +32,8 @@ from planner.cli.launch import PRELOAD, fork_server
 # tests/_ranks.py imports before its first step.
 _PRELOAD = [*PRELOAD, "numpy", "scipy.optimize", "pytest",
             "psutil", "torchvision", "planner", "planner.cli", "planner.cli.train", "planner.cli.autoplan", "runtime",
-            "runtime.collectives", "runtime.sampler", "runtime.timing", "profiler", "tests._dist"]
+            "runtime.collectives", "runtime.sampler", "runtime.timing", "profiler", "tests._dist",
+            "tests._forkserver_exit"]
 # The framework tests' ranks (tests/frameworks): ~4.6 s of CPU a rank for Lightning, ~1.8 for the HF Trainer, paid
 # once by the fork server instead -- where the session runs framework tests (tests/conftest.py sets
 # ``preload_frameworks``; ~6 s of one core otherwise spent for nothing).  A framework that is not installed is
@@ -70,6 +71,16 @@ def _entry(rank: int, world_size: int, store_path: str, fn: Callable[..., None],
 
 def _start_method() -> str:
     return fork_server([*_PRELOAD, *(_FRAMEWORKS if preload_frameworks else [])])
+
+
+def start_fork_server() -> None:
+    """Start the fork server now, without waiting for it: it imports its modules on a core of its own while pytest
+    collects and runs the tests before the first launch (``ensure_running`` only spawns it; the first launch waits
+    for it).  tests/conftest.py calls this once a session holding launches has collected."""
+    import multiprocessing.forkserver
+
+    if _start_method() == "forkserver":
+        multiprocessing.forkserver.ensure_running()
 
 
 def _every_error(error_files: list[str]) -> str:

@@ -180,4 +180,7 @@ if __name__ == "__main__":
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report: nothing leaves the machine
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")  # one actor less to start
     os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")  # no metrics callbacks
-    raise SystemExit(main(*sys.argv[1:3]))
+    code = main(*sys.argv[1:3])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # Ray is shut down and the results saved: no interpreter teardown (~2 s of CPU after torch)
