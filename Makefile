@@ -43,7 +43,7 @@ ALONE    = $(shell grep -rlE --include='*.py' 'mark\.alone' tests 2>/dev/null | 
 # The order makes the most of 2 cores, where the suite is CPU-bound:
 #  - Chromium (for the report rendering test; Debian's package, installed where missing) installs in the background
 #    while the venv installs: the download waits on the network, the install mostly on the disk.
-#  - ruff (a second) before any test.  mypy (~40 s of one core from a fresh clone) runs beside the parallel tests at
+#  - ruff (a second) before any test.  mypy (~20 s of one core from a fresh clone) runs beside the parallel tests at
 #    the lowest priority, so it takes the moments a worker leaves a core idle (a launch starting, the run's end)
 #    rather than a core of its own before they start; its output follows theirs.  The `alone` tests start after it.
 #  - Nothing is imported ahead of the tests to leave bytecode: the first process to import a module compiles it
@@ -60,7 +60,7 @@ test:
 	if [ $$lint -ne 0 ]; then echo "make test: mypy failed"; exit $$lint; fi; \
 	if [ $$first -ne 0 ]; then exit $$first; fi; exit $$rc
 
-# Lint runs beside the fast tests (its output follows theirs): mypy holds one core for half a minute.
+# Lint runs beside the fast tests (its output follows theirs): mypy holds one core for ~20 s.
 check: venv
 	@{ $(PY) -m ruff check . && $(PY) -m mypy; } > $(VENV)/lint.log 2>&1 & lint=$$!; \
 	$(PYTEST) --fast $(PARALLEL); $(OK5); tests=$$rc; \
