@@ -32,8 +32,7 @@ from planner.cli.launch import PRELOAD, fork_server
 # tests/_ranks.py imports before its first step.
 _PRELOAD = [*PRELOAD, "numpy", "scipy.optimize", "pytest",
             "psutil", "torchvision", "planner", "planner.cli", "planner.cli.train", "planner.cli.autoplan", "runtime",
-            "runtime.collectives", "runtime.sampler", "runtime.timing", "profiler", "tests._dist",
-            "tests._forkserver_exit"]
+            "runtime.collectives", "runtime.sampler", "runtime.timing", "profiler", "tests._dist"]
 # The framework tests' ranks (tests/frameworks): ~4.6 s of CPU a rank for Lightning, ~1.8 for the HF Trainer, paid
 # once by the fork server instead -- where the session runs framework tests (tests/conftest.py sets
 # ``preload_frameworks``; ~6 s of one core otherwise spent for nothing).  A framework that is not installed is

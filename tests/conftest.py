@@ -84,7 +84,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if preload or start:
         from tests import _dist
 
-        _dist.preload_frameworks = _dist.preload_frameworks or preload
+        if preload:
+            _dist.preload_frameworks = True
         if start:
             _dist.start_fork_server()
 
