@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import csc_array
 
 from planner.curves import Envelope
 from planner.errors import PlanError
@@ -198,6 +196,11 @@ def solve_milp(
     Returns (b, k, status); k is all ones without ``acc``.  ``min_batch`` may be per rank (see ``bracket``).
     ``known`` is a bracket (lo, hi) found by the caller: T* >= lo holds, and hi is checked to fit.
     """
+    # Imported here: scipy.optimize takes ~0.7 s of CPU to import, and most processes that import the package never
+    # solve (every rank but rank 0 receives its plan; `planner train --plan` solves nothing).
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import csc_array
+
     n = len(caps)
     lower = np.broadcast_to(np.asarray(min_batch, dtype=np.int64), (n,))
     if known is not None and float(np.sum(np.maximum(capacity(pieces, caps, known[1], loader, acc), 0))) >= B:

@@ -27,12 +27,13 @@ PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
 def fork_server(preload: Sequence[str]) -> str:
     """The start method for ranks: "forkserver", its server importing ``preload`` first, where the platform has it;
     "spawn" elsewhere.  A process has one fork server: where it already runs, it keeps the modules it preloaded.
-    The server also imports ``planner.cli._forkserver_exit``, so that it ends without interpreter teardown."""
+    The server imports ``planner.cli._forkserver_ready`` last: its preloaded objects frozen out of the ranks' garbage
+    collections, and no interpreter teardown when it ends."""
     import multiprocessing
 
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
-    multiprocessing.get_context("forkserver").set_forkserver_preload([*preload, "planner.cli._forkserver_exit"])
+    multiprocessing.get_context("forkserver").set_forkserver_preload([*preload, "planner.cli._forkserver_ready"])
     return "forkserver"
 
 
