@@ -258,3 +258,18 @@ def test_min_gain_keeps_the_equal_split_unless_the_plan_earns_its_departure() ->
     assert planner.solve(capped, global_batch=1024, max_accumulation_steps=1).batch_sizes[1] <= 300
     with pytest.raises(ValidationError, match="min_gain"):
         planner.solve(flat, global_batch=1024, min_gain=1.5)
+
+
+@pytest.mark.subprocess
+def test_the_solver_is_imported_by_the_first_solve_not_with_the_package() -> None:
+    """scipy.optimize costs ~0.7 s of CPU to import: every rank imports the package, and only rank 0 solves."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, planner, planner.cli.cmd_report, reports; before = 'scipy' in sys.modules; "
+            "planner.solve(planner.Profile.load('planner/examples/minimal_profile.json'), global_batch=64); "
+            "print(before, 'scipy.optimize' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert res.returncode == 0 and res.stdout.split() == ["False", "True"], res.stdout + res.stderr
