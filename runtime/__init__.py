@@ -9,9 +9,9 @@ first, then DDP's all-reduces -- one per optimizer step -- then the re-plan exch
 from __future__ import annotations
 
 from runtime.accumulate import MicroStep, micro_steps
-from runtime.adapters.run import PlannedRun
 from runtime.compress import COMPRESSIONS
 from runtime.replan import ReplanDecision, Replanner
+from runtime.run import PlannedRun
 from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler, HeteroDistributedSampler
 from runtime.timing import StepTimer

@@ -23,6 +23,7 @@ from planner.errors import ValidationError
 from planner.plan import Plan
 from profiler.compute import use_channels_last
 from profiler.workloads.specs import Workload, synthetic_batch
+from runtime import epoch as epoch_rules
 from runtime.loader_timing import TimedBatches, TimedLoader
 from runtime.sampler import EpochStream, HeteroBatchSampler
 from runtime.timing import STEADY_MIN_CYCLES
@@ -142,22 +143,13 @@ LOADER_PREFETCH = 4
 
 
 def loader_drain_steps(workers: int, prefetch: int = LOADER_PREFETCH) -> int:
-    """Steps after which a loader-bound rank no longer runs on batches its workers built ahead of time.
-
-    At an epoch start (or whenever the loop paused) each of ``workers`` workers holds up to ``prefetch`` ready
-    batches, and all of them are mid-build: ``workers * (prefetch + 1)`` batches the rank can take faster than its
-    loader delivers them.  A timed window that opens before they are spent measures the buffer, not the loader:
-    on 2x H200, `--data loader --emulate-loader 1=2`, the 2-worker rank never waited for data in a 15-step
-    window right after the epoch boundary, and the plan "ran" 21% faster than its loader allows."""
-    return max(1, workers * (prefetch + 1))
+    """``runtime.epoch.loader_drain_steps`` at `planner train`'s prefetch (``LOADER_PREFETCH``)."""
+    return epoch_rules.loader_drain_steps(workers, prefetch)
 
 
 def loader_fill_drain(workers: int, prefetch: int = LOADER_PREFETCH) -> tuple[int, int]:
-    """(fill, drain): the steps at an epoch's start in which a loader of ``workers`` workers fills its pipeline
-    (``loader_drain_steps``: every worker building its prefetch at once), and at its end in which it drains
-    (``workers x prefetch``: every batch already handed out, the workers falling idle) -- what the step timer
-    leaves out of an epoch's steady middle (runtime.timing, ``StepTimer.epoch_summary``)."""
-    return loader_drain_steps(workers, prefetch), workers * prefetch
+    """``runtime.epoch.loader_fill_drain`` at `planner train`'s prefetch (``LOADER_PREFETCH``)."""
+    return epoch_rules.loader_fill_drain(workers, prefetch)
 
 
 def steady_epoch_steps(workers: int, prefetch: int = LOADER_PREFETCH) -> int:

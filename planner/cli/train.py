@@ -24,19 +24,17 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import BatchSampler, DistributedSampler
+from torch.utils.data import DistributedSampler
 
-import planner
 from planner.cli.distenv import DistEnv, sync_device
 from planner.cli.divergence import DivergenceWatch, divergence_error
 from planner.cli.progress import Progress, no_progress
@@ -58,22 +56,22 @@ from planner.cli.steps import (
 )
 from planner.cli.train_config import EpochResult, TrainConfig
 from planner.cli.train_resume import checkpoint, resume
-from planner.devstate import DeviceState
 from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
-from planner.runlog import EndRecord, EpochRecord, RunLogWriter, StartRecord, predicted_step_times
+from planner.runlog import EndRecord, RunLogWriter
 from profiler.devstate import DeviceStateSampler
 from profiler.workloads.emulate import Slowdown
 from profiler.workloads.specs import Workload, build_workload
 from runtime.accumulate import MicroStep, micro_steps
-from runtime.collectives import all_gather_json
 from runtime.compress import stock_compress_hook
 from runtime.ddp_settings import ddp_kwargs
+from runtime.epoch import unsteady_start  # noqa: F401 -- where the replay script and tests import it from
 from runtime.replan import Replanner
-from runtime.safety import check_agreement, check_batchnorm
+from runtime.run import PlannedRun
+from runtime.safety import check_batchnorm
 from runtime.sampler import HeteroBatchSampler
-from runtime.timing import ComputeStart, StepTimer, close_compute_on_last_gradient, peer_data_waits
+from runtime.timing import ComputeStart, StepTimer, close_compute_on_last_gradient
 from runtime.weighting import loss_scale, register_weighted_hook, step_weights
 
 
@@ -89,21 +87,16 @@ class Run:
     cfg: TrainConfig
     env: DistEnv
     workload: Workload
-    plan: Plan
+    planned: PlannedRun
+    """The runtime protocol this loop is a client of (runtime.run): sampler, timer, Replanner, run log, the
+    epoch-end exchange and its decision -- the same object own loops and the framework adapters run on."""
     model: torch.nn.Module
     """The bare module (checkpoints, emulated extra work)."""
     ddp: torch.nn.Module
     """What the step calls: DDP-wrapped under a process group, else the bare module."""
     optimizer: torch.optim.Optimizer
-    timer: StepTimer
-    hetero: HeteroBatchSampler | None
-    """The planned sampler (strategy 'plan'); None under 'equal'."""
-    batch_sampler: Any
-    dsampler: DistributedSampler[int] | None
     scale_loss: bool
     channels_last: bool
-    replanner: Replanner | None
-    log: RunLogWriter
     to_device: DeviceCopy
     """Each batch's host-to-device copy, on a side stream (CUDA), with the channels_last conversion."""
     open_compute: Callable[[], None]
@@ -111,7 +104,7 @@ class Run:
     loader: Any = None
     trace: IO[str] | None = None
     device_state: DeviceStateSampler | None = None
-    """Samples this rank's device and host once per epoch end, never per step."""
+    """Samples this rank's device and host once per epoch end, never per step (``planned.device_state``)."""
     gc_pauses: GcPauses | None = None
     """Python's garbage collections, timed for the step log (--step-log only)."""
     start_epoch: int = 0
@@ -129,9 +122,44 @@ class Run:
     profile: Profile | None = None
     """The profile the plan was solved on (kept in checkpoints: an elastic restart reuses its ranks' curves)."""
 
+    # What the runtime object holds, by the names the trainer's modules (checkpoint, resume, bench) use.
+    @property
+    def plan(self) -> Plan:
+        return self.planned.plan
+
+    @plan.setter
+    def plan(self, plan: Plan) -> None:
+        self.planned.plan = plan
+
+    @property
+    def timer(self) -> StepTimer:
+        assert self.planned.timer is not None, "set up by PlannedRun.sampler_for"
+        return self.planned.timer
+
+    @property
+    def hetero(self) -> HeteroBatchSampler | None:
+        """The planned sampler (strategy 'plan'); None under 'equal'."""
+        return self.planned.sampler
+
+    @property
+    def batch_sampler(self) -> Any:
+        return self.planned.batch_sampler
+
+    @property
+    def dsampler(self) -> DistributedSampler[int] | None:
+        return self.planned.dsampler
+
+    @property
+    def replanner(self) -> Replanner | None:
+        return self.planned.replanner
+
+    @property
+    def log(self) -> RunLogWriter:
+        return self.planned.log
+
     @property
     def batch_sizes(self) -> tuple[int, ...]:
-        return self.hetero.batch_sizes if self.hetero is not None else self.plan.batch_sizes
+        return self.planned.batch_sizes
 
     def say(self, text: str) -> None:
         if self.env.is_main and not self.cfg.quiet:
@@ -160,32 +188,26 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
     ddp_kw = ddp_kwargs(plan)  # measured DDP settings the plan records (meta is not fingerprinted)
     if ddp_kw and env.distributed and not cfg.fsdp and env.is_main and not cfg.quiet:
         print(f"DDP settings from the plan: {', '.join(f'{k}={v}' for k, v in sorted(ddp_kw.items()))}", flush=True)
-    if env.distributed:
-        check_agreement(plan_fingerprint=plan.fingerprint, dataset_len=dataset_len, seed=cfg.seed,
-                        world_size=env.world_size, settings={**cfg.agreed_settings(), "plan.meta.ddp": ddp_kw})
     min_batch = check_batchnorm(model, plan.min_batch)
     if min(plan.batch_sizes) < min_batch:
         raise ValidationError(
             f"the model has BatchNorm but the plan gives rank {plan.batch_sizes.index(min(plan.batch_sizes))} a batch "
             f"of {min(plan.batch_sizes)}; re-plan with --min-batch 2 (or convert to SyncBatchNorm)"
         )
-    hetero: HeteroBatchSampler | None = None
-    dsampler: DistributedSampler[int] | None = None
-    if cfg.strategy == "equal":
-        if len(set(plan.batch_sizes)) != 1:
-            raise ValidationError(f"strategy 'equal' needs an equal split, got {list(plan.batch_sizes)}")
-        indices: Any = range(dataset_len)  # DistributedSampler only needs len()
-        dsampler = DistributedSampler(indices, num_replicas=env.world_size, rank=env.rank, shuffle=True,
-                                      seed=cfg.seed, drop_last=False)
-        batch_sampler: Any = BatchSampler(dsampler, plan.batch_sizes[env.rank], drop_last=False)
-    else:
-        hetero = HeteroBatchSampler.from_plan(plan, env.rank, dataset_len, seed=cfg.seed, min_batch=min_batch)
-        batch_sampler = hetero
+    # The runtime object every loop runs on (runtime.run): its agreement check is the run's first collective.
+    # Every re-plan solves under the plan's own options (headroom, worker limits...): the Replanner's default.
+    planned = PlannedRun(plan, profile=profile, replan=cfg.replan and profile is not None,
+                         replan_threshold=cfg.replan_threshold, replan_smoothing=cfg.replan_smoothing, seed=cfg.seed,
+                         compress=cfg.grad_compress, quiet=cfg.quiet, strategy=cfg.strategy)
+    planned.follows_workers = True  # rank_loader rebuilds the loader with the plan's workers
+    planned.sampler_for(dataset_len, device, min_batch=min_batch, settings=cfg.agreed_settings(), open_log=False)
+    hetero = planned.sampler
+    timer = planned.timer
+    assert timer is not None
     if workload.weight_fn is not None and hetero is not None:  # token-mean loss of variable-length text
         if cfg.weighting == "hook" or cfg.grad_compress != "none" or max(hetero.accumulation_steps) > 1:
             raise ValidationError("variable-length text is weighted by tokens through the loss scale, one optimizer "
                                   "step per batch: use --weighting loss-scale and a plan without accumulation")
-    timer = StepTimer(device)
     ddp: torch.nn.Module = model
     scale_loss = False
     micro = _MicroFlag()
@@ -204,15 +226,9 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
         elif hetero is not None:
             scale_loss = True
             close_compute_on_last_gradient(model, timer, when=lambda: micro.last)
-    replanner = None
-    if cfg.replan and hetero is not None and profile is not None:
-        # Every re-plan solves under the plan's own options (headroom, worker limits...): the Replanner's default.
-        kw = {} if cfg.replan_smoothing is None else {"smoothing": cfg.replan_smoothing}
-        replanner = Replanner(profile, plan, threshold=cfg.replan_threshold, **kw)  # type: ignore[arg-type]
-    return Run(cfg=cfg, env=env, workload=workload, plan=plan, model=model, ddp=ddp,
-               optimizer=torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9), timer=timer, hetero=hetero,
-               batch_sampler=batch_sampler, dsampler=dsampler, scale_loss=scale_loss, channels_last=cl,
-               replanner=replanner, log=RunLogWriter(None), to_device=DeviceCopy(device, cl, workload.normalize),
+    return Run(cfg=cfg, env=env, workload=workload, planned=planned, model=model, ddp=ddp,
+               optimizer=torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9), scale_loss=scale_loss,
+               channels_last=cl, to_device=DeviceCopy(device, cl, workload.normalize),
                start_plan=plan, micro=micro, open_compute=ComputeStart(ddp, timer), profile=profile)
 
 
@@ -246,7 +262,6 @@ def total_steps(run: Run) -> int:
 def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer: Iterator[Any] | None) -> EpochResult:
     """Train one epoch from global step ``first_step``; collective (every rank's stats are gathered at the end)."""
     cfg, env, device = run.cfg, run.env, run.env.device
-    run.timer.reset()
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     watch = DivergenceWatch(device)  # planner/cli/divergence.py: no per-step synchronization
     n_sum = 0
@@ -328,53 +343,26 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
     if streamed:  # it fills when its stream starts, and drains in the stream's last steps, whichever epochs hold them
         after = (cfg.epochs - epoch - 1) * total_steps(run)
         fill, drain = fill if fresh else 0, max(0, drain - after)
-    # One small all-gather of the per-step data waits: a step a peer reached late is not this rank's own speed.
-    stats = run.timer.epoch_summary(rank=env.rank, epoch=epoch, batch_size=batch_sizes[env.rank],
-                                    num_workers=run.plan.ranks[env.rank].num_workers,
-                                    peer_data_waits_s=peer_data_waits(run.timer), job_workers=job_workers,
-                                    fill_steps=fill, drain_steps=drain)
     if cfg.step_log_path:
         _write_step_log(cfg.step_log_path, epoch, env.rank, t_start, run.timer.series(), pinned_pool_stats(device),
                         run.gc_pauses.take(t_start) if run.gc_pauses is not None else None)
     first_bad = watch.at_epoch_end(run.model, first_step, step)
     loss_value = float(loss_sum.item())
-    state = run.device_state.collect().to_dict() if run.device_state is not None else None
-    gathered = all_gather_json([stats.to_dict(), loss_value if math.isfinite(loss_value) else None, n_sum,
-                                first_bad, run.last_saved, state, wall_s])
-    all_stats = [g[0] for g in gathered]
-    saved = gathered[0][4]  # rank 0 saves: its record is the one every rank names if the loss diverged
+    # The runtime object's epoch-end exchange (runtime.run.PlannedRun.gather): every rank's stats over the loaders'
+    # steady middle, loss, samples, wall time and device state, with what only the trainer exchanges beside them.
+    end = run.planned.gather(epoch, loss_sum=loss_value, samples=n_sum, wall_s=wall_s, job_workers=job_workers,
+                             fill_steps=fill, drain_steps=drain, streamed=streamed, fresh=fresh,
+                             extra=[first_bad, run.last_saved])
+    saved = end.extras[0][1]  # rank 0 saves: its record is the one every rank names if the loss diverged
     run.last_saved = None if saved is None else (int(saved[0]), int(saved[1]))
-    bad = [g[3] for g in gathered if g[3] >= 0]
-    loss_total = sum(g[1] for g in gathered) if all(g[1] is not None for g in gathered) else float("nan")
-    n_total = sum(g[2] for g in gathered)
-    # The synchronous step is as slow as its slowest rank's step-to-step interval.
-    step_s = max((s["step_time_s"] for s in all_stats if s["num_steps"] > 0), default=float("nan"))
-    B = sum(batch_sizes)
-    sps = B / step_s if step_s and math.isfinite(step_s) and step_s > 0 else 0.0
-    return EpochResult(epoch=epoch, samples_per_s=sps, step_time_s=step_s if math.isfinite(step_s) else 0.0,
-                       loss=loss_total / max(n_total, 1), batch_sizes=tuple(batch_sizes), stats=all_stats,
-                       device_states=[g[5] for g in gathered], predicted_step_time_s=run.plan.predicted.step_time_s,
-                       wall_s=max(g[6] for g in gathered), samples=n_total,
-                       diverged_step=min(bad) if bad else None,
-                       unsteady=unsteady_start(streamed=streamed, fresh=fresh, first=epoch == run.start_epoch,
-                                               fill=fill, fill_steps=[s.get("fill_steps", 0) for s in all_stats]))
-
-
-def unsteady_start(*, streamed: bool, fresh: bool, first: bool, fill: int, fill_steps: Sequence[int]) -> str | None:
-    """Why an epoch's times cannot judge a re-plan (None when they can): it began a new loader stream and held no
-    steady window after the fill (every rank's ``fill_steps`` 0: runtime.timing ``epoch_summary``).
-
-    Streamed, the epochs before a re-plan ran on a full pipeline and the one after it refills it: judged on it, the
-    new plan (on trial) and the model would carry the refill.  The run's first epoch, when its loaders' fill took
-    all of it, likewise: judged on it, the start plan's fill is compared with another split's steady pace (2x H100,
-    80-step epochs: epoch 0 ran 130 ms a step in the fill, a 10.7% gain was adopted on it, and the new split ran
-    119.7 ms where the start split ran 101 ms in the other launches).  ``fill``: the epoch's fill steps
-    (``planner.cli.steps.loader_fill_drain``); ``first``: the run's first epoch (its start epoch when resumed)."""
-    if not (streamed and fresh) or any(fill_steps):
-        return None
-    if not first:
-        return "this epoch refilled the loaders after the re-plan"
-    return "the loaders filled their pipelines through all of this first epoch, leaving no steady window" if fill > 0 else None
+    bad = [x[0] for x in end.extras if x[0] >= 0]
+    return EpochResult(epoch=epoch, samples_per_s=end.samples_per_s or 0.0, step_time_s=end.step_time_s or 0.0,
+                       loss=end.loss if end.loss is not None else float("nan"), batch_sizes=end.batch_sizes,
+                       stats=[st.to_dict() for st in end.stats],
+                       device_states=[None if d is None else d.to_dict() for d in end.device_states],
+                       predicted_step_time_s=run.plan.predicted.step_time_s, wall_s=end.wall_s,
+                       samples=end.samples or 0, diverged_step=min(bad) if bad else None, unsteady=end.unsteady,
+                       end=end)
 
 
 def _write_step_log(path: str, epoch: int, rank: int, t_start: float, series: dict[str, list[float | None]],
@@ -397,27 +385,21 @@ def _write_step_log(path: str, epoch: int, rank: int, t_start: float, series: di
 
 
 def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
-    """Re-plan (collective), log the epoch and checkpoint it; the next epoch runs ``run.plan``."""
+    """Re-plan and log the epoch (the runtime object's ``conclude``: collective), checkpoint it, say it; the next
+    epoch runs ``run.plan``."""
     cfg, env = run.cfg, run.env
-    if run.replanner is not None and res.epoch + 1 < cfg.epochs and res.unsteady:  # the next epoch decides
-        res.replan = {"reason": f"not judged: {res.unsteady}; the next one decides"}
-    elif run.replanner is not None and res.epoch + 1 < cfg.epochs:
-        decision = run.replanner.step(planner.StepStats.from_dict(res.stats[env.rank]), res.epoch)
-        record = decision.to_record()
-        res.replan = record.to_dict()
-        run.log.write(record)
+    assert res.end is not None
+    end = run.planned.conclude(res.end, last=res.epoch + 1 >= cfg.epochs, announce=False)
+    decision = end.decision
+    if decision is not None:
+        res.replan = decision.to_record().to_dict()
         if decision.adopted and decision.new_plan is not None:
-            old_workers = run.plan.ranks[env.rank].num_workers
-            run.plan = decision.new_plan
-            assert run.hetero is not None
-            run.hetero.set_batch_sizes(run.plan.batch_sizes, accumulation_steps=run.plan.accumulation_steps)
             if isinstance(run.loader, StreamedEpochs):
                 run.loader.restart()  # the running stream has the old sizes: the next epoch starts a new one
-            elif run.plan.ranks[env.rank].num_workers != old_workers:
+            elif run.plan.ranks[env.rank].num_workers != epoch_plan.ranks[env.rank].num_workers:
                 run.loader = rank_loader(run)
-        elif decision.repredicted is not None:  # the same split, its prediction re-made (runtime.replan)
-            run.plan = decision.repredicted
-    _log_epoch(run, res, epoch_plan)
+    elif end.note is not None:
+        res.replan = {"reason": end.note}
     checkpoint(run, res.epoch + 1, 0)
     if env.distributed:
         dist.barrier()
@@ -427,26 +409,16 @@ def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
     run.say(f"epoch {res.epoch}: {res.samples_per_s:9.1f} samples/s  step {1000 * res.step_time_s:7.2f} ms  "
             f"loss {res.loss:.4f}  batches {list(res.batch_sizes)}{wall}"
             + (f"  (steady pace between the loaders' fill and drain; the {fill['fill_steps']}-step fill took "
-               f"{fill['fill_excess_s']:.1f} s more)" if fill.get("fill_steps") else "")
-            + (f"  re-plan: {res.replan['reason']}" if res.replan else ""))
-
-
-def _log_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
-    run.log.write(EpochRecord(epoch=res.epoch, plan_fingerprint=epoch_plan.fingerprint,
-                              samples_per_s=res.samples_per_s, step_time_s=res.step_time_s, loss=res.loss,
-                              batch_sizes=res.batch_sizes,
-                              ranks=tuple(planner.StepStats.from_dict(s) for s in res.stats),
-                              predicted_step_time_s=predicted_step_times(epoch_plan),
-                              device_state=tuple(None if d is None else DeviceState.from_dict(d, strict=False)
-                                                 for d in res.device_states),
-                              wall_s=res.wall_s, samples=res.samples))
+               f"{fill['fill_excess_s']:.1f} s more)" if fill.get("fill_steps") else ""))
+    run.planned.announce_decision(end)  # the same one line as every loop on the runtime object
 
 
 def stop_diverged(run: Run, res: EpochResult, epoch_plan: Plan, epochs_done: int) -> ValidationError:
     """Log the diverged epoch (loss null) and an end record that says why; the error every rank raises
     (planner/cli/divergence.py). The epoch-end checkpoint is not made: the folder keeps the last finite state."""
     reason = f"loss diverged at epoch {res.epoch} step {res.diverged_step}"
-    _log_epoch(run, res, epoch_plan)
+    assert res.end is not None
+    run.planned.conclude(res.end, last=True, announce=False)  # the epoch record only: no re-plan on a diverged run
     run.log.write(EndRecord(time=time.time(), epochs=epochs_done, reason=reason))
     return divergence_error(reason, lr=run.cfg.lr, checkpoint_dir=run.cfg.checkpoint_dir, last_saved=run.last_saved)
 def _eta(seconds: float) -> str:
@@ -490,11 +462,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     run.on_step = on_step
     resize = resume(run)
     # Opened only once the checkpoint has loaded: a refused resume leaves no new log file behind.
-    run.log = RunLogWriter(cfg.log_path, enabled=env.is_main)
-    if run.start_epoch == 0 and run.start_step == 0:
-        run.log.write(StartRecord(time=time.time(), world_size=env.world_size, global_batch=run.plan.global_batch,
-                                  strategy=cfg.strategy, plan=run.plan, grad_compress=cfg.grad_compress,
-                                  dataset_size=len(workload.dataset)))  # type: ignore[arg-type]
+    run.planned.open_log(cfg.log_path, write_start=run.start_epoch == 0 and run.start_step == 0)
     if resize is not None:
         run.log.write(resize)
         run.say(f"world size {resize.old_world_size} -> {resize.new_world_size}: continuing epoch {run.start_epoch} "
@@ -502,7 +470,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     run.trace = open(cfg.trace_path, "a", encoding="utf-8") if cfg.trace_path else None
     early, late = Slowdown(cfg.slowdown), Slowdown(cfg.slowdown_late or cfg.slowdown)
     run.loader = rank_loader(run)
-    run.device_state = DeviceStateSampler(env.device)
+    run.device_state = run.planned.device_state = DeviceStateSampler(env.device)
     run.gc_pauses = GcPauses() if cfg.step_log_path else None
     if env.is_main and not cfg.data_on_device:
         steps, workers = total_steps(run), [r.num_workers for r in run.plan.ranks]
@@ -518,10 +486,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     done = run.start_epoch  # epochs completed, for an end record written on the way out
     try:
         for epoch in range(run.start_epoch, cfg.epochs):
-            if run.hetero is not None:
-                run.hetero.set_epoch(epoch)
-            elif run.dsampler is not None:
-                run.dsampler.set_epoch(epoch)
+            run.planned.epoch_start(epoch)  # the epoch's shuffle and split, the timer reset
             tracer = None
             if run.trace is not None and run.hetero is not None:
                 tracer = iter(copy.deepcopy(run.hetero))  # same layout, not run ahead by the DataLoader's prefetch

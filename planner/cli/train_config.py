@@ -142,6 +142,8 @@ class EpochResult:
     diverged_step: int | None = None
     """First global step of this epoch whose loss (or the weights after it) was not finite, on any rank."""
     unsteady: str | None = None
-    """Why the epoch's times cannot judge a re-plan (``planner.cli.train.unsteady_start``: a loader stream's refill after a
+    """Why the epoch's times cannot judge a re-plan (``runtime.epoch.unsteady_start``: a loader stream's refill after a
     re-plan, or the run's first fill, with no steady window after it); None when they can."""
+    end: Any = None
+    """The runtime object's view of the epoch (``runtime.epoch.EpochEnd``), which its ``conclude`` decides on."""
 

@@ -13,7 +13,7 @@
                                   ``train_loop_per_worker``, a planned loader that ``prepare_data_loader`` keeps, the
                                   weighting hook on ``prepare_model``'s DDP, PlannedRun's epochs; auto mode
                                   (``profile_fn``) profiles and plans in the workers, again for a group of another size
-    runtime.adapters.run          PlannedRun: the framework-free part they share
+    runtime.run                   PlannedRun: the runtime protocol they (and own loops, and `planner train`) run on
 
 The frameworks are optional and imported only when an adapter is used; a missing one is one ValidationError line
 naming ``pip install ddp-planner[lightning]`` / ``[accelerate]`` / ``[hf]`` / ``[ray]``.  docs/FRAMEWORKS.md shows the 5-line changes.
@@ -21,6 +21,6 @@ naming ``pip install ddp-planner[lightning]`` / ``[accelerate]`` / ``[hf]`` / ``
 
 from __future__ import annotations
 
-from runtime.adapters.run import PlannedRun
+from runtime.run import PlannedRun
 
 __all__ = ["PlannedRun"]

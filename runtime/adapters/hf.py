@@ -27,7 +27,7 @@ pass yours) with three things changed through the Trainer's own extension points
     Trainer's count); the adapter turns ``average_tokens_across_devices`` on if it is off.
   * a ``TrainerCallback``: the StepTimer around every batch (data wait, compute closed when backward reaches the
     model's first parameter), and at every epoch end the Replanner (collective; adopted batch sizes apply from
-    the next epoch) and the run log on rank 0 (runtime.adapters.run.PlannedRun).
+    the next epoch) and the run log on rank 0 (runtime.run.PlannedRun).
 
 Predictions: the profiler times the model's step in its own DDP loop; ``measure_trainer_overhead(profile,
 scratch_trainer)`` adds the Trainer's own per-step work (measured on a scratch Trainer at the equal split) to the
@@ -55,8 +55,8 @@ from planner.errors import ValidationError
 from planner.plan import Plan
 from planner.profile import Profile
 from runtime.adapters.accelerate import apply_ddp_settings
-from runtime.adapters.run import PlannedRun
 from runtime.collectives import all_gather_json, is_distributed
+from runtime.run import PlannedRun
 from runtime.weighting import StepWeights, step_weights
 
 INSTALL_HINT = "pip install ddp-planner[hf]"
@@ -207,14 +207,14 @@ def _callback(trainer_module: Any) -> Any:
 def planned_trainer(plan: Plan | str | os.PathLike[str], *, trainer_cls: type[Any] | None = None,
                     profile: Profile | str | os.PathLike[str] | None = None, replan: bool = False,
                     replan_threshold: float = 0.05, log_file: str | os.PathLike[str] | None = None,
-                    count_tokens: CountTokens | None = None, num_workers: int | None = None,
+                    count_tokens: CountTokens | None = None, num_workers: int | None = None, quiet: bool = False,
                     **trainer_kwargs: Any) -> Any:
     """``trainer_cls(**trainer_kwargs)`` (default ``transformers.Trainer``) training on the plan (module docstring).
 
     Args:
         plan: Plan or plan JSON path, the same on every rank.
         trainer_cls: the Trainer class to build (``Trainer`` or a subclass of it).
-        profile, replan, replan_threshold, log_file: see runtime.adapters.run.PlannedRun (the shuffle seed is the
+        profile, replan, replan_threshold, log_file, quiet: see runtime.run.PlannedRun (the shuffle seed is the
             TrainingArguments' ``data_seed``, else ``seed``; the order follows its ``train_sampling_strategy``:
             ``trainer_shuffles``).
         count_tokens: ``count_tokens(batch)`` -> the tokens the batch's mean loss averages over (default: labels !=
@@ -233,7 +233,7 @@ def planned_trainer(plan: Plan | str | os.PathLike[str], *, trainer_cls: type[An
     seed = 0 if args is None else (args.data_seed if args.data_seed is not None else args.seed)
     drop_last = bool(getattr(args, "dataloader_drop_last", False))
     run = PlannedRun(plan, profile=profile, replan=replan, replan_threshold=replan_threshold, log_file=log_file,
-                     seed=seed, shuffle=trainer_shuffles(args), drop_last=drop_last)
+                     seed=seed, shuffle=trainer_shuffles(args), drop_last=drop_last, quiet=quiet)
     planned_cls = type(f"Planned{cls.__name__}", (_PlannedTrainerMixin, cls), {})
     trainer = planned_cls(**trainer_kwargs)
     trainer._init_planned(run, count_tokens, None if num_workers is None else int(num_workers))

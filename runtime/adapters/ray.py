@@ -67,9 +67,9 @@ from planner.options import SolveOptions
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.quality import solve_within_noise
-from runtime.adapters.run import PlannedRun, _load_plan
 from runtime.collectives import decide_on_rank0
 from runtime.ddp_settings import settings_missing
+from runtime.run import PlannedRun, _load_plan
 from runtime.sampler import HeteroBatchSampler
 from runtime.weighting import register_weighted_hook
 
@@ -144,7 +144,7 @@ class RayPlan:
         shuffle: required, as the DataLoader this replaces had it: True draws each epoch's order from
             ``seed + epoch``, False keeps the dataset's order (the planned loader cannot see yours, so it does not
             guess).
-        replan, replan_threshold, log_file, seed, drop_last: see runtime.adapters.run.PlannedRun.
+        replan, replan_threshold, log_file, seed, drop_last, quiet: see runtime.run.PlannedRun.
     """
 
     def __init__(self, plan: Plan | str | os.PathLike[str] | None = None, *,
@@ -152,7 +152,7 @@ class RayPlan:
                  profile_fn: Callable[[], Profile] | None = None, global_batch: int | None = None,
                  options: SolveOptions | None = None, min_batch: int = 1, replan: bool = False,
                  replan_threshold: float = 0.05, log_file: str | os.PathLike[str] | None = None, seed: int = 0,
-                 shuffle: bool | None = None, drop_last: bool = False) -> None:
+                 shuffle: bool | None = None, drop_last: bool = False, quiet: bool = False) -> None:
         if shuffle is None:
             raise ValidationError("RayPlan: pass shuffle=True or shuffle=False, as the DataLoader it replaces had it "
                                   "(DataLoader's default is False): the planned loader cannot see yours")
@@ -188,7 +188,7 @@ class RayPlan:
                 self.replanned_for_world = self.world_size
             loaded = Plan.from_dict(decide_on_rank0(decide), path="world rank 0's plan")
         self.run = PlannedRun(loaded, profile=profile, replan=replan, replan_threshold=replan_threshold,
-                              log_file=log_file, seed=seed, shuffle=shuffle, drop_last=drop_last)
+                              log_file=log_file, seed=seed, shuffle=shuffle, drop_last=drop_last, quiet=quiet)
 
     @property
     def plan(self) -> Plan:
@@ -241,7 +241,7 @@ class RayPlan:
 
     def epoch(self, epoch: int, loader: Iterable[T], *, last: bool = False,
               loss: Callable[[], float | None] | None = None) -> Iterator[T]:
-        """``for batch in planned.epoch(epoch, loader, last=...)``: runtime.adapters.run.PlannedRun.epoch (the
+        """``for batch in planned.epoch(epoch, loader, last=...)``: runtime.run.PlannedRun.epoch (the
         epoch's shuffle and split, timed steps, then the collective epoch end: re-plan and run log)."""
         return self.run.epoch(epoch, loader, last=last, loss=loss)
 
