@@ -41,7 +41,10 @@ def loader_fill_drain(workers: int, prefetch: int = DEFAULT_PREFETCH) -> tuple[i
     """(fill, drain): the steps at an epoch's start in which a loader of ``workers`` workers fills its pipeline
     (``loader_drain_steps``: every worker building its prefetch at once), and at its end in which it drains
     (``workers x prefetch``: every batch already handed out, the workers falling idle) -- what the step timer
-    leaves out of an epoch's steady middle (runtime.timing, ``StepTimer.epoch_summary``)."""
+    leaves out of an epoch's steady middle (runtime.timing, ``StepTimer.epoch_summary``).  (0, 0) without workers:
+    a loop that loads its own batches has no pipeline to fill, so its first epoch is as steady as the others."""
+    if workers <= 0:
+        return 0, 0
     return loader_drain_steps(workers, prefetch), workers * prefetch
 
 
