@@ -124,6 +124,9 @@ class PlannedRun:
         if strategy == "equal" and len(set(self.plan.batch_sizes)) != 1:
             raise ValidationError(f"strategy 'equal' needs an equal split, got {list(self.plan.batch_sizes)}")
         self.strategy = strategy
+        for name, value in (("shuffle", shuffle), ("drop_last", drop_last), ("replan", replan), ("quiet", quiet)):
+            if not isinstance(value, bool):  # 'no' would read as true
+                raise ValidationError(f"PlannedRun({name}=...) must be True or False, got {value!r}")
         self._ddp_kwargs = ddp_kwargs(self.plan)  # of the plan DDP is built with; a re-plan changes only batch sizes
         self._weighting: WeightedHookState | None = None
         self.profile = profile if isinstance(profile, Profile) or profile is None else Profile.load(profile)
@@ -194,11 +197,15 @@ class PlannedRun:
             raise ValidationError(
                 f"the plan is for {self.plan.world_size} rank(s) but {world} were launched; re-plan for this world "
                 "size (planner plan, or the adapter's auto mode)")
+        low = self.plan.min_batch if min_batch is None else int(min_batch)
         if distributed:
+            # Everything that decides which samples a rank draws or how many batches it yields: a shuffle or
+            # drop_last that differs by rank loses samples or leaves a rank waiting in an all-reduce.
             check_agreement(plan_fingerprint=self.plan.fingerprint, dataset_len=dataset_len, seed=self.seed,
                             world_size=world,
                             settings={"compress": self.compress, "plan.meta.ddp": self._ddp_kwargs,
-                                      **(settings or {})})
+                                      "shuffle": bool(self.shuffle), "drop_last": bool(self.drop_last),
+                                      "min_batch": low, "strategy": self.strategy, **(settings or {})})
         self.dataset_len = dataset_len
         if self.strategy == "equal":
             indices: Any = range(dataset_len)  # DistributedSampler only needs len()
@@ -208,7 +215,7 @@ class PlannedRun:
         else:
             self.sampler = HeteroBatchSampler.from_plan(
                 self.plan, self.rank, dataset_len, seed=self.seed, shuffle=self.shuffle, drop_last=self.drop_last,
-                min_batch=self.plan.min_batch if min_batch is None else min_batch)
+                min_batch=low)
             self.sampler._first_pass_checked = True  # check_agreement above compared what it would
             self.batch_sampler = self.sampler
             note_weighting("PlannedRun")  # the adapters scale the loss; an own loop registers the weighted hook

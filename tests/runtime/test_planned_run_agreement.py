@@ -1,0 +1,51 @@
+"""PlannedRun's agreement check covers every setting that decides which samples a rank draws: a shuffle, drop_last
+or min_batch that differs by rank is one error on every rank before any batch, not lost samples or a hang."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import planner
+from planner.errors import ValidationError
+from tests._dist import run_distributed
+
+
+def _plan() -> planner.Plan:
+    points = [{"batch_size": b, "step_time_s": 0.001 * b} for b in (2, 8, 16)]
+    profile = planner.Profile.from_dict({
+        "version": 1, "kind": "profile", "hosts": [{"name": "node0", "cpu_cores": 2}],
+        "ranks": [{"rank": r, "host": "node0", "device": "cpu", "compute": points} for r in (0, 1)]})
+    return planner.solve(profile, global_batch=10)
+
+
+def _build(rank: int, world: int, out: str, name: str, values: list[Any]) -> None:
+    from runtime import PlannedRun
+
+    kwargs: dict[str, Any] = {name: values[rank]} if name != "min_batch" else {}
+    run = PlannedRun(_plan(), **kwargs)
+    try:
+        run.sampler_for(100, "cpu", **({"min_batch": values[rank]} if name == "min_batch" else {}))
+    except ValidationError as e:
+        Path(out, f"rank{rank}.txt").write_text(str(e))
+        return
+    Path(out, f"rank{rank}.txt").write_text("built")
+
+
+@pytest.mark.parametrize(("name", "values"), [("shuffle", [True, False]), ("drop_last", [False, True]),
+                                              ("min_batch", [1, 2])])
+def test_a_setting_that_differs_by_rank_is_refused_on_every_rank(tmp_path: Path, name: str,
+                                                                  values: list[Any]) -> None:
+    run_distributed(_build, 2, str(tmp_path), name, values, timeout_s=120)
+    said = [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)]
+    assert said[0] == said[1] and name in said[0] and "launch every rank with the same" in said[0], said
+    assert f"rank 0 has {values[0]}, rank 1 has {values[1]}" in said[0]
+
+
+def test_a_shuffle_that_is_not_a_bool_is_refused() -> None:
+    from runtime import PlannedRun
+
+    with pytest.raises(ValidationError, match="shuffle"):
+        PlannedRun(_plan(), shuffle="no")  # type: ignore[arg-type]
