@@ -44,11 +44,12 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from planner.devstate import DeviceState
 from planner.errors import ValidationError
+from planner.paths import Output, check_outputs, hold_exclusive
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.runlog import EndRecord, EpochRecord, RunLogWriter, StartRecord, predicted_step_times
 from planner.stats import StepStats
-from runtime.collectives import all_gather_json
+from runtime.collectives import all_gather_json, decide_on_rank0
 from runtime.compress import check_compress
 from runtime.ddp_settings import ddp_kwargs
 from runtime.epoch import DEFAULT_PREFETCH, EpochEnd, loader_fill_drain, unsteady_start
@@ -118,6 +119,9 @@ class PlannedRun:
                  compress: str = "none", quiet: bool = False, device_state: DeviceStateSource | None = None,
                  replan_smoothing: float | None = None, strategy: str = "plan") -> None:
         self.plan = _load_plan(plan)
+        # Files the run reads: the run log must never be one of them (writing it would destroy the plan).
+        self._inputs = {"plan": None if isinstance(plan, Plan) else os.fspath(plan),
+                        "profile": None if isinstance(profile, Profile) or profile is None else os.fspath(profile)}
         self.compress = check_compress(compress)
         if strategy not in STRATEGIES:
             raise ValidationError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
@@ -226,8 +230,18 @@ class PlannedRun:
                                        smoothing=DEFAULT_SMOOTHING if self.replan_smoothing is None
                                        else self.replan_smoothing)
         if open_log:
+            log = self.log_file
+            if log is not None:
+                # Rank 0 writes the log: its checks and lock run there, and their error reaches every rank.
+                decide_on_rank0(lambda: self._claim_log(os.fspath(log)))
             self.open_log(self.log_file)
         return self.batch_sampler
+
+    def _claim_log(self, path: str) -> None:
+        """`planner train`'s checks of ``--log-file`` (planner.paths): a regular file in a writable folder, never a
+        FIFO, device, link or folder, never an input; then held exclusively for this run's life."""
+        check_outputs([Output(flag="log_file", path=path)], self._inputs)
+        hold_exclusive(path, "log_file")
 
     def open_log(self, path: str | os.PathLike[str] | None, *, write_start: bool = True) -> None:
         """Open the run log (rank 0 writes; the others keep a closed writer) and write its start record, unless

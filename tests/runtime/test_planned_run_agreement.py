@@ -13,11 +13,11 @@ from planner.errors import ValidationError
 from tests._dist import run_distributed
 
 
-def _plan() -> planner.Plan:
+def _plan(world_size: int = 2) -> planner.Plan:
     points = [{"batch_size": b, "step_time_s": 0.001 * b} for b in (2, 8, 16)]
     profile = planner.Profile.from_dict({
         "version": 1, "kind": "profile", "hosts": [{"name": "node0", "cpu_cores": 2}],
-        "ranks": [{"rank": r, "host": "node0", "device": "cpu", "compute": points} for r in (0, 1)]})
+        "ranks": [{"rank": r, "host": "node0", "device": "cpu", "compute": points} for r in range(world_size)]})
     return planner.solve(profile, global_batch=10)
 
 
@@ -49,3 +49,26 @@ def test_a_shuffle_that_is_not_a_bool_is_refused() -> None:
 
     with pytest.raises(ValidationError, match="shuffle"):
         PlannedRun(_plan(), shuffle="no")  # type: ignore[arg-type]
+
+
+def test_a_run_log_that_names_the_plan_is_refused_before_it_is_written(tmp_path: Path) -> None:
+    from runtime import PlannedRun
+
+    plan_file = tmp_path / "plan.json"
+    _plan(1).save(plan_file)
+    before = plan_file.read_bytes()
+    run = PlannedRun(plan_file, log_file=plan_file)
+    with pytest.raises(ValidationError, match="is the plan input"):
+        run.sampler_for(100, "cpu")
+    assert plan_file.read_bytes() == before
+
+
+def test_a_run_log_that_is_a_fifo_is_refused_instead_of_hanging(tmp_path: Path) -> None:
+    import os
+
+    from runtime import PlannedRun
+
+    fifo = tmp_path / "run.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(ValidationError, match="FIFO"):
+        PlannedRun(_plan(1), log_file=fifo).sampler_for(100, "cpu")
