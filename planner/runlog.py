@@ -4,14 +4,16 @@
 report --log`` and ``planner validate`` read it; ``planner/schemas/runlog.schema.json`` describes one line::
 
     {"event": "start",  "time": t, "world_size": W, "global_batch": B, "strategy": "plan", "plan": {...},
-                        "dataset_size": N, "grad_compress": "bf16"  (optional: absent when uncompressed)}
+                        "dataset_size": N, "grad_compress": "bf16"  (optional: absent when uncompressed),
+                        "replanner": {...}  (optional: the re-planner's configuration, Replanner.describe())}
     {"event": "epoch",  "epoch": e, "plan_fingerprint": "..", "samples_per_s": x, "step_time_s": y, "loss": l,
                         "batch_sizes": [...], "ranks": [<StepStats per rank>], "predicted_step_time_s": [...],
                         "device_state": [<DeviceState per rank, or null>]  (optional),
                         "wall_s": seconds, "samples": n  (optional: the epoch by the wall clock)}
     {"event": "replan", "epoch": e, "adopted": bool, "reason": "..", "predicted_gain": g,
                         "old_batch_sizes": [...], "new_batch_sizes": [...], "measured_compute_s": [...],
-                        "predicted_compute_s": [...], "plan": {...} | null}
+                        "predicted_compute_s": [...], "plan": {...} | null,
+                        "inputs": {"state": {...}, "stats": [...]}  (optional: what the decision read)}
     {"event": "revert", ... the same fields as "replan": the adopted plan measured slower and was taken back}
     {"event": "resize", "time": t, "epoch": e, "step": s, "old_world_size": .., "new_world_size": ..,
                         "old_batch_sizes": [...], "new_batch_sizes": [...], "plan": {...}}
@@ -52,6 +54,17 @@ def _finites(xs: Sequence[float | None]) -> list[float | None]:
     return [_finite(x) for x in xs]
 
 
+def _json_safe(v: Any) -> Any:
+    """``v`` with every non-finite float as None (a NaN a rank measured must not make the line invalid JSON)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, Mapping):
+        return {str(k): _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    return v
+
+
 # -- records ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StartRecord:
@@ -66,6 +79,10 @@ class StartRecord:
     grad_compress: str = "none"
     """Wire dtype of the gradient all-reduce ('bf16', 'fp16'; runtime/compress.py); 'none', the default, is
     written by leaving the key out (a log without it is uncompressed)."""
+    replanner: Mapping[str, Any] | None = None
+    """The re-planner's configuration (``runtime.replan.Replanner.describe()``: profile, threshold, noise, solve
+    options, ...), with which each replan record's ``inputs`` replays offline; None: not re-planning, or an older
+    log."""
     event: Literal["start"] = "start"
 
     def to_dict(self) -> JSONDict:
@@ -74,6 +91,8 @@ class StartRecord:
              "plan": self.plan.to_dict() if self.plan is not None else None}
         if self.grad_compress != "none":
             d["grad_compress"] = self.grad_compress
+        if self.replanner is not None:
+            d["replanner"] = _json_safe(self.replanner)
         return d if self.dataset_size is None else {**d, "dataset_size": self.dataset_size}
 
 
@@ -171,18 +190,25 @@ class ReplanRecord:
     plan: Plan | None = None
     """The plan for the next epoch when one was adopted."""
     event: Literal["replan", "revert"] = "replan"
+    inputs: Mapping[str, Any] | None = None
+    """Everything the decision read: ``{"state": the re-planner's state before it, "stats": [every rank's
+    StepStats as a dict]}`` (non-finite numbers as null); with the start record's ``replanner`` it replays
+    exactly (benchmarks/replan_replay.py).  None: an older log."""
 
     @property
     def reverted(self) -> bool:
         return self.event == "revert"
 
     def to_dict(self) -> JSONDict:
-        return {"event": self.event, "epoch": self.epoch, "adopted": self.adopted, "reason": self.reason,
-                "predicted_gain": _finite(self.predicted_gain), "old_batch_sizes": list(self.old_batch_sizes),
-                "new_batch_sizes": list(self.new_batch_sizes),
-                "measured_compute_s": _finites(self.measured_compute_s),
-                "predicted_compute_s": _finites(self.predicted_compute_s),
-                "plan": self.plan.to_dict() if self.plan is not None else None}
+        d = {"event": self.event, "epoch": self.epoch, "adopted": self.adopted, "reason": self.reason,
+             "predicted_gain": _finite(self.predicted_gain), "old_batch_sizes": list(self.old_batch_sizes),
+             "new_batch_sizes": list(self.new_batch_sizes),
+             "measured_compute_s": _finites(self.measured_compute_s),
+             "predicted_compute_s": _finites(self.predicted_compute_s),
+             "plan": self.plan.to_dict() if self.plan is not None else None}
+        if self.inputs is not None:
+            d["inputs"] = _json_safe(self.inputs)
+        return d
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -277,6 +303,8 @@ class RunLog:
     """Samples per epoch, from the start record (None for logs written before it was recorded)."""
     grad_compress: str = "none"
     """Wire dtype of the run's gradient all-reduce, from the start record ('none' for logs without it)."""
+    replanner: Mapping[str, Any] | None = None
+    """The re-planner's configuration, from the start record (None for logs without it)."""
 
     def steady_epoch(self) -> EpochRecord | None:
         """The last epoch that measured its plan at the loaders' steady pace: none of its steps in the run's final
@@ -359,6 +387,25 @@ def _device_states(v: Any, where: str) -> tuple[DeviceState | None, ...]:
                  for i, s in enumerate(v))
 
 
+def _obj(v: Any, key: str, where: str) -> Mapping[str, Any] | None:
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise ValidationError(f"{where}: '{key}' must be an object or null, got {type(v).__name__}")
+    return v
+
+
+def _inputs(v: Any, where: str) -> Mapping[str, Any] | None:
+    """A replan record's ``inputs``: an object with a ``state`` object and a ``stats`` list of objects."""
+    d = _obj(v, "inputs", where)
+    if d is None:
+        return None
+    if not isinstance(d.get("state"), dict) or not isinstance(d.get("stats"), list) \
+            or not all(isinstance(x, dict) for x in d["stats"]):
+        raise ValidationError(f"{where}: 'inputs' must hold a 'state' object and a 'stats' list of objects")
+    return d
+
+
 def _plan(v: Any, where: str, *, strict: bool) -> Plan | None:
     if v is None:
         return None
@@ -379,7 +426,8 @@ def parse_record(d: Mapping[str, Any], where: str = "record", *, strict_plans: b
                             global_batch=_opt_int(d, "global_batch", where), strategy=str(d.get("strategy", "plan")),
                             plan=_plan(d.get("plan"), where, strict=strict_plans),
                             dataset_size=_opt_int(d, "dataset_size", where),
-                            grad_compress=str(d.get("grad_compress") or "none"))
+                            grad_compress=str(d.get("grad_compress") or "none"),
+                            replanner=_obj(d.get("replanner"), "replanner", where))
         for field, value in (("world_size", start.world_size), ("global_batch", start.global_batch)):
             planned = getattr(start.plan, field) if start.plan is not None else None
             if value is not None and planned is not None and value != planned:
@@ -408,7 +456,7 @@ def parse_record(d: Mapping[str, Any], where: str = "record", *, strict_plans: b
                             measured_compute_s=_nums(d.get("measured_compute_s"), "measured_compute_s", where),
                             predicted_compute_s=_nums(d.get("predicted_compute_s"), "predicted_compute_s", where),
                             plan=_plan(d.get("plan"), where, strict=strict_plans),
-                            event="revert" if kind == "revert" else "replan")
+                            event="revert" if kind == "revert" else "replan", inputs=_inputs(d.get("inputs"), where))
     if kind == "resize":
         return ResizeRecord(time=_num(d, "time", where) or 0.0, epoch=_int(d, "epoch", where),
                             step=_int(d, "step", where), old_world_size=_int(d, "old_world_size", where),
@@ -480,5 +528,6 @@ def read_run_log(path: str | os.PathLike[str], *, strict_plans: bool = False) ->
         end_reason=records[-1].reason if records and isinstance(records[-1], EndRecord) else None,
         dataset_size=start.dataset_size if start else None,
         grad_compress=start.grad_compress if start else "none",
+        replanner=start.replanner if start else None,
     )
 

@@ -3,10 +3,29 @@
 Rank i ran batch b_i and measured mean compute c_i, data wait d_i, step time s_i:
 
     raw_i     = c_i / t0_i(b_i)                    t0_i = envelope fitted to the ORIGINAL profile's points
-    factor_i <- (1 - a) * factor_i + a * raw_i     EMA, a = `smoothing` (DEFAULT_SMOOTHING = 0.8); factor_i
-                                                   starts at 1 (trust the profile as much as one epoch), so one
-                                                   noisy epoch moves the model only part of the way
-    points_i  = original compute points, step_time_s * factor_i      (same curve shape, rescaled)
+    m_i       = t_i(b_i) / t0_i(b_i)               the model's ratio at b_i before this epoch (1 at the start)
+    factor_i <- (1 - a) * m_i + a * raw_i          EMA in the model's terms, a = `smoothing` (DEFAULT_SMOOTHING =
+                                                   0.8); the model starts at the profile (trust it as much as one
+                                                   epoch), so one noisy epoch moves it only part of the way
+    A_i       = b_i                                the factor is the ratio at this anchor, the newest batch size
+
+The factor is spread over the curve by the original curve's local elasticity at the anchor (``UniformCorrection``):
+
+    eps   = t0'(A) * A / t0(A)             in [0, 1]: 1 on a curve linear through the origin, 0 on a flat one
+    e     = (factor - 1) * t0(A)           the seconds the rank ran over its profile at A
+    t(x)  = t0(x) + e * (eps * t0(x) / t0(A) + (1 - eps) * x / A)     e > 0: slower than profiled
+    t(x)  = factor * t0(x)                                            e <= 0: faster
+
+Why: a rescaled curve stays flat where the profile is flat, so moving samples off a slowed rank whose curve is flat
+at its batch predicts no gain -- a rank 4 ms a sample slower, on a profile flat at small batches, was never moved
+over 7 slow epochs (predicted gains -0.1% to 1%).  Where the curve is flat the excess can only be a cost per sample
+(the floor is the launch-bound part, which a per-sample sleep or a transform in the loop does not touch); where it
+is linear through the origin every cost is per sample and a uniform factor is the same thing; in between the excess
+is split by the share of the time that grows with the batch.  Both forms pass through the measurement,
+t(A) = factor * t0(A).  Faster than profiled stays multiplicative: a per-sample credit would go below the floor,
+and below zero at large batches.  The EMA mixes in the model's ratio at the new batch (m_i), not the old factor:
+the factor is a ratio at one anchor, and on a flat curve it says another thing at another batch size (the old
+factor, 4.6x at batch 5, blended with a 1.8x measured at batch 1 said the rank was 2.4x slow at batch 1).
 
 A device change replaces the factor instead: raw_i at least 1.5x (or at most 1/1.5x) what the model said at that
 batch -- 2x at a batch size not measured before, where the shape correction below may explain up to that -- and more
@@ -35,6 +54,20 @@ co-tenant came, and the uniform factor above applies), each original point time 
     r2 * t  for b >= b2   (truly flatter)
 
 which passes through both measurements, stays convex and positive, and keeps the profile's shape beyond them.
+Where the envelope does not rise between b1 and b2 (flat there) there is no slope to map, and the uniform
+correction above, anchored at the newest of the two, applies.
+
+Every correction is a function of the envelope's time, and the profile's points take it as a ratio on the envelope
+(``CorrectionModel.corrected_profile``):
+
+    point (b, t)  ->  (b, t * t_i(b) / t0_i(b))      t_i: the corrected time at t0_i(b)
+
+The envelope is positive and non-decreasing, so every correction gives a positive time on it: r1 * t0 and r2 * t0;
+alpha * t0(b) + beta >= alpha * t0(b1) + beta = c1 > 0 for b > b1 when beta <= 0 (alpha > 0 as c2 > c1), and
+alpha * t0 + beta > 0 when beta > 0; the uniform form adds e >= 0 or multiplies by factor > 0.  So no corrected
+point is zero, negative, NaN or inf.  Applied to a measured point itself, alpha * t + beta went negative at a point
+b > b1 measured below t0(b1) -- measured points need not be monotone, the envelope pools them -- and the re-plan
+raised a ValidationError.  A ratio that is still not finite and positive falls back to the rank's factor, then 1.
 
 Loader: p_i starts as the planner's effective cost per sample per worker at the host's training load
 (``planner.loader.loader_costs_s``: the measured scaling curve under contention).  When d_i / s_i >
@@ -185,10 +218,53 @@ class ShapeCorrection:
     """t -> alpha * t + beta maps the original curve's times at b1, b2 onto the measured ones."""
 
     def time_at(self, batch_size: float, t: float) -> float:
+        """The corrected time at ``batch_size`` whose envelope time is ``t`` (positive for every envelope time:
+        module docstring; not for an arbitrary measured point below t0(b1))."""
         if self.beta <= 0:  # steeper than profiled: the affine map above b1, the ratio at b1 below (convex at b1)
             return self.r1 * t if batch_size <= self.b1 else self.alpha * t + self.beta
         # Flatter: the affine map below b2, the ratio at b2 above (a positive beta would keep adding beyond b2).
         return self.alpha * t + self.beta if batch_size <= self.b2 else self.r2 * t
+
+
+def elasticity(envelope: Envelope, batch_size: float) -> float:
+    """eps = t0'(b) * b / t0(b) in [0, 1] (module docstring): 0 where the curve is flat at ``batch_size``, 1 where it
+    is linear through the origin.  The slope is the left one at a knee: a slower rank's samples move down."""
+    t = envelope(batch_size)
+    if not (t > 0 and math.isfinite(t)):
+        return 1.0
+    active = [s for s, c in zip(envelope.slopes, envelope.intercepts, strict=True)
+              if s * batch_size + c >= t * (1.0 - 1e-12)]
+    slope = min(active) if active else max(envelope.slopes)
+    return min(1.0, max(0.0, slope * batch_size / t))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UniformCorrection:
+    """One rank's correction from its factor at one anchor batch size (module docstring): per-sample where the
+    original curve is flat at the anchor, multiplicative where it is linear through the origin."""
+
+    scale: float
+    """The model's ratio at the anchor (measured over original)."""
+    anchor: float | None = None
+    """The batch size the factor was measured at (None: not known, a state written before it was kept -- the
+    factor then applies multiplicatively, as it did)."""
+    t_anchor: float = 0.0
+    """t0(anchor)."""
+    eps: float = 1.0
+    """The original curve's elasticity at the anchor."""
+
+    @classmethod
+    def of(cls, scale: float, anchor: float | None, envelope: Envelope) -> UniformCorrection:
+        if anchor is None or not scale > 1.0:
+            return cls(scale=scale)
+        return cls(scale=scale, anchor=anchor, t_anchor=envelope(anchor), eps=elasticity(envelope, anchor))
+
+    def time_at(self, batch_size: float, t: float) -> float:
+        if self.anchor is None or not self.t_anchor > 0:
+            return self.scale * t
+        e = (self.scale - 1.0) * self.t_anchor  # > 0: the excess seconds at the anchor
+        # t(x) = t0(x) + e * (eps * t0(x) / t0(A) + (1 - eps) * x / A)
+        return t + e * (self.eps * t / self.t_anchor + (1.0 - self.eps) * batch_size / self.anchor)
 
 
 def shape_correction(observations: Sequence[Observation], envelope: Envelope) -> ShapeCorrection | None:
@@ -223,18 +299,26 @@ class RankCorrection:
     profile's, raised when the workers kept up and the rank still waited for data."""
 
     def time_map(self, envelope: Envelope) -> TimeMap:
-        """This rank's correction as f(batch_size, t) (see ``TimeMap``): the shape correction once two batch sizes
-        were measured, else the uniform factor; ``envelope`` is the rank's original curve."""
+        """This rank's correction as f(batch_size, t) (see ``TimeMap``; ``t`` an envelope time): the shape correction
+        once two batch sizes were measured, else the uniform correction at the newest one; ``envelope`` is the
+        rank's original curve."""
         shape = shape_correction(self.observations, envelope)
         if shape is not None:
             return shape.time_at
-        scale = self.scale
-        return lambda _b, t: scale * t
+        anchor = self.observations[-1].batch_size if self.observations else None
+        return UniformCorrection.of(self.scale, anchor, envelope).time_at
 
     def updated(self, s: StepStats, envelope: Envelope, *, smoothing: float,
                 loader_wait_frac: float, micro_steps: int = 1, optimizer_s: float = 0.0) -> RankCorrection:
         """This rank after one more epoch of (already checked: finite, positive) stats, run as ``micro_steps``
         micro-steps per optimizer step (module docstring: the compute is learned at the micro-batch)."""
+        return self.updated_and_changed(s, envelope, smoothing=smoothing, loader_wait_frac=loader_wait_frac,
+                                        micro_steps=micro_steps, optimizer_s=optimizer_s)[0]
+
+    def updated_and_changed(self, s: StepStats, envelope: Envelope, *, smoothing: float, loader_wait_frac: float,
+                            micro_steps: int = 1, optimizer_s: float = 0.0) -> tuple[RankCorrection, bool]:
+        """``updated``, and whether the epoch showed a device change (``device_changed`` / ``same_batch_changed``:
+        the rank's speed changed beyond the noise, which the Replanner's memory of measured splits must know)."""
         a = smoothing
         k = max(1, int(micro_steps))
         batch = s.batch_size / k
@@ -243,7 +327,8 @@ class RankCorrection:
         raw = compute / t0
         b = max(1, round(batch))
         same = [o.ratio for o in self.observations if o.batch_size == b]
-        changed = device_changed(raw, self.time_map(envelope)(batch, t0) / t0, s, seen=bool(same)) or (
+        expected = self.time_map(envelope)(batch, t0) / t0  # m_i: the model's ratio at this batch
+        changed = device_changed(raw, expected, s, seen=bool(same)) or (
             bool(same) and same_batch_changed(raw, same[0], s))
         if changed or (same and abs(math.log(raw / same[0])) > SAME_BATCH_CHANGE):
             # The old device's shape is gone, or what this batch size showed no longer holds: restart from here.
@@ -266,9 +351,10 @@ class RankCorrection:
                 else:
                     seen = s.data_wait_s / s.batch_size
                 spp = max(spp, (1.0 - a) * spp + a * seen)  # only raised: see the module docstring
-        return RankCorrection(scale=raw if changed else (1.0 - a) * self.scale + a * raw,
-                              loader_sec_per_sample=spp, observations=obs,
-                              handover_s=handover)
+        # The EMA in the model's terms at this batch (module docstring); a changed device takes the epoch whole.
+        scale = raw if changed or not (math.isfinite(expected) and expected > 0) else (1.0 - a) * expected + a * raw
+        return RankCorrection(scale=scale, loader_sec_per_sample=spp, observations=obs,
+                              handover_s=handover), changed
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -352,6 +438,12 @@ class CorrectionModel:
                 micro_steps: Sequence[int] | None = None) -> CorrectionModel:
         """The model after one epoch; ``by_rank[i]`` is rank i's checked stats, run as ``micro_steps[i]``
         micro-steps per optimizer step (default one each)."""
+        return self.updated_and_changed(by_rank, smoothing=smoothing, loader_wait_frac=loader_wait_frac,
+                                        micro_steps=micro_steps)[0]
+
+    def updated_and_changed(self, by_rank: Sequence[StepStats], *, smoothing: float, loader_wait_frac: float,
+                            micro_steps: Sequence[int] | None = None) -> tuple[CorrectionModel, tuple[int, ...]]:
+        """``updated``, and the ranks whose epoch showed a device change (``RankCorrection.updated_and_changed``)."""
         assert len(by_rank) == self.world_size and all(s.rank == i for i, s in enumerate(by_rank))
         steps = list(micro_steps) if micro_steps is not None else [1] * self.world_size
         if self.spans:  # a span under DDP stands for the standalone step c / f + opt (module docstring)
@@ -364,10 +456,24 @@ class CorrectionModel:
             by_rank = [replace(s, compute_s=min(s.compute_s, self.compute_s(i, s.batch_size)))
                        if k == 1 and b < top * (1.0 - WAITED_MARGIN) else s
                        for i, (s, b, k) in enumerate(zip(by_rank, busy, steps, strict=True))]
-        ranks = tuple(r.updated(s, env, smoothing=smoothing, loader_wait_frac=loader_wait_frac, micro_steps=k,
-                                optimizer_s=self.opt_s(i))
-                      for i, (r, s, env, k) in enumerate(zip(self.ranks, by_rank, self.envelopes, steps, strict=True)))
-        return replace(self, ranks=ranks)
+        done = [r.updated_and_changed(s, env, smoothing=smoothing, loader_wait_frac=loader_wait_frac,
+                                      micro_steps=k, optimizer_s=self.opt_s(i))
+                for i, (r, s, env, k) in enumerate(zip(self.ranks, by_rank, self.envelopes, steps, strict=True))]
+        return (replace(self, ranks=tuple(r for r, _ in done)),
+                tuple(i for i, (_, changed) in enumerate(done) if changed))
+
+    def _point_ratio(self, rank: int) -> Callable[[float], float]:
+        """t_i(b) / t0_i(b) as a function of b, finite and positive: a correction that is not (never expected:
+        module docstring) falls back to the rank's factor, then to 1, rather than hand the solver a bad curve."""
+        f, env = self.time_map(rank), self.envelopes[rank]
+        scale = self.ranks[rank].scale
+        fallback = scale if math.isfinite(scale) and scale > 0 else 1.0
+
+        def ratio(b: float) -> float:
+            t = env(b)
+            r = f(b, t) / t if t > 0 and math.isfinite(t) else fallback
+            return r if math.isfinite(r) and r > 0 else fallback
+        return ratio
 
     def with_ranks(self, ranks: Sequence[RankCorrection]) -> CorrectionModel:
         """The same profile with restored corrections (a checkpoint's)."""
@@ -376,8 +482,9 @@ class CorrectionModel:
 
     def corrected_profile(self) -> Profile:
         """The original profile with each rank's compute points corrected and loader costs raised as measured."""
-        maps = [self.time_map(i) for i in range(self.world_size)]  # one correction per rank, not per point
-        profile = self.base.with_compute_times(lambda rank, b, t: maps[rank](b, t))
+        ratios = [self._point_ratio(i) for i in range(self.world_size)]  # one correction per rank, not per point
+        # point (b, t) -> (b, t * t_i(b) / t0_i(b)): the correction taken on the envelope (module docstring)
+        profile = self.base.with_compute_times(lambda rank, b, t: t * ratios[rank](b))
         start = self.loader_costs_s or tuple(_loader_spp(r.loader) for r in self.base.by_rank)
         raised = {i for i, (p0, c) in enumerate(zip(start, self.ranks, strict=True)) if c.loader_sec_per_sample != p0}
         handed = {i for i, (h0, c) in enumerate(zip(handover_costs_s(self.base), self.ranks, strict=True))

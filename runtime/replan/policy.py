@@ -57,6 +57,32 @@ express in one step (tests/runtime/test_replan_followup.py): the first move left
 prediction with 4% more to gain, under the 5% threshold, for every later epoch; followed up, the next epoch
 ran on its prediction.
 
+Eras, memory and reversals: the rules that keep re-planning from making a run worse.  Every rule above compares a
+prediction with a measurement; these compare measurements with measurements, which a wrong model cannot fool.
+
+    era        advances when a rank's measured speed changed beyond the noise: the correction model saw a device
+               change (model.device_changed / same_batch_changed), a trial's ``changed_ranks`` fired, or a rank's
+               ratio at the batch it runs drifted more than 10% (and 10 standard errors) from the era's first
+               measurement there; everything below is kept per era and forgotten when it advances
+    memory     per split run in the era: mean measured step S (slowest rank) over its epochs, noise n / sqrt(k)
+    barred     cand was measured in the era and  S(cand) > S(current) * (1 + max(WORSE_MARGIN, n_cand, n_cur))
+    reversal   a revert, or adopting a move m with <m, m_prev> < 0 against the era's previous adopted move m_prev
+    hold       after a revert nothing is adopted until the era advances; a move against m_prev is never adopted
+
+Why memory: the model that proposed a split once proposes it again from the same measurements, and a revert's
+bar expires after ``WORSE_EPOCHS``; the split's own measured step does not expire while the ranks run as they did.
+Measured on 2 gloo ranks on a busy 2-core box (rank 1 slowed from epoch 2): [9, 1] was adopted, then [6, 4] as the
+follow-up (0.88 s a step against 0.34), reverted to [9, 1], and the same again three times in 9 epochs.
+
+Why at most one reversal per era, and why a hold rather than a shrinking step: within one era the ranks' speeds
+are what they were, so a move back undoes evidence the run already paid for.  Either the first move measured
+slower (its revert is the reversal, restoring the faster split, which the memory then holds) or it measured faster,
+and a move against it returns toward a split that measured slower -- with a wrong model a trust region would only
+make the same mistake in smaller steps, each paid with an epoch.  A revert itself is never refused: going back to
+a split measured faster cannot make the run slower.  What a hold gives up is a partial step back from an overshoot
+that still measured faster than the split before it; the next speed change (new era) re-opens every move.  A first
+launch of this went [199, 1] -> [100, 100] -> [199, 1] -> [82, 118], giving the 4x slower rank 59% of the batch.
+
 The policy knows batch sizes only; the Replanner keeps the plans they belong to.
 """
 
@@ -131,6 +157,13 @@ class Missed:
                 f"{self.predicted_step_s * 1e3:.4g} ms predicted ({self.error:+.1%})")
 
 
+def pooled_spread(state: PolicyState) -> float:
+    """The era's epoch-to-epoch relative sigma of a split's step, pooled over its splits measured twice or more
+    (0 before any was)."""
+    dof = sum(m.epochs - 1 for m in state.measured)
+    return math.sqrt(sum(m.spread for m in state.measured) / dof) if dof > 0 else 0.0
+
+
 def missed_prediction(step_s: float, predicted_step_s: float, noise: float) -> bool:
     """Whether a measured step is off its prediction by more than ``PREDICTION_MISS`` and ``noise`` (relative)."""
     return predicted_step_s > 0 and abs(step_s / predicted_step_s - 1.0) > max(PREDICTION_MISS, noise)
@@ -147,6 +180,38 @@ def changed_ranks(trial: Trial | None, batch_sizes: Sequence[int], measured: Seq
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class SplitMeasure:
+    """What one split measured in the current era (module docstring, "memory")."""
+
+    batch_sizes: Batches
+    step_s: float
+    """Mean measured step time (slowest rank) over the era's epochs of this split."""
+    noise: float
+    """The noisiest of those epochs' own relative noise (``noise_sigmas`` standard errors: ``revert_noise``)."""
+    epochs: int = 1
+    epoch: int = 0
+    """The last epoch that measured it."""
+    spread: float = 0.0
+    """Sum of squared relative deviations of its epochs' steps from their mean (Welford): the epoch-to-epoch
+    noise that one epoch's own spread cannot show."""
+    workers: tuple[int, ...] = ()
+    accumulation_steps: tuple[int, ...] = ()
+    """The split's plan besides its batches (to return to it: ``AdoptionPolicy.fallback``)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Move:
+    """The era's last adopted move: new batch sizes minus old."""
+
+    delta: tuple[int, ...]
+    epoch: int
+
+    def against(self, current: Batches, candidate: Batches) -> bool:
+        """Whether current -> candidate goes back against this move: <candidate - current, delta> < 0."""
+        return sum((c - a) * d for a, c, d in zip(current, candidate, self.delta, strict=True)) < 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PolicyState:
     """Everything the policy remembers between epochs."""
 
@@ -160,6 +225,19 @@ class PolicyState:
     missed_trial: Missed | None = None
     """The trial kept at this epoch that missed its prediction (``check_trial``): the judge of the same epoch
     follows it up, then forgets it."""
+    era: int = 0
+    """How many times the ranks' measured speeds changed (module docstring, "era")."""
+    era_since: int | None = None
+    """The epoch the era began (None: the run's first)."""
+    measured: tuple[SplitMeasure, ...] = ()
+    """Every split run in this era, in the order first run."""
+    last_move: Move | None = None
+    """The era's last adopted move (None: none yet, or a revert since)."""
+    reversal: int | None = None
+    """The epoch of the era's reversal (a revert): nothing is adopted until the era advances."""
+
+    def measure_of(self, batch_sizes: Batches) -> SplitMeasure | None:
+        return next((m for m in self.measured if m.batch_sizes == batch_sizes), None)
 
     def miss_at(self, epoch: int) -> float:
         """The gain a move must beat at ``epoch`` because of the last miss (module docstring)."""
@@ -195,6 +273,12 @@ class Verdict:
     adopt: bool
     why: str
     """The reason, to follow the caller's numbers ("...: below the threshold 5.0%")."""
+    short: str | None = None
+    """The reason for the one-line summary (``ReplanDecision.line``); None: ``why`` itself."""
+
+    @property
+    def brief(self) -> str:
+        return self.why if self.short is None else self.short
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -229,6 +313,55 @@ class AdoptionPolicy:
             (s.step_time_s_std / s.step_time_s if s.step_time_s_std is not None and s.step_time_s > 0
              else s.compute_s_std / s.compute_s) / math.sqrt(s.num_steps) for s in by_rank)
 
+    @staticmethod
+    def new_era(state: PolicyState, epoch: int) -> PolicyState:
+        """The ranks' measured speeds changed: what the era measured, its moves, its reversal and its reverts' bars
+        describe the old speeds and are forgotten (the model's demonstrated miss is kept: it is the model's)."""
+        return replace(state, era=state.era + 1, era_since=epoch, measured=(), last_move=None, reversal=None,
+                       rejections=(), proposed=None)
+
+    @staticmethod
+    def remember(state: PolicyState, *, epoch: int, batch_sizes: Batches, step_s: float, noise: float,
+                 workers: tuple[int, ...] = (), accumulation_steps: tuple[int, ...] = ()) -> PolicyState:
+        """This epoch's measured step of the split it ran, folded into the era's memory (a running mean)."""
+        old = state.measure_of(batch_sizes)
+        if old is None:
+            new = SplitMeasure(batch_sizes=batch_sizes, step_s=step_s, noise=noise, epoch=epoch, workers=workers,
+                               accumulation_steps=accumulation_steps)
+            return replace(state, measured=(*state.measured, new))
+        k = old.epochs + 1
+        mean = old.step_s + (step_s - old.step_s) / k
+        spread = old.spread + (step_s - old.step_s) * (step_s - mean) / (old.step_s * mean)
+        new = replace(old, step_s=mean, noise=max(old.noise, noise), epochs=k, epoch=epoch, spread=spread)
+        return replace(state, measured=tuple(new if m is old else m for m in state.measured))
+
+    def slower(self, state: PolicyState, a: SplitMeasure, b: SplitMeasure) -> float | None:
+        """How much slower ``a`` measured than ``b`` when it did beyond the noise (module docstring, "barred"), else
+        None.  Each mean's relative sigma is its epochs' own (noise / noise_sigmas) or the era's epoch-to-epoch
+        spread, whichever is larger, over sqrt(epochs):
+
+            slower iff  S_a > S_b * (1 + max(WORSE_MARGIN, noise_sigmas * sqrt(s_a^2 / k_a + s_b^2 / k_b)))
+        """
+        pooled = pooled_spread(state)
+        ns = max(self.noise_sigmas, 1e-9)
+        sa, sb = (max(m.noise / ns, pooled) for m in (a, b))
+        z = self.noise_sigmas * math.sqrt(sa * sa / a.epochs + sb * sb / b.epochs)
+        return a.step_s / b.step_s - 1.0 if a.step_s > b.step_s * (1.0 + max(WORSE_MARGIN, z)) else None
+
+    def fallback(self, state: PolicyState, current: Batches) -> tuple[SplitMeasure, float] | None:
+        """The era's best measured split, when the running one (measured at least twice, so more than its trial
+        saw) measured slower than it beyond the noise and the era has had no reversal: go back to it (a revert).
+        A trial kept within the noise can still be slower; its later epochs show it."""
+        now = state.measure_of(current)
+        if now is None or now.epochs < 2 or state.reversal is not None or state.trial is not None:
+            return None
+        others = [m for m in state.measured if m.batch_sizes != current and m.workers]
+        if not others:
+            return None
+        best = min(others, key=lambda m: m.step_s)
+        lost = self.slower(state, now, best)
+        return None if lost is None else (best, lost)
+
     def check_trial(self, state: PolicyState, *, epoch: int, batch_sizes: Batches, step_s: float,
                     noise: float, conditions_changed: bool = False) -> tuple[PolicyState, Revert | None]:
         """First at every accepted epoch: forget expired rejections, then judge the plan on trial (if any),
@@ -249,7 +382,9 @@ class AdoptionPolicy:
             return replace(state, miss=None, missed_trial=missed), None
         rejected = Rejection(moved_from=trial.previous, batch_sizes=batch_sizes, epoch=epoch)
         miss = (1.0 + trial.predicted_gain) * (1.0 + revert.slower) - 1.0
-        return PolicyState(proposed=None, trial=None, rejections=(*rejections, rejected), miss=(miss, epoch)), revert
+        # The era's reversal: hold the restored split until the ranks' speeds change (module docstring).
+        return replace(state, proposed=None, trial=None, rejections=(*rejections, rejected), miss=(miss, epoch),
+                       last_move=None, reversal=epoch), revert
 
     def judge(self, state: PolicyState, *, epoch: int, current: Batches, candidate: Batches, gain: float,
               noise: float, step_s: float, predicted_step_s: float = 0.0) -> tuple[PolicyState, Verdict]:
@@ -259,19 +394,38 @@ class AdoptionPolicy:
         threshold (module docstring)."""
         follow = state.missed_trial
         state = replace(state, missed_trial=None)
-        # First: a barred move is refused whatever its predicted gain -- the prediction is what was wrong.
+        # First: after the era's reversal nothing moves (module docstring); a barred move is refused whatever its
+        # predicted gain -- the prediction is what was wrong.
+        if state.reversal is not None:
+            return state, Verdict(adopt=False, why=(
+                f"holding {list(current)} after the revert at epoch {state.reversal} until a rank's measured speed "
+                "changes (one reversal per change)"), short=f"holding after the revert at epoch {state.reversal}")
         barred = self.barred_by(state, current, candidate)
         if barred is not None:
             return state, Verdict(adopt=False, why=(
                 f"goes as far as {list(barred.batch_sizes)}, which measured slower than {list(barred.moved_from)} "
                 f"at epoch {barred.epoch}; such moves are barred until epoch {barred.epoch + WORSE_EPOCHS}"))
+        # Measurements before predictions (module docstring, "Eras, memory and reversals").
+        was, now = state.measure_of(candidate), state.measure_of(current)
+        lost = None if was is None or now is None else self.slower(state, was, now)
+        if was is not None and lost is not None:
+            return state, Verdict(adopt=False, why=(
+                f"{list(candidate)} measured {was.step_s * 1e3:.4g} ms per step (epoch {was.epoch}), "
+                f"{lost:.1%} slower than {list(current)}; not adopted again until a rank's speed changes"),
+                short=f"{list(candidate)} measured {lost:.1%} slower")
+        if state.last_move is not None and state.last_move.against(current, candidate):
+            return state, Verdict(adopt=False, why=(
+                f"moves back against the move adopted at epoch {state.last_move.epoch} while the ranks' speeds are "
+                "unchanged; not adopted until a rank's measured speed changes"),
+                short=f"moves back against epoch {state.last_move.epoch}'s move")
         trial = Trial(previous=current, previous_step_s=step_s, adopted_at=epoch, predicted_gain=gain,
                       predicted_step_s=predicted_step_s)
+        move = Move(delta=tuple(c - a for a, c in zip(current, candidate, strict=True)), epoch=epoch)
         if follow is not None and gain > max(FOLLOW_UP_SHARE * self.threshold, WORSE_MARGIN, noise) \
                 and gain > state.miss_at(epoch):
             # The change adopted before was made on a model this epoch corrected: finish it.
-            return replace(state, proposed=None, trial=trial), Verdict(adopt=True, why=(
-                f"adopted as the follow-up: {follow.describe()}"))
+            return replace(state, proposed=None, trial=trial, last_move=move), Verdict(adopt=True, why=(
+                f"adopted as the follow-up: {follow.describe()}"), short=f"follow-up ({follow.error:+.1%} off)")
         missed = state.miss_at(epoch)
         if gain > self.threshold and not gain > missed:
             assert state.miss is not None
@@ -293,7 +447,9 @@ class AdoptionPolicy:
             return replace(state, proposed=direction), Verdict(adopt=False, why=(
                 f"under {self.confirm_below:.0%}, adopted only if the next epoch confirms it"))
         # This epoch's measured step is the yardstick the new plan's first epoch must not lose to.
-        return replace(state, proposed=None, trial=trial), Verdict(adopt=True, why="adopted")
+        confirmed = state.proposed == direction
+        return replace(state, proposed=None, trial=trial, last_move=move), Verdict(
+            adopt=True, why="adopted", short="confirmed by a second epoch" if confirmed else "")
 
     @staticmethod
     def barred_by(state: PolicyState, current: Batches, candidate: Batches) -> Rejection | None:

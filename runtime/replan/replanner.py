@@ -12,6 +12,21 @@
        prediction re-made under the updated model (same batches, workers and fingerprint: the run log's next
        epochs compare against what the model now says, not a number it has already seen fail)
 
+Between 2 and 3 the era and the memory (policy.py, "Eras, memory and reversals"): a rank whose measured speed
+changed beyond the noise starts a new era; the split that ran is remembered with its measured step, and step 5's
+policy refuses a split the era measured slower, any move after the era's revert, and a move back against the era's
+previous move.
+
+A re-plan never ends the training: any exception inside a decision (the model, the solver, ``evaluate``, the
+policy) restores the state from before it and returns the running plan kept, with ``warning`` saying why
+(``re-plan failed, keeping the plan: <Type>: <message>``).  A solver that finds no plan (``PlanError``) is an
+answer, not a failure: the plan is kept with the solver's reason and the epoch's measurements are learned.
+
+Every decision carries its inputs (``ReplanDecision.inputs``: the state before it and every rank's stats), and
+``describe()`` the configuration, so the run log replays each decision offline exactly
+(``Replanner.from_description(d, plan)``, ``load_state_dict(inputs["state"])``, ``decide(inputs["stats"])``;
+benchmarks/replan_replay.py).
+
 ``step`` runs the same on every rank through one collective exchange (exchange.py); ``decide`` is the local,
 collective-free part.  The global batch never changes, so the sampler's coverage stays exactly-once.
 """
@@ -29,14 +44,35 @@ from planner.plan import Plan
 from planner.profile import Profile
 from planner.solve import SolveOptions, evaluate, solve
 from planner.stats import LOADER_WAIT_FRAC, StepStats
-from runtime.replan.decision import ReplanDecision
+from runtime.replan.decision import FAILED, ReplanDecision
 from runtime.replan.exchange import exchange_decision
-from runtime.replan.model import DEFAULT_SMOOTHING, CorrectionModel, Observation, RankCorrection
-from runtime.replan.policy import AdoptionPolicy, PolicyState, Rejection, Trial, changed_ranks, missed_prediction
+from runtime.replan.model import (
+    DEFAULT_SMOOTHING,
+    SAME_BATCH_CHANGE,
+    CorrectionModel,
+    Observation,
+    RankCorrection,
+    same_batch_changed,
+)
+from runtime.replan.policy import (
+    AdoptionPolicy,
+    Move,
+    PolicyState,
+    Rejection,
+    SplitMeasure,
+    Trial,
+    changed_ranks,
+    missed_prediction,
+)
 
 _SOLVE_KEYS = frozenset(f.name for f in fields(SolveOptions)) - {"min_batch"}  # min_batch comes from the plan
 _STATE_VERSION = 1
 _STATS_FIELDS = ("data_wait_s", "compute_s", "step_time_s", "compute_s_std")
+SAME_BATCH_SHARE = math.exp(SAME_BATCH_CHANGE) - 1.0
+"""A trial's changed rank (``policy.changed_ranks``) starts a new era only this far (10%) over its prediction."""
+_DESCRIPTION_KIND = "replanner_config"
+_DESCRIPTION_VERSION = 1
+_Snapshot = tuple[Any, ...]
 
 
 class Replanner:
@@ -107,6 +143,11 @@ class Replanner:
         self._previous: Plan | None = None
         """The plan the one on trial replaced (set exactly while ``_policy_state.trial`` is): restored on revert."""
         self._last_epoch: int | None = None
+        self._era_ref: tuple[Observation | None, ...] = (None,) * plan.world_size
+        """Per rank, its first measurement in this era at the batch it runs now (a drift from it beyond the noise
+        starts a new era: policy.py, "era")."""
+        self._workers = tuple(r.num_workers for r in sorted(plan.ranks, key=lambda r: r.rank))
+        """The loader workers the model's starting loader costs were taken at (``describe``)."""
 
     # -- the model in use -------------------------------------------------------------------------------
     @property
@@ -130,6 +171,11 @@ class Replanner:
         return self._model.scale_factors
 
     @property
+    def era(self) -> int:
+        """How many times a rank's measured speed changed beyond the noise (policy.py, "era")."""
+        return self._policy_state.era
+
+    @property
     def loader_sec_per_sample(self) -> tuple[float, ...]:
         return self._model.loader_sec_per_sample
 
@@ -147,20 +193,52 @@ class Replanner:
         """Update the model from every rank's stats of `epoch` and decide whether to switch plans.
 
         Call once per epoch with all ranks' stats: accepted stats move the model (also when the plan is kept).
+        Never raises: a failure inside keeps the plan and the state as they were, and says so in ``warning``.
         """
+        snapshot = self._snapshot()
+        try:
+            inputs: dict[str, Any] | None = {"state": self.state_dict(), "stats": [s.to_dict() for s in stats]}
+        except Exception:  # stats that are not StepStats: the decision below says what is wrong with them
+            inputs = None
+        try:
+            decision = self._decide(stats, epoch)
+        except Exception as e:  # a re-plan must never end the training (module docstring)
+            self._restore(snapshot)
+            decision = self.failed(stats, epoch, f"{type(e).__name__}: {e}")
+        return replace(decision, inputs=inputs)
+
+    def failed(self, stats: Sequence[StepStats], epoch: int, error: str) -> ReplanDecision:
+        """The decision that keeps the running plan because the re-plan failed with ``error`` ("Type: message")."""
+        try:
+            measured = tuple(float(s.compute_s) for s in sorted(stats, key=lambda s: s.rank))
+        except Exception:
+            measured = ()
+        warning = FAILED + error
+        return ReplanDecision(epoch=epoch, adopted=False, reason=warning, old_plan=self._plan, new_plan=None,
+                              predicted_gain=None, measured_compute_s=measured, predicted_compute_s=(),
+                              scale_factors=self.scale_factors, warning=warning, brief=error)
+
+    def _snapshot(self) -> _Snapshot:
+        """Everything ``decide`` may change (immutable values: restoring them is exact)."""
+        return (self._plan, self._model, self._policy_state, self._previous, self._last_epoch, self._era_ref)
+
+    def _restore(self, snapshot: _Snapshot) -> None:
+        (self._plan, self._model, self._policy_state, self._previous, self._last_epoch, self._era_ref) = snapshot
+
+    def _decide(self, stats: Sequence[StepStats], epoch: int) -> ReplanDecision:
         old = self._plan
         measured = tuple(float(s.compute_s) for s in sorted(stats, key=lambda s: s.rank))
         problem = self._check_stats(stats, epoch)
         if problem is not None:
             return ReplanDecision(epoch=epoch, adopted=False, reason=problem, old_plan=old, new_plan=None,
                                   predicted_gain=None, measured_compute_s=measured, predicted_compute_s=(),
-                                  scale_factors=self.scale_factors)
+                                  scale_factors=self.scale_factors, brief=problem)
         by_rank = sorted(stats, key=lambda s: s.rank)
         steps = old.accumulation_steps
         predicted = tuple(self._model.span_s(i, s.batch_size, k)  # as measured
                           for i, (s, k) in enumerate(zip(by_rank, steps, strict=True)))
-        self._model = self._model.updated(by_rank, smoothing=self.smoothing, loader_wait_frac=self.loader_wait_frac,
-                                          micro_steps=steps)
+        self._model, device = self._model.updated_and_changed(
+            by_rank, smoothing=self.smoothing, loader_wait_frac=self.loader_wait_frac, micro_steps=steps)
         self._last_epoch = epoch
         step_s = max(s.step_time_s for s in by_rank)  # the synchronous step waits for the slowest rank
         noise = self._policy.noise(by_rank)
@@ -174,15 +252,35 @@ class Replanner:
             + ", ".join(f"{measured[i] / predicted[i]:.2f}x" for i in changed)
             + " the predicted compute at a batch the last change did not raise: the ranks changed, so the step is "
               "not compared with the plan before; ")
+        # The era (policy.py): a rank whose measured speed changed makes every measured split of the era stale.
+        # A trial's changed rank counts when its miss is past what the model's extrapolation to a lower batch can
+        # leave (a uniform correction under-predicts a multiplicative slowdown there by a few percent).
+        far = [i for i in changed if measured[i] > predicted[i] * (1.0 + max(SAME_BATCH_SHARE, noise))]
+        moved = sorted({*device, *far, *self._drifted(by_rank)})
+        era_note = ""
+        if moved:
+            self._policy_state = self._policy.new_era(self._policy_state, epoch)
+            self._era_ref = (None,) * old.world_size
+            era_note = (f" [rank{'s' if len(moved) > 1 else ''} {', '.join(map(str, moved))} changed speed: era "
+                        f"{self._policy_state.era}, splits measured before are not compared]")
+        self._era_ref = tuple(ref if ref is not None and ref.batch_size == r.observations[-1].batch_size
+                              else r.observations[-1] for ref, r in zip(self._era_ref, self._model.ranks, strict=True))
+        self._policy_state = self._policy.remember(
+            self._policy_state, epoch=epoch, batch_sizes=old.batch_sizes, step_s=step_s, noise=step_noise,
+            workers=tuple(r.num_workers for r in old.ranks), accumulation_steps=old.accumulation_steps)
+        worst = max(range(old.world_size), key=lambda i: abs(math.log(measured[i] / predicted[i]))
+                    if predicted[i] > 0 else 0.0)
+        deviation = (f"rank {worst} measured {measured[worst] / predicted[worst]:.2f}x its predicted compute"
+                     if predicted[worst] > 0 else "")
 
         def outcome(reason: str, new: Plan | None = None, gain: float | None = None,
                     candidate: Plan | None = None, reverted: bool = False,
-                    repredicted: Plan | None = None) -> ReplanDecision:
-            reason = note + reason
+                    repredicted: Plan | None = None, brief: str = "") -> ReplanDecision:
+            reason = note + reason + era_note
             return ReplanDecision(epoch=epoch, adopted=new is not None, reason=reason, old_plan=old, new_plan=new,
                                   predicted_gain=gain, measured_compute_s=measured, predicted_compute_s=predicted,
                                   candidate=candidate, scale_factors=self.scale_factors, reverted=reverted,
-                                  repredicted=repredicted)
+                                  repredicted=repredicted, brief=brief or reason)
 
         self._policy_state, revert = self._policy.check_trial(
             self._policy_state, epoch=epoch, batch_sizes=old.batch_sizes, step_s=step_s, noise=step_noise,
@@ -191,9 +289,23 @@ class Replanner:
         if revert is not None:
             assert previous is not None and previous.batch_sizes == revert.trial.previous
             self._plan = replace(previous, meta={**previous.meta, "reverted_at_epoch": epoch})
-            return outcome(revert.reason(), new=self._plan, reverted=True)
+            return outcome(revert.reason(), new=self._plan, reverted=True, brief=f"measured {revert.slower:.1%} slower")
 
         profile = self.profile
+        back = self._policy.fallback(self._policy_state, old.batch_sizes)
+        if back is not None:  # the split measured slower than the era's best over its epochs: back to the best
+            best, lost = back
+            restored = evaluate(profile, best.batch_sizes, best.accumulation_steps, num_workers=list(best.workers),
+                                options=self._options)
+            self._plan = replace(restored, meta={**restored.meta, "reverted_at_epoch": epoch})
+            self._policy_state = replace(self._policy_state, reversal=epoch, last_move=None, proposed=None)
+            now = self._policy_state.measure_of(old.batch_sizes)
+            assert now is not None
+            return outcome(f"reverted: batches {list(old.batch_sizes)} measured {now.step_s * 1e3:.4g} ms per step "
+                           f"over {now.epochs} epochs, {lost:.1%} slower than the {best.step_s * 1e3:.4g} ms of "
+                           f"{list(best.batch_sizes)} in the same conditions; back to {list(best.batch_sizes)}",
+                           new=self._plan, reverted=True,
+                           brief=f"measured {lost:.1%} slower over {now.epochs} epochs than {list(best.batch_sizes)}")
         # The running plan under the updated model: the gain's baseline, and its prediction if it is kept.
         try:
             old_eval: Plan | None = evaluate(profile, old.batch_sizes, old.accumulation_steps,
@@ -201,28 +313,31 @@ class Replanner:
         except (PlanError, ValidationError):
             old_eval = None
 
-        def kept(reason: str, gain: float | None = None, candidate: Plan | None = None) -> ReplanDecision:
+        def kept(reason: str, gain: float | None = None, candidate: Plan | None = None,
+                 brief: str = "") -> ReplanDecision:
             """The plan stays; re-predicted under the updated model when its measured step missed (step 6)."""
             self._policy_state = replace(self._policy_state, missed_trial=None)
+            brief = brief or reason
             if old_eval is None or not missed_prediction(step_s, old.predicted.step_time_s, step_noise):
-                return outcome(reason, gain=gain, candidate=candidate)
+                return outcome(reason, gain=gain, candidate=candidate, brief=brief)
             again = self._repredicted(old, old_eval, epoch)
             self._plan = again
             return outcome(f"{reason}; the plan measured {step_s * 1e3:.4g} ms per step against "
                            f"{old.predicted.step_time_s * 1e3:.4g} ms predicted, its prediction is now "
                            f"{again.predicted.step_time_s * 1e3:.4g} ms", gain=gain, candidate=candidate,
-                           repredicted=again)
+                           repredicted=again, brief=f"{brief}; measured {step_s * 1e3:.4g} ms, prediction now "
+                                                    f"{again.predicted.step_time_s * 1e3:.4g} ms")
 
         try:
             cand = self._solve_fn(profile, global_batch=old.global_batch, min_batch=old.min_batch,
                                   options=self._options)
-        except PlanError as e:
-            return kept(f"re-solve failed, keeping the plan: {e}")
+        except PlanError as e:  # the solver's answer (no plan fits), not a failure of the re-plan
+            return kept(f"re-solve failed, keeping the plan: {e}", brief=f"no plan fits: {e}")
         if cand.world_size != old.world_size or cand.global_batch != old.global_batch:
             return kept(
                 f"re-solved plan has world size {cand.world_size} / global batch {cand.global_batch}, "
                 f"the run has {old.world_size} / {old.global_batch}: refused (the global batch never changes)",
-                candidate=cand,
+                candidate=cand, brief="the re-solve changed the world size or global batch: refused",
             )
         starved = [(r.rank, r.batch_size) for r in cand.ranks if r.batch_size < old.min_batch]
         if starved:
@@ -243,10 +358,23 @@ class Replanner:
             self._policy_state, epoch=epoch, current=old.batch_sizes, candidate=cand.batch_sizes, gain=gain,
             noise=noise, step_s=step_s, predicted_step_s=t_new)
         if not verdict.adopt:
-            return kept(f"{numbers}: {verdict.why}", gain=gain, candidate=cand)
+            return kept(f"{numbers}: {verdict.why}", gain=gain, candidate=cand,
+                        brief=f"{list(cand.batch_sizes)} predicted {gain:+.1%}: {verdict.brief}")
         self._plan = replace(cand, meta={**cand.meta, "replanned_at_epoch": epoch})
         self._previous = old
-        return outcome(f"{numbers}: {verdict.why}", new=self._plan, gain=gain, candidate=cand)
+        return outcome(f"{numbers}: {verdict.why}", new=self._plan, gain=gain, candidate=cand,
+                       brief="; ".join(x for x in (verdict.short, deviation) if x))
+
+    def _drifted(self, by_rank: Sequence[StepStats]) -> list[int]:
+        """The ranks whose ratio at the batch they ran has moved from the era's first measurement there by more
+        than ``SAME_BATCH_CHANGE`` and the noise (a change too gradual for the model's epoch-to-epoch rule)."""
+        out = []
+        for i, (ref, r, s) in enumerate(zip(self._era_ref, self._model.ranks, by_rank, strict=True)):
+            now = r.observations[-1] if r.observations else None
+            if ref is not None and now is not None and ref.batch_size == now.batch_size \
+                    and same_batch_changed(now.ratio, ref.ratio, s):
+                out.append(i)
+        return out
 
     @staticmethod
     def _repredicted(plan: Plan, evaluated: Plan, epoch: int) -> Plan:
@@ -311,6 +439,17 @@ class Replanner:
             "measured_worse": [{"from": list(r.moved_from), "to": list(r.batch_sizes), "epoch": r.epoch}
                                for r in ps.rejections],
             "model_miss": None if ps.miss is None else {"miss": ps.miss[0], "epoch": ps.miss[1]},
+            # The era and its memory (policy.py): what decide() compares measurements with.
+            "era": ps.era,
+            "era_since": ps.era_since,
+            "measured_splits": [{"batch_sizes": list(m.batch_sizes), "step_time_s": m.step_s, "noise": m.noise,
+                                 "epochs": m.epochs, "epoch": m.epoch, "spread": m.spread,
+                                 "workers": list(m.workers), "accumulation_steps": list(m.accumulation_steps)}
+                                for m in ps.measured],
+            "last_move": None if ps.last_move is None else {"delta": list(ps.last_move.delta),
+                                                           "epoch": ps.last_move.epoch},
+            "reversal_epoch": ps.reversal,
+            "era_reference": [None if o is None else [o.batch_size, o.ratio] for o in self._era_ref],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -360,6 +499,26 @@ class Replanner:
         rejections = tuple(Rejection(moved_from=tuple(int(x) for x in w["from"]),
                                      batch_sizes=tuple(int(x) for x in w["to"]), epoch=int(w["epoch"]))
                            for w in state.get("measured_worse") or [])
+        # The era's memory (optional: a state written before it resumes in a fresh era with nothing measured).
+        splits = tuple(SplitMeasure(batch_sizes=tuple(int(x) for x in m["batch_sizes"]),
+                                    step_s=float(m["step_time_s"]), noise=float(m["noise"]),
+                                    epochs=int(m.get("epochs", 1)), epoch=int(m.get("epoch", 0)),
+                                    spread=float(m.get("spread", 0.0)),
+                                    workers=tuple(int(x) for x in m.get("workers") or ()),
+                                    accumulation_steps=tuple(int(x) for x in m.get("accumulation_steps") or ()))
+                       for m in state.get("measured_splits") or [])
+        if not all(len(m.batch_sizes) == W and math.isfinite(m.step_s) and m.step_s >= 0 and math.isfinite(m.noise)
+                   and m.epochs >= 1 for m in splits):
+            raise ValidationError(f"replanner state has invalid measured splits {state.get('measured_splits')}")
+        lm = state.get("last_move")
+        last_move = None if not lm else Move(delta=tuple(int(x) for x in lm["delta"]), epoch=int(lm["epoch"]))
+        if last_move is not None and len(last_move.delta) != W:
+            raise ValidationError(f"replanner state has a last move {lm} for another world size than {W}")
+        raw_ref = state.get("era_reference") or [None] * W
+        if len(raw_ref) != W:
+            raise ValidationError(f"replanner state has era references for {len(raw_ref)} ranks, the profile {W}")
+        era_ref = tuple(None if o is None else Observation(batch_size=int(o[0]), ratio=float(o[1])) for o in raw_ref)
+        era_since, reversal = state.get("era_since"), state.get("reversal_epoch")
 
         self._plan = plan
         self._model = self._model.with_ranks([
@@ -370,5 +529,49 @@ class Replanner:
         self._policy_state = PolicyState(proposed=None if proposed is None else tuple(int(x) for x in proposed),
                                          trial=trial, rejections=rejections,
                                          miss=None if not state.get("model_miss") else (
-                                             float(state["model_miss"]["miss"]), int(state["model_miss"]["epoch"])))
+                                             float(state["model_miss"]["miss"]), int(state["model_miss"]["epoch"])),
+                                         era=int(state.get("era") or 0),
+                                         era_since=None if era_since is None else int(era_since),
+                                         measured=splits, last_move=last_move,
+                                         reversal=None if reversal is None else int(reversal))
         self._previous = previous
+        self._era_ref = era_ref
+
+    # -- the configuration (for an exact offline replay) ---------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """This Replanner's configuration, JSON-able: with a decision's ``inputs`` it replays the decision exactly
+        (``from_description``).  The run log's start record carries it (``StartRecord.replanner``)."""
+        return {
+            "kind": _DESCRIPTION_KIND,
+            "version": _DESCRIPTION_VERSION,
+            "profile": self._model.base.to_dict(),
+            "threshold": self.threshold,
+            "noise_sigmas": self.noise_sigmas,
+            "confirm_below": self.confirm_below,
+            "min_steps": self.min_steps,
+            "smoothing": self.smoothing,
+            "loader_wait_frac": self.loader_wait_frac,
+            "options": self._options.to_dict(),
+            "model_workers": list(self._workers),
+            # Informational: a replay solves with planner.solve unless given the same function.
+            "solve_fn": f"{getattr(self._solve_fn, '__module__', '?')}.{getattr(self._solve_fn, '__qualname__', '?')}",
+        }
+
+    @classmethod
+    def from_description(cls, d: Mapping[str, Any], plan: Plan, *,
+                         solve_fn: Callable[..., Plan] = solve) -> Replanner:
+        """The Replanner ``describe()`` described, running ``plan`` (the run's first: its loader workers are the
+        model's starting point unless the description names them)."""
+        if d.get("kind") != _DESCRIPTION_KIND or d.get("version") != _DESCRIPTION_VERSION:
+            raise ValidationError(f"not a replanner description (kind={d.get('kind')!r}, version={d.get('version')!r})")
+        profile = Profile.from_dict(d["profile"], path="replanner.profile")
+        rp = cls(profile, plan, threshold=float(d["threshold"]), min_steps=int(d["min_steps"]),
+                 options=SolveOptions.from_dict(d["options"], path="replanner.options"),
+                 smoothing=float(d["smoothing"]), noise_sigmas=float(d["noise_sigmas"]),
+                 confirm_below=float(d["confirm_below"]), loader_wait_frac=float(d["loader_wait_frac"]),
+                 solve_fn=solve_fn)
+        workers = tuple(int(w) for w in d.get("model_workers") or rp._workers)
+        if workers != rp._workers:
+            rp._workers = workers
+            rp._model = CorrectionModel.of(profile, rp._options, workers=list(workers))
+        return rp

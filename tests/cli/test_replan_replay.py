@@ -23,12 +23,15 @@ def as_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_replay_decides_each_epoch_and_stops_where_the_splits_part() -> None:
+    # Rank 1 measured 1.2-1.6x its flat profile at 17 samples; the model reads that excess as a cost per sample
+    # (runtime/replan/model.py, the uniform correction), so samples moved to it are priced at it: the move to rank 1
+    # is smaller and comes at epoch 4, where the run (which kept [495, 17]) measured every epoch the replay holds.
     lines = replay(str(ROOT / "tests" / "data" / "h100x2_train_auto_replan_s14d_skew_r1"))
     assert lines[0].startswith("epoch 0: not judged (the loaders filled")  # 150-step epochs, a 174-step fill
-    assert lines[1].startswith("epoch 1: predicted step") and "within the measurement noise" in lines[1]
+    assert lines[1].startswith("epoch 1: predicted step") and "below the threshold" in lines[1]
     adopted = [x for x in lines if "ADOPTED" in x]
-    assert len(adopted) == 1 and adopted[0].startswith("epoch 2: ADOPTED")
-    assert lines[-1] == "epoch 3: the run measured [495, 17], the replay holds [413, 99]: stopped"
+    assert len(adopted) == 1 and adopted[0].startswith("epoch 4: ADOPTED") and "[495, 17] -> [456, 56]" in adopted[0]
+    assert lines[-1] == adopted[0] and len(lines) == 5
 
 
 @pytest.mark.usefixtures("as_recorded")

@@ -17,7 +17,7 @@ from planner.curves import fit_envelope
 from runtime.replan import DEFAULT_SMOOTHING, ReplanDecision, Replanner
 
 LOG_KEYS = ["event", "epoch", "adopted", "reason", "predicted_gain", "old_batch_sizes", "new_batch_sizes",
-            "measured_compute_s", "predicted_compute_s", "plan"]
+            "measured_compute_s", "predicted_compute_s", "plan", "inputs"]
 
 
 def _profile() -> planner.Profile:
@@ -56,8 +56,12 @@ def test_rank_three_times_slower_is_replanned_toward_rank0() -> None:
     # measured 3.0, not the EMA's half way.
     assert d.scale_factors == pytest.approx((1.0, 3.0))
     assert d.measured_compute_s[1] == pytest.approx(3 * d.predicted_compute_s[1])
-    # The profile in use is the original, rank 1's points tripled: the single source of truth.
-    assert [p.step_time_s for p in rp.profile.rank(1).compute] == pytest.approx([0.090, 0.225, 0.765])
+    # The profile in use is the original with rank 1's points corrected: 3x at the batch it measured, the excess
+    # spread over the rest by the curve's elasticity there (0.8 on 15 ms + 0.47 ms a sample: within 6% of tripled),
+    # the single source of truth.
+    assert rp.ratio(1, plan.batch_sizes[1]) == pytest.approx(3.0)
+    tripled = [0.090, 0.225, 0.765]
+    assert all(abs(p.step_time_s / t - 1) < 0.06 for p, t in zip(rp.profile.rank(1).compute, tripled, strict=True))
     assert rp.profile.rank(0).compute == profile.rank(0).compute
 
     log = d.to_log()
@@ -66,10 +70,14 @@ def test_rank_three_times_slower_is_replanned_toward_rank0() -> None:
     assert log["new_batch_sizes"] == list(d.new_plan.batch_sizes)
     assert planner.Plan.from_dict(json.loads(json.dumps(log, allow_nan=False))["plan"]) == d.new_plan
 
-    # The slowdown persists: the model stays at 3x and the split where the first re-plan put it.
+    # The slowdown persists: the model stays near 3x (at the new batch it had extrapolated 2.82x; smoothing 0.5
+    # moves it half way to the measured 3x).  That extrapolation left the step 6% over its prediction, so the
+    # next epoch follows up the same way at most, and then the split stays.
     d2 = rp.decide(_stats(profile, rp.plan, 1, slow=(1.0, 3.0)), epoch=1)
-    assert d2.scale_factors[1] == pytest.approx(3.0)
-    assert not d2.adopted and d2.plan.batch_sizes == d.new_plan.batch_sizes
+    assert 2.85 < d2.scale_factors[1] < 3.0
+    assert d2.plan.batch_sizes[1] <= d.new_plan.batch_sizes[1]
+    d3 = rp.decide(_stats(profile, rp.plan, 2, slow=(1.0, 3.0)), epoch=2)
+    assert not d3.adopted and d3.plan.batch_sizes == d2.plan.batch_sizes
 
 
 def test_a_slowdown_in_a_trials_epoch_is_followed_not_reverted() -> None:
@@ -85,8 +93,14 @@ def test_a_slowdown_in_a_trials_epoch_is_followed_not_reverted() -> None:
     d1 = rp.decide(_stats(profile, rp.plan, 1, slow=(1.0, 3.0)), epoch=1)
     assert not d1.reverted and d1.adopted, d1.reason
     assert "the ranks changed" in d1.reason and d1.plan.batch_sizes[0] > d0.plan.batch_sizes[0]
+    # The uniform correction spreads rank 1's 3x over its curve by elasticity (0.72 at 84), which reads it a little
+    # faster than 3x at 29: one more follow-up step the same way, then settled at the true 3x balance.
     d2 = rp.decide(_stats(profile, rp.plan, 2, slow=(1.0, 3.0)), epoch=2)
-    assert not d2.adopted and d2.plan.batch_sizes == d1.plan.batch_sizes  # settled at the 3x balance
+    d3 = rp.decide(_stats(profile, rp.plan, 3, slow=(1.0, 3.0)), epoch=3)
+    assert not d3.adopted and d3.plan.batch_sizes == d2.plan.batch_sizes
+    t0, t1 = (fit_envelope(profile.rank(i).compute) for i in range(2))
+    best = min(range(1, 512), key=lambda b: max(t0(512 - b), 3 * t1(b)))
+    assert abs(d3.plan.batch_sizes[1] - best) <= 2
 
 
 def test_a_co_tenant_at_half_duty_is_a_device_change_at_the_batch_it_ran_before() -> None:
@@ -342,7 +356,8 @@ def test_two_ratios_far_apart_mean_a_changed_device_not_a_shape() -> None:
     rp.decide(_stats(profile, plan, 0), epoch=0)  # rank 1 as profiled at its planned batch
     moved = planner.evaluate(profile, [plan.batch_sizes[0] - 20, plan.batch_sizes[1] + 20])
     rp.decide(_stats(profile, moved, 1, slow=(1.0, 3.0)), epoch=1)  # at another batch, 3x slower: a co-tenant
-    assert rp.ratio(1, 10) == rp.ratio(1, 500) == pytest.approx(3.0)  # uniform, from the newest epoch
+    # Uniform, from the newest epoch (3x at its batch, spread by the curve's elasticity there), not a shape.
+    assert rp.ratio(1, moved.batch_sizes[1]) == pytest.approx(3.0) and 2.5 < rp.ratio(1, 10) < rp.ratio(1, 500) < 3.1
 
 
 def _random_case(rng: np.random.Generator) -> tuple[int, list[Any], planner.Profile]:
@@ -415,9 +430,11 @@ def test_replanning_never_churns_on_random_shape_errors(seed: int) -> None:
     # (seed 0: a 4-rank case whose rank 2 left its flat part measured 28% slower once: 1.023 over 12 epochs);
     # what must never happen is trying again and again -- after a revert, a move must predict more than the
     # model's demonstrated miss, halved every 5 epochs (runtime/replan/policy.py).  Before that rule seed 0 lost
-    # 2.8% by re-adopting a neighbour of the reverted move.  A kept move may be up to the 1% revert margin slower
-    # (seed 1: 0.5%); a trial reverted on noise alone may be tried again once its miss has decayed (seed 2026).
+    # 2.8% by re-adopting a neighbour of the reverted move.  A kept trial may measure up to the 1% revert margin
+    # plus the epoch's noise slower, and the era then allows no move back against it (runtime/replan/policy.py):
+    # the split stays until its own epochs measure it slower than the one before beyond the noise (seeds 1, 2026:
+    # 1.6% over 12 epochs, no revert).
     ratios, reverts = _replanned_ratios(seed), _reverts(seed)
     assert max(reverts) <= 2, (seed, reverts)
-    assert all(r <= 1.01 for r, n in zip(ratios, reverts, strict=True) if n == 0), (seed, max(ratios))
+    assert all(r <= 1.02 for r, n in zip(ratios, reverts, strict=True) if n == 0), (seed, max(ratios))
     assert max(ratios) <= 1.03, (seed, max(ratios))

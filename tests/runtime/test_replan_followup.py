@@ -111,8 +111,9 @@ def test_a_missed_correction_is_followed_up() -> None:
     profile = _profile()
     off, decisions, ran = simulate(planner.solve(profile, global_batch=512, min_batch=2), profile)
     _check_finishes(off, decisions, ran)
-    assert ran[CHANGE_EPOCH + 1].batch_sizes == (382, 130)
-    assert off[CHANGE_EPOCH + 1] == pytest.approx(0.198, abs=0.005)
+    # (One sample further than a uniform factor: rank 1's excess at 256 is spread by its curve's elasticity there.)
+    assert ran[CHANGE_EPOCH + 1].batch_sizes == (381, 131)
+    assert off[CHANGE_EPOCH + 1] == pytest.approx(0.203, abs=0.005)
 
 
 def test_a_resumed_replanner_follows_up_the_same_way() -> None:

@@ -59,20 +59,22 @@ def test_a_rank_paced_by_its_hand_over_sheds_work_within_the_run() -> None:
     """Session 14, call 4 (2x H100, rank 1 emulated 3x slower): the start plan [495, 17] gave rank 0 298 MB batches;
     its 29 workers built one every 114-120 ms while it stepped every 143-157 ms, waiting 15-30 ms for data (the
     hand-over).  The Replanner charged that wait to the workers, saw every split loader-bound and proposed 0.1-4.1%
-    for five epochs.  Charged to the hand-over, the move to rank 1 is adopted by epoch 3 (splits with 394-427
-    samples on rank 0 ran 121-138 ms a step in the session's other launches)."""
+    for five epochs.  Charged to the hand-over, the move to rank 1 is adopted (splits with 394-427 samples on rank 0
+    ran 121-138 ms a step in the session's other launches).  Rank 1 itself measured 1.2-1.6x its flat profile at 17
+    samples, which the model reads as a cost per sample (runtime/replan/model.py, the uniform correction): the samples
+    moved to it are priced at that excess, so the move is [456, 56] at epoch 4, predicted 8.5%."""
     profile, plan, epochs = _run_s14d()
     rp = Replanner(profile, plan)
     decisions = []
-    for e, stats in enumerate(epochs[:4]):  # the run's plan never changed, so every epoch is a fair replay
+    for e, stats in enumerate(epochs[:5]):  # the run's plan never changed, so every epoch is a fair replay
         decisions.append(rp.decide(stats, epoch=e))
         if decisions[-1].adopted:
             break
     adopted = [d for d in decisions if d.adopted]
     assert adopted, [d.reason for d in decisions]
     new = adopted[0].plan
-    assert adopted[0].epoch <= 3 and new.batch_sizes[1] >= 80 and new.ranks[1].num_workers > 1
-    assert adopted[0].predicted_gain is not None and adopted[0].predicted_gain > 0.10
+    assert adopted[0].epoch <= 4 and new.batch_sizes[1] >= 50 and new.ranks[1].num_workers > 1
+    assert adopted[0].predicted_gain is not None and adopted[0].predicted_gain > 0.05
     # The raised hand-over cost survives a checkpoint: a resumed Replanner models the same profile.
     state = json.loads(json.dumps(rp.state_dict()))
     again = Replanner(profile, plan)

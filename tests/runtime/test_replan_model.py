@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -32,6 +33,13 @@ def _epoch(model: CorrectionModel, times: dict[int, tuple[int, float]], *, smoot
     return model.updated(stats, smoothing=smoothing, loader_wait_frac=0.10)
 
 
+def _spread(t0: Callable[[float], float], factor: float, anchor: float, b: float, slope: float) -> float:
+    """The uniform correction of a factor measured at ``anchor`` on the linear curve t0 (runtime.replan.model):
+    t0(b) + e (eps t0(b) / t0(A) + (1 - eps) b / A), e = (factor - 1) t0(A), eps = slope A / t0(A)."""
+    e, eps = (factor - 1) * t0(anchor), slope * anchor / t0(anchor)
+    return t0(b) + e * (eps * t0(b) / t0(anchor) + (1 - eps) * b / anchor)
+
+
 def test_scale_factors_are_an_ema_from_one_and_the_model_is_never_mutated() -> None:
     m0 = CorrectionModel.of(_profile())
     t = m0.envelopes[1](128)
@@ -40,9 +48,12 @@ def test_scale_factors_are_an_ema_from_one_and_the_model_is_never_mutated() -> N
     assert m0.scale_factors == (1.0, 1.0)
     assert m1.scale_factors == pytest.approx((1.0, 1.32))
     assert m2.scale_factors == pytest.approx((1.0, 1 + 0.4 * (1 - 0.2**2)))  # 96% of the way after two epochs
-    # One batch size seen: the uniform factor applies at every batch size.
-    assert m2.ratio(1, 16) == m2.ratio(1, 500) == pytest.approx(m2.scale_factors[1])
+    # One batch size seen: the factor is the ratio at it; elsewhere the excess is spread by the curve's elasticity
+    # there (eps = 0.384 / 0.394 on this curve with a 10 ms fixed part, so nearly a uniform factor).
     assert m2.compute_s(1, 128) == pytest.approx(m2.scale_factors[1] * t)
+    for b in (16, 500):
+        assert m2.compute_s(1, b) == pytest.approx(_spread(m0.envelopes[1], m2.scale_factors[1], 128, b, 0.003))
+        assert abs(m2.ratio(1, b) / m2.scale_factors[1] - 1) < 0.01
 
 
 def test_a_device_change_replaces_the_factor_and_the_old_shape() -> None:
@@ -55,7 +66,8 @@ def test_a_device_change_replaces_the_factor_and_the_old_shape() -> None:
     after = _epoch(m, {1: (96, 3.0 * t(96))}, smoothing=0.8)
     assert after.scale_factors[1] == pytest.approx(3.0)
     assert after.ranks[1].observations == (Observation(batch_size=96, ratio=pytest.approx(3.0)),)
-    assert after.compute_s(1, 200) == pytest.approx(3.0 * t(200))  # uniform again until a second batch size
+    # The uniform correction again (anchored at 96) until a second batch size is measured.
+    assert after.compute_s(1, 200) == pytest.approx(_spread(t, 3.0, 96, 200, 0.003))
     back = _epoch(after, {1: (96, 1.0 * t(96))}, smoothing=0.8)  # and it leaves
     assert back.scale_factors[1] == pytest.approx(1.0)
     # The same 3x within a noisy epoch (steps' std 1.5x their mean over 50 steps: a 21% standard error) is no
@@ -111,7 +123,9 @@ def test_ratios_more_than_2x_apart_mean_a_changed_device() -> None:
     m = CorrectionModel.of(_profile())
     t0 = m.envelopes[1]
     m = _epoch(_epoch(m, {1: (64, t0(64))}), {1: (128, 2.5 * t0(128))})
-    assert m.ratio(1, 16) == m.ratio(1, 256) == pytest.approx(2.5)  # uniform, from the newest epoch
+    # The uniform correction from the newest epoch (2.5x at 128), not a shape.
+    for b in (16, 256):
+        assert m.compute_s(1, b) == pytest.approx(_spread(t0, 2.5, 128, b, 0.003))
 
 
 def test_a_batch_size_measured_far_off_its_last_time_clears_the_history() -> None:
@@ -162,7 +176,9 @@ def test_the_corrected_profile_changes_only_times_and_loader_costs() -> None:
     assert loader.scaling[0].samples_per_s == pytest.approx(2500.0 / factor) and loader.max_workers == 3
     assert loader_costs_s(out, SolveOptions())[0] == pytest.approx(m.loader_sec_per_sample[0])
     assert out.rank(1).loader == base.rank(1).loader
-    assert [p.step_time_s for p in out.rank(0).compute] == pytest.approx([2 * p.step_time_s for p in capped.compute])
+    # Rank 0 measured 2x at 64 on 10 ms + 1 ms a sample: its points take the uniform correction anchored there.
+    assert [p.step_time_s for p in out.rank(0).compute] == pytest.approx(
+        [_spread(m.envelopes[0], 2.0, 64, p.batch_size, 0.001) for p in capped.compute])
 
 
 def _handed(profile: Profile, bytes_per_s: float = 4e9, sample_bytes: int = 600_000) -> Profile:

@@ -8,7 +8,7 @@ import pytest
 
 from planner.errors import ValidationError
 from planner.stats import StepStats
-from runtime.replan.policy import WORSE_EPOCHS, AdoptionPolicy, PolicyState, Trial
+from runtime.replan.policy import WORSE_EPOCHS, AdoptionPolicy, PolicyState, Rejection, Trial
 
 POLICY = AdoptionPolicy(threshold=0.05, noise_sigmas=2.0, confirm_below=0.10)
 EQUAL = (256, 256)
@@ -108,27 +108,36 @@ def test_no_trial_no_revert() -> None:
     assert revert is None and state == PolicyState()
 
 
-def test_moves_toward_reverted_batches_are_barred_for_five_epochs() -> None:
+def test_after_a_revert_nothing_is_adopted_until_a_rank_changes_speed() -> None:
+    # One reversal per era (policy module docstring): the revert restores the split measured faster and holds it;
+    # every move is refused, the rejected one, shorter ones the same way and moves elsewhere alike, until the ranks'
+    # measured speeds change (a new era), which forgets the era's reverts and measurements.
     rejected = (320, 192)  # EQUAL + 64 * (1, -1) measured slower at epoch 3 and was reverted
     state = PolicyState(trial=Trial(previous=EQUAL, previous_step_s=0.100, adopted_at=2))
     state, revert = POLICY.check_trial(state, epoch=3, batch_sizes=rejected, step_s=0.110, noise=0.0)
-    assert revert is not None
-    for epoch in range(4, 3 + WORSE_EPOCHS):  # epochs 4..7
-        for cand in (rejected, (304, 208), (330, 182)):  # the same, 3/4 of the way (48 of 64), beyond it
+    assert revert is not None and state.reversal == 3
+    for epoch in range(4, 12):
+        for cand in (rejected, (304, 208), (303, 209), (240, 272)):
             state, adopted, why = _judge(state, 0.5, epoch=epoch, candidate=cand)
-            assert not adopted
-            assert why == ("goes as far as [320, 192], which measured slower than [256, 256] at epoch 3; such "
-                           "moves are barred until epoch 8")
-        # A shorter move the same way (47 of 64 < 3/4) and a move elsewhere are judged as usual.
-        for cand in ((303, 209), (240, 272)):
-            _, adopted, _ = _judge(state, 0.5, epoch=epoch, candidate=cand)
-            assert adopted
-    # From another plan only the rejected batches themselves are barred.
-    assert not _judge(state, 0.5, epoch=7, current=(300, 212), candidate=rejected)[1]
-    assert _judge(state, 0.5, epoch=7, current=(300, 212), candidate=(310, 202))[1]
-    # Epoch 8: the bar is lifted.
-    state, adopted, _ = _judge(state, 0.5, epoch=3 + WORSE_EPOCHS, candidate=rejected)
-    assert adopted and state.rejections == ()
+            assert not adopted and why.startswith("holding [256, 256] after the revert at epoch 3"), why
+    state = POLICY.new_era(state, 12)
+    assert state.rejections == () and state.reversal is None and state.era == 1
+    state, adopted, _ = _judge(state, 0.5, epoch=12, candidate=rejected)
+    assert adopted
+
+
+def test_a_revert_bar_still_refuses_moves_toward_the_rejected_batches() -> None:
+    # The bar of WORSE_EPOCHS epochs on moves reaching 3/4 of the way toward reverted batches, as a state restored
+    # without the era's hold carries it: the same, 3/4 of the way (48 of 64), beyond it are refused.
+    state = PolicyState(rejections=(Rejection(moved_from=EQUAL, batch_sizes=(320, 192), epoch=3),))
+    for cand in ((320, 192), (304, 208), (330, 182)):
+        _, adopted, why = _judge(state, 0.5, epoch=4, candidate=cand)
+        assert not adopted
+        assert why == ("goes as far as [320, 192], which measured slower than [256, 256] at epoch 3; such "
+                       "moves are barred until epoch 8")
+    for cand in ((303, 209), (240, 272)):  # a shorter move the same way (47 of 64 < 3/4) and a move elsewhere
+        assert _judge(state, 0.5, epoch=4, candidate=cand)[1]
+    assert _judge(state, 0.5, epoch=3 + WORSE_EPOCHS, candidate=(320, 192))[1]  # epoch 8: lifted
 
 
 def test_after_a_revert_a_move_must_beat_the_models_demonstrated_miss() -> None:
@@ -137,6 +146,9 @@ def test_after_a_revert_a_move_must_beat_the_models_demonstrated_miss() -> None:
     assert adopted
     state, revert = POLICY.check_trial(state, epoch=1, batch_sizes=TOWARD_0, step_s=0.120, noise=0.0)
     assert revert is not None and state.miss == (pytest.approx(0.32), 1)
+    # The revert holds until the ranks change speed; the model's miss outlives that (it is the model's, not theirs).
+    state = POLICY.new_era(state, 1)
+    assert state.miss == (pytest.approx(0.32), 1)
     other = (240, 272)  # a different move (not barred), predicted 20%: refused, 20% < 32% x 0.5^(1/5)
     _, verdict = POLICY.judge(state, epoch=2, current=EQUAL, candidate=other, gain=0.20, noise=0.0, step_s=0.1)
     assert not verdict.adopt and "missed its prediction by 32.0%" in verdict.why
