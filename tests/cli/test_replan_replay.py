@@ -104,3 +104,37 @@ def test_with_the_waiting_rank_rule_the_recorded_re_plans_move_by_a_few_samples(
     assert lines[3] == "epoch 3: the run measured [388, 124], the replay holds [394, 118]: stopped"
     then = replay(str(ROOT / "tests" / "data" / "h100x2_train_auto_replan_s19d23_skewS_r1"), streamed=False)
     assert then[0].startswith("epoch 0: ADOPTED") and "[404, 108] -> [360, 152]" in then[0], then
+
+
+def test_a_logged_run_replays_to_identical_decisions(tmp_path: Path) -> None:
+    """A simulated run (rank 1 4x slower from epoch 2, heavy-tailed steps) logged as the runtime objects log it:
+    the start record carries ``Replanner.describe()``, each decision its inputs; replayed from them, every decision
+    is the same (adopted, revert, reason, batch sizes), and a log without the inputs says it cannot replay."""
+    import numpy as np
+    from replan_replay import replay_exact
+
+    import planner
+    from planner.runlog import RunLogWriter, StartRecord
+    from runtime.replan import Replanner
+    from tests.runtime._replan_sim import Noise, knee, multiplied, profile_of, simulate
+
+    base = knee(0.0, 0.001, 0.02)
+    profile = profile_of([base, base], (1, 2, 4, 8, 16, 32, 64, 128, 256))
+    plan = planner.solve(profile, global_batch=200, min_batch=1)
+    rp = Replanner(profile, plan)
+    run = simulate(rp, lambda e: [base, multiplied(base, 4.0) if e >= 2 else base], 8, np.random.default_rng(3),
+                   Noise.busy_box())
+    assert any(d.adopted for d in run.decisions)
+    log = tmp_path / "run.jsonl"
+    with RunLogWriter(log) as w:
+        w.write(StartRecord(time=0.0, world_size=2, global_batch=200, plan=plan,
+                            replanner=Replanner(profile, plan).describe()))
+        for d in run.decisions:
+            w.write(d.to_record())
+    lines, mismatches = replay_exact(str(log))
+    assert mismatches == 0 and len(lines) == 8 and all(x.startswith(f"epoch {i}: same: ") for i, x in enumerate(lines))
+    # A log written before the inputs were kept: nothing to replay from.
+    old = tmp_path / "old.jsonl"
+    with RunLogWriter(old) as w:
+        w.write(StartRecord(time=0.0, world_size=2, global_batch=200, plan=plan))
+    assert replay_exact(str(old))[0] == ["the log has no re-planner configuration (start record) to replay from"]
