@@ -8,7 +8,7 @@ Replanner starts from the log's start plan and takes each epoch's logged per-ran
 decision, for as long as the log ran the plan the replay holds: once the replay adopts a split the run did not (or
 the run adopted one the replay did not), later epochs measured another split and the replay stops, saying so.  The
 run's last epoch is not replayed (no decision follows it), nor, as `planner train` does with its streamed loader
-(``planner.cli.train.unsteady_start``), an epoch that began a new stream with no steady window after its fill: the refill
+(``runtime.epoch.unsteady_start``), an epoch that began a new stream with no steady window after its fill: the refill
 after an adopted re-plan, or the run's first epoch when the fill took all of it (``--restarted``: the run
 restarted its DataLoader every epoch, ``--restart-loader-each-epoch``, and judged every epoch).  A change to the
 correction model is checked this way against every recorded launch before it is measured on a GPU (the launches in
@@ -36,10 +36,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from planner.cli.steps import loader_fill_drain
-from planner.cli.train import unsteady_start
 from planner.profile import Profile
 from planner.runlog import read_run_log
 from planner.stats import StepStats
+from runtime.epoch import unsteady_start
 from runtime.replan import Replanner
 
 _STATS_KEYS = {f.name for f in fields(StepStats)}
@@ -92,7 +92,7 @@ def replay(prefix: str, *, streamed: bool = True) -> list[str]:
             out.append(f"epoch {e.epoch}: the run measured {list(e.batch_sizes)}, the replay holds "
                        f"{list(rp.plan.batch_sizes)}: stopped")
             break
-        # the trainer's rule (planner.cli.train.unsteady_start); a run with loader workers had a fill to take
+        # the trainer's rule (runtime.epoch.unsteady_start); a run with loader workers had a fill to take
         workers = max(r.num_workers for r in e.ranks)
         why = unsteady_start(streamed=streamed, fresh=fresh, first=e is log.epochs[0],
                              fill=loader_fill_drain(workers)[0] if workers else 0,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -55,7 +56,7 @@ from runtime.ddp_settings import ddp_kwargs
 from runtime.epoch import DEFAULT_PREFETCH, EpochEnd, loader_fill_drain, unsteady_start
 from runtime.replan import ReplanDecision, Replanner
 from runtime.replan.model import DEFAULT_SMOOTHING
-from runtime.safety import check_agreement, check_batchnorm, note_weighting
+from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler
 from runtime.timing import StepTimer, close_compute_on_last_gradient
 from runtime.weighting import WeightedHookState, loss_scale, register_weighted_hook
@@ -75,17 +76,6 @@ class DeviceStateSource(Protocol):
 
 def _load_plan(plan: Plan | str | os.PathLike[str]) -> Plan:
     return plan if isinstance(plan, Plan) else Plan.load(plan)
-
-
-def decision_line(decision: ReplanDecision) -> str:
-    """The one line every loop prints on rank 0 for an epoch-end decision (``ReplanDecision.line``)."""
-    line = getattr(decision, "line", None)
-    if callable(line):
-        return str(line())
-    verb = "reverted" if decision.reverted else "adopted" if decision.adopted else "kept"
-    old, new = list(decision.old_plan.batch_sizes), list(decision.batch_sizes)
-    head = f"epoch {decision.epoch}: re-plan {verb} " + (f"{old} -> {new}" if decision.adopted else f"{old}")
-    return f"{head}: {decision.reason}"
 
 
 class PlannedRun:
@@ -222,7 +212,9 @@ class PlannedRun:
                 min_batch=low)
             self.sampler._first_pass_checked = True  # check_agreement above compared what it would
             self.batch_sampler = self.sampler
-            note_weighting("PlannedRun")  # the adapters scale the loss; an own loop registers the weighted hook
+            # Not counted as weighting by itself: an own loop that forgets register_weighted_hook is refused at its
+            # first backward (runtime.safety.arm_weighting_check); the adapters weight through loss_scale or the
+            # hook, which count.
         self.timer = StepTimer(device, warmup_steps=self.warmup_steps)
         if self.replan:
             assert self.profile is not None
@@ -250,7 +242,8 @@ class PlannedRun:
         if write_start:
             self.log.write(StartRecord(time=time.time(), world_size=self.world_size,
                                        global_batch=self.plan.global_batch, strategy=self.strategy, plan=self.plan,
-                                       grad_compress=self.compress, dataset_size=self.dataset_len))
+                                       grad_compress=self.compress, dataset_size=self.dataset_len,
+                                       replanner=self.replanner.describe() if self.replanner is not None else None))
 
     def ddp_kwargs(self) -> dict[str, Any]:
         """The DDP constructor keywords the plan records, checked ({} when none): build the model's wrapper as
@@ -483,11 +476,17 @@ class PlannedRun:
         return done
 
     def announce_decision(self, end: EpochEnd) -> None:
-        """Print ``end``'s decision (or why none was made) in one line on rank 0, unless ``quiet``."""
-        if self.quiet or self.rank != 0:
+        """Print ``end``'s decision (``ReplanDecision.line``: adopted, kept, reverted or failed, and why) or why none
+        was made, in one line on rank 0, unless ``quiet``."""
+        if self.rank != 0:
             return
-        if end.decision is not None:
-            print(decision_line(end.decision), flush=True)
+        if end.decision is not None and end.decision.warning is not None:
+            # A re-plan that failed kept the plan: a warning, shown even when quiet (the run log has it too).
+            print(f"warning: {end.decision.line()}", file=sys.stderr, flush=True)
+        elif self.quiet:
+            return
+        elif end.decision is not None:
+            print(end.decision.line(), flush=True)
         elif end.note is not None:
             print(f"epoch {end.epoch}: re-plan {end.note}", flush=True)
 

@@ -66,7 +66,6 @@ from profiler.workloads.specs import Workload, build_workload
 from runtime.accumulate import MicroStep, micro_steps
 from runtime.compress import stock_compress_hook
 from runtime.ddp_settings import ddp_kwargs
-from runtime.epoch import unsteady_start  # noqa: F401 -- where the replay script and tests import it from
 from runtime.replan import Replanner
 from runtime.run import PlannedRun
 from runtime.safety import check_batchnorm

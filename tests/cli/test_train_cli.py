@@ -116,7 +116,7 @@ def test_the_worker_cap_is_refused_without_auto(capsys: pytest.CaptureFixture[st
 
 
 def test_an_epoch_is_judged_unless_it_began_a_stream_with_no_steady_window() -> None:
-    from planner.cli.train import unsteady_start
+    from runtime.epoch import unsteady_start
 
     def why(**kw: Any) -> str | None:
         return unsteady_start(**{"streamed": True, "fresh": True, "first": False, "fill": 15,

@@ -72,3 +72,44 @@ def test_a_run_log_that_is_a_fifo_is_refused_instead_of_hanging(tmp_path: Path) 
     os.mkfifo(fifo)
     with pytest.raises(ValidationError, match="FIFO"):
         PlannedRun(_plan(1), log_file=fifo).sampler_for(100, "cpu")
+
+
+def _own_loop(rank: int, world: int, out: str, weighted: bool) -> None:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from runtime import PlannedRun, register_weighted_hook
+
+    points = [{"batch_size": b, "step_time_s": (0.001, 0.003)[r] * b} for r in (0, 1) for b in (2, 8, 16)]
+    profile = planner.Profile.from_dict({
+        "version": 1, "kind": "profile", "hosts": [{"name": "node0", "cpu_cores": 2}],
+        "ranks": [{"rank": r, "host": "node0", "device": "cpu", "compute": points[3 * r:3 * r + 3]} for r in (0, 1)]})
+    plan = planner.solve(profile, global_batch=12)
+    assert len(set(plan.batch_sizes)) == 2  # uneven: DDP's plain average would be wrong
+    data = TensorDataset(torch.randn(48, 4), torch.randn(48, 1))
+    model = DDP(torch.nn.Linear(4, 1))
+    run = PlannedRun(plan, seed=0)
+    sampler = run.sampler_for(len(data), "cpu")
+    if weighted:
+        register_weighted_hook(model, sampler)
+    loader = DataLoader(data, batch_sampler=sampler)
+    try:
+        for x, y in run.epoch(0, loader, last=True):
+            F.mse_loss(model(x), y).backward()
+    except ValidationError as e:
+        Path(out, f"rank{rank}.txt").write_text(str(e))
+        return
+    Path(out, f"rank{rank}.txt").write_text("trained")
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_an_own_loop_that_forgets_the_weighting_is_refused_at_its_first_backward(tmp_path: Path,
+                                                                                 weighted: bool) -> None:
+    run_distributed(_own_loop, 2, str(tmp_path), weighted, timeout_s=120)
+    said = [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)]
+    if weighted:
+        assert said == ["trained", "trained"]
+    else:
+        assert said[0] == said[1] and "register_weighted_hook" in said[0], said
