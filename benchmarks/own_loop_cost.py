@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     record = {
-        "record": 1, "kind": "own-loop-cost",
+        "record": 1, "kind": "own-loop-cost", "source": "benchmarks/own_loop_cost.py",
         "command": "python benchmarks/own_loop_cost.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "cpu": _cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
         "meta": {"model": args.model, "workload": what, "ranks": args.ranks, "batch_per_rank": batch,

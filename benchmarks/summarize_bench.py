@@ -59,7 +59,7 @@ SCENARIOS = {
 """Block name suffix (``scenario: NAME``) -> the heterogeneity it covers (``scenario`` sorts launches into them)."""
 ORDER = ("equal", "equal-accum", "no-accum", "proportional", "plan", "plan+replan")
 RECORD_FORMAT = 1
-OTHER_KINDS = {"nodes": "gpu_suite.sh nodes", "comm-breakdown": "comm_breakdown.py", "own-loop": "gpu_suite.sh promise",
+OTHER_KINDS = {"nodes": "gpu_suite.sh nodes", "own-loop-cost": "own_loop_cost.py", "comm-breakdown": "comm_breakdown.py", "own-loop": "gpu_suite.sh promise",
                "train": "gpu_suite.sh promise", "slowlink": "gpu_suite.sh slowlink",
                "convergence": "gpu_suite.sh convergence", "replan-midrun": "replan_midrun.py"}
 """Records of launches that are not `planner bench` results, by ``kind``, and what wrote them (their tables are
