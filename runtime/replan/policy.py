@@ -83,6 +83,24 @@ a split measured faster cannot make the run slower.  What a hold gives up is a p
 that still measured faster than the split before it; the next speed change (new era) re-opens every move.  A first
 launch of this went [199, 1] -> [100, 100] -> [199, 1] -> [82, 118], giving the 4x slower rank 59% of the batch.
 
+A missed move: a move back against the era's last move is allowed once, as the follow-up of that move's trial when
+the trial measured slower than it predicted (by more than max(5%, noise)), and it is the era's reversal -- after it
+the split holds until the speeds change:
+
+    follow-up back  iff  trial missed slow (step > predicted)  and  <cand - cur, m_prev> < 0  and the follow-up's
+                         gain test passes      ->   reversal = this epoch (hold)
+
+A trial faster than it predicted gained more than the model said: a step back from it is the model's extrapolation
+again, not evidence (an FSDP2 case whose move measured 27% faster than predicted stepped back and measured 12%
+slower, a second reversal).
+
+The trial measured the ranks at the split the model moved to, which the move's own epoch could not: a move made on
+an epoch that held a change's onset (a co-tenant's start-up takes CPU from every rank of its host) is judged there
+on speeds the next epochs do not run at.  On one H200 box (a CUDA rank beside a CPU rank, a co-tenant joining the
+GPU), moves made on the onset epoch put 498 of 512 samples on the GPU rank and missed their prediction by 25%; with
+no move back, 2 of 3 launches ran 52-62k samples/s for the rest of the run, where the launch that kept its split ran
+65-79k.
+
 The policy knows batch sizes only; the Replanner keeps the plans they belong to.
 """
 
@@ -234,7 +252,8 @@ class PolicyState:
     last_move: Move | None = None
     """The era's last adopted move (None: none yet, or a revert since)."""
     reversal: int | None = None
-    """The epoch of the era's reversal (a revert): nothing is adopted until the era advances."""
+    """The epoch of the era's reversal (a revert, or a missed move's follow-up back): nothing is adopted until the era
+    advances."""
 
     def measure_of(self, batch_sizes: Batches) -> SplitMeasure | None:
         return next((m for m in self.measured if m.batch_sizes == batch_sizes), None)
@@ -398,8 +417,8 @@ class AdoptionPolicy:
         # predicted gain -- the prediction is what was wrong.
         if state.reversal is not None:
             return state, Verdict(adopt=False, why=(
-                f"holding {list(current)} after the revert at epoch {state.reversal} until a rank's measured speed "
-                "changes (one reversal per change)"), short=f"holding after the revert at epoch {state.reversal}")
+                f"holding {list(current)} after the reversal at epoch {state.reversal} until a rank's measured speed "
+                "changes (one reversal per change)"), short=f"holding after the reversal at epoch {state.reversal}")
         barred = self.barred_by(state, current, candidate)
         if barred is not None:
             return state, Verdict(adopt=False, why=(
@@ -413,7 +432,8 @@ class AdoptionPolicy:
                 f"{list(candidate)} measured {was.step_s * 1e3:.4g} ms per step (epoch {was.epoch}), "
                 f"{lost:.1%} slower than {list(current)}; not adopted again until a rank's speed changes"),
                 short=f"{list(candidate)} measured {lost:.1%} slower")
-        if state.last_move is not None and state.last_move.against(current, candidate):
+        back = state.last_move is not None and state.last_move.against(current, candidate)
+        if back and (follow is None or follow.error <= 0):
             return state, Verdict(adopt=False, why=(
                 f"moves back against the move adopted at epoch {state.last_move.epoch} while the ranks' speeds are "
                 "unchanged; not adopted until a rank's measured speed changes"),
@@ -423,9 +443,13 @@ class AdoptionPolicy:
         move = Move(delta=tuple(c - a for a, c in zip(current, candidate, strict=True)), epoch=epoch)
         if follow is not None and gain > max(FOLLOW_UP_SHARE * self.threshold, WORSE_MARGIN, noise) \
                 and gain > state.miss_at(epoch):
-            # The change adopted before was made on a model this epoch corrected: finish it.
-            return replace(state, proposed=None, trial=trial, last_move=move), Verdict(adopt=True, why=(
-                f"adopted as the follow-up: {follow.describe()}"), short=f"follow-up ({follow.error:+.1%} off)")
+            # The change adopted before was made on a model this epoch corrected: finish it.  Back against that
+            # change, the follow-up is the era's one reversal (module docstring, "A missed move"): nothing moves
+            # after it until the speeds change.
+            return replace(state, proposed=None, trial=trial, last_move=move,
+                           reversal=epoch if back else state.reversal), Verdict(
+                adopt=True, why=f"adopted as the follow-up{' back' if back else ''}: {follow.describe()}",
+                short=f"follow-up{' back' if back else ''} ({follow.error:+.1%} off)")
         missed = state.miss_at(epoch)
         if gain > self.threshold and not gain > missed:
             assert state.miss is not None

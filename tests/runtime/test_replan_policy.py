@@ -119,7 +119,7 @@ def test_after_a_revert_nothing_is_adopted_until_a_rank_changes_speed() -> None:
     for epoch in range(4, 12):
         for cand in (rejected, (304, 208), (303, 209), (240, 272)):
             state, adopted, why = _judge(state, 0.5, epoch=epoch, candidate=cand)
-            assert not adopted and why.startswith("holding [256, 256] after the revert at epoch 3"), why
+            assert not adopted and why.startswith("holding [256, 256] after the reversal at epoch 3"), why
     state = POLICY.new_era(state, 12)
     assert state.rejections == () and state.reversal is None and state.era == 1
     state, adopted, _ = _judge(state, 0.5, epoch=12, candidate=rejected)

@@ -300,3 +300,26 @@ def test_randomized_runs_are_never_slower_than_staying_or_splitting_equally() ->
     worst = int(np.argmax(ratios))
     assert ratios[worst] <= 1.0 + NOISE_TOLERANCE, (worst, ratios[worst], outcomes[worst])
     assert sum(o.adoptions for o in outcomes) > CASES // 2  # it does move: slowdowns arrive in 80% of the cases
+
+
+def test_a_move_made_on_a_changes_onset_that_missed_slow_is_followed_back_once() -> None:
+    """Rank 1 runs 2x slow in the epoch its change begins (an onset: a co-tenant's start-up), 1.15x after; rank 0
+    is steeper than profiled past the batch it ran.  The move made on the onset epoch misses its prediction slow;
+    its follow-up steps back (the era's one reversal) and the split then holds."""
+    line = knee(0.0, 0.001, 0.002)
+    profile = profile_of([line, line], SIZES)
+    plan = planner.solve(profile, global_batch=200, min_batch=1)
+
+    def steep(b: float) -> float:  # rank 0: 2 ms a sample more past 100
+        return line(b) + (0.002 * (b - 100) if b > 100 else 0.0)
+
+    def truth_at(e: int) -> list[Curve]:
+        return [steep, line] if e < 2 else [steep, multiplied(line, 2.0 if e == 2 else 1.15)]
+
+    run = simulate(Replanner(profile, plan), truth_at, 9, np.random.default_rng(0), Noise.quiet())
+    onset, follow = run.decisions[2], run.decisions[3]
+    assert onset.adopted and run.batches[3][1] < 100, [d.line() for d in run.decisions]
+    assert follow.adopted and "follow-up back" in follow.reason and run.batches[4][1] > run.batches[3][1]
+    assert all(not d.adopted for d in run.decisions[4:])  # held after the reversal
+    assert all(n <= 1 for n in reversals_per_era(run).values())
+    assert max(run.measured_steps[4:]) < run.measured_steps[3]  # back from the split that missed
