@@ -432,12 +432,13 @@ class AdoptionPolicy:
                 f"{list(candidate)} measured {was.step_s * 1e3:.4g} ms per step (epoch {was.epoch}), "
                 f"{lost:.1%} slower than {list(current)}; not adopted again until a rank's speed changes"),
                 short=f"{list(candidate)} measured {lost:.1%} slower")
-        back = state.last_move is not None and state.last_move.against(current, candidate)
-        if back and (follow is None or follow.error <= 0):
+        last = state.last_move
+        back = last is not None and last.against(current, candidate)
+        if last is not None and back and (follow is None or follow.error <= 0):
             return state, Verdict(adopt=False, why=(
-                f"moves back against the move adopted at epoch {state.last_move.epoch} while the ranks' speeds are "
+                f"moves back against the move adopted at epoch {last.epoch} while the ranks' speeds are "
                 "unchanged; not adopted until a rank's measured speed changes"),
-                short=f"moves back against epoch {state.last_move.epoch}'s move")
+                short=f"moves back against epoch {last.epoch}'s move")
         trial = Trial(previous=current, previous_step_s=step_s, adopted_at=epoch, predicted_gain=gain,
                       predicted_step_s=predicted_step_s)
         move = Move(delta=tuple(c - a for a, c in zip(current, candidate, strict=True)), epoch=epoch)
