@@ -221,6 +221,11 @@ class PlannedRun:
             self.replanner = Replanner(self.profile, self.plan, threshold=self.replan_threshold,
                                        smoothing=DEFAULT_SMOOTHING if self.replan_smoothing is None
                                        else self.replan_smoothing)
+            if self.rank == 0:  # the rank that re-solves (runtime.replan.exchange)
+                # The first re-solve imports the MILP solver (scipy.optimize: 0.4 s of CPU from cached bytecode,
+                # over 1 s without); paid here, at set-up, instead of inside the first epoch end, where every
+                # rank would wait for it (benchmarks/own_loop_cost.py: epoch 0's end 1.26 s -> 37 ms).
+                import scipy.optimize  # noqa: F401
         if open_log:
             log = self.log_file
             if log is not None:
