@@ -93,7 +93,9 @@ def _worker(args: argparse.Namespace) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     data, net, kind = _data_and_model(args.model)
-    model = DDP(net)
+    # --device cuda: every rank on cuda:0, over gloo (NCCL refuses two ranks on one GPU).
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    model = DDP(net.to(device), device_ids=[0] if device.type == "cuda" else None)
     variant = args.worker
     batch = MODELS[args.model][1]
     run: Any = None
@@ -109,7 +111,7 @@ def _worker(args: argparse.Namespace) -> int:
             sampler = HeteroBatchSampler.from_plan(args.plan, rank, len(data), seed=args.seed)
         else:
             run = PlannedRun(args.plan, profile=args.profile, replan=True, log_file=args.log_file, seed=args.seed)
-            sampler = run.sampler_for(len(data), "cpu")
+            sampler = run.sampler_for(len(data), device)
         loader = DataLoader(data, batch_sampler=sampler, num_workers=args.workers)
         if variant != "sampler":
             register_weighted_hook(model, sampler)
@@ -140,11 +142,14 @@ def _worker(args: argparse.Namespace) -> int:
             prof.enable()
         c0, t0 = time.process_time(), time.perf_counter()
         for x, y in batches:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             loss = loss_of(x, y)
             opt.zero_grad()
             loss.backward()
             opt.step()
             marks.append(time.perf_counter())
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # both loops' queued work inside their epoch
         t1, c1 = time.perf_counter(), time.process_time()
         if prof is not None:
             prof.disable()
@@ -185,7 +190,7 @@ def _launch(args: argparse.Namespace, variant: str, tmp: Path, plan: Path, profi
     out = tmp / f"{variant}_{i}.json"
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun), "--standalone", "--nproc-per-node", str(args.ranks), str(Path(__file__).resolve()),
-           "--worker", variant, "--model", args.model, "--epochs", str(args.epochs), "--workers", str(args.workers),
+           "--worker", variant, "--device", args.device, "--model", args.model, "--epochs", str(args.epochs), "--workers", str(args.workers),
            "--plan", str(plan), "--profile", str(profile), "--log-file", str(tmp / f"run_{i}.jsonl"),
            "--out", str(out)]
     if args.cprofile:
@@ -200,6 +205,14 @@ def _launch(args: argparse.Namespace, variant: str, tmp: Path, plan: Path, profi
     result["rc"] = proc.returncode  # a launch that trained and then aborted in teardown still counts its epoch
     result["aborted"] = "terminate called" in proc.stderr
     return result
+
+
+def _gpu_tag() -> str:
+    """h200x1 for one NVIDIA H200 (the card's model, lower case, and the count)."""
+    import torch
+
+    name = torch.cuda.get_device_name(0).split()[-1].lower() if torch.cuda.is_available() else "gpu"
+    return f"{name}x1"
 
 
 def _cpu_name() -> str:
@@ -230,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated, in launch order within a round, from {','.join(VARIANTS)}; "
                              "stock must be among them (the ratios' base)")
     parser.add_argument("--ranks", type=int, default=2, help="gloo ranks on this host")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where every rank trains: cpu, or cuda (all ranks on cuda:0, over gloo)")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
     parser.add_argument("--epochs", type=int, default=2, help="epochs per launch (epoch 0 is reported; >= 2 makes "
                         "epoch 0 a re-planning epoch, as in a real run)")
@@ -301,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "record": 1, "kind": "own-loop-cost", "source": "benchmarks/own_loop_cost.py",
         "command": "python benchmarks/own_loop_cost.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "cpu": _cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+        "cpu": _cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__, "device": args.device,
+        "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
         "meta": {"model": args.model, "workload": what, "ranks": args.ranks, "batch_per_rank": batch,
                  "workers": args.workers, "epochs": args.epochs, "rounds": args.pairs,
                  "plan": "equal", "order": variants},
@@ -309,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     directory = Path(args.record_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    path = _next_record(directory, f"cpux{args.ranks}_{args.model}_own-loop-cost")
+    cards = f"cpux{args.ranks}" if args.device == "cpu" else f"{_gpu_tag()}-sharedx{args.ranks}"
+    path = _next_record(directory, f"{cards}_{args.model}_own-loop-cost")
     path.write_text(json.dumps(record, separators=(",", ":")) + "\n")
     print(f"record: {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
     return 0
