@@ -662,6 +662,55 @@ def promise_table(results: Path) -> str:
     return "\n\n".join(out) + "\n\nRecords: docs/results/*_own-loop_*.json, *_train-*.json."
 
 
+def replan_midrun_table(results: Path) -> str:
+    """Records of benchmarks/replan_midrun.py (kind "replan-midrun"): per case, form and code, over its launches --
+    the adopt delay, reversals, oscillating and crashed launches, the last 3 epochs' samples/s and its share of the
+    best epoch any launch of the form measured under the disturbance, the equal split's samples/s in the disturbed
+    epochs that ran it, and the final and throughput-proportional splits."""
+    recs = _records(results, "replan-midrun")
+    if not recs:
+        return "No records yet (`benchmarks/replan_midrun.py`)."
+    rows = ["| case (heterogeneity) | form | code | launches | adopt delay (epochs) | reversals | oscillating | crashed "
+            "| last-3 samples/s | of the best | equal split, disturbed | final splits | proportional |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key in dict.fromkeys((r["case"], r["form"], r.get("code", "-")) for r in recs):
+        g = [r for r in recs if (r["case"], r["form"], r.get("code", "-")) == key]
+        sc = [r["scores"] for r in g]
+        delays = [s["adopt_delay_epochs"] for s in sc]
+        shown = ", ".join("-" if d is None else str(d) for d in delays)
+        equal = [x for s in sc for x in (s.get("equal_split_disturbed_samples_per_s") or [])]
+        finals = ", ".join(dict.fromkeys(str(s["final_split"]) for s in sc))
+        props = ", ".join(dict.fromkeys(str(s["proportional_split"]) for s in sc))
+        rows.append(
+            f"| {key[0]} ({g[0]['meta']['heterogeneity']}) | {key[1]} | {key[2]} | {len(g)} | {shown} | "
+            f"{sum(s['reversals'] for s in sc)} | {sum(bool(s['oscillation']) for s in sc)} | "
+            f"{sum(bool(s['crashed']) for s in sc)} | {_x([s['last3_median_samples_per_s'] for s in sc], '{:.0f}')} | "
+            f"{_x([s['of_best'] for s in sc], '{:.3f}')} | {_x(equal, '{:.0f}')} | {finals} | {props} |")
+    return "\n".join(rows)
+
+
+def own_loop_cost_table(results: Path) -> str:
+    """Records of benchmarks/own_loop_cost.py (kind "own-loop-cost"): epoch 0 of each variant against the stock
+    script launched in the same rounds, medians [min-max] over the rounds."""
+    recs = _records(results, "own-loop-cost")
+    if not recs:
+        return "No records yet (`benchmarks/own_loop_cost.py`)."
+    rows = ["| device | workload | ranks | rounds | code | variant | epoch 0 x stock | step ms (stock) | epoch-end ms |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for r in recs:
+        where = r.get("gpu") or f"CPU ({r.get('cpu', '?')})"
+        stock = r["epoch0"].get("stock", {})
+        for variant, v in r["epoch0"].items():
+            if variant == "stock":
+                continue
+            rows.append(
+                f"| {where} | {r['meta']['workload']} | {r['meta']['ranks']} | {r['meta']['rounds']} | "
+                f"{r.get('code', '-')} | {variant} | {v['ratio_median']:.3f} [{v['ratio_min']:.3f}-{v['ratio_max']:.3f}] "
+                f"| {v['step_ms_median']:.2f} ({stock.get('step_ms_median', float('nan')):.2f}) | "
+                f"{v['tail_ms_median']:.1f} |")
+    return "\n".join(rows)
+
+
 def comm_table(results: Path) -> str:
     """Records of benchmarks/comm_breakdown.py (kind "comm-breakdown"): per launch and variant, samples/s over the
     rounds and, per rank, the median compute span and the communication exposed after it."""
@@ -1084,7 +1133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"not bench records: {', '.join(ignored)}", file=sys.stderr)
     generated = {**blocks(launches), "nodes": nodes_table(args.results), "comm": comm_table(args.results),
                  "slowlink": slowlink_table(args.results), "convergence": convergence_table(args.results),
-                 "promise": promise_table(args.results)}
+                 "promise": promise_table(args.results), "replan-midrun": replan_midrun_table(args.results),
+                 "own-loop-cost": own_loop_cost_table(args.results)}
     stale = []
     for doc in args.check or []:
         old = doc.read_text(encoding="utf-8")
