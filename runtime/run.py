@@ -58,7 +58,7 @@ from runtime.replan import ReplanDecision, Replanner
 from runtime.replan.model import DEFAULT_SMOOTHING
 from runtime.safety import check_agreement, check_batchnorm
 from runtime.sampler import HeteroBatchSampler
-from runtime.timing import StepTimer, close_compute_on_last_gradient
+from runtime.timing import ComputeStart, StepTimer, close_compute_on_last_gradient
 from runtime.weighting import WeightedHookState, loss_scale, register_weighted_hook
 
 T = TypeVar("T")
@@ -163,6 +163,8 @@ class PlannedRun:
         self._first_epoch: int | None = None
         self._epoch_t0: float | None = None
         self._watched: set[int] = set()
+        self._open_compute: ComputeStart | None = None
+        """Opens each step's compute span at the watched DDP model's own forward (after DDP's buffer broadcast)."""
         self._finished = False
         self._warned = False
         self._warned_compress = False
@@ -298,6 +300,11 @@ class PlannedRun:
                 "re-plan with min_batch=2 (planner plan --min-batch 2) or convert to SyncBatchNorm")
         if self.timer is not None:
             close_compute_on_last_gradient(model, self.timer)
+            if self._open_compute is None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+                # `planner train`'s rule (runtime.timing.ComputeStart): the span opens when DDP hands the batch to
+                # the module, so a step this rank starts ahead of a late peer does not count the wait in DDP's
+                # forward buffer broadcast as its own compute.
+                self._open_compute = ComputeStart(model, self.timer)
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -321,7 +328,10 @@ class PlannedRun:
         timer = self.timer
         assert timer is not None, "the planned sampler is not built yet (sampler_for)"
         for batch in timer.iter_data(batches):
-            timer.compute_start()  # the batch is handed over: the forward starts now
+            if self._open_compute is not None:
+                self._open_compute()  # opens at the DDP model's own forward
+            else:
+                timer.compute_start()  # the batch is handed over: the forward starts now
             yield batch
             timer.compute_end()  # ignored when backward reached the watched model's first parameter
             timer.step_end()
