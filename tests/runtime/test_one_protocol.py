@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import planner
 from tests._dist import run_distributed
+from tests.runtime._plans import linear_cpu_profile
 
 COST_S = (0.001, 0.003)
 """Seconds per sample of each rank's forward on the fake clock (the profile says 0.001 for both)."""
@@ -46,13 +47,6 @@ class ClockedNet(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.clock.t += self.cost_s * x.shape[0]
         return self.fc(x)
-
-
-def _profile() -> planner.Profile:
-    points = [{"batch_size": b, "step_time_s": 0.001 * b} for b in (2, 8, 16)]
-    return planner.Profile.from_dict({
-        "version": 1, "kind": "profile", "hosts": [{"name": "node0", "cpu_cores": 2}],
-        "ranks": [{"rank": r, "host": "node0", "device": "cpu", "compute": points} for r in (0, 1)]})
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -101,7 +95,7 @@ def _both(rank: int, world: int, out: str) -> None:
 
     clock = FakeClock()
     runtime.run.StepTimer = functools.partial(StepTimer, clock=clock)  # type: ignore[misc]
-    profile = _profile()
+    profile = linear_cpu_profile((0.001, 0.001))
     plan = planner.solve(profile, global_batch=GLOBAL_BATCH)
     _trainer_path(rank, world, clock, plan, profile, Path(out) / "trainer.jsonl")
     _own_loop_path(rank, clock, plan, profile, Path(out) / "own.jsonl")

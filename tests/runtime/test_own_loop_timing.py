@@ -13,6 +13,7 @@ from pathlib import Path
 
 import planner
 from tests._dist import run_distributed
+from tests.runtime._plans import linear_cpu_profile
 
 LATE_S = 0.4
 
@@ -25,11 +26,7 @@ def _loop(rank: int, world: int, out: str) -> None:
 
     from runtime import PlannedRun, register_weighted_hook
 
-    points = [{"batch_size": b, "step_time_s": 0.001 * b} for b in (2, 8, 16)]
-    profile = planner.Profile.from_dict({
-        "version": 1, "kind": "profile", "hosts": [{"name": "node0", "cpu_cores": 2}],
-        "ranks": [{"rank": r, "host": "node0", "device": "cpu", "compute": points} for r in (0, 1)]})
-    plan = planner.solve(profile, global_batch=8)
+    plan = planner.solve(linear_cpu_profile((0.001, 0.001)), global_batch=8)
     data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1)))

@@ -11,14 +11,11 @@ import pytest
 import planner
 from planner.errors import ValidationError
 from tests._dist import run_distributed
+from tests.runtime._plans import linear_cpu_profile
 
 
 def _plan(world_size: int = 2) -> planner.Plan:
-    points = [{"batch_size": b, "step_time_s": 0.001 * b} for b in (2, 8, 16)]
-    profile = planner.Profile.from_dict({
-        "version": 1, "kind": "profile", "hosts": [{"name": "node0", "cpu_cores": 2}],
-        "ranks": [{"rank": r, "host": "node0", "device": "cpu", "compute": points} for r in range(world_size)]})
-    return planner.solve(profile, global_batch=10)
+    return planner.solve(linear_cpu_profile((0.001,) * world_size), global_batch=10)
 
 
 def _build(rank: int, world: int, out: str, name: str, values: list[Any]) -> None:
@@ -82,11 +79,7 @@ def _own_loop(rank: int, world: int, out: str, weighted: bool) -> None:
 
     from runtime import PlannedRun, register_weighted_hook
 
-    points = [{"batch_size": b, "step_time_s": (0.001, 0.003)[r] * b} for r in (0, 1) for b in (2, 8, 16)]
-    profile = planner.Profile.from_dict({
-        "version": 1, "kind": "profile", "hosts": [{"name": "node0", "cpu_cores": 2}],
-        "ranks": [{"rank": r, "host": "node0", "device": "cpu", "compute": points[3 * r:3 * r + 3]} for r in (0, 1)]})
-    plan = planner.solve(profile, global_batch=12)
+    plan = planner.solve(linear_cpu_profile((0.001, 0.003)), global_batch=12)
     assert len(set(plan.batch_sizes)) == 2  # uneven: DDP's plain average would be wrong
     data = TensorDataset(torch.randn(48, 4), torch.randn(48, 1))
     model = DDP(torch.nn.Linear(4, 1))
