@@ -17,6 +17,8 @@ Without an initialized process group each function acts on this process alone.
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import json
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +27,42 @@ import torch
 import torch.distributed as dist
 
 from planner.errors import PlanError, ValidationError
+
+
+class _Buffers:
+    """The tensors of this process's latest exchanges, kept until later ones replace them.
+
+    gloo's worker thread drops its references to a collective's tensors when it disposes of the finished work, a
+    moment after ``wait`` has returned here.  A Python-made tensor whose Python object is already gone is then freed
+    by that thread, which takes the GIL to release the object -- and if the main thread has meanwhile gone on to
+    exit the interpreter, the thread is torn down inside a destructor and the process aborts ("terminate called
+    without an active exception", after the run had finished; 2 of 9 two-rank launches of an own loop whose last
+    act was the epoch end's all-gather, with gdb showing ``~AsyncAllgatherWork`` -> ``decref_pyobject`` ->
+    ``take_gil`` in ``pt_gloo_runloop``).  Held here, the worker's reference is never the last: the main thread frees
+    the tensors, with the GIL, when the next exchanges replace them.  At interpreter exit the worker may still be
+    about to dispose of the last exchange's work (a busy host deschedules it), and the interpreter's own clean-up
+    would then free the tensors first: so at exit the last exchanges' tensors are kept alive for good (a few KB,
+    ``leak_at_exit``), and the worker's release, whenever it comes, needs no GIL."""
+
+    KEEP = 4
+    """Exchanges kept (each all-gather holds its two collectives' tensors)."""
+
+    def __init__(self) -> None:
+        self._kept: list[tuple[torch.Tensor, ...]] = []
+        self._registered = False
+
+    def keep(self, *tensors: torch.Tensor) -> None:
+        self._kept = [*self._kept[-(self.KEEP - 1):], tensors]
+        if not self._registered:
+            self._registered = True
+            atexit.register(self.leak_at_exit)
+
+    def leak_at_exit(self) -> None:
+        """One more reference to the kept tensors that nothing releases: the process ends with them alive."""
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._kept))
+
+
+_BUFFERS = _Buffers()
 
 
 class RemoteError(RuntimeError):
@@ -64,13 +102,15 @@ def all_gather_json(obj: Any, group: Any = None) -> list[Any]:
     payload = torch.frombuffer(bytearray(_encode(obj)), dtype=torch.uint8).to(device)
     world = dist.get_world_size(group)
     sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64, device=device), group=group)
+    mine = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
+    dist.all_gather(sizes, mine, group=group)
     lengths = [int(s.item()) for s in sizes]
     longest = max(lengths)
     padded = torch.zeros(longest, dtype=torch.uint8, device=device)
     padded[: payload.numel()] = payload
     out = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(world)]
     dist.all_gather(out, padded, group=group)
+    _BUFFERS.keep(payload, mine, *sizes, padded, *out)
     return [_decode(t[:n].cpu().numpy().tobytes(), r) for r, (t, n) in enumerate(zip(out, lengths, strict=True))]
 
 
@@ -87,6 +127,7 @@ def broadcast_json(obj: Any, src: int = 0, group: Any = None) -> Any:
     buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device) if me == src
            else torch.empty(int(size.item()), dtype=torch.uint8, device=device))
     dist.broadcast(buf, src=global_src, group=group)
+    _BUFFERS.keep(size, buf)
     return obj if me == src else _decode(buf.cpu().numpy().tobytes(), src)
 
 

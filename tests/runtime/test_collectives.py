@@ -61,3 +61,26 @@ def _errors(rank: int, world_size: int) -> None:
 @pytest.mark.distributed
 def test_an_error_on_rank_0_reaches_every_rank_with_its_kind() -> None:
     run_distributed(_errors, 2, timeout_s=60)
+
+
+def _kept_after_exchanges(rank: int, world: int) -> None:
+    import sys
+
+    from runtime import collectives
+
+    all_gather_json({"rank": rank})
+    broadcast_json("x" if rank == 0 else None)
+    kept = collectives._BUFFERS._kept
+    # The latest exchanges' tensors outlive the calls (the gloo worker's reference is never the last one): the
+    # broadcast's two and the all-gather's 2 + 2 * world.
+    assert [len(t) for t in kept[-2:]] == [3 + 2 * world, 2], [len(t) for t in kept]
+    for _ in range(10):
+        all_gather_json(rank)
+    assert len(kept := collectives._BUFFERS._kept) == collectives._Buffers.KEEP  # bounded
+    before = sys.getrefcount(kept)
+    collectives._BUFFERS.leak_at_exit()
+    assert sys.getrefcount(kept) == before + 1  # kept alive past the interpreter's clean-up
+
+
+def test_exchanged_tensors_outlive_the_exchange_and_the_interpreters_clean_up() -> None:
+    run_distributed(_kept_after_exchanges, 2)
