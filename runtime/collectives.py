@@ -30,35 +30,37 @@ from planner.errors import PlanError, ValidationError
 
 
 class _Buffers:
-    """The tensors of this process's latest exchanges, kept until later ones replace them.
+    """The tensors of this process's latest exchanges, held from C++ until later ones replace them, and at exit for
+    good.
 
-    gloo's worker thread drops its references to a collective's tensors when it disposes of the finished work, a
-    moment after ``wait`` has returned here.  A Python-made tensor whose Python object is already gone is then freed
-    by that thread, which takes the GIL to release the object -- and if the main thread has meanwhile gone on to
-    exit the interpreter, the thread is torn down inside a destructor and the process aborts ("terminate called
-    without an active exception", after the run had finished; 2 of 9 two-rank launches of an own loop whose last
-    act was the epoch end's all-gather, with gdb showing ``~AsyncAllgatherWork`` -> ``decref_pyobject`` ->
-    ``take_gil`` in ``pt_gloo_runloop``).  Held here, the worker's reference is never the last: the main thread frees
-    the tensors, with the GIL, when the next exchanges replace them.  At interpreter exit the worker may still be
-    about to dispose of the last exchange's work (a busy host deschedules it), and the interpreter's own clean-up
-    would then free the tensors first: so at exit the last exchanges' tensors are kept alive for good (a few KB,
-    ``leak_at_exit``), and the worker's release, whenever it comes, needs no GIL."""
+    A tensor made in Python that a C++ owner also holds keeps its Python object alive through that owner, and the
+    owner's release takes the GIL to hand the object back.  gloo's worker thread is such an owner: it releases a
+    collective's tensors when it disposes of the finished work, a moment after ``wait`` has returned here -- and if
+    the main thread has meanwhile gone on to exit the interpreter, the thread is torn down inside that destructor and
+    the process aborts ("terminate called without an active exception", after the run had finished: gdb showed
+    ``~AsyncAllgatherWork`` -> ``TensorImpl::decref_pyobject`` -> ``take_gil`` in ``pt_gloo_runloop``; 2 of 9 two-rank
+    launches of an own loop whose last act was the epoch end's all-gather).  Held here by a second C++ owner (a
+    completed ``torch.futures.Future`` holding them), the worker's release is never the one that hands the object
+    back: the main thread does, with the GIL, when later exchanges replace these; and at interpreter exit the holder
+    is kept alive for good (a few KB), so no release is left for the worker to make during the clean-up."""
 
     KEEP = 4
-    """Exchanges kept (each all-gather holds its two collectives' tensors)."""
+    """Exchanges held (an all-gather is two collectives, held as one)."""
 
     def __init__(self) -> None:
-        self._kept: list[tuple[torch.Tensor, ...]] = []
+        self._kept: list[torch.futures.Future[list[torch.Tensor]]] = []
         self._registered = False
 
     def keep(self, *tensors: torch.Tensor) -> None:
-        self._kept = [*self._kept[-(self.KEEP - 1):], tensors]
+        held: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+        held.set_result(list(tensors))
+        self._kept = [*self._kept[-(self.KEEP - 1):], held]
         if not self._registered:
             self._registered = True
             atexit.register(self.leak_at_exit)
 
     def leak_at_exit(self) -> None:
-        """One more reference to the kept tensors that nothing releases: the process ends with them alive."""
+        """One more reference to the holder that nothing releases: the process ends with the tensors held."""
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._kept))
 
 

@@ -73,7 +73,7 @@ def _kept_after_exchanges(rank: int, world: int) -> None:
     kept = collectives._BUFFERS._kept
     # The latest exchanges' tensors outlive the calls (the gloo worker's reference is never the last one): the
     # broadcast's two and the all-gather's 2 + 2 * world.
-    assert [len(t) for t in kept[-2:]] == [3 + 2 * world, 2], [len(t) for t in kept]
+    assert [len(f.value()) for f in kept[-2:]] == [3 + 2 * world, 2], [len(f.value()) for f in kept]
     for _ in range(10):
         all_gather_json(rank)
     assert len(kept := collectives._BUFFERS._kept) == collectives._Buffers.KEEP  # bounded
