@@ -76,7 +76,8 @@ def _kept_after_exchanges(rank: int, world: int) -> None:
     assert [len(f.value()) for f in kept[-2:]] == [3 + 2 * world, 2], [len(f.value()) for f in kept]
     for _ in range(10):
         all_gather_json(rank)
-    assert len(kept := collectives._BUFFERS._kept) == collectives._Buffers.KEEP  # bounded
+    kept = collectives._BUFFERS._kept
+    assert len(kept) == collectives._Buffers.KEEP  # bounded
     before = sys.getrefcount(kept)
     collectives._BUFFERS.leak_at_exit()
     assert sys.getrefcount(kept) == before + 1  # kept alive past the interpreter's clean-up
