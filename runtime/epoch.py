@@ -99,8 +99,3 @@ class EpochEnd:
     """The Replanner's decision at this epoch end (``PlannedRun.conclude``); None when none was made."""
     note: str | None = None
     """What happened instead of a decision, when re-planning is on ("not judged: ...")."""
-
-    @property
-    def replan_reason(self) -> str | None:
-        """The decision's full reason, or the note: what `planner train`'s epoch result carries."""
-        return self.decision.reason if self.decision is not None else self.note

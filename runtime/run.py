@@ -200,7 +200,7 @@ class PlannedRun:
             check_agreement(plan_fingerprint=self.plan.fingerprint, dataset_len=dataset_len, seed=self.seed,
                             world_size=world,
                             settings={"compress": self.compress, "plan.meta.ddp": self._ddp_kwargs,
-                                      "shuffle": bool(self.shuffle), "drop_last": bool(self.drop_last),
+                                      "shuffle": self.shuffle, "drop_last": self.drop_last,
                                       "min_batch": low, "strategy": self.strategy, **(settings or {})})
         self.dataset_len = dataset_len
         if self.strategy == "equal":
