@@ -59,6 +59,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from summarize_bench import card_tag  # benchmarks/ is this script's folder: the records' one naming
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 OWN_LOOP = Path(__file__).resolve().parent / "_midrun_own_loop.py"
@@ -466,16 +468,6 @@ def score_form(launches: list[Launch]) -> None:
 
 
 # -- records and the table ----------------------------------------------------------------------------------------------
-def card_tag(names: Sequence[str]) -> str:
-    """``cpux2``, ``h200x1-cpux1``: as benchmarks/summarize_bench.py names a record's cards (one per rank)."""
-    counts: dict[str, int] = {}
-    for name in names:
-        words = name.split() or ["?"]
-        tag = "cpu" if words[0] == "CPU" else next((w for w in words[1:] if any(c.isdigit() for c in w)), words[-1])
-        counts[tag.lower()] = counts.get(tag.lower(), 0) + 1
-    return "-".join(f"{t}x{n}" for t, n in counts.items())
-
-
 def write_record(la: Launch, case: Case, meta: dict[str, Any], out: Path) -> Path:
     scenario = f"replan-midrun-{la.form}" if case.name == "cpu" else f"replan-midrun-{case.name}-{la.form}"
     stem = f"{card_tag(meta['devices'])}_{case.model}_{scenario}"

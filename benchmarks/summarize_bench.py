@@ -363,7 +363,8 @@ def scenario(heterogeneity: str) -> str:
     return "compute-skew"
 
 
-def _card_tag(devices: Sequence[str]) -> str:
+def card_tag(devices: Sequence[str]) -> str:
+    """The cards of a record's ranks, one device name per rank: ``cpux2``, ``h100x2``, ``h200x1-cpux1``."""
     counts: dict[str, int] = {}
     for name in devices:
         words = name.split()
@@ -377,7 +378,7 @@ def record_name(rec: dict[str, Any], taken: set[str]) -> str:
     m = rec["meta"]
     kind = (re.sub(r"[^a-z0-9]+", "-", rec["framework"].lower()) if rec.get("kind") == "framework"
             else scenario(str(m.get("heterogeneity"))))
-    stem = f"{_card_tag(m.get('devices', []))}_{m['model'].replace(':', '-')}_{kind}"
+    stem = f"{card_tag(m.get('devices', []))}_{m['model'].replace(':', '-')}_{kind}"
     n = 1
     while f"{stem}_{n:02d}.json" in taken:
         n += 1
