@@ -95,6 +95,9 @@ def test_a_finished_planned_run_leaves_no_thread(tmp_path: Path, workers: int) -
                 loss.backward()
                 opt.step()
     assert run._finished and len(run.decisions) == 2
+    for t in set(threading.enumerate()) - before:
+        if t.name == "QueueFeederThread":  # the DataLoader closes its index queues as it shuts down: they end soon after
+            t.join(timeout=30)
     left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
     assert left == [], [t.name for t in left]
 
