@@ -38,12 +38,16 @@ from torch import nn
 from torch.utils.data import DataLoader, default_collate
 
 from planner.profile import LoaderProfile, Profile, RankProfile
-from profiler import inventory
-from profiler.compute import TimedSteps
-from profiler.loader import LoaderOptions, profile_loader
-from profiler.run import assemble_profile, gather_ranks, measure_rank, sweep_options
-from profiler.sweep import SweepOptions, SweepPoint
-from runtime.collectives import broadcast_json
+from planner.shadow import require_runtime
+
+require_runtime()  # before the imports below reach it: a user's own package named runtime is one clear line
+
+from profiler import inventory  # noqa: E402
+from profiler.compute import TimedSteps  # noqa: E402
+from profiler.loader import LoaderOptions, profile_loader  # noqa: E402
+from profiler.run import assemble_profile, gather_ranks, measure_rank, sweep_options  # noqa: E402
+from profiler.sweep import SweepOptions, SweepPoint  # noqa: E402
+from runtime.collectives import broadcast_json  # noqa: E402
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 """loss_fn(model, batch) -> scalar loss tensor (forward included)."""

@@ -17,6 +17,9 @@ from runtime.sampler import HeteroBatchSampler, HeteroDistributedSampler
 from runtime.timing import StepTimer
 from runtime.weighting import StepWeights, accumulation_weight, loss_scale, register_weighted_hook, step_weights
 
+DDP_PLANNER_PACKAGE = "runtime"
+"""Marks this package as ddp-planner's: planner.shadow.require_runtime tells it from a user's own ``runtime``."""
+
 __all__ = [
     "COMPRESSIONS",
     "HeteroBatchSampler",

@@ -49,6 +49,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("planner.cli.demo", "profile -> plan -> train -> report on this machine"),
 }
 
+RUNTIME_COMMANDS = frozenset({"profile", "train", "bench"})
+"""The commands that import the ``runtime`` package (planner.shadow checks it is ddp-planner's first)."""
+
 EPILOG = """\
 examples:
   planner profile --model resnet18 --dataset fake --out profile.json
@@ -129,6 +132,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
             raise UserError(f"planner: unknown command {command!r} (choose from {', '.join(SUBCOMMANDS)})")
         parser, module = build_parser(command)
         ns = parser.parse_args(args_list[1:])
+        if command in RUNTIME_COMMANDS:  # before any import of it: a package of the user's named runtime is one line
+            from planner.shadow import require_runtime
+
+            require_runtime()
         return int(module.run(ns) or 0)  # type: ignore[attr-defined]
     except (UserError, ValidationError, PlanError) as e:
         # One write of the whole line: under torchrun every rank reports the same error to one stderr at once, and
