@@ -21,7 +21,7 @@ DESCRIPTION = (
 )
 EPILOG = """\
 examples:
-  planner report --profile planner/examples/minimal_profile.json --global-batch 512 --out report.html
+  planner report --profile minimal_profile.json --global-batch 512 --out report.html   # python -m planner.examples
   planner report --profile profile.json --plan plan.json --log run.jsonl --out report.html --json report.json
 
 Without --plan the report solves one at --global-batch (or uses the plan a --log run started with).
