@@ -1,6 +1,6 @@
 """Replay a `planner train --replan` run log through this checkout's Replanner: what would it decide now?
 
-    python benchmarks/replan_replay.py tests/data/h100x2_train_auto_replan_s14d_skew_r1 [PREFIX ..]
+    python benchmarks/replan_replay.py tests/data/h100x2_resnet50_compute_skew_495_17 [PREFIX ..]
 
 Each PREFIX names a launch's ``<prefix>_profile.json`` and ``<prefix>_run.jsonl`` (what `benchmarks/gpu_suite.sh
 train` writes).  The

@@ -18,7 +18,7 @@ The profiler measures f_i directly (profiler.ddp): a few DDP steps at the split 
 balanced split of ``balanced_split`` -- timing each rank from its step start to its last gradient bucket, over
 its standalone compute at that batch.  ``wait_factors`` turns those times into factors; a rank whose factor is
 within the measurement's noise of the least-waiting rank's gets that rank's, so a homogeneous job's split is
-unchanged.  Recorded at F = 3 on 2 H200s (tests/data/h200x2_resnet50_F3_s3_after_layout.json, plan row): rank 0
+unchanged.  Recorded at F = 3 on 2 H200s (tests/data/h200x2_resnet50_bench_slowdown_3x_after_layout.json, plan row): rank 0
 computed 88.2 ms under DDP against 81.7 ms alone (f = 1.08), the emulated rank 81.2 against 81.3 (f = 1).
 
 Status: the factors the profiler measures at its small balanced split were wrong on 2 H100s (f = 1.14 on the

@@ -5,7 +5,7 @@ The loader under host contention: what a rank's DataLoader delivers while every 
 Why not ``workers / sec_per_sample``: ``sec_per_sample`` is one worker's cost with the host otherwise idle.  In
 training the host also runs the other ranks' workers and every rank's main process (pinning thread, CUDA
 launches), and on SMT hosts a worker's rate falls as the cores fill up.  Measured on 2x H100 (32 logical cores,
-ResNet-50 PIL pipeline, tests/data/h100x2_resnet50_train_auto_replan_loader_s3_*): 8 workers at 3.08 ms/sample
+ResNet-50 PIL pipeline, tests/data/h100x2_resnet50_loader_skew_8_workers_341_171_*): 8 workers at 3.08 ms/sample
 predict 2597 samples/s; alone, the DataLoader delivered 2364/s; in training it delivered ~1900/s.
 
 The model.  The profiler's scaling run gives R(n): samples/s of one DataLoader with n workers (one main process)

@@ -34,7 +34,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 HEAVY_FIRST = (
     "cli/test_train_cli.py", "runtime/test_replan.py", "frameworks/test_ray.py", "reliability/test_elastic.py",
     "cli/test_bench.py", "reliability/test_no_hangs.py", "frameworks/test_hf.py", "frameworks/test_hf_examples.py",
-    "reliability/test_multinode.py", "frameworks/test_hf_bench.py", "reliability/test_issue21.py",
+    "reliability/test_multinode.py", "frameworks/test_hf_bench.py", "reliability/test_cli_input_refusals.py",
     "runtime/test_sampler.py", "cli/test_loader_check.py", "reliability/test_crash_resume.py",
     "planner/test_solve.py", "reliability/test_divergence.py", "reliability/test_bad_inputs.py",
     "cli/test_comm_breakdown.py", "reliability/test_report_scale.py", "frameworks/test_lightning.py",

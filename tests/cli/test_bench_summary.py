@@ -234,9 +234,9 @@ def test_loader_windows_over_part_of_a_worker_cycle_form_their_own_group() -> No
     assert sb.PART_CYCLE in part.key[3] and sb.PART_CYCLE not in whole.key[3]
     assert part.key[:3] == whole.key[:3]
     # the raw file a test keeps reads the same as its record
-    raw = json.loads((DATA / "h100x2_resnet50_loader_skew_s9b.json").read_text())
+    raw = json.loads((DATA / "h100x2_resnet50_loader_skew_bench_16_2_workers.json").read_text())
     assert dataclasses.replace(sb.launch_from("r", raw), file="") == \
-        dataclasses.replace(sb.launch_from("r", _record("h100x2_resnet50_loader_skew_s9b.json")), file="")
+        dataclasses.replace(sb.launch_from("r", _record("h100x2_resnet50_loader_skew_bench_16_2_workers.json")), file="")
 
 
 def test_launches_with_the_loader_check_form_their_own_group() -> None:

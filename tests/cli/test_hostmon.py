@@ -1,6 +1,6 @@
 """benchmarks/hostmon.py: the host monitor beside the loader-fed GPU runs.
 
-On a recorded monitor file (tests/data/h100x2_hostmon_s9_call3.jsonl, 2x H100 VM): the idle host's probe -- fixed
+On a recorded monitor file (tests/data/h100x2_hostmon_beside_loader_skew_bench.jsonl, 2x H100 VM): the idle host's probe -- fixed
 single-thread work -- took 9.6-16.6 ms from second to second with CPU time equal to wall time, and the bench's plan
 windows line up with the samples inside them.  And a real monitor run here: it samples until SIGTERM and the summary
 reads it back.
@@ -28,16 +28,16 @@ def _module() -> ModuleType:
     return benchmark("hostmon")
 
 
-def test_session9_idle_probe_and_bench_windows() -> None:
+def test_an_idle_host_probe_is_steady_and_the_bench_windows_line_up() -> None:
     hm = _module()
-    path = RESULTS / "h100x2_hostmon_s9_call3.jsonl"
-    rows = hm.summarize(path, 1.0, RESULTS / "h100x2_hostmon_s9_call3_marks.txt")
+    path = RESULTS / "h100x2_hostmon_beside_loader_skew_bench.jsonl"
+    rows = hm.summarize(path, 1.0, RESULTS / "h100x2_hostmon_beside_loader_skew_bench_marks.txt")
     idle = [r for r in rows if r["label"] == "idle"]
     assert len(idle) >= 15 and all(r["busy_cores"] < 1 for r in idle)
     assert min(r["pil_ms"] for r in idle) < 10.0 and max(r["pil_ms"] for r in idle) > 16.0
     samples = [json.loads(x) for x in path.read_text().splitlines()[1:]]
     assert all(abs(s["probe"]["pil"][1] / s["probe"]["pil"][0] - 1) < 0.05 for s in samples[:15])  # not preempted
-    bench = RESULTS / "h100x2_resnet50_loader_skew_s9b.json"
+    bench = RESULTS / "h100x2_resnet50_loader_skew_bench_16_2_workers.json"
     plan = [w for w in hm.bench_windows(path, bench) if w["strategy"] == "plan"]
     assert [round(w["step_ms"]) for w in plan] == [134, 183, 179] and all(w["host_samples"] >= 3 for w in plan)
     assert all(w["busy_frac"] > 0.5 for w in plan)  # ~20 of 32 cores: the 16-worker loader at full tilt

@@ -1,5 +1,5 @@
 """planner.cli.launch.spawn: a spawned rank's DataLoader workers fork, as under torchrun (a spawned process would
-otherwise start every worker as a fresh interpreter: ~10 s a loader on the GPU hosts, session 7)."""
+otherwise start every worker as a fresh interpreter: ~10 s a loader on a GPU host)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from tests._ranks import run_planner
 
 RESULTS = Path(__file__).resolve().parents[2] / "tests" / "data"
 # A skew launch on 2x H200 ran its loaders 14% costlier than this profile's curve at its plan.
-RECORDED = RESULTS / "h200x2_train_auto_replan_s17c_skewS_r1"
+RECORDED = RESULTS / "h200x2_resnet50_compute_skew_stall_393_119"
 
 
 def _recorded() -> tuple[Profile, Plan, planner.SolveOptions]:
@@ -103,8 +103,8 @@ def test_after_the_check_the_split_changes_only_for_a_real_gain() -> None:
     from planner.cli.loader_check import after_check
     from planner.loader import scaled_loader
 
-    checked = Profile.load(str(RESULTS / "h200x2_train_auto_replan_s17d_skewS_r1_profile.json"))
-    opts = Plan.load(str(RESULTS / "h200x2_train_auto_replan_s17d_skewS_r1_plan.json")).options
+    checked = Profile.load(str(RESULTS / "h200x2_resnet50_compute_skew_stall_462_50_profile.json"))
+    opts = Plan.load(str(RESULTS / "h200x2_resnet50_compute_skew_stall_462_50_plan.json")).options
     scale = checked.meta["loader_check"]["scale"]
     unchecked = dataclasses.replace(checked, ranks=tuple(
         dataclasses.replace(r, loader=scaled_loader(r.loader, 1 / s)) for r, s in zip(checked.by_rank, scale)))

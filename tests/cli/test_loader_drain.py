@@ -1,7 +1,7 @@
 """planner.cli.steps.loader_drain_steps: where a loader-fed timed window may open.
 
 A DataLoader whose loop paused (an epoch boundary, a barrier) has batches ready in every worker's prefetch queue;
-the steps that take them run faster than the loader can deliver.  Session 6 (2x H200, `planner bench --data loader
+the steps that take them run faster than the loader can deliver.  Measured on 2x H200 (`planner bench --data loader
 --emulate-loader 1=2`): a 15-step window opened right after the epoch boundary, the 2-worker rank never waited
 for data and the plan measured 21% faster than its loader allows.
 """
@@ -58,7 +58,7 @@ def test_steps_after_the_drain_run_at_the_loaders_pace_and_the_first_ones_do_not
 
 
 def test_a_split_drains_for_the_ranks_near_their_loaders_pace_only() -> None:
-    """planner.cli.bench.window_drain_steps: the 2x H100 loader-skew split of session 7 -- equal [256, 256] with 15 and 2
+    """planner.cli.bench.window_drain_steps: a recorded 2x H100 loader-skew split -- equal [256, 256] with 15 and 2
     workers, the 2-worker rank's loader at 558 of a 718 ms step, the 15-worker one's at 91 ms -- drains for the
     2-worker rank alone; a split without a loader-paced rank opens after the first step."""
     from types import SimpleNamespace as NS
@@ -76,8 +76,8 @@ def test_a_split_drains_for_the_ranks_near_their_loaders_pace_only() -> None:
 
 
 def test_an_epoch_without_a_steady_middle_is_said_out_loud() -> None:
-    """planner.cli.steps.short_epoch_warning: 16 workers need 80 fill + 64 drain + 2 x 16 = 176 steps; #18's command (50
-    steps of 512), session 8's 30-step and sessions 9-10's 100-step epochs have none, and session 10's 200-step
+    """planner.cli.steps.short_epoch_warning: 16 workers need 80 fill + 64 drain + 2 x 16 = 176 steps; epochs of 50
+    steps of 512, of 30 and of 100 steps have none, and 200-step
     epochs at 28 workers (140 + 112 + 56 = 308) neither; `benchmarks/gpu_suite.sh train`'s 240-step epochs do."""
     from planner.cli.steps import short_epoch_warning
 
@@ -93,8 +93,8 @@ def test_an_epoch_without_a_steady_middle_is_said_out_loud() -> None:
 
 def test_a_streamed_run_says_which_epochs_are_its_loaders_drain() -> None:
     """planner.cli.steps.stream_drain_note and short_epoch_warning(streamed=True): a loader that runs across epochs needs
-    one worker cycle per epoch, and the run's last workers x prefetch steps run on batches built before -- #18's
-    command (4 epochs of 50 steps at 28 workers: 112 steps, epochs 2-3)."""
+    one worker cycle per epoch, and the run's last workers x prefetch steps run on batches built before (4 epochs
+    of 50 steps at 28 workers: 112 steps, epochs 2-3)."""
     from planner.cli.steps import short_epoch_warning, stream_drain_note
 
     assert short_epoch_warning(50, [28, 2], streamed=True) is None

@@ -26,7 +26,7 @@ def test_the_replay_decides_each_epoch_and_stops_where_the_splits_part() -> None
     # Rank 1 measured 1.2-1.6x its flat profile at 17 samples; the model reads that excess as a cost per sample
     # (runtime/replan/model.py, the uniform correction), so samples moved to it are priced at it: the move to rank 1
     # is smaller and comes at epoch 4, where the run (which kept [495, 17]) measured every epoch the replay holds.
-    lines = replay(str(ROOT / "tests" / "data" / "h100x2_train_auto_replan_s14d_skew_r1"))
+    lines = replay(str(ROOT / "tests" / "data" / "h100x2_resnet50_compute_skew_495_17"))
     assert lines[0].startswith("epoch 0: not judged (the loaders filled")  # 150-step epochs, a 174-step fill
     assert lines[1].startswith("epoch 1: predicted step") and "below the threshold" in lines[1]
     adopted = [x for x in lines if "ADOPTED" in x]
@@ -36,10 +36,10 @@ def test_the_replay_decides_each_epoch_and_stops_where_the_splits_part() -> None
 
 @pytest.mark.usefixtures("as_recorded")
 def test_the_epoch_that_refills_after_an_adoption_is_not_judged_as_the_trainer_does() -> None:
-    """s19e's second 10-epoch launch: epoch 0 was all fill (not judged), epoch 1 proposed 7.5% and epoch 2 confirmed
+    """A 10-epoch stall-emulated compute-skew launch (2x H100): epoch 0 was all fill (not judged), epoch 1 proposed 7.5% and epoch 2 confirmed
     it, epoch 3 refilled the new split's loaders and `planner train` left it unjudged; the replay does the same, so
     its later decisions are the run's: no more change in the 6 epochs left."""
-    prefix = str(ROOT / "tests" / "data" / "h100x2_train_auto_replan_s19e23_skewS_r1")
+    prefix = str(ROOT / "tests" / "data" / "h100x2_resnet50_compute_skew_stall_376_136_10_epochs")
     lines = replay(prefix)
     assert lines[0].startswith("epoch 0: not judged (the loaders filled")
     assert lines[1].startswith("epoch 1: predicted step") and "adopted only if the next epoch confirms" in lines[1]
@@ -51,13 +51,13 @@ def test_the_epoch_that_refills_after_an_adoption_is_not_judged_as_the_trainer_d
 
 
 def test_a_device_change_is_adopted_in_one_re_plan() -> None:
-    """s19d's mid-run launches (rank 1 3x slower from epoch 1): the run adopted [364-369, 143-148] after epoch 1,
+    """Three mid-run slowdown launches (2x H100, rank 1 3x slower from epoch 1): the run adopted [364-369, 143-148] after epoch 1,
     which ran 117-123 ms a step on a predicted 103-105 (the smoothed factor 80% of the way to the measured 3x), and
     needed a second re-plan toward [385-387, 125-127].  The model now takes a device change whole
     (runtime.replan.model.DEVICE_CHANGE): the first re-plan goes to [377-384, 128-135] (the replay stops there: the
     run measured its own split next)."""
     for r, ran in ((1, "[364, 148]"), (2, "[366, 146]"), (3, "[369, 143]")):
-        lines = replay(str(ROOT / "tests" / "data" / f"h100x2_train_auto_replan_s19d01_midrunS_r{r}"))
+        lines = replay(str(ROOT / "tests" / "data" / f"h100x2_resnet50_midrun_slowdown_launch{r}"))
         assert lines[0].startswith("epoch 0: predicted step") and "below the threshold" in lines[0]  # a steady window
         assert lines[1].startswith("epoch 1: ADOPTED"), lines
         new = [int(x) for x in lines[1].split("-> [")[1].split("]")[0].split(", ")]
@@ -66,11 +66,11 @@ def test_a_device_change_is_adopted_in_one_re_plan() -> None:
 
 
 def test_the_device_change_rule_on_a_gpu_adopted_what_the_replay_predicts() -> None:
-    """s20a: the first GPU launch with the device-change rule (2x H100, rank 1 3x slower from epoch 1).  The run
-    adopted [380, 132] after its first slow epoch, inside the range the s19d replays above gave, and ran it at
+    """A GPU launch that ran with the device-change rule (2x H100, rank 1 3x slower from epoch 1).  The run
+    adopted [380, 132] after its first slow epoch, inside the range the three replays above gave, and ran it at
     rank 1's predicted span (106.3 ms measured against 105.5 ms); the replay of its log makes every decision the
     run made, so the recorded launch and today's Replanner agree."""
-    lines = replay(str(ROOT / "tests" / "data" / "h100x2_train_auto_replan_s20a_midrunS_r1"))
+    lines = replay(str(ROOT / "tests" / "data" / "h100x2_resnet50_midrun_slowdown_device_change_rule"))
     assert lines[0].startswith("epoch 0: predicted step") and "below the threshold" in lines[0]
     assert lines[1].startswith("epoch 1: ADOPTED") and "[256, 256] -> [380, 132]" in lines[1], lines
     assert lines[2] == "epoch 2: not judged (this epoch refilled the loaders after the re-plan)"
@@ -81,12 +81,12 @@ def test_the_device_change_rule_on_a_gpu_adopted_what_the_replay_predicts() -> N
 @pytest.mark.usefixtures("as_recorded")
 def test_a_first_epoch_that_was_all_fill_is_not_judged() -> None:
     """Three launches that adopted a split on their first epoch while its loaders' fill took all of it (80- and
-    120-step epochs against 174-step fills): s19d23 r1's [404, 108] -> [362, 150] then ran 119.7 ms a step for nine
-    epochs where the start split ran 101 ms in the two launches beside it; s15b r2 went to [500, 12] on a predicted
+    120-step epochs against 174-step fills): the 10-epoch launch's [404, 108] -> [362, 150] then ran 119.7 ms a step for nine
+    epochs where the start split ran 101 ms in the two launches beside it; a 6-epoch launch went to [500, 12] on a predicted
     71.6% and needed two more re-plans to come back.  The trainer now leaves such an epoch to the next one."""
-    for launch, adopted in (("h100x2_train_auto_replan_s19d23_skewS_r1", "[404, 108] -> [362, 150]"),
-                            ("h100x2_train_auto_replan_s15b_skewS_r2", "[393, 119] -> [500, 12]"),
-                            ("h200x2_train_auto_replan_s17d_skewS_r1", "[462, 50] -> [361, 151]")):
+    for launch, adopted in (("h100x2_resnet50_compute_skew_stall_404_108_10_epochs", "[404, 108] -> [362, 150]"),
+                            ("h100x2_resnet50_compute_skew_stall_393_119", "[393, 119] -> [500, 12]"),
+                            ("h200x2_resnet50_compute_skew_stall_462_50", "[462, 50] -> [361, 151]")):
         prefix = str(ROOT / "tests" / "data" / launch)
         lines = replay(prefix)
         assert lines[0].startswith("epoch 0: not judged (the loaders filled their pipelines through all of this "
@@ -99,10 +99,10 @@ def test_a_first_epoch_that_was_all_fill_is_not_judged() -> None:
 def test_with_the_waiting_rank_rule_the_recorded_re_plans_move_by_a_few_samples() -> None:
     """Today's Replanner on the same two launches: where the fast rank waited (busy 10-19% under the slow one's),
     its span no longer raises its curve, and the re-plans land within 6 samples of the runs' own."""
-    lines = replay(str(ROOT / "tests" / "data" / "h100x2_train_auto_replan_s19e23_skewS_r1"))
+    lines = replay(str(ROOT / "tests" / "data" / "h100x2_resnet50_compute_skew_stall_376_136_10_epochs"))
     assert lines[2].startswith("epoch 2: ADOPTED") and "[376, 136] -> [394, 118]" in lines[2], lines
     assert lines[3] == "epoch 3: the run measured [388, 124], the replay holds [394, 118]: stopped"
-    then = replay(str(ROOT / "tests" / "data" / "h100x2_train_auto_replan_s19d23_skewS_r1"), streamed=False)
+    then = replay(str(ROOT / "tests" / "data" / "h100x2_resnet50_compute_skew_stall_404_108_10_epochs"), streamed=False)
     assert then[0].startswith("epoch 0: ADOPTED") and "[404, 108] -> [360, 152]" in then[0], then
 
 

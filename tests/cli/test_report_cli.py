@@ -143,11 +143,11 @@ def test_a_kept_equal_split_is_a_finding() -> None:
 
 
 def test_loader_starved_remedy_names_the_cap_only_where_it_binds() -> None:
-    """Session 9's 2x H100 skew profile (32 cores): capped at 16 workers rank 0 is starved and the finding says to
+    """A 2x H100 compute-skew profile (32 cores): capped at 16 workers rank 0 is starved and the finding says to
     raise --max-workers-per-rank; uncapped (the default) rank 0 is not starved, and a rank the host's cores starve
     is not told to raise a cap it does not have."""
     results = Path(__file__).resolve().parents[2] / "tests" / "data"
-    prof = Profile.from_dict(json.loads((results / "h100x2_train_auto_replan_s9_skew_r2_profile.json").read_text()))
+    prof = Profile.from_dict(json.loads((results / "h100x2_resnet50_compute_skew_16_worker_cap_repeat_profile.json").read_text()))
     capped_opts = SolveOptions(max_workers_per_rank=16, min_batch=2)
     capped = analyze(prof, solve(prof, global_batch=512, options=capped_opts), capped_opts)
     line = next(x for x in capped.findings.lines if x.startswith("Loader-starved"))

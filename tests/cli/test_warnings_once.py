@@ -20,7 +20,7 @@ from planner.quality import check_profile, solve_within_noise
 
 ROOT = Path(__file__).resolve().parents[2]
 NOISY = ROOT / "tests" / "data" / "noisy_cpu_profile.json"  # 2 CPU ranks measured on a busy box: 5 warnings
-MEMORY = ROOT / "tests" / "data" / "h200x2_resnet50_F3_profile_s2.json"  # 2x H200, memory measured
+MEMORY = ROOT / "tests" / "data" / "h200x2_resnet50_slowdown_3x_profile.json"  # 2x H200, memory measured
 
 
 def test_plan_says_each_quality_finding_once(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,5 +1,5 @@
 """planner.calibrate_overhead: a training loop's own per-step overhead, measured at one split, moves every
-prediction by the same amount and never the split; on the recorded HF Trainer run (2x H100, issue 15) the plan's
+prediction by the same amount and never the split; on the recorded HF Trainer run (2x H100) the plan's
 prediction comes within 5% where the profile's own DDP loop left it 7.5-10.7% high."""
 
 from __future__ import annotations
@@ -56,10 +56,10 @@ def test_one_rank_has_nothing_to_calibrate() -> None:
 
 
 def test_recorded_hf_trainer_run_the_calibrated_plan_predicts_within_5_percent() -> None:
-    """Replay of tests/data/h100x2_hf_trainer_lm110m_F23_s7.json: per F, the stock Trainer's median step at the
+    """Replay of tests/data/h100x2_hf_trainer_lm110m_slowdown_2x_3x.json: per F, the stock Trainer's median step at the
     equal split calibrates the profile the run recorded; the plan's prediction then meets the planned Trainer's
     median step.  (In the benchmark the calibration is its own Trainer run in the profiling phase, not these.)"""
-    d = json.loads((RESULTS / "h100x2_hf_trainer_lm110m_F23_s7.json").read_text())
+    d = json.loads((RESULTS / "h100x2_hf_trainer_lm110m_slowdown_2x_3x.json").read_text())
     B = d["args"]["global_batch"]
     for f, setup in d["setups"].items():
         prof = Profile.from_dict(setup["profile"])

@@ -1,4 +1,4 @@
-"""planner.comm_model on recorded numbers: the wait factors of 2x H200 ResNet-50 bf16 B = 512 at F = 3 (issue 16)
+"""planner.comm_model on recorded numbers: the wait factors of 2x H200 ResNet-50 bf16 B = 512 at F = 3
 bring every bench row's predicted step within 3% where the old model was 7-9% low on the plan rows; a
 homogeneous pair keeps its equal split; a launch setting is recorded only above the rounds' spread."""
 
@@ -56,7 +56,7 @@ def _factors(run: dict) -> tuple[float, ...]:
     return wait_factors([r["measured_compute_s"] for r in row], [r["predicted_busy_s"] for r in row], noise=0.01)
 
 
-@pytest.mark.parametrize("name", ["h200x2_resnet50_F1_F3.json", "h200x2_resnet50_F3_s3_after_layout.json"])
+@pytest.mark.parametrize("name", ["h200x2_resnet50_bench_slowdown_1x_3x.json", "h200x2_resnet50_bench_slowdown_3x_after_layout.json"])
 def test_wait_factors_bring_every_f3_row_within_3_percent(name: str) -> None:
     run = _f3_run(name)
     f = _factors(run)
@@ -71,17 +71,17 @@ def test_wait_factors_bring_every_f3_row_within_3_percent(name: str) -> None:
         err = measured / evaluate(new, run[row]["batch_sizes"]).predicted.step_time_s - 1
         assert abs(err) <= 0.03, (row, err)
     plan_err_old = run["plan"]["step_time_s"] / evaluate(old, run["plan"]["batch_sizes"]).predicted.step_time_s - 1
-    assert plan_err_old > 0.05  # what issue 16 saw: the fast rank's wait was not in the model
+    assert plan_err_old > 0.05  # the old model left the fast rank's wait out
     # The solver moves samples off the waiting rank: fewer than the old plan's on rank 0.
     assert solve(new, global_batch=512).batch_sizes[0] < solve(old, global_batch=512).batch_sizes[0]
 
 
 def test_homogeneous_pair_keeps_one_factor_and_the_equal_split() -> None:
-    run = next(r for r in _runs("h200x2_resnet50_F1_F3.json") if r["meta"]["emulate_slowdown"] == "1=1")
+    run = next(r for r in _runs("h200x2_resnet50_bench_slowdown_1x_3x.json") if r["meta"]["emulate_slowdown"] == "1=1")
     row = run["plan"]["ranks"]
     f = wait_factors([r["measured_compute_s"] for r in row], [r["predicted_busy_s"] for r in row], noise=0.01)
     assert f == (1.0, 1.0)  # 1.1% and 1.4% above alone: DDP's own work, within noise of each other
-    prof = _line_profile(_f3_run("h200x2_resnet50_F1_F3.json"), None, 0.001)
+    prof = _line_profile(_f3_run("h200x2_resnet50_bench_slowdown_1x_3x.json"), None, 0.001)
     same = dataclasses.replace(prof, ranks=(prof.ranks[0], dataclasses.replace(prof.ranks[0], rank=1, device="cuda:1")),
                                comm=dataclasses.replace(prof.comm, wait_factors=f))
     assert solve(same, global_batch=512).batch_sizes == (256, 256)
@@ -107,7 +107,7 @@ def test_balanced_split_equalizes_times_within_one_sample() -> None:
 
 def test_launch_env_only_when_it_beats_the_spread() -> None:
     env = {"NCCL_MAX_CTAS": "2", "NCCL_MIN_CTAS": "2"}
-    # 2x H200 F = 3 (tests/data/h200x2_resnet50_F1_F3.json): balanced 89.2 ms -> 84.6 ms; equal 164.1 -> 164.5
+    # 2x H200 F = 3 (tests/data/h200x2_resnet50_bench_slowdown_1x_3x.json): balanced 89.2 ms -> 84.6 ms; equal 164.1 -> 164.5
     # (no cost).
     default = ([0.0892, 0.0894, 0.0890], [0.1641, 0.1643, 0.1640])
     helps = ([0.0846, 0.0848, 0.0845], [0.1645, 0.1644, 0.1646])
@@ -121,7 +121,7 @@ def test_launch_env_only_when_it_beats_the_spread() -> None:
 
 def test_profile_and_plan_carry_the_measured_setting(tmp_path: Path) -> None:
     env = {"NCCL_MAX_CTAS": "2", "NCCL_MIN_CTAS": "2"}
-    run = _f3_run("h200x2_resnet50_F1_F3.json")
+    run = _f3_run("h200x2_resnet50_bench_slowdown_1x_3x.json")
     prof = _line_profile(run, (1.08, 1.0), 0.001)
     prof = dataclasses.replace(prof, comm=dataclasses.replace(prof.comm, launch_env=env))
     data = prof.to_dict()
@@ -145,7 +145,7 @@ def test_planner_plan_prints_the_setting_for_scripts(tmp_path: Path, capsys: pyt
     from planner.cli import main
 
     env = {"NCCL_MAX_CTAS": "2", "NCCL_MIN_CTAS": "2"}
-    prof = _line_profile(_f3_run("h200x2_resnet50_F1_F3.json"), (1.08, 1.0), 0.001)
+    prof = _line_profile(_f3_run("h200x2_resnet50_bench_slowdown_1x_3x.json"), (1.08, 1.0), 0.001)
     path = tmp_path / "p.json"
     dataclasses.replace(prof, comm=dataclasses.replace(prof.comm, launch_env=env)).save(path)
     assert main(["plan", "--profile", str(path), "--global-batch", "512", "--print-env"]) == 0
@@ -158,7 +158,7 @@ def test_planner_plan_prints_the_setting_for_scripts(tmp_path: Path, capsys: pyt
 
 
 def _with_span_factors(prefix: str) -> Profile:
-    """A recorded `planner train --auto` profile (session 18, 2x H200) with the span factors of the DDP rounds its
+    """A recorded `planner train --auto` profile (2x H200) with the span factors of the DDP rounds its
     meta keeps (the profile predates the field; profiler.ddp.measure_ddp_cost computes them the same way)."""
     prof = Profile.load(RESULTS / f"{prefix}_profile.json")
     spans = recorded_span_factors(prof)
@@ -187,7 +187,7 @@ def test_a_compute_bound_rank_is_predicted_as_its_span_under_ddp(tmp_path: Path)
     whole step)."""
     from runtime.replan.model import CorrectionModel
 
-    skew = "h200x2_train_auto_replan_s18a_skewS_r2"
+    skew = "h200x2_resnet50_compute_skew_stall_392_120"
     prof = _with_span_factors(skew)
     assert prof.comm is not None and prof.comm.span_factors == (1.0300, 1.0487)
     bare = dataclasses.replace(prof, comm=dataclasses.replace(prof.comm, span_factors=None))
@@ -204,7 +204,7 @@ def test_a_compute_bound_rank_is_predicted_as_its_span_under_ddp(tmp_path: Path)
         assert measured / old.predicted_step_time_s - 1 > 0.04  # what the table read
         assert abs(measured / r.predicted_step_time_s - 1) < 0.02, (measured, r.predicted_step_time_s)
     # The loader case: rank 1's two workers pace its step, so its prediction stays the loader's time.
-    loaded = _with_span_factors("h200x2_train_auto_replan_s18b_loader_r2")
+    loaded = _with_span_factors("h200x2_resnet50_loader_skew")
     assert loaded.comm is not None
     loader = evaluate(loaded, [471, 41], num_workers=[28, 2], min_batch=2)
     alone = evaluate(dataclasses.replace(loaded, comm=dataclasses.replace(loaded.comm, span_factors=None)), [471, 41],
@@ -236,7 +236,7 @@ def test_the_replanner_reads_a_span_under_ddp_as_the_standalone_step_it_stands_f
     from planner.runlog import read_run_log
     from runtime.replan.replanner import Replanner
 
-    skew = "h200x2_train_auto_replan_s18a_skewS_r2"
+    skew = "h200x2_resnet50_compute_skew_stall_392_120"
     plan = Plan.load(RESULTS / f"{skew}_plan.json")
     epochs = read_run_log(RESULTS / f"{skew}_run.jsonl").epochs[:4]
 
@@ -275,7 +275,7 @@ def test_the_step_under_ddp_adds_the_tail_measured_after_the_spans() -> None:
     from planner.solve import calibrate_overhead
     from runtime.replan.replanner import Replanner
 
-    skew = "h200x2_train_auto_replan_s18a_skewS_r2"
+    skew = "h200x2_resnet50_compute_skew_stall_392_120"
     spans = _with_span_factors(skew)
     assert spans.comm is not None
     tail = recorded_span_tail_s(spans)

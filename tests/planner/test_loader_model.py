@@ -16,7 +16,7 @@ from planner.profile import HostProfile, LoaderPoint, LoaderProfile, Profile
 from tests.planner._profiles import linear_profile
 
 RESULTS = Path(__file__).resolve().parents[2] / "tests" / "data"
-S3 = "h100x2_resnet50_train_auto_replan_loader_s3"
+EIGHT_WORKERS = "h100x2_resnet50_loader_skew_8_workers_341_171"
 
 # An SMT host's DataLoader: per-worker rate 300/s up to 8 workers, 200/s at 16 (the cores' second threads).
 CURVE = (LoaderPoint(num_workers=1, samples_per_s=300.0), LoaderPoint(num_workers=8, samples_per_s=2400.0),
@@ -99,8 +99,8 @@ def test_the_recorded_h100_run_is_explained() -> None:
     """2x H100, ResNet-50 with the PIL pipeline, rank 1 emulated 3x slower, plan [341, 171] with 8 workers each:
     the old model (8 workers / 3.08 ms) predicted a 137 ms step; the run measured ~180 ms, rank 0 waiting for
     data.  The contended model predicts the measured step within 5%."""
-    profile = planner.Profile.load(RESULTS / f"{S3}_profile.json")
-    steps = [json.loads(line) for line in (RESULTS / f"{S3}_run.jsonl").read_text().splitlines()]
+    profile = planner.Profile.load(RESULTS / f"{EIGHT_WORKERS}_profile.json")
+    steps = [json.loads(line) for line in (RESULTS / f"{EIGHT_WORKERS}_run.jsonl").read_text().splitlines()]
     measured = [e["step_time_s"] for e in steps if e["event"] == "epoch" and e["epoch"] >= 1]
     # the run's own solver setting (its plan records it): the host load the model prices follows the worker cap
     plan = planner.evaluate(profile, [341, 171], num_workers=[8, 8], min_batch=2, max_workers_per_rank=8)
@@ -113,8 +113,8 @@ def test_a_loader_paced_rank_is_busy_for_its_whole_step() -> None:
     for data (29% of its step), so its own time is the whole step, which the contended model predicts."""
     from planner.runlog import read_run_log
 
-    log = read_run_log(RESULTS / f"{S3}_run.jsonl")
-    profile = planner.Profile.load(RESULTS / f"{S3}_profile.json")
+    log = read_run_log(RESULTS / f"{EIGHT_WORKERS}_run.jsonl")
+    profile = planner.Profile.load(RESULTS / f"{EIGHT_WORKERS}_profile.json")
     plan = planner.evaluate(profile, [341, 171], num_workers=[8, 8], min_batch=2, max_workers_per_rank=8)
     steady = [e for e in log.epochs if e.epoch >= 1]
     assert all(e.ranks[0].loader_paced and not e.ranks[1].loader_paced for e in steady)
@@ -123,13 +123,13 @@ def test_a_loader_paced_rank_is_busy_for_its_whole_step() -> None:
     assert busy0 == pytest.approx(plan.ranks[0].predicted_step_time_s, rel=0.05)
 
 
-@pytest.mark.parametrize("case", ["loader", "skew"])
-def test_default_worker_cap_is_the_host_budget(case: str) -> None:
-    """Session 9, 2x H100 on 32 cores (raw profiles of `planner train --auto`, tests/data): capped at 16 workers
+@pytest.mark.parametrize(("case", "suffix"), [("loader_skew", "_455_57"), ("compute_skew", "")])
+def test_default_worker_cap_is_the_host_budget(case: str, suffix: str) -> None:
+    """2x H100 on 32 cores (profiles recorded by `planner train --auto`): capped at 16 workers
     rank 0 was loader-bound with 12 cores idle; with no cap of its own (the default now) the host's 30-worker budget
     is the bound, rank 0 runs at its GPU's pace and the plan is predicted faster.  --max-workers-per-rank still caps."""
     profile = Profile.from_dict(json.loads(
-        (RESULTS / f"h100x2_train_auto_replan_s9_{case}_r1_profile.json").read_text()))
+        (RESULTS / f"h100x2_resnet50_{case}_16_worker_cap{suffix}_profile.json").read_text()))
     assert SolveOptions().max_workers_per_rank is None
     free = planner.solve(profile, global_batch=512, min_batch=2)
     capped = planner.solve(profile, global_batch=512, min_batch=2, max_workers_per_rank=16)
@@ -183,15 +183,15 @@ def test_solve_loads_the_host_with_the_workers_its_plan_runs() -> None:
     assert even.ranks[0].predicted_loader_s == pytest.approx(costs[0] * 256 / workers[0])
 
 
-S11 = "h100x2_train_auto_replan_s11a_loader_r1"
+LOADER_474_38 = "h100x2_resnet50_loader_skew_474_38_plan_only"
 
 
-def test_the_session_11_loader_case_plans_at_its_own_28_workers() -> None:
+def test_a_loader_case_plans_at_its_own_28_workers() -> None:
     # 2x H100 (32 vCPUs), rank 1 capped at 2 workers: the run planned [474, 38] with the host loaded as 15 + 2 + 1
     # workers, and its loaders built slower than that (rank 1: 6.8-8.0 ms a sample against 6.06 modelled); the
     # Replanner then proposed [478, 34].  Loaded with the 28 workers the plan runs, the solve gives that split.
-    profile = Profile.load(RESULTS / f"{S11}_profile.json")
-    ran = planner.Plan.load(RESULTS / f"{S11}_plan.json")
+    profile = Profile.load(RESULTS / f"{LOADER_474_38}_profile.json")
+    ran = planner.Plan.load(RESULTS / f"{LOADER_474_38}_plan.json")
     assert ran.batch_sizes == (474, 38) and [r.num_workers for r in ran.ranks] == [28, 2]
     plan = planner.solve(profile, global_batch=512)
     assert plan.batch_sizes == (478, 34) and [r.num_workers for r in plan.ranks] == [28, 2]
@@ -260,13 +260,13 @@ def test_ranks_whose_loaders_tie_share_short_cores_in_proportion_to_their_need()
     assert greedy_workers(wide, p, one_host, np.array([4]), 1.0, np.full(3, 64)).tolist() == [2, 1, 1]
 
 
-def test_the_session_14_skew_profile_is_no_longer_planned_into_a_corner() -> None:
-    """Session 14, call 4 (2x H100, rank 1 emulated 3x slower, one dataset): the host's 30 loader workers set the pace
+def test_a_compute_skew_profile_is_not_planned_into_a_corner() -> None:
+    """A recorded launch (2x H100, rank 1 emulated 3x slower, one dataset): the host's 30 loader workers set the pace
     whatever the split, and the cores went to rank 0 first -- [495, 17] with 29 workers and 1, which ran 124-157 ms a
     step.  Shared in proportion to need, the same profile plans [393, 119] with [23, 7] at the same predicted step
-    (splits with 394-427 samples on rank 0 ran 121-138 ms in the session's other launches)."""
-    profile = Profile.load(RESULTS / "h100x2_train_auto_replan_s14d_skew_r1_profile.json")
-    ran = planner.Plan.load(RESULTS / "h100x2_train_auto_replan_s14d_skew_r1_plan.json")
+    (splits with 394-427 samples on rank 0 ran 121-138 ms in other launches on the same host)."""
+    profile = Profile.load(RESULTS / "h100x2_resnet50_compute_skew_495_17_profile.json")
+    ran = planner.Plan.load(RESULTS / "h100x2_resnet50_compute_skew_495_17_plan.json")
     assert ran.batch_sizes == (495, 17) and [r.num_workers for r in ran.ranks] == [29, 1]
     plan = planner.solve(profile, global_batch=512, options=ran.options)
     assert plan.batch_sizes == (393, 119) and [r.num_workers for r in plan.ranks] == [23, 7]
@@ -302,14 +302,14 @@ def test_the_workers_handed_out_are_as_many_as_before_only_shared_differently() 
 
 def test_one_worker_moved_between_ranks_when_the_greedy_workers_leave_a_clearly_faster_split(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Session 15's skew profile (2x H100, rank 1 emulated 3x slower, the host's 30 workers all busy): the greedy
+    """A compute-skew profile (2x H100, rank 1 emulated 3x slower, the host's 30 workers all busy): the greedy
     workers at the bisected step were [22, 8], and the MILP placed [387, 125] around them for 103.1 ms; one worker
     moved to rank 0 gives [393, 119] on [23, 7] for 100.1 ms.  Without the move (a gain threshold no move meets)
     the solver plans as before."""
     import importlib
 
     search = importlib.import_module("planner._search")
-    profile = Profile.load(RESULTS / "h100x2_train_auto_replan_s15a_skew_r3_profile.json")
+    profile = Profile.load(RESULTS / "h100x2_resnet50_compute_skew_solves_393_119_profile.json")
     plan = planner.solve(profile, global_batch=512, min_gain=0.0)
     assert plan.batch_sizes == (393, 119) and [r.num_workers for r in plan.ranks] == [23, 7]
     assert plan.solver["method"] == "milp+workers+move"
@@ -324,11 +324,11 @@ def test_one_worker_moved_between_ranks_when_the_greedy_workers_leave_a_clearly_
 
 
 def test_a_move_needs_a_clear_gain_and_leaves_every_loader_two_workers() -> None:
-    """Session 6's first loader launch planned [478, 34] on [28, 2]; moving rank 1's second worker to rank 0 predicts
-    2.8% faster ([495, 17] on [29, 1]), the corner session 14 measured at 124-157 ms a step: no move takes a rank
-    below 2 workers.  And the loader case of session 16 keeps its plan: no move gains 2%."""
-    for name, split, workers in (("s6_loader_r1", (478, 34), [28, 2]), ("s16c_loader_r1", (474, 38), [28, 2])):
-        profile = Profile.load(RESULTS / f"h100x2_train_auto_replan_{name}_profile.json")
+    """A loader-skew profile plans [478, 34] on [28, 2]; moving rank 1's second worker to rank 0 predicts
+    2.8% faster ([495, 17] on [29, 1]), the corner a launch measured at 124-157 ms a step: no move takes a rank
+    below 2 workers.  And a second loader-skew profile keeps its plan: no move gains 2%."""
+    for name, split, workers in (("solves_478_34", (478, 34), [28, 2]), ("solves_474_38", (474, 38), [28, 2])):
+        profile = Profile.load(RESULTS / f"h100x2_resnet50_loader_skew_{name}_profile.json")
         plan = planner.solve(profile, global_batch=512, min_gain=0.0)
         assert plan.batch_sizes == split and [r.num_workers for r in plan.ranks] == workers
         assert "move" not in plan.solver["method"]

@@ -23,7 +23,7 @@ from tests.planner._profiles import MINIMAL, linear_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 NOISY = ROOT / "tests" / "data" / "noisy_cpu_profile.json"
-"""What `planner profile --devices cpu,cpu --model cifar_cnn --quick` recorded on a busy 2-core box (issue 20)."""
+"""What `planner profile --devices cpu,cpu --model cifar_cnn --quick` recorded on a busy 2-core box."""
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -53,8 +53,8 @@ def test_the_noisy_profile_fails_every_compute_check_with_its_numbers() -> None:
 
 
 @pytest.mark.parametrize("path", ["planner/examples/minimal_profile.json", "tests/data/h200_resnet50_profile.json",
-                                  "tests/data/h200x2_resnet50_F3_profile_s2.json",
-                                  "tests/data/h200x2_resnet18_cifar_profile_s2.json"])
+                                  "tests/data/h200x2_resnet50_slowdown_3x_profile.json",
+                                  "tests/data/h200x2_resnet18_cifar_profile.json"])
 def test_clean_profiles_pass(path: str) -> None:
     # The H200 profiles are launch-bound and noisy at small batches (spread 34%, residual 27%), and good plans.
     assert check_profile(Profile.load(ROOT / path)).issues == ()
@@ -122,10 +122,10 @@ def test_a_plan_inside_the_noise_keeps_the_equal_split_and_says_why() -> None:
 
 
 def test_noise_at_batch_sizes_no_split_runs_does_not_veto_a_plan() -> None:
-    """Session 19, 4x H100: one of three default 4-rank ResNet-50 profiles had batches 8-24 of two ranks off the
+    """4x H100: one of three default 4-rank ResNet-50 profiles had batches 8-24 of two ranks off the
     curve by 38-43% and 1.6x out of order (16-31 ms launch-bound steps beside the loader measurement).  With one
     rank 1.6x slower the optimum runs 173-294 a rank and the equal split 256: that noise says nothing of them."""
-    prof = Profile.load(ROOT / "tests" / "data" / "h100x4_profile_speed_s19p1.json")
+    prof = Profile.load(ROOT / "tests" / "data" / "h100x4_resnet50_profile_noisy_small_batches.json")
     q = check_profile(prof)
     assert sorted((i.check, i.ranks, i.batch_size) for i in q.issues) == [
         ("fit_residual", (0,), 24), ("fit_residual", (2,), 16), ("non_monotone", (2,), 16)]
@@ -200,7 +200,7 @@ def test_report_warns_and_leads_its_findings_with_the_quality(tmp_path: Path,
 
 def test_a_rank_planned_far_past_its_measured_batches_without_memory_data_is_warned(
         capsys: pytest.CaptureFixture[str]) -> None:
-    # Issue 16: at B = 10^8 the minimal profile's rank 1 (no memory data, largest measured batch 512) got ~10^8
+    # At B = 10^8 the minimal profile's rank 1 (no memory data, largest measured batch 512) got ~10^8
     # samples without a word; rank 0 has a memory cap, so the solver already holds it inside what fits.
     rc, _, err = _run(["plan", "--profile", str(MINIMAL), "--global-batch", str(10**8)], capsys)
     assert rc == 0

@@ -1,4 +1,4 @@
-"""Emulated slowdown: parsing, no side effects on gradients or BatchNorm state, and the f x timing (issue #6)."""
+"""Emulated slowdown: parsing, no side effects on gradients or BatchNorm state, and the f x timing."""
 
 from __future__ import annotations
 
@@ -289,8 +289,7 @@ def test_stall_mode_on_a_gpu_adds_factor_minus_one_passes_of_gpu_time(factor: fl
     """Stall mode's contract: each step takes (factor - 1) x the real pass's GPU time longer, less at most the
     step's time outside the pass's kernels, which the sleeps can hide (the launches of the kernels behind a sleep,
     the optimizer) as a card whose kernels alone are slower would (ResNet-18 at 224 px, 64 and 128 samples).  So
-    the whole step's ratio is below factor; the profile measures it.  Session 15's GPU run (2x H100, the first
-    version of this test, which wanted the whole (factor - 1) passes): a 9.0 ms pass and an 11.7 ms step at 64
+    the whole step's ratio is below factor; the profile measures it.  Measured on 2x H100: a 9.0 ms pass and an 11.7 ms step at 64
     samples, 6.8 ms added for F = 2 and 15.7 ms for F = 3 (step ratios 1.58 and 2.33): 2.2-2.3 ms hidden, within
     the 2.7 ms the step spends outside the pass."""
     w = build_workload("resnet18", "fake", image_size=224, num_samples=16)
@@ -380,7 +379,7 @@ def test_stall_calibration_waits_out_a_launch_slowed_by_the_gil() -> None:
 
 
 def test_stall_calibration_is_bounded_when_the_cpu_never_gets_ahead_of_the_gpu() -> None:
-    """Session 17 (2x H200): near the memory limit the allocator synchronizes the device inside the pass, so the
+    """Measured on 2x H200: near the memory limit the allocator synchronizes the device inside the pass, so the
     CPU's launch lasts the whole sleep, however long; the lead doubled to 102 s and a peer's collective timed out.
     Now the passes are timed straight (lead 0, a synchronized start) once a lead sized from the launch time fails
     the same way."""

@@ -234,7 +234,7 @@ def test_flat_jumps_stop_at_memory_and_at_max_batch() -> None:
 
 
 def test_linear_tail_stops_growth_and_the_fit_matches_the_full_sweep() -> None:
-    """Issue 16: once the last points are compute-bound and collinear the sweep stops; the planner's fitted curve
+    """Once the last points are compute-bound and collinear the sweep stops; the planner's fitted curve
     is the full sweep's within 1% over the full sweep's whole range (it extrapolates the same line)."""
     dev = FakeDevice(flat_s=0.010, per_sample_s=0.0002)
     full = run_sweep(dev.measure, SweepOptions.thorough(max_batch=4096, total_budget_s=1e9), clock=dev.clock)

@@ -1,4 +1,4 @@
-"""A checkpoint is data, never code (issue 19, docs/SECURITY.md).
+"""A checkpoint is data, never code (docs/SECURITY.md).
 
 A ``checkpoint.pt`` whose pickle would run a command on load (``__reduce__`` -> ``os.system``) is refused with one
 line naming the file -- through the Python API and through ``planner train --resume`` -- and the command never

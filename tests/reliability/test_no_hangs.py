@@ -22,7 +22,7 @@ from tests.reliability import _torchrun
 
 FIX = "tests.reliability._fixtures"
 LAUNCH = "tests/reliability/_launch.py"
-# Startup (two processes importing torch on 2 cores) + the 15 s the issue allows for the error itself.
+# Startup (two processes importing torch on 2 cores) + 15 s for the error itself.
 DEADLINE_S = 60.0
 
 

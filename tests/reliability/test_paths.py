@@ -1,7 +1,7 @@
 """The shared up-front checks, function by function: output paths (planner/paths.py), argument ranges and the
 resume comparison (planner/argcheck.py), and a stdout that cannot take a command down (planner/stdio.py).
 
-The end-to-end cases (every command, exit 2, one line, nothing written) are in test_issue21.py; here each refusal
+The end-to-end cases (every command, exit 2, one line, nothing written) are in test_cli_input_refusals.py; here each refusal
 is pinned to its reason. Nothing here writes to a device: /dev/full is only ever *checked*, never opened -- a
 regression must not be able to replace the box's /dev/full with a file.
 """

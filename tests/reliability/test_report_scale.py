@@ -1,4 +1,4 @@
-"""A 200-rank report: bounded work, findings that summarise, figures that stay readable (issue 21, item 9).
+"""A 200-rank report: bounded work, findings that summarise, figures that stay readable.
 
 It took 87 s and opened with a 2,565-character finding listing every binding rank: every what-if re-solved the
 200-rank program once per rank (and once per "kind" when unnamed ranks all measure differently: 200 kinds).

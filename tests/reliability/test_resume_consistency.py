@@ -1,4 +1,4 @@
-"""``--resume`` compares the command line with what the checkpoint's run was started with (issue 21, item 6).
+"""``--resume`` compares the command line with what the checkpoint's run was started with.
 
 It used to continue silently with the checkpoint's plan and learning rate whatever was given, and crash in
 ``load_state_dict`` (a multi-line traceback) on another model. Now a differing value is refused before anything

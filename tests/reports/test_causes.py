@@ -114,7 +114,7 @@ def test_ranks_within_15_percent_or_of_other_kinds_get_no_finding() -> None:
 
 
 def test_four_h100s_two_with_co_tenants() -> None:
-    # The profile: 1891, 1891, 834 and 548 samples/s on four identical cards.
+    # A recorded profile: 1891, 1891, 834 and 548 samples/s on four identical cards.
     two = replace(COTENANT, other_processes=(GpuProcess(pid=7, used_bytes=8 * GIB), GpuProcess(pid=8, used_bytes=4 * GIB)))
     prof = profile(rank(0, 1 / 1891, CLEAN), rank(1, 1 / 1891, CLEAN), rank(2, 1 / 834, COTENANT), rank(3, 1 / 548, two))
     c = causes(prof, global_batch=1024)

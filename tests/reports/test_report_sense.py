@@ -124,10 +124,10 @@ def test_a_slow_loader_without_replanning_is_told_to_re_plan_or_add_workers(tmp_
 
 
 def test_a_loader_faster_than_planned_in_a_re_planned_run_says_what_the_replanner_did() -> None:
-    """Session 20 (2x H100, s20b loader r3): the capped rank's two workers built 23% faster than the check said,
+    """A loader-skew launch (2x H100): the capped rank's two workers built 23% faster than the check said,
     in a run that re-planned every epoch.  The report told it to "train with --replan" and "give it more workers";
     it now says the miss does not slow the step and what --replan made of it (3.1% at most, the split kept)."""
-    prefix = Path(__file__).resolve().parents[2] / "tests" / "data" / "h100x2_train_auto_replan_s20b_loader_r3"
+    prefix = Path(__file__).resolve().parents[2] / "tests" / "data" / "h100x2_resnet50_loader_skew_465_47"
     prof = Profile.load(f"{prefix}_profile.json")
     plan = Plan.load(f"{prefix}_plan.json")
     lines = log_findings(read_run_log(f"{prefix}_run.jsonl"), plan, prof, check_profile(prof))
@@ -148,10 +148,10 @@ def test_a_miss_on_a_noisy_profile_names_the_noise(tmp_path: Path) -> None:
 
 
 def test_a_miss_is_not_blamed_on_noise_at_batch_sizes_the_split_never_ran(tmp_path: Path) -> None:
-    """Session 19's 4-rank profile (4x H100): launch-bound batches 8-24 of ranks 0 and 2 off the curve by up to
+    """A 4-rank profile (4x H100): launch-bound batches 8-24 of ranks 0 and 2 off the curve by up to
     1.6x.  A 1.6x slower rank's split runs 173-294 a rank: a miss there is not that noise's, so the cause named is
     the measured one (here the slowest rank's own compute)."""
-    prof = Profile.load(Path(__file__).resolve().parents[2] / "tests" / "data" / "h100x4_profile_speed_s19p1.json")
+    prof = Profile.load(Path(__file__).resolve().parents[2] / "tests" / "data" / "h100x4_resnet50_profile_noisy_small_batches.json")
     slow = prof.scaled([1.0, 1.0, 1.0, 1.6])
     plan = solve(slow, global_batch=1024)
     assert not check_profile(slow).ok  # the profile's warnings stand

@@ -241,7 +241,7 @@ def test_state_without_accumulation_keys_loads_as_one_micro_step() -> None:
     s = HeteroBatchSampler(50, [7, 3], 0, seed=1)
     state = s.state_dict(steps_done=2)
     assert state["accumulation_steps"] is None and state["micro_step"] == 0
-    for key in ("accumulation_steps", "pending_accumulation_steps", "micro_step"):  # a checkpoint from before #13
+    for key in ("accumulation_steps", "pending_accumulation_steps", "micro_step"):  # a checkpoint written before accumulation
         del state[key]
     acc = HeteroBatchSampler(50, [7, 3], 0, seed=1, accumulation_steps=[2, 1])
     acc.load_state_dict(state)

@@ -140,7 +140,7 @@ def test_hook_on_an_unwrapped_module_says_to_pass_the_ddp_model() -> None:
 
 
 # -- step 1: the plan commands, run as written ---------------------------------------------------------------------
-PROFILE = ROOT / "tests" / "data" / "h200x2_resnet50_F3_profile_s2.json"  # resnet50, 2x H200, memory measured
+PROFILE = ROOT / "tests" / "data" / "h200x2_resnet50_slowdown_3x_profile.json"  # resnet50, 2x H200, memory measured
 
 
 def step_one_plan_commands() -> list[list[str]]:

@@ -93,9 +93,8 @@ def _stats(**kw: Any) -> StepStats:
 
 
 def test_a_loader_rank_paced_by_its_peer_is_as_busy_as_its_loader() -> None:
-    """2x H200, rank 1 capped at 2 workers (launch h200x2_train_auto_replan_s4_loader_r1; its raw files are in git
-    history): no data wait, 31 ms of compute in a 192 ms step -- without the workers' time it read 84% faster than
-    its plan."""
+    """2x H200, rank 1 capped at 2 workers (a recorded launch): no data wait, 31 ms of compute in a 192 ms
+    step -- without the workers' time it read 84% faster than its plan."""
     unmeasured = _stats()
     assert unmeasured.busy_s == pytest.approx(0.0312)
     measured = _stats(loader_s=0.38)  # 102 samples x ~3.7 ms in each of 2 workers

@@ -166,7 +166,7 @@ def test_a_large_tensor_is_copied_in_slices_across_threads(monkeypatch: pytest.M
 
 
 def test_a_failure_before_the_first_item_reaches_the_consumer_instead_of_hanging() -> None:
-    # session 12's device call 4: set_device refused an index-less "cuda" in the thread, and the probe hung
+    # set_device refuses an index-less "cuda" in the thread; the consumer gets the error instead of hanging
     def broken_pin(item: Any) -> Any:
         raise ValueError("cannot pin this")
 

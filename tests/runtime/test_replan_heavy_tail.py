@@ -1,7 +1,7 @@
-"""Issue 18: re-planning on the path users run, where step times are heavy-tailed.
+"""Re-planning on the path users run, where step times are heavy-tailed.
 
 Replays what `planner train --auto --replan` measured on 2 H100s with rank 1 emulated 3x slower and a real
-DataLoader (issue 18): rank 1's compute had a std of 0.15 s on a 0.19 s mean -- a few stalled steps (a peer's stall
+DataLoader: rank 1's compute had a std of 0.15 s on a 0.19 s mean -- a few stalled steps (a peer's stall
 leaking into its timing, worker spin-up) on top of a bulk slower than the profile said -- so the noise gate
 (2 standard errors) read 22-24% and refused a real 15-17% gain in two epochs running.  The timer now estimates
 the noise from the median absolute deviation and leaves the stalled steps out of the mean (counted), and the

@@ -13,7 +13,7 @@ import planner
 from planner.runlog import read_run_log
 from runtime.replan import Replanner
 
-RUN = Path(__file__).resolve().parents[2] / "tests" / "data" / "h100x2_resnet50_train_auto_replan_loader_s3"
+RUN = Path(__file__).resolve().parents[2] / "tests" / "data" / "h100x2_resnet50_loader_skew_8_workers_341_171"
 
 
 def _replay(epoch: int, *, own: bool) -> tuple[planner.Plan, list[planner.StepStats]]:
@@ -46,17 +46,17 @@ def test_a_peer_stretched_compute_would_have_hidden_the_gain() -> None:
     assert not d.adopted and d.predicted_gain is not None and d.predicted_gain < 0.05
 
 
-S14D = Path(__file__).resolve().parents[2] / "tests" / "data" / "h100x2_train_auto_replan_s14d_skew_r1"
+SKEW_495_17 = Path(__file__).resolve().parents[2] / "tests" / "data" / "h100x2_resnet50_compute_skew_495_17"
 
 
 def _run_s14d() -> tuple[planner.Profile, planner.Plan, list[list[planner.StepStats]]]:
-    log = read_run_log(f"{S14D}_run.jsonl")
+    log = read_run_log(f"{SKEW_495_17}_run.jsonl")
     assert log.start_plan is not None
-    return planner.Profile.load(f"{S14D}_profile.json"), log.start_plan, [list(e.ranks) for e in log.epochs]
+    return planner.Profile.load(f"{SKEW_495_17}_profile.json"), log.start_plan, [list(e.ranks) for e in log.epochs]
 
 
 def test_a_rank_paced_by_its_hand_over_sheds_work_within_the_run() -> None:
-    """Session 14, call 4 (2x H100, rank 1 emulated 3x slower): the start plan [495, 17] gave rank 0 298 MB batches;
+    """A recorded launch (2x H100, rank 1 emulated 3x slower): the start plan [495, 17] gave rank 0 298 MB batches;
     its 29 workers built one every 114-120 ms while it stepped every 143-157 ms, waiting 15-30 ms for data (the
     hand-over).  The Replanner charged that wait to the workers, saw every split loader-bound and proposed 0.1-4.1%
     for five epochs.  Charged to the hand-over, the move to rank 1 is adopted (splits with 394-427 samples on rank 0
@@ -96,9 +96,9 @@ def test_without_the_hand_over_rule_the_run_stayed_in_its_corner(monkeypatch: py
 
 
 def test_a_quiet_loader_run_is_left_as_it_is() -> None:
-    """Session 14's quiet loader-case launch (rank 1 capped at 2 workers, rank 0's data waits 1-4 ms): nothing to
+    """A quiet loader-skew launch (rank 1 capped at 2 workers, rank 0's data waits 1-4 ms): nothing to
     move, with or without the hand-over rule."""
-    tag = Path(__file__).resolve().parents[2] / "tests" / "data" / "h100x2_train_auto_replan_s14a_loader_r2"
+    tag = Path(__file__).resolve().parents[2] / "tests" / "data" / "h100x2_resnet50_loader_skew_474_38_120_step_epochs"
     log = read_run_log(f"{tag}_run.jsonl")
     assert log.start_plan is not None
     rp = Replanner(planner.Profile.load(f"{tag}_profile.json"), log.start_plan)

@@ -200,7 +200,7 @@ def _waited(model: CorrectionModel, *, period_s: float, wait_s: float, b: int = 
 
 
 def test_a_wait_while_the_workers_kept_up_raises_the_hand_over_not_the_workers() -> None:
-    """Session 14 (2x H100): rank 0's workers built a batch every 114-120 ms while it stepped every 143-157 ms,
+    """Measured on 2x H100: rank 0's workers built a batch every 114-120 ms while it stepped every 143-157 ms,
     waiting for data; charged to the workers, that wait made every split look loader-bound."""
     m = CorrectionModel.of(_handed(_profile()))
     assert [r.handover_s for r in m.ranks] == pytest.approx([600_000 / 4e9] * 2)

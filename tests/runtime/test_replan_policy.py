@@ -45,7 +45,7 @@ def test_noise() -> None:
     assert not adopted and why == ("within the measurement noise 25.0% (2 x relative std error); adopted if the "
                                    "next epoch proposes the same move")
     assert _judge(PolicyState(), 0.20, noise=0.15)[1]
-    # ... but the same move proposed by the next epoch too is adopted, however noisy (issue 18: heavy tails made
+    # ... but the same move proposed by the next epoch too is adopted, however noisy (heavy tails measured on 2x H100 made
     # the noise 22-24% while a real 15-17% gain was proposed twice and refused twice).
     assert _judge(state, 0.17, noise=0.24, epoch=1)[1:] == (True, "adopted")
     other, adopted, _ = _judge(state, 0.17, noise=0.24, epoch=1, candidate=TOWARD_1)  # the opposite move: no

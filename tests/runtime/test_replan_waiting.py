@@ -29,7 +29,7 @@ def _decisions(launch: int) -> list[tuple[int, bool, tuple[int, ...], float | No
     plan = Plan.load(DATA / f"{PREFIX}_plan.json")
     rp = Replanner(profile, plan, options=plan.options)
     out = []
-    for e in read_run_log(DATA / f"{PREFIX}_r{launch}_run.jsonl").epochs[:4]:
+    for e in read_run_log(DATA / f"{PREFIX}_launch{launch}_run.jsonl").epochs[:4]:
         d = rp.decide(list(e.ranks), e.epoch)
         cand = d.candidate
         out.append((e.epoch, d.adopted, tuple(cand.batch_sizes) if cand else (),
@@ -39,7 +39,7 @@ def _decisions(launch: int) -> list[tuple[int, bool, tuple[int, ...], float | No
 
 def _measured_balanced_s() -> float:
     """What [256, 256] ran after the change: epochs 5-7 of the two launches that adopted it."""
-    steps = [e.step_time_s for i in (1, 2) for e in read_run_log(DATA / f"{PREFIX}_r{i}_run.jsonl").epochs
+    steps = [e.step_time_s for i in (1, 2) for e in read_run_log(DATA / f"{PREFIX}_launch{i}_run.jsonl").epochs
              if e.epoch >= 5 and tuple(e.batch_sizes) == (256, 256)]
     assert len(steps) == 6 and all(s is not None for s in steps)
     return statistics.median(steps)  # type: ignore[type-var]

@@ -202,7 +202,7 @@ def test_real_cpu_loop_summary_is_sane() -> None:
 
 def test_device_lead_is_the_idle_time_between_a_steps_end_and_the_next_forward() -> None:
     """``lead_s``: from the previous step's end on the device (after its optimizer) to this step's forward start --
-    what tells ranks that started a step out of step apart (session 16: rank 0's compute tails needed both a
+    what tells ranks that started a step out of step apart (on 2x H100, rank 0's compute tails came only with both a
     DataLoader and a DDP peer)."""
     dev = FakeEvents()
     timer = StepTimer("cpu", clock=FakeClock(), warmup_steps=0, event_factory=dev.factory)

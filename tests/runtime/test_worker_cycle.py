@@ -2,7 +2,7 @@
 
 Workers started together at an epoch start deliver their batches in bursts: W batches, then none for a build
 time T, then W more.  W consecutive steps take T wherever they start; a mean over another count of steps is off by
-up to a burst.  2x H100, session 8: a 16-worker rank of 455 samples over a 28-step epoch measured 126.6 ms a step
+up to a burst.  Measured on 2x H100: a 16-worker rank of 455 samples over a 28-step epoch measured 126.6 ms a step
 while its workers needed 2.18 s a batch (136 ms a step); `planner bench`'s 20-step windows of one split read
 2,687-3,470 samples/s in three rounds.
 """
@@ -47,7 +47,7 @@ def _bursty_epoch(workers: int, build_s: float, gpu_s: float, steps: int) -> lis
 
 
 def test_a_loader_paced_epoch_is_timed_over_whole_worker_cycles() -> None:
-    """The session 8 numbers: 16 workers at 2.18 s a batch of 455, a 110 ms GPU step, 28 steps an epoch."""
+    """The measured numbers above: 16 workers at 2.18 s a batch of 455, a 110 ms GPU step, 28 steps an epoch."""
     workers, build, gpu = 16, 2.18, 0.110
     clock = FakeClock()
     timer = StepTimer("cpu", clock=clock, warmup_steps=2)
@@ -98,7 +98,7 @@ def test_a_real_dataloader_delivers_in_bursts_and_whole_cycles_read_its_pace() -
 
 
 def test_a_bench_window_is_whole_cycles_of_the_ranks_near_their_loaders_pace() -> None:
-    """The session 8 loader-skew splits on 2x H100: the plan [455, 57] (16 and 2 workers, both loaders near the
+    """Loader-skew splits measured on 2x H100: the plan [455, 57] (16 and 2 workers, both loaders near the
     step) runs 32 steps for 20; the equal split (only the 2-worker rank near its loader) keeps 20."""
 
     def plan(step: float, ranks: list[tuple[int, float]]) -> NS:
@@ -142,7 +142,7 @@ def test_an_adapters_planned_run_times_its_epochs_over_whole_cycles_of_the_loade
 
 def _filling_epoch(steps: int, fill: int, drain: int, first_wait: float, gpu_s: float, fill_slow_s: float,
                    stall_at: int, stall_s: float, steady_slow_s: float) -> list[tuple[float, float]]:
-    """The session 10 shape (2x H100, 28 workers, `--step-log`): step 0 waits for the first batch, the fill's
+    """A recorded epoch's shape (2x H100, 28 workers, `--step-log`): step 0 waits for the first batch, the fill's
     steps run ``fill_slow_s`` slower with one cycle-boundary data stall, the middle ``steady_slow_s`` slower
     than the GPU (the workers building as fast as the GPU consumes), and the drain's at the GPU's pace."""
     out = []
@@ -179,7 +179,7 @@ def test_the_steady_pace_is_timed_between_the_loaders_fill_and_drain() -> None:
 
 
 def test_an_epoch_without_a_steady_middle_keeps_the_whole_cycle_means() -> None:
-    """200 steps, 28 workers: the fill (140) and drain (112) overlap -- session 10's 200-step epochs, whose last 56
+    """200 steps, 28 workers: the fill (140) and drain (112) overlap -- as in recorded 200-step epochs, whose last 56
     steps ran at the GPU's pace on batches built before (the drain), not at a pace the loaders sustain."""
     timer = _timed(_filling_epoch(200, 140, 56, 4.9, 0.116, 0.050, 28, 0.66, 0.0))
     with_fill = timer.epoch_summary(**KW, fill_steps=140, drain_steps=112)  # type: ignore[arg-type]

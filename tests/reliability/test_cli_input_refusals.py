@@ -1,4 +1,4 @@
-"""Issue 21: every input a user can type either works or is refused in one line before any work starts.
+"""Every input a user can type either works or is refused in one line before any work starts.
 
 Each case runs the real CLI (``planner.cli.main``, what the console script runs) and asserts: exit 2, exactly one
 line on stderr, no traceback, the words that say what is wrong, every input byte-for-byte unchanged, nothing new
@@ -7,8 +7,8 @@ that work: the function that would start it is replaced by one that fails the te
 time is bounded (generously, 20 s: the box is shared; profiling alone takes longer).
 
 The cases that are not errors (``--force``, a log with missing times, two runs in one log, a 10^6-skewed
-cluster, a closed or full stdout) assert their documented behaviour. docs/RELIABILITY.md maps each item of the
-issue to its test here.
+cluster, a closed or full stdout) assert their documented behaviour. docs/RELIABILITY.md maps each case to its
+test here.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ CASES: dict[str, tuple[list[str], str, tuple[str, ...]]] = {
     "plan-global-batch-2**63": (["plan", "--profile", "{w}/minimal_profile.json", "--global-batch", str(2**63)],
                                 "argument --global-batch/--global_batch: must be <= 2147483647", ()),
     # 7: a forced split over a cap
-    # (with accumulation allowed, the default, 300 on a cap of 200 runs as 2 x 150: #13)
+    # (with accumulation allowed, the default, 300 on a cap of 200 runs as 2 x 150)
     "plan-from-batches-over-memory-cap": (["plan", "--profile", "{w}/args_memory_capped_profile.json",
                                            "--global-batch", "300", "--from-batches", "300",
                                            "--max-accumulation-steps", "1", "--out",
@@ -217,7 +217,7 @@ def test_refused_in_one_line_before_any_work(case: str, work: Path, capsys: pyte
 
 def test_train_auto_global_batch_below_min_batch_is_refused_before_profiling(
         work: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    # Issue 21: `train --auto --global-batch 2 --min-batch 2` on 2 ranks failed only after profiling.
+    # `train --auto --global-batch 2 --min-batch 2` on 2 ranks is refused before the profile is measured.
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     _no_work(monkeypatch, *TRAIN_RUN)
@@ -367,8 +367,8 @@ def test_stdout_on_a_full_device_is_one_line_after_the_files_are_written(work: P
     assert (work / "p.json").exists()
 
 
-def test_every_case_of_the_issue_has_a_test() -> None:
-    """The issue's items map to cases here (docs/RELIABILITY.md section 7 lists them)."""
+def test_every_listed_input_mistake_has_a_case() -> None:
+    """Each input mistake docs/RELIABILITY.md section 7 lists maps to a case here."""
     must: dict[str, Callable[[str], bool]] = {
         "output is an input": lambda c: "is-the" in c, "folder": lambda c: "folder" in c,
         "unwritable": lambda c: "unwritable" in c, "300 characters": lambda c: "300" in c,
