@@ -192,20 +192,30 @@ def _mode_for(path: Path) -> int:
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write via a temp file in the same folder and rename, so a crash never leaves a half-written file."""
+    """Write via a temp file in the same folder and rename, so a crash never leaves a half-written file.  A write
+    that fails (a full disk) is one ValidationError naming the file (planner.paths.write_error), the temp file
+    removed."""
+    from planner.paths import write_all, write_error
+
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    except OSError as e:
+        raise write_error(p, e) from None
+    try:
+        try:
+            write_all(fd, text.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.chmod(tmp, _mode_for(p))
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise write_error(p, e) from None
         raise
 
 

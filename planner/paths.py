@@ -21,7 +21,6 @@ Pure: the standard library only (no torch), so `planner plan` and the programs s
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import stat
 import tempfile
@@ -209,46 +208,266 @@ def check_outputs(outputs: list[Output], inputs: Mapping[str, str | None] | None
                 raise ValidationError(f"{flag} and {other_flag} both name {_show(path)}; give each its own file")
 
 
-_HELD: dict[str, int] = {}
-"""Locks this process holds, by path, until it exits (the kernel releases them when the process ends)."""
+# -- ownership: one run at a time writes an output, through the descriptor it locked ---------------------------
+#
+# The lock lives in the output itself: ``flock`` on the open log file, on the checkpoint folder's own descriptor.
+# Any two opens of one inode see each other's lock, whatever path, hard link or $TMPDIR each run has, and nothing
+# is created outside the output (no shared lock folder another user could pre-create, fill with a file, or point
+# elsewhere with a symbolic link).  A file is opened with O_NOFOLLOW (a link swapped in after the checks is refused,
+# not written through) and O_NONBLOCK (a FIFO swapped in is refused, never waited on); an existing one must be a
+# regular file owned by this user and not writable by every user.  The writers (the run log, the step log) write
+# through the locked descriptor, so the file checked is the file written, for the whole run.
+#
+# The descriptors are close-on-exec, and a forked child (a DataLoader worker) points its copies at /dev/null as it
+# starts: a flock belongs to the open file, so a worker's copy kept the lock after its trainer was killed until
+# the worker noticed (about 5 s), and a ``--resume`` right after was refused.
+
+@dataclass(slots=True)
+class _Claim:
+    fd: int
+    path: str
+    folder: bool
+    created: bool
+    """This process created the file or folder: released unused (empty), it is removed again."""
+    users: int = 1
 
 
-def lock_path(path: str) -> str:
-    """Where the lock for output ``path`` lives: a file named by the hash of its resolved path in a per-user folder
-    of the temp directory, so locking creates nothing beside the user's outputs (a refused run leaves no empty log
-    or checkpoint folder behind)."""
-    key = hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:32]
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    return os.path.join(tempfile.gettempdir(), f"ddp-planner-locks-{uid}", f"{key}.lock")
+_CLAIMS: dict[tuple[int, int], _Claim] = {}
+"""Outputs this process holds, by (device, inode): the kernel releases them when the process ends."""
 
 
-def hold_exclusive(path: str, flag: str, *, folder: bool = False) -> None:
-    """Hold an exclusive lock on an output for the rest of this process, or refuse in one line.
+def _refuse(path: str, flag: str, why: str) -> ValidationError:
+    return ValidationError(f"{flag} {_show(path)}: {why}")
+
+
+def _check_owned(st: os.stat_result, path: str, flag: str, what: str) -> None:
+    uid = os.geteuid() if hasattr(os, "geteuid") else st.st_uid
+    if st.st_uid != uid:
+        raise _refuse(path, flag, f"the {what} belongs to another user (uid {st.st_uid}; this is uid {uid}); a run "
+                                  f"writes only into outputs it owns -- name another {what}")
+    if st.st_mode & stat.S_IWOTH:
+        raise _refuse(path, flag, f"the {what} is writable by every user (mode {stat.S_IMODE(st.st_mode):04o}); "
+                                  f"another user could replace what the run writes -- chmod o-w it or name another "
+                                  f"{what}")
+
+
+def _open_file(path: str, flag: str) -> tuple[int, bool]:
+    flags = (os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+             | getattr(os, "O_CLOEXEC", 0))
+    try:
+        try:
+            return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            return os.open(path, flags), False
+    except OSError as e:
+        why = {errno.ELOOP: "is a symbolic link; name the target itself",
+               errno.ENXIO: "is a FIFO (named pipe), not a regular file -- name a file",
+               errno.EISDIR: "is a folder, not a file -- name a file",
+               errno.ENOSPC: "no space left on device"}.get(e.errno or 0, e.strerror or str(e))
+        raise _refuse(path, flag, why) from None
+
+
+def _open_folder(path: str, flag: str) -> tuple[int, bool]:
+    created = not os.path.lexists(path)
+    try:
+        if created:
+            os.makedirs(path, exist_ok=True)
+        return os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)), created
+    except OSError as e:
+        why = "is not a folder" if e.errno == errno.ENOTDIR else (e.strerror or str(e))
+        raise _refuse(path, flag, why) from None
+
+
+def hold_exclusive(path: str, flag: str, *, folder: bool = False, stale_prefix: str | None = None) -> int:
+    """Own an output for the rest of this process (or until ``release``), or refuse in one line; returns the
+    descriptor the writer writes through (a file, opened for appending) or that holds the folder.
 
     Two runs given the same ``--checkpoint`` folder or ``--log-file`` both pass the fresh-run checks, then
     interleave their lines in one log (which then reads as one valid, finished run) and overwrite each other's
-    checkpoints.  ``flock`` on the output's lock file (``lock_path``): advisory, released by the kernel when the
+    checkpoints.  ``flock`` on the output's own descriptor (see above): advisory, released by the kernel when the
     process dies (kill -9 included), so a crashed run never leaves a stale lock.  It guards runs on one host; runs
-    on two hosts writing one shared-file-system folder are not seen.  A process that already holds the lock (the
-    same path named twice) keeps it.
+    on two hosts writing one shared-file-system folder are not seen.  A process that already holds the output (the
+    same path named twice, or two writers of one file) shares its hold.
+
+    ``stale_prefix`` (folders): once the folder is held, temp files ``<prefix>*.tmp`` in it are removed -- the
+    writer that left one was killed mid-write (kill -9, a lost node), and no live writer can own one while we hold
+    the folder.
     """
     try:
         import fcntl
     except ImportError:  # no flock on this platform: nothing to hold
-        return
-    lock = lock_path(path)
-    if lock in _HELD:
-        return
-    os.makedirs(os.path.dirname(lock), mode=0o700, exist_ok=True)
-    fd = os.open(lock, os.O_WRONLY | os.O_CREAT, 0o600)
+        fcntl = None  # type: ignore[assignment]
+    fd, created = _open_folder(path, flag) if folder else _open_file(path, flag)
+    try:
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        if key in _CLAIMS:  # this process holds it already
+            os.close(fd)
+            _CLAIMS[key].users += 1
+            return _CLAIMS[key].fd
+        if not folder and not stat.S_ISREG(st.st_mode):
+            raise _refuse(path, flag, f"is a {_node_kind(st.st_mode) or 'special file'}, not a regular file -- "
+                                      "name a file")
+        if not created:
+            _check_owned(st, path, flag, "folder" if folder else "file")
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ValidationError(f"{flag} {_show(path)} is in use by another run (it holds the lock); wait for "
+                                      f"it to finish, or name another {'folder' if folder else 'file'}") from None
+    except BaseException:
+        os.close(fd)
+        if created:
+            _remove_unused(path, folder)
+        raise
+    _CLAIMS[key] = _Claim(fd=fd, path=path, folder=folder, created=created)
+    if folder and stale_prefix:
+        sweep_stale_temp_files(path, stale_prefix)
+    return fd
+
+
+def held_elsewhere(path: str) -> bool:
+    """True when another process holds output ``path`` (a folder or a file): for tests and tools."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY if os.path.isdir(path) else os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing our own description releases what we took
+    return False
+
+
+def sweep_stale_temp_files(folder: str, prefix: str) -> list[str]:
+    """Remove ``<prefix>*.tmp`` regular files of this user in ``folder`` (call it holding the folder); their
+    names."""
+    gone: list[str] = []
+    uid = os.geteuid() if hasattr(os, "geteuid") else None
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return gone
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        inner = os.path.join(folder, name)
+        try:
+            st = os.lstat(inner)
+            if stat.S_ISREG(st.st_mode) and (uid is None or st.st_uid == uid):
+                os.unlink(inner)
+                gone.append(name)
+        except OSError:
+            continue
+    return gone
+
+
+def _remove_unused(path: str, folder: bool) -> None:
+    """Remove an output this process created and never wrote into (a refused run leaves nothing behind)."""
+    try:
+        if folder:
+            os.rmdir(path)  # only when empty
+        elif os.lstat(path).st_size == 0:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def release(fd: int) -> None:
+    """Give up one hold of the output held through ``fd`` (``hold_exclusive``'s return); the last one unlocks and
+    closes it, removing it when this process created it and left it empty."""
+    for key, claim in list(_CLAIMS.items()):
+        if claim.fd == fd:
+            claim.users -= 1
+            if claim.users <= 0:
+                del _CLAIMS[key]
+                _close_claim(claim, key)
+            return
+
+
+def _close_claim(claim: _Claim, key: tuple[int, int]) -> None:
+    unused = False
+    if claim.created:
+        try:
+            st = os.lstat(claim.path)
+            same = (st.st_dev, st.st_ino) == key
+            unused = same and ((claim.folder and not os.listdir(claim.path)) or (not claim.folder and not st.st_size))
+        except OSError:
+            pass
+    os.close(claim.fd)  # the lock goes with the last descriptor of the open file
+    if unused:
+        _remove_unused(claim.path, claim.folder)
+
+
+def release_all() -> None:
+    """Release every output this process holds (a command's end: in-process callers run several)."""
+    while _CLAIMS:
+        key, claim = next(iter(_CLAIMS.items()))
+        del _CLAIMS[key]
+        _close_claim(claim, key)
+
+
+def open_for_append(path: str, flag: str, *, fresh: bool) -> int:
+    """A descriptor appending to output ``path`` for the whole run, for a log several writers may share (``train
+    --step-log`` without ``{rank}``: no lock).  Opened once, with O_NOFOLLOW and O_NONBLOCK and checked like a held
+    output, so a symbolic link or FIFO swapped in mid-run is never written through (reopened by path each epoch,
+    a swapped link appended the steps to another file).  ``fresh`` (a run that starts, not a resume): a file that
+    already holds lines is another run's -- refused, not appended to."""
+    fd, created = _open_file(path, flag)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse(path, flag, f"is a {_node_kind(st.st_mode) or 'special file'}, not a regular file -- "
+                                      "name a file")
+        if not created:
+            _check_owned(st, path, flag, "file")
+        if fresh and st.st_size > 0:
+            raise _refuse(path, flag, f"already holds {st.st_size} bytes of another run; a fresh run starts its own "
+                                      "-- name another file or remove it (--resume appends)")
+    except BaseException:
         os.close(fd)
-        raise ValidationError(f"{flag} {_show(path)} is in use by another run (it holds the lock); wait for it to "
-                              f"finish, or name another {'folder' if folder else 'file'}") from None
-    _HELD[lock] = fd
+        raise
+    return fd
 
 
-__all__ = ["TEMP_AFFIX_BYTES", "Output", "check_output_file", "check_output_folder", "check_outputs",
-           "hold_exclusive", "lock_path", "same_file"]
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """Write all of ``data`` to ``fd`` (``os.write`` until done): every writer of an output goes through here, so a
+    failed write (a full disk) raises OSError at one place."""
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def write_error(path: str | os.PathLike[str], e: OSError) -> ValidationError:
+    """The one line for an output that could not be written: a full disk (or quota) is named as such, not left to
+    a traceback (a checkpoint's was 36 lines that never said "no space")."""
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        why = "no space left on device" if e.errno == errno.ENOSPC else "disk quota exceeded"
+        code = errno.errorcode.get(e.errno or 0, str(e.errno))
+        return ValidationError(f"cannot write {_show(os.fspath(path))}: {why} ({code}); free some space or name "
+                               "an output on another file system")
+    return ValidationError(f"cannot write {_show(os.fspath(path))}: {e.strerror or e}")
+
+
+def _forget_in_child() -> None:
+    """In a forked child: point our copies of the held descriptors at /dev/null, so the lock stays only with the
+    owner and ends with it.  (``flock(LOCK_UN)`` here would release the owner's lock too: it is one open file.)"""
+    if not _CLAIMS:
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    for claim in _CLAIMS.values():
+        os.dup2(null, claim.fd, inheritable=False)
+    os.close(null)
+    _CLAIMS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
+__all__ = ["TEMP_AFFIX_BYTES", "Output", "check_output_file", "check_output_folder", "check_outputs", "held_elsewhere",
+           "hold_exclusive", "open_for_append", "release", "release_all", "same_file", "sweep_stale_temp_files", "write_all",
+           "write_error"]

@@ -31,10 +31,11 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import Any, Literal
 
 from planner.devstate import DeviceState
 from planner.errors import ValidationError
@@ -255,22 +256,68 @@ Record = StartRecord | EpochRecord | ReplanRecord | ResizeRecord | EndRecord
 class RunLogWriter:
     """Appends records as JSON lines, flushed per line (a killed run loses at most the line being written).
 
-    Only the writing rank opens the file: ``RunLogWriter(path, enabled=rank == 0)``; elsewhere it is a no-op.
+    Only the writing rank opens the file: ``RunLogWriter(path, enabled=rank == 0)``; elsewhere it is a no-op.  It
+    writes through the descriptor the run holds the log by (planner.paths.hold_exclusive: the file checked and
+    locked is the one written, never a link swapped in later); a full disk is one line naming the file.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None, *, enabled: bool = True) -> None:
-        self._f: IO[str] | None = open(path, "a", encoding="utf-8") if path and enabled else None
+    def __init__(self, path: str | os.PathLike[str] | None, *, enabled: bool = True, flag: str = "--log-file") -> None:
+        self._path = os.fspath(path) if path else None
+        self._fd: int | None = None
+        self._pending: list[str] | None = None
+        if path and enabled:
+            from planner.paths import hold_exclusive
+
+            self._fd = hold_exclusive(self._path or "", flag)
 
     def write(self, record: Record) -> None:
-        if self._f is not None:
-            # allow_nan=False: a non-finite number that slipped past to_dict is our bug, not a line to write.
-            self._f.write(json.dumps(record.to_dict(), allow_nan=False) + "\n")
-            self._f.flush()
+        if self._fd is None:
+            return
+        # allow_nan=False: a non-finite number that slipped past to_dict is our bug, not a line to write.
+        line = json.dumps(record.to_dict(), allow_nan=False) + "\n"
+        if self._pending is not None:
+            self._pending.append(line)
+            return
+        self._write(line)
+
+    def _write(self, text: str) -> None:
+        from planner.paths import write_all, write_error
+
+        assert self._fd is not None and self._path is not None
+        try:
+            write_all(self._fd, text.encode("utf-8"))  # unbuffered: each record reaches the file as written
+        except OSError as e:
+            raise write_error(self._path, e) from None
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Hold the records written inside the block and write them when it ends (also when it raises): the
+        trainer saves an epoch's checkpoint inside it, so a log write that fails (a full disk) comes after the
+        epoch is safe, never before."""
+        if self._pending is not None:  # nested: the outer block writes them
+            yield
+            return
+        self._pending = []
+        try:
+            yield
+        except BaseException:
+            held, self._pending = self._pending, None
+            if held and self._fd is not None:
+                try:
+                    self._write("".join(held))
+                except ValidationError:  # the block's own error is the one to report
+                    pass
+            raise
+        held, self._pending = self._pending, None
+        if held and self._fd is not None:
+            self._write("".join(held))
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        if self._fd is not None:
+            from planner.paths import release
+
+            release(self._fd)
+            self._fd = None
 
     def __enter__(self) -> RunLogWriter:
         return self

@@ -36,6 +36,8 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from planner.errors import PlanError, ValidationError
+from planner.lifetime import Terminated, terminate_as_interrupt
+from planner.paths import release_all
 from planner.stdio import GuardedStdout, TerminalSafe
 
 # name -> (module, one-line help).  A command's module is imported only when the command runs.
@@ -107,10 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     guard, err = GuardedStdout(sys.stdout), TerminalSafe(sys.stderr)
     sys.stdout, sys.stderr = guard, err  # type: ignore[assignment]
     try:
-        rc = _main(argv)
+        with terminate_as_interrupt():  # SIGTERM cleans up as Ctrl-C does (planner/lifetime.py)
+            rc = _main(argv)
         guard.flush()
     finally:
         sys.stdout, sys.stderr = guard.inner, err.inner
+        release_all()  # the outputs this command held; one it created and left empty (a refused run) is removed
     problem = guard.problem()
     if problem is not None:
         print(problem, file=sys.stderr)
@@ -144,6 +148,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
         return 2
+    except Terminated:
+        print("terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -9,6 +9,9 @@ last).  Two settings for a process whose only work is to fork ranks:
   for torch and ``torch._dynamo``, during which it would still hold the launcher's stdout (a pipe reading it waits
   for that).  Its children, the ranks, never run this exit: a fork server's child ends through ``os._exit``
   whatever its exit code.
+* The server dies with the process that started it (``prctl(PR_SET_PDEATHSIG)``, planner/lifetime.py), also when
+  that process is killed by SIGKILL, where no ``finally`` kills anything; its ranks die with the server
+  (planner.cli.launch._rank_entry), and their DataLoader workers with them.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+import signal
+
+from planner.lifetime import die_with_parent
 
 gc.freeze()
 atexit.register(os._exit, 0)
+die_with_parent(signal.SIGKILL)

@@ -1,7 +1,8 @@
 """Atomic checkpoints: model, optimizer, sampler position, plan and re-plan state in one file.
 
 Written by rank 0 to ``DIR/checkpoint.pt`` through a temp file and ``os.replace``, so a kill -9 at any moment
-leaves either the previous checkpoint or the new one, never a torn file.
+leaves either the previous checkpoint or the new one, never a torn file.  A full disk is one line naming the file
+(the previous checkpoint kept, the temp file removed); a killed save's temp file is removed by the next run.
 
 A checkpoint is data, never code (docs/SECURITY.md): it holds only tensors, numbers, strings, bools, None, lists,
 tuples and dicts, and is read with ``torch.load(..., weights_only=True)``, whose unpickler refuses every global
@@ -25,10 +26,13 @@ import numpy as np
 import torch
 
 from planner.errors import ValidationError
+from planner.paths import write_all, write_error
 from planner.plan import Plan
 from runtime.sampler import MAX_EPOCH
 
 CHECKPOINT_NAME = "checkpoint.pt"
+TEMP_PREFIX = ".checkpoint."
+"""A save writes ``.checkpoint.XXXXXXXX.tmp`` beside the checkpoint, then renames it over ``checkpoint.pt``."""
 # The on-disk layout (the keys below, the plan/sampler/replanner as JSON-able data) is unchanged since version 1;
 # only the loader became strict, so checkpoints of version 1 that hold plain data still resume.
 CHECKPOINT_VERSION = 1
@@ -57,7 +61,10 @@ def save_checkpoint(directory: str | os.PathLike[str], *, epoch: int, step: int,
     curves of the ranks it already measured from it (planner/cli/elastic.py).
     """
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_error(d / CHECKPOINT_NAME, e) from None
     state = {
         "version": CHECKPOINT_VERSION,
         "epoch": int(epoch),
@@ -73,19 +80,42 @@ def save_checkpoint(directory: str | os.PathLike[str], *, epoch: int, step: int,
         "profile": _plain(profile, "profile"),
     }
     _check_data_only(state, "checkpoint")  # our invariant: what we write, load_checkpoint can read back
-    fd, tmp = tempfile.mkstemp(prefix=".checkpoint.", suffix=".tmp", dir=d)
-    os.close(fd)
+    target = d / CHECKPOINT_NAME
     try:
-        torch.save(state, tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        target = d / CHECKPOINT_NAME
+        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".tmp", dir=d)
+    except OSError as e:
+        raise write_error(target, e) from None
+    try:
+        try:
+            torch.save(state, _FdWriter(fd))  # type: ignore[arg-type]  # a file object, not a path: torch's own writer hides the errno
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as e:
+        # Ctrl-C or SIGTERM mid-save included (planner/lifetime.py); a kill -9's temp file is removed by the next
+        # run that holds the folder (planner.paths.hold_exclusive(stale_prefix=TEMP_PREFIX)).
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):  # a full disk: one line naming the file, the previous checkpoint kept
+            raise write_error(target, e) from None
         raise
     return target
+
+
+class _FdWriter:
+    """What ``torch.save`` writes to: every byte through planner.paths.write_all, so a failed write is an OSError
+    with its errno (``torch.save`` to a path turned ENOSPC into "unexpected pos 704 vs 598")."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def write(self, data: bytes) -> int:
+        write_all(self.fd, data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
 
 
 def load_checkpoint(directory: str | os.PathLike[str], device: torch.device) -> dict[str, Any] | None:

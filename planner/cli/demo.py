@@ -18,6 +18,7 @@ from pathlib import Path
 
 from planner.argcheck import check_ranks, count, real
 from planner.errors import ValidationError
+from planner.lifetime import child_dies_with_parent
 from planner.paths import Output, check_outputs
 
 HELP = "profile -> plan -> train -> report on this machine"
@@ -52,20 +53,32 @@ def _run_stage(name: str, cmd: list[str], timeout_s: float) -> None:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    # The stage dies with the demo: SIGTERM to it when the demo ends, even by kill -9 (planner/lifetime.py), and
+    # its process group stopped when the demo is interrupted or terminated.
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=child_dies_with_parent(signal.SIGTERM))
     try:
         rc = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        # SIGTERM first: torchrun forwards it to its workers (SIGKILL alone would orphan them).
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _stop_stage(proc)
         raise ValidationError(f"demo stage '{name}' exceeded {timeout_s:.0f} s and was stopped") from None
+    except BaseException:  # Ctrl-C, SIGTERM: the stage stops with the demo, before it writes anything more
+        _stop_stage(proc)
+        raise
     if rc != 0:
         raise ValidationError(f"demo stage '{name}' failed with exit code {rc} (its output is above)")
+
+
+def _stop_stage(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the stage's process group first (torchrun forwards it to its workers; SIGKILL alone would
+    orphan them), SIGKILL after 20 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:  # it had ended
+        proc.wait()
 
 
 def run(args: argparse.Namespace) -> int:

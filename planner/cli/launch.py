@@ -8,17 +8,22 @@ CUDA context or gloo thread of its parent (those do not survive a plain fork).  
 environment, stdout and stderr as they are at launch, as a spawned one would.  Inside a rank, DataLoader workers
 fork, as under torchrun (``_rank_entry``).  A FileStore rendezvous in a fresh temp dir (no port to pick, nothing
 to collide with a parallel run), a deadline, and every child killed in ``finally`` -- also when the parent is
-interrupted -- so nothing is left running or holding a GPU.
+interrupted or terminated (SIGTERM is Ctrl-C, planner/lifetime.py) -- and, for a parent killed by SIGKILL, the
+fork server, the ranks and their workers each die with their parent (``PR_SET_PDEATHSIG``), so nothing is left
+running or holding a GPU.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from planner.lifetime import die_with_parent
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
 """What the fork server imports before forking ranks (DDP's constructor imports torch._dynamo)."""
@@ -75,7 +80,15 @@ def _rank_entry(rank: int, environ: dict[str, str], stdio: _Stdio, fn: Callable[
         import multiprocessing
 
         multiprocessing.set_start_method("fork", force=True)
+        # A rank dies with its parent (the fork server, which dies with the launcher), and every process it forks
+        # (DataLoader workers) dies with the rank: a launcher killed by SIGKILL leaves nothing running.
+        die_with_parent(signal.SIGKILL)
+        os.register_at_fork(after_in_child=_die_with_parent)
     fn(rank, *args)
+
+
+def _die_with_parent() -> None:
+    die_with_parent(signal.SIGKILL)
 
 
 def spawn(fn: Callable[..., None], nprocs: int, args: tuple[Any, ...] = (), *, timeout_s: float,

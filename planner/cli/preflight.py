@@ -9,7 +9,8 @@ after an epoch of training, or destroy work.
   merged the two runs) or a ``--checkpoint`` folder already holding a checkpoint (the first save replaced it)
   is refused -- ``--resume`` continues both;
 - one run at a time per ``--checkpoint`` folder and ``--log-file``: the writing rank holds an exclusive lock on
-  both for the run's life (planner.paths.hold_exclusive), and a second run is refused in one line;
+  both for the run's life, taken on the output itself (planner.paths.hold_exclusive), and a second run is refused
+  in one line; a killed save's temp files in the folder are removed once it is held;
 - ``--resume`` compares this command line with what the checkpoint's run was started with (``run_meta``) and
   refuses a difference in one line naming both values: unchecked, the checkpoint's plan and learning rate would
   replace the ones given, silently, and another model would crash in ``load_state_dict``.  ``--allow-resume-changes``
@@ -34,6 +35,7 @@ from planner.paths import Output, check_outputs
 from planner.plan import Plan
 
 CHECKPOINT_FILE = "checkpoint.pt"  # planner.cli.checkpoint.CHECKPOINT_NAME, without importing torch here
+CHECKPOINT_TEMP_PREFIX = ".checkpoint."  # planner.cli.checkpoint.TEMP_PREFIX
 # Defaults of the values a resumed run takes from its checkpoint when they are not given.
 DEFAULTS: dict[str, Any] = {"model": "mlp", "dataset": "fake", "seed": 0, "lr": 0.01}
 
@@ -199,8 +201,8 @@ def preflight(args: argparse.Namespace) -> Preflight:
     if rank == 0:  # the writing rank: one run at a time per checkpoint folder and run log, before any check of them
         from planner.paths import hold_exclusive
 
-        if args.checkpoint:
-            hold_exclusive(args.checkpoint, "--checkpoint", folder=True)
+        if args.checkpoint:  # and the temp files of a save that was killed (kill -9 mid-save) go
+            hold_exclusive(args.checkpoint, "--checkpoint", folder=True, stale_prefix=CHECKPOINT_TEMP_PREFIX)
         if args.log:
             hold_exclusive(args.log, "--log-file")
     out = Preflight()

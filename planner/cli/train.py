@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -57,6 +58,7 @@ from planner.cli.steps import (
 from planner.cli.train_config import EpochResult, TrainConfig
 from planner.cli.train_resume import checkpoint, resume
 from planner.errors import ValidationError
+from planner.paths import open_for_append, write_all, write_error
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.runlog import EndRecord, RunLogWriter
@@ -106,6 +108,8 @@ class Run:
     """Samples this rank's device and host once per epoch end, never per step (``planned.device_state``)."""
     gc_pauses: GcPauses | None = None
     """Python's garbage collections, timed for the step log (--step-log only)."""
+    step_log: int | None = None
+    """The step log's descriptor, opened once for the run (planner.paths.open_for_append)."""
     start_epoch: int = 0
     start_step: int = 0
     start_plan: Plan | None = None
@@ -342,8 +346,9 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
     if streamed:  # it fills when its stream starts, and drains in the stream's last steps, whichever epochs hold them
         after = (cfg.epochs - epoch - 1) * total_steps(run)
         fill, drain = fill if fresh else 0, max(0, drain - after)
-    if cfg.step_log_path:
-        _write_step_log(cfg.step_log_path, epoch, env.rank, t_start, run.timer.series(), pinned_pool_stats(device),
+    if cfg.step_log_path and run.step_log is not None:
+        _write_step_log(run.step_log, cfg.step_log_path, epoch, env.rank, t_start, run.timer.series(),
+                        pinned_pool_stats(device),
                         run.gc_pauses.take(t_start) if run.gc_pauses is not None else None)
     first_bad = watch.at_epoch_end(run.model, first_step, step)
     loss_value = float(loss_sum.item())
@@ -364,8 +369,9 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
                        end=end)
 
 
-def _write_step_log(path: str, epoch: int, rank: int, t_start: float, series: dict[str, list[float | None]],
-                    pinned: dict[str, float] | None = None, gc_pauses: dict[str, Any] | None = None) -> None:
+def _write_step_log(fd: int, path: str, epoch: int, rank: int, t_start: float,
+                    series: dict[str, list[float | None]], pinned: dict[str, float] | None = None,
+                    gc_pauses: dict[str, Any] | None = None) -> None:
     """One JSON line: this rank's steps of the epoch in milliseconds (``--step-log``); ``start_unix`` is when the
     epoch's loop began, to line the steps up with other logs; ``pinned``: the pinned-host pool's counters at the
     epoch's end (planner.cli.steps.pinned_pool_stats), cumulative since the process started; ``gc``: the garbage
@@ -379,8 +385,10 @@ def _write_step_log(path: str, epoch: int, rank: int, t_start: float, series: di
         rec["pinned"] = pinned
     if gc_pauses is not None:
         rec["gc"] = gc_pauses
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(rec) + "\n")
+    try:
+        write_all(fd, (json.dumps(rec) + "\n").encode("utf-8"))  # one write: lines of ranks sharing a file stay whole
+    except OSError as e:
+        raise write_error(path, e) from None
 
 
 def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
@@ -388,18 +396,21 @@ def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
     epoch runs ``run.plan``."""
     cfg, env = run.cfg, run.env
     assert res.end is not None
-    end = run.planned.conclude(res.end, last=res.epoch + 1 >= cfg.epochs, announce=False)
-    decision = end.decision
-    if decision is not None:
-        res.replan = decision.to_record().to_dict()
-        if decision.adopted and decision.new_plan is not None:
-            if isinstance(run.loader, StreamedEpochs):
-                run.loader.restart()  # the running stream has the old sizes: the next epoch starts a new one
-            elif run.plan.ranks[env.rank].num_workers != epoch_plan.ranks[env.rank].num_workers:
-                run.loader = rank_loader(run)
-    elif end.note is not None:
-        res.replan = {"reason": end.note}
-    checkpoint(run, res.epoch + 1, 0)
+    # The epoch's log records are written once its checkpoint is saved: a log write that fails (a full disk)
+    # then never loses the trained epoch, and a log never records an epoch no checkpoint holds.
+    with run.log.deferred():
+        end = run.planned.conclude(res.end, last=res.epoch + 1 >= cfg.epochs, announce=False)
+        decision = end.decision
+        if decision is not None:
+            res.replan = decision.to_record().to_dict()
+            if decision.adopted and decision.new_plan is not None:
+                if isinstance(run.loader, StreamedEpochs):
+                    run.loader.restart()  # the running stream has the old sizes: the next epoch starts a new one
+                elif run.plan.ranks[env.rank].num_workers != epoch_plan.ranks[env.rank].num_workers:
+                    run.loader = rank_loader(run)
+        elif end.note is not None:
+            res.replan = {"reason": end.note}
+        checkpoint(run, res.epoch + 1, 0)
     if env.distributed:
         dist.barrier()
     fill = max(res.stats, key=lambda s: s.get("fill_excess_s", 0.0))
@@ -471,6 +482,9 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     run.loader = rank_loader(run)
     run.device_state = run.planned.device_state = DeviceStateSampler(env.device)
     run.gc_pauses = GcPauses() if cfg.step_log_path else None
+    if cfg.step_log_path:
+        run.step_log = open_for_append(cfg.step_log_path, "--step-log",
+                                       fresh=run.start_epoch == 0 and run.start_step == 0)
     if env.is_main and not cfg.data_on_device:
         steps, workers = total_steps(run), [r.num_workers for r in run.plan.ranks]
         streamed = isinstance(run.loader, StreamedEpochs)
@@ -516,6 +530,8 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
             run.gc_pauses.close()
         if run.trace is not None:
             run.trace.close()
+        if run.step_log is not None:
+            os.close(run.step_log)
     return results
 
 

@@ -8,7 +8,6 @@ checkpoints.  Now both are refused in one line, exit 2, before anything is train
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import subprocess
@@ -50,19 +49,9 @@ def test_step_log_is_checked_before_any_work(where: str, tmp_path: Path,
 
 def _locked(path: Path) -> bool:
     """True when another process holds the lock a run takes on ``path`` (a folder or a file)."""
-    from planner.paths import lock_path
+    from planner.paths import held_elsewhere
 
-    lock = lock_path(str(path))
-    if not os.path.exists(lock):
-        return False
-    fd = os.open(lock, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    return path.exists() and held_elsewhere(str(path))
 
 
 @pytest.fixture(scope="module")
