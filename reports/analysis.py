@@ -1,5 +1,6 @@
 """All the numbers of a capacity report, as plain data: per-rank curves, the plan table with memory headroom,
-equal split vs plan vs ideal, the sweeps and what-ifs (reports.whatif), the run log, and the findings.
+equal split vs plan vs ideal, the sweeps and what-ifs (reports.whatif; with a run log, on its measured rank speeds
+and communication, reports.as_measured), the run log, and the findings.
 
 ``analyze`` is pure (no files, no figures), so every number is testable without HTML; ``Report.to_dict`` is the
 ``--json`` form.  Figures and HTML are thin layers over this.
@@ -18,6 +19,7 @@ from planner.profile import Profile
 from planner.quality import ProfileQuality, check_profile
 from planner.runlog import RunLog
 from planner.solve import SolveOptions, build_models, equal_split, equal_split_workers, rank_step_s, solve
+from reports.as_measured import as_measured
 from reports.causes import Causes, find_causes
 from reports.findings import BINDING_TOL, Findings, LoaderNeed, make_findings
 from reports.whatif import (
@@ -111,6 +113,9 @@ class Report:
     """The profile-quality gate's verdict (planner.quality); its problems lead the findings."""
     causes: Causes | None = None
     """Why slow ranks are slow (reports.causes); its lines also lead the findings."""
+    what_if_basis: str = ""
+    """What the what-ifs read beside the profile: a run log's measured rank speeds and communication
+    (reports.as_measured), in words; "" when the profile alone."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -184,17 +189,27 @@ def analyze(
     batches = sweep_points or sweep_batches(profile, opts, include=[B])
     points = sweep(profile, batches, opts, dataset_size=dataset_size)
     ref = resolved or p.samples_per_s
+    # With a run log, the what-ifs read what it measured: each rank's curve scaled to its measured compute, and
+    # the exposed communication never above what the measured step left for it (reports.as_measured).
+    basis = as_measured(profile, log, opts.mode) if log is not None else None
+    wprof, wref, basis_text = profile, ref, ""
+    if basis is not None and basis.changed:
+        wprof, basis_text = basis.profile, f"at the run log's epoch {basis.epoch}: {basis.text}"
+        wref = _solved_samples_per_s(wprof, B, opts) or ref
+    # A drop must beat the best split of the whole cluster, not only the one kept within the min gain.
+    floor = max(wref, _solved_samples_per_s(wprof, B, opts.with_overrides({"min_gain": 0.0})))
     # Past FULL_DETAIL_RANKS ranks, one what-if per (device kind, bottleneck) instead of one per rank.
     subjects, like, max_kinds = None, None, None
     if profile.world_size > FULL_DETAIL_RANKS:
         like = representatives(profile, [r.bottleneck for r in rows])
         subjects, max_kinds = sorted(like), MAX_ADD_KINDS
     what_ifs = (
-        what_if_drop(profile, B, ref, opts, subjects, like) + what_if_add(profile, B, ref, opts, max_kinds)
-        + what_if_upgrade(profile, B, ref, opts, subjects, like)
+        what_if_drop(wprof, B, wref, opts, subjects, like) + what_if_add(wprof, B, wref, opts, max_kinds)
+        + what_if_upgrade(wprof, B, wref, opts, subjects, like)
     )
     scale = scaling(profile, B, opts)
-    findings = make_findings(profile, plan, rows, thr, points, what_ifs, opts, quality=quality, log=log)
+    findings = make_findings(profile, plan, rows, thr, points, what_ifs, opts, quality=quality, log=log,
+                             drop_floor_samples_per_s=floor, what_if_basis=basis_text)
     causes = find_causes(profile, global_batch=B, base_samples_per_s=ref, opts=opts, log=log)
     # Right after the quality problems and "step time is set by ...": who is slow, then why.
     at = next((i + 1 for i, line in enumerate(findings.lines) if line.startswith(("Step time", "All "))), 0)
@@ -214,7 +229,16 @@ def analyze(
         log=log,
         quality=quality,
         causes=causes,
+        what_if_basis=basis_text,
     )
+
+
+def _solved_samples_per_s(profile: Profile, global_batch: int, opts: SolveOptions) -> float:
+    """planner.solve's samples/s at ``global_batch`` (0 when the profile cannot hold it)."""
+    try:
+        return solve(profile, global_batch=global_batch, options=opts).predicted.samples_per_s
+    except PlanError:
+        return 0.0
 
 
 def _rank_rows(profile: Profile, plan: Plan, opts: SolveOptions) -> list[RankRow]:

@@ -13,11 +13,15 @@ global batch with the slow rank given its twin's curve (and memory).
 
 From the run log: a rank whose measured compute, relative to its profiled curve at the batch it ran, rose more
 than SLOW_TOL above its best earlier epoch slowed down mid-run; its epoch-end device state is compared with the
-state of that earlier epoch, and the re-plan that absorbed it (if one was adopted) is named.
+state of that earlier epoch, and the re-plan that absorbed it (if one was adopted) is named.  A rank whose
+compute over its curve, in the log's steady epoch, is more than SLOW_TOL above the rank nearest its curve is slow
+against its peers, whatever the profile measured; when its epoch-end state shows nothing the other's lacks, the
+cause is named as what it is, "cause not visible to NVML/psutil: inside the training step".
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
@@ -27,6 +31,7 @@ from planner.errors import PlanError
 from planner.profile import Profile, RankProfile
 from planner.runlog import RunLog
 from planner.solve import SolveOptions, solve
+from reports.as_measured import curve_ratios, reference_rank
 from reports.evidence import Evidence, checked, compare, cores_text
 from reports.whatif import peak_samples_per_s, rank_label
 
@@ -219,12 +224,70 @@ def _log_finding(profile: Profile, log: RunLog, rank: int, best: _EpochPoint, sl
                     text=text)
 
 
+INSIDE_STEP = f"{NOT_VISIBLE}: inside the training step"
+"""A rank's compute measured slow while nothing its device state records differs from the reference's: the cost
+is in the work its training step does, which neither NVML nor psutil sees."""
+
+
+def log_slow_ranks(profile: Profile, log: RunLog, *, skip: Collection[int] = ()) -> list[SlowRank]:
+    """Ranks whose compute in the run log's steady epoch (``RunLog.steady_epoch``), over their profiled curve at
+    the batch they ran (reports.as_measured.curve_ratios), is more than ``SLOW_TOL`` above the rank nearest its
+    curve: slow in the run whatever the profile measured (a per-sample cost inside the user's loop that the
+    profiler's step does not run), with the epoch's device states compared; ``skip``: ranks already named."""
+    e = log.steady_epoch()
+    if e is None or e.drained:
+        return []
+    ratios = curve_ratios(profile, e)
+    ref = reference_rank(ratios)
+    if ref is None or len(ratios) < 2:
+        return []
+    stats = {st.rank: st for st in e.ranks}
+    k = log.epochs.index(e)
+    out = []
+    for rank, ratio in sorted(ratios.items()):
+        factor = ratio / ratios[ref]
+        if rank == ref or rank in skip or factor <= 1 + SLOW_TOL:
+            continue
+        r, q = profile.rank(rank), profile.rank(ref)
+        st, st_ref = stats[rank], stats[ref]
+        twin = bool(r.device_name) and r.device_name == q.device_name
+        s, s_ref = _state_at(log, k, rank), _state_at(log, k, ref)
+        ev = compare(s, s_ref, ref_name=f"rank {ref}", is_cpu=r.device.startswith("cpu")) if s is not None else []
+        chk = checked(s, {x.kind for x in ev}) if s is not None else []
+        causes = [x.text for x in ev if x.explains]
+        context = [x.text for x in ev if not x.explains] + chk
+        if causes:
+            body, visible = "; ".join(causes + context), True
+        else:
+            seen = "; ".join(context) if context else "no device state was recorded in the run log"
+            body, visible = (f"{INSIDE_STEP} ({seen}) -- the work its step does on this rank that the profile's "
+                             "did not: a per-sample cost in the loop, another model or input size"), False
+        mine, theirs = st.batch_size / st.compute_s, st_ref.batch_size / st_ref.compute_s
+        speed = (f" ({mine:,.0f} samples/s against {theirs:,.0f} on rank {ref}, the same {r.device_name})"
+                 if twin else "")
+        absorbed = next((p for p in log.replans if p.adopted and not p.reverted and p.epoch < e.epoch
+                         and rank < len(p.new_batch_sizes)), None)
+        remedy = (f"; the re-planner moved its batch {absorbed.old_batch_sizes[rank]} -> "
+                  f"{absorbed.new_batch_sizes[rank]} after epoch {absorbed.epoch}" if absorbed else
+                  f"; `planner train --replan` (or replan=True) measures it and moves work off rank {rank}")
+        text = (f"Rank {rank} ({rank_label(r)}) is slow in the run log: its compute in epoch {e.epoch}, "
+                f"{1000 * st.compute_s:.1f} ms a step at batch {st.batch_size}, is {ratio:.2f}x its profiled curve "
+                f"where rank {ref}'s is {ratios[ref]:.2f}x ({1000 * st_ref.compute_s:.1f} ms at batch "
+                f"{st_ref.batch_size}): {factor:.2f}x slower than the profile says{speed}: {body}{remedy}.")
+        out.append(SlowRank(rank=rank, source="run log", label=rank_label(r), reference=f"rank {ref}",
+                            slower_frac=1 - 1 / factor, samples_per_s=mine, reference_samples_per_s=theirs,
+                            epoch=e.epoch, evidence=tuple(ev), checked=tuple(chk), visible=visible, text=text))
+    return out
+
+
 def find_causes(profile: Profile, *, global_batch: int, base_samples_per_s: float, opts: SolveOptions,
                 log: RunLog | None = None) -> Causes:
-    """Every slow-rank finding of the profile (and of the run log, when given)."""
+    """Every slow-rank finding of the profile and, when given, of the run log: ranks that slowed against their own
+    earlier epochs, then ranks slow against their peers (``log_slow_ranks``) not already named."""
     found = profile_slow_ranks(profile, global_batch=global_batch, base_samples_per_s=base_samples_per_s, opts=opts)
     if log is not None:
-        found += log_slowdowns(profile, log)
+        slowed = log_slowdowns(profile, log)
+        found += slowed + log_slow_ranks(profile, log, skip={s.rank for s in slowed})
     return Causes(slow_ranks=tuple(found), states=tuple(r.device_state for r in profile.by_rank))
 
 

@@ -149,6 +149,11 @@ def _over_cap_line(rows: Sequence[RankRow]) -> tuple[list[str], tuple[int, ...]]
         tuple(r.rank for r in over)
 
 
+MEASURED_BINDING_TOL = 0.05
+"""In a run log's epoch, a rank busy within 5% of the busiest one sets the step with it (the epoch-to-epoch noise
+of a measured busy time is a few percent; the prediction's 1% would split ties the run cannot tell apart)."""
+
+
 def _step_line(rows: Sequence[RankRow], thr: Throughput, binding: tuple[int, ...]) -> str:
     t_max = max(r.predicted_step_time_s for r in rows)
     what = " / ".join(sorted({rows[i].bottleneck for i in binding}))
@@ -157,6 +162,32 @@ def _step_line(rows: Sequence[RankRow], thr: Throughput, binding: tuple[int, ...
         return (f"All {len(rows)} ranks finish their step together at {fmt_step(t_max)} ({what}-bound){comm}: "
                 "the split is balanced and nobody waits.")
     return f"Step time {fmt_step(thr.step_time_s)} is set by {_who(rows, binding)} ({what}-bound){comm}."
+
+
+def _measured_step_line(rows: Sequence[RankRow], binding: tuple[int, ...], log: RunLog) -> str | None:
+    """The step as the run log's steady epoch (``RunLog.steady_epoch``) measured it, when the ranks that set it
+    are not the ones the profile predicted (the profile said "balanced, nobody waits" of a run whose rank 1 was
+    busy 5x rank 0); None when the epoch agrees, is drained, or lacks per-rank times."""
+    e = log.steady_epoch()
+    if e is None or e.drained or not e.step_time_s or len(e.ranks) != len(rows):
+        return None
+    busy = [b if math.isfinite(b) else 0.0 for b in e.measured_busy_s]
+    top = max(busy)
+    if top <= 0:
+        return None
+    measured = tuple(i for i, b in enumerate(busy) if b >= (1 - MEASURED_BINDING_TOL) * top)
+    if set(measured) <= set(binding) and (len(measured) > 1 or len(binding) == 1):
+        return None  # the ranks the profile named set it (or some of them, within noise)
+    others = [i for i in range(len(rows)) if i not in measured]
+    waiting = (f"; {_listed([f'rank {i} is busy {fmt_step(busy[i])}' for i in others])} and "
+               f"wait{'s' if len(others) == 1 else ''} for {'it' if len(measured) == 1 else 'them'}" if others else "")
+    split = "" if tuple(e.batch_sizes) == tuple(r.batch_size for r in rows) else f", split {list(e.batch_sizes)}"
+    said = (f"all {len(rows)} ranks together at {fmt_step(max(r.predicted_step_time_s for r in rows))}"
+            if len(binding) == len(rows) else f"{rank_list(binding)} at {fmt_step(rows[binding[0]].predicted_step_time_s)}")
+    if split:
+        said += f" for the plan's split {[r.batch_size for r in rows]}"
+    return (f"Step time {fmt_step(e.step_time_s)} measured in the run log (epoch {e.epoch}{split}) is set by "
+            f"{_who(rows, measured)}, busy {fmt_step(top)} a step{waiting}; the profile predicted {said}.")
 
 
 def _throughput_line(thr: Throughput) -> str:
@@ -189,18 +220,25 @@ def _best_range_line(points: tuple[SweepPoint, ...], rng: tuple[int, int], globa
             + ". The global batch is your convergence choice; the planner never changes it.")
 
 
-def _what_if_lines(profile: Profile, rows: Sequence[RankRow], what_ifs: Sequence[WhatIf]) -> tuple[list[str], tuple[int, ...], tuple[int, ...]]:
+def _what_if_lines(profile: Profile, rows: Sequence[RankRow], what_ifs: Sequence[WhatIf], *,
+                   drop_floor_samples_per_s: float = 0.0,
+                   what_if_basis: str = "") -> tuple[list[str], tuple[int, ...], tuple[int, ...]]:
     lines = []
-    # A gain under 0.1% is noise-level (and printed as "+0.0%"): not a finding.
-    drops = sorted((w for w in what_ifs if w.kind == "drop" and w.feasible and w.delta_frac >= MIN_DROP_GAIN),
-                   key=lambda w: -w.delta_samples_per_s)
+    # A gain under 0.1% is noise-level (and printed as "+0.0%"): not a finding.  Nor is a drop that beats only the
+    # split kept (the equal split within the min gain): the plan needs a rank whose best split with it is faster
+    # than the best without it (``drop_floor_samples_per_s``).
+    floor = (1 + MIN_DROP_GAIN) * drop_floor_samples_per_s
+    drops = sorted((w for w in what_ifs if w.kind == "drop" and w.feasible and w.delta_frac >= MIN_DROP_GAIN
+                    and w.samples_per_s > floor), key=lambda w: -w.delta_samples_per_s)
     if drops:
         listed = _listed([f"rank {w.subject_rank} ({rows[w.subject_rank].label}) +{100 * w.delta_frac:.1f}%"
                           for w in drops])
+        basis = f"; {what_if_basis}" if what_if_basis else ""
         lines.append(f"Dropping one of these ranks raises throughput: {listed}. They cost more than they add "
-                     "(each what-if drops one rank at the same global batch).")
+                     f"(each what-if drops one rank at the same global batch{basis}).")
     elif profile.world_size > 1:
-        lines.append("Every rank adds throughput: dropping any of them lowers samples/s.")
+        basis = f" ({what_if_basis})" if what_if_basis else ""
+        lines.append(f"Every rank adds throughput: dropping any of them lowers samples/s{basis}.")
     ups = sorted((w for w in what_ifs if w.kind == "upgrade" and w.feasible and w.delta_frac >= 0.05),
                  key=lambda w: -w.delta_samples_per_s)
     if ups:
@@ -274,7 +312,11 @@ def _handover_lines(profile: Profile, plan: Plan) -> list[str]:
 
 def make_findings(profile: Profile, plan: Plan, rows: Sequence[RankRow], thr: Throughput,
                   points: tuple[SweepPoint, ...], what_ifs: Sequence[WhatIf], opts: SolveOptions, *,
-                  quality: ProfileQuality | None = None, log: RunLog | None = None) -> Findings:
+                  quality: ProfileQuality | None = None, log: RunLog | None = None,
+                  drop_floor_samples_per_s: float = 0.0, what_if_basis: str = "") -> Findings:
+    """The findings (module docstring).  ``drop_floor_samples_per_s``: the best split of the whole cluster on the
+    what-ifs' basis (min gain 0): a drop must beat it to be suggested.  ``what_if_basis``: what the what-ifs read
+    beside the profile, said in their line ("" when the profile alone)."""
     t_max = max(r.predicted_step_time_s for r in rows)
     binding = tuple(r.rank for r in rows if r.predicted_step_time_s >= (1 - BINDING_TOL) * t_max)
     lines: list[str] = []
@@ -286,7 +328,8 @@ def make_findings(profile: Profile, plan: Plan, rows: Sequence[RankRow], thr: Th
             lines.append(noisy[0].upper() + noisy[1:] + ".")
     over_lines, over = _over_cap_line(rows)
     lines += over_lines
-    lines += [_step_line(rows, thr, binding), _throughput_line(thr)]
+    measured_step = _measured_step_line(rows, binding, log) if log is not None else None
+    lines += [measured_step or _step_line(rows, thr, binding), _throughput_line(thr)]
     if log is not None:
         lines.extend(log_findings(log, plan, profile, quality))
     kept = None if kept_within_noise(plan) is not None else kept_equal_split(plan)  # noise: said above
@@ -306,7 +349,8 @@ def make_findings(profile: Profile, plan: Plan, rows: Sequence[RankRow], thr: Th
     rng = best_range(points)
     if rng is not None:
         lines.append(_best_range_line(points, rng, thr.global_batch))
-    more, drops, ups = _what_if_lines(profile, rows, what_ifs)
+    more, drops, ups = _what_if_lines(profile, rows, what_ifs, drop_floor_samples_per_s=drop_floor_samples_per_s,
+                                      what_if_basis=what_if_basis)
     lines += more
     starved = loader_needs(profile, rows, opts)
     lines += _loader_lines(profile, starved, opts) or ["No rank is loader-starved at the planned batch."]

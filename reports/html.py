@@ -145,9 +145,13 @@ def render_html(rep: Report, pngs: dict[str, bytes], *, title: str = "ddp-planne
          for w in rep.what_ifs],
         [False, True, True, True, False],
     ))
+    # The base every change is against: the what-ifs' own (on a run log's measured speeds, when one is given).
+    base = next((w.samples_per_s - w.delta_samples_per_s for w in rep.what_ifs if w.feasible),
+                thr.resolved_samples_per_s)
+    basis = f" The scenarios read the run log: {_e(rep.what_if_basis)}." if rep.what_if_basis else ""
     parts.append(f'<p class="note">Each scenario is re-solved at global batch {thr.global_batch}; the change is '
-                 f"against the re-solved current cluster ({fmt_rate(thr.resolved_samples_per_s)} samples/s). Added ranks "
-                 "share their host's CPU cores with the ranks already there.</p>")
+                 f"against the re-solved current cluster ({fmt_rate(base)} samples/s). Added ranks "
+                 f"share their host's CPU cores with the ranks already there.{basis}</p>")
     parts.append(_figure(pngs, "whatif", "Change in throughput for each what-if scenario", ""))
 
     parts.append('<h2 id="scaling">Scaling over 1..W ranks</h2>')
@@ -194,7 +198,9 @@ def _causes_section(rep: Report) -> str:
             items.append(f"<li><b>{head}</b><ul>{facts}</ul></li>")
         parts.append("<ul>" + "".join(items) + "</ul>")
     else:
-        parts.append('<p class="note">No rank is more than 15% slower than another of the same device name.</p>')
+        parts.append('<p class="note">No rank is more than 15% slower than another of the same device name'
+                     + (", nor, in the run log, than another against its profiled curve" if rep.log is not None
+                        else "") + ".</p>")
     if rows:
         parts.append(_table(headers, rows, [h not in ("throttle", "PCIe", "cores") for h in headers]))
         parts.append('<p class="note">Sampled over each rank\'s compute sweep: other compute processes on its GPU '

@@ -56,7 +56,8 @@ def test_epoch_size_comes_from_the_run_log(tmp_path: Path, capsys: pytest.Captur
     logged = read_run_log(_log(tmp_path / "a.jsonl", plan, [_epoch(plan, 0)], dataset_size=7000))
     assert epoch_size(logged) == (7000, "the run log's dataset size")
     older = read_run_log(_log(tmp_path / "b.jsonl", plan, [_epoch(plan, 0, steps=12)]))
-    assert epoch_size(older) == (12 * B, "the run log's steps per epoch x global batch")
+    assert epoch_size(older) == (12 * B, "the run log's timed steps x global batch, warm-up steps left out: pass "
+                                         "--dataset-size")
     prof_path = tmp_path / "p.json"
     prof.save(prof_path)
     js = tmp_path / "r.json"

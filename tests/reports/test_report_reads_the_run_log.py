@@ -1,0 +1,152 @@
+"""A report given a run log says what the run measured: the slow rank by its measured compute, the epoch by the
+dataset's size, what-ifs on the measured speeds and communication, split comparisons only at the same rank speeds,
+and no drop of a rank the best split needs.
+
+The logs in tests/data are constructed with the runtime's own record types (planner.runlog), numbers as a 2-rank
+CPU run over gloo measures them:
+
+  * cpu2_rank1_slow_inside_step_run.jsonl -- two identical ranks, the profile's DDP overhead 94.6 ms a step, rank 1
+    5x slower than rank 0 in every epoch (a per-sample cost in the loop, which the profiler's step does not run),
+    the measured step ~81 ms; a start record without the dataset size, epochs of 4,096 samples in 64 steps;
+  * cpu2_replan_then_rank0_slowdown_run.jsonl -- the plan [7, 3] in epoch 0 with rank 0 at 1.6x its curve,
+    re-planned to [5, 5] for epoch 1, rank 0 at 5x its curve in epoch 2.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner import Profile, solve
+from planner.cli import main
+from planner.plan import Plan
+from planner.profile import ComputePoint, HostProfile, RankProfile
+from planner.quality import check_profile
+from planner.runlog import read_run_log
+from planner.solve import SolveOptions
+from reports.analysis import analyze
+from reports.as_measured import as_measured, speed_eras
+from reports.causes import INSIDE_STEP
+from reports.measured import epoch_size, log_findings
+
+DATA = Path(__file__).resolve().parents[2] / "tests" / "data"
+SLOW_PROFILE = DATA / "cpu2_identical_ranks_ddp_overhead_over_step_profile.json"
+SLOW_LOG = DATA / "cpu2_rank1_slow_inside_step_run.jsonl"
+REPLAN_PROFILE = DATA / "cpu2_replan_then_rank0_slowdown_profile.json"
+REPLAN_LOG = DATA / "cpu2_replan_then_rank0_slowdown_run.jsonl"
+
+
+@pytest.fixture(scope="module")
+def slow_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`planner report --profile ... --log ...` on the slow-rank run, as its --json."""
+    out = tmp_path_factory.mktemp("report")
+    js = out / "r.json"
+    assert main(["report", "--profile", str(SLOW_PROFILE), "--log", str(SLOW_LOG), "--out", str(out / "r.html"),
+                 "--json", str(js), "--quiet"]) == 0
+    rep: dict[str, Any] = json.loads(js.read_text())
+    rep["html"] = (out / "r.html").read_text()
+    return rep
+
+
+def test_a_rank_measured_5x_slower_is_named_slow_with_the_cause_inside_the_step(slow_report: dict[str, Any]) -> None:
+    lines = slow_report["findings"]["lines"]
+    (slow,) = [x for x in lines if x.startswith("Rank 1 (CPU x86_64) is slow in the run log")]
+    assert "5.01x its profiled curve where rank 0's is 1.00x" in slow and "4.99x slower than the profile says" in slow
+    assert f"{INSIDE_STEP} (" in slow and "`planner train --replan`" in slow
+    assert [s["rank"] for s in slow_report["causes"]["slow_ranks"]] == [1]
+    # The step as measured, not the profile's "balanced, nobody waits"; the miss not blamed on a 71% noisy point.
+    assert not any("nobody waits" in x for x in lines)
+    (step,) = [x for x in lines if x.startswith("Step time")]
+    assert step.startswith("Step time 81.2 ms measured in the run log (epoch 2) is set by rank 1 (CPU x86_64), busy "
+                           "56.2 ms a step; rank 0 is busy 11.5 ms and waits for it"), step
+    (miss,) = [x for x in lines if x.startswith("Prediction miss")]
+    assert "noisy" not in miss and "rank 1's own step measured 56.1 ms against 11.8 ms predicted" in miss
+    assert "No rank is more than 15% slower" not in slow_report["html"]
+
+
+def test_the_epoch_is_the_datasets_size_when_the_start_record_lacks_it(slow_report: dict[str, Any]) -> None:
+    log = read_run_log(SLOW_LOG)
+    assert log.dataset_size is None  # as such a log was written; its epochs trained 4,096 samples in 64 steps
+    assert epoch_size(log) == (4096, "the samples the run log's epochs trained")
+    thr = slow_report["throughput"]
+    assert thr["dataset_size"] == 4096
+    assert any("an epoch of 4,096 samples" in x for x in slow_report["findings"]["lines"])
+
+
+def test_drop_what_ifs_charge_no_more_communication_than_the_measured_step(slow_report: dict[str, Any]) -> None:
+    log = read_run_log(SLOW_LOG)
+    basis = as_measured(Profile.load(SLOW_PROFILE), log)
+    assert basis is not None
+    step = log.epochs[-1].step_time_s
+    assert step is not None and basis.profile_comm_s == pytest.approx(0.0946) and basis.profile_comm_s > step
+    # The step less its slowest rank's own time: 81.2 - 56.2 ms.
+    assert basis.comm_s == pytest.approx(0.025, abs=1e-4) and basis.comm_s < step
+    assert basis.factors[0] == 1.0 and basis.factors[1] == pytest.approx(5.01, abs=0.01)
+    drops = {w["subject_rank"]: w for w in slow_report["what_ifs"] if w["kind"] == "drop"}
+    # Dropping the fast rank leaves the slow one alone: slower at the measured speeds, never suggested.
+    assert drops[0]["delta_frac"] < 0 and 0 not in slow_report["findings"]["drop_ranks"]
+    assert slow_report["what_if_basis"] == ("at the run log's epoch 2: rank 1 at 5.01x its profiled curve; "
+                                            "communication 25.0 ms a step as the run measured it, not the "
+                                            "profile's 94.6 ms")
+
+
+def test_splits_are_compared_only_at_the_same_rank_speeds() -> None:
+    prof, log = Profile.load(REPLAN_PROFILE), read_run_log(REPLAN_LOG)
+    assert log.start_plan is not None
+    plan = log.start_plan
+    assert speed_eras(prof, log) == [0, 0, 1]
+    lines = log_findings(log, plan, prof, check_profile(prof))
+    (line,) = [x for x in lines if x.startswith("Measured in the run log")]
+    # [5, 5] is measured in epoch 1, before rank 0 slowed, not in epoch 2 (610 samples/s: "2.41x").
+    assert line == ("Measured in the run log: the split [7, 3] ran 1,471 samples/s and the equal split [5, 5] 1,600 "
+                    "(epochs 0, 1, at the same rank speeds): 0.92x (predicted 1.43x)."), line
+    # Without epoch 1 no era ran both splits: no comparison, and the line says why.
+    cut = replace(log, epochs=(log.epochs[0], log.epochs[2]))
+    lines = log_findings(cut, plan, prof, check_profile(prof))
+    assert not any(x.startswith("Measured in the run log") for x in lines)
+    (line,) = [x for x in lines if x.startswith("The run log ran the split")]
+    assert line == ("The run log ran the split [7, 3] (epoch(s) 0) and the equal split [5, 5] (epoch(s) 2) at "
+                    "different rank speeds (rank 0's compute over its curve changed 3.12x between epoch 0 and epoch "
+                    "2): their 1,471 and 610 samples/s measure that change, not the splits, so the report does not "
+                    "compare them."), line
+
+
+def _skewed_profile() -> Profile:
+    """Rank 1 2.5x slower than rank 0 (lines through the origin), no communication."""
+    def rank(i: int, sec: float) -> RankProfile:
+        return RankProfile(rank=i, host="node0", device=f"cuda:{i}",
+                           compute=(ComputePoint(batch_size=8, step_time_s=8 * sec),
+                                    ComputePoint(batch_size=64, step_time_s=64 * sec)))
+    return Profile(hosts=(HostProfile(name="node0", cpu_cores=16),), ranks=(rank(0, 0.001), rank(1, 0.0025)))
+
+
+def test_a_drop_is_not_suggested_for_a_rank_the_best_split_needs() -> None:
+    prof = _skewed_profile()
+    # Planned with a min gain that keeps the equal split [32, 32] (80 ms): rank 0 alone takes 64 ms, 25% faster
+    # than that, but the uneven optimum with rank 1 takes 46 ms -- the plan needs rank 1.
+    opts = SolveOptions(min_gain=0.8)
+    plan = solve(prof, global_batch=64, options=opts)
+    assert plan.batch_sizes == (32, 32)
+    rep = analyze(prof, plan, opts)
+    (drop1,) = [w for w in rep.what_ifs if w.kind == "drop" and w.subject_rank == 1]
+    assert drop1.delta_frac == pytest.approx(0.25)
+    assert rep.findings.drop_ranks == ()
+    assert "Every rank adds throughput: dropping any of them lowers samples/s." in rep.findings.lines
+    assert not any(x.startswith("Dropping") for x in rep.findings.lines)
+
+
+def test_a_log_of_equal_ranks_on_their_curves_changes_no_what_if(tmp_path: Path) -> None:
+    """Control: a run that measured what the profile said leaves the what-ifs on the profile."""
+    prof = Profile.load(SLOW_PROFILE)
+    log = read_run_log(SLOW_LOG)
+    on_curve = tuple(replace(e, ranks=tuple(replace(s, compute_s=e.ranks[0].compute_s) for s in e.ranks),
+                             step_time_s=(e.step_time_s or 0.0) + 0.1) for e in log.epochs)
+    log = replace(log, epochs=on_curve)
+    plan = log.start_plan
+    assert isinstance(plan, Plan)
+    rep = analyze(prof, plan, plan.options, log=log)
+    assert rep.what_if_basis == "" and rep.causes is not None and rep.causes.slow_ranks == ()
