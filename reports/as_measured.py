@@ -33,6 +33,10 @@ from planner.solve import exposed_comm_s
 ERA_TOL = 0.15
 """A rank's compute-over-curve ratio this far (relative) from its era's median starts a new era: above the
 epoch-to-epoch noise of a busy host (the same 15% a slow rank is named at, reports.causes.SLOW_TOL)."""
+ERA_SIGMAS = 3.0
+"""... and this many of the epoch's standard errors (``compute_s_std / sqrt(num_steps)``) away: an epoch of a
+few noisy steps does not open an era by itself.  The Replanner's eras (runtime.replan.policy) follow the same
+idea with their own margins; the report reads only the log."""
 SCALE_TOL = 0.15
 """A rank whose measured compute is this far from its curve gets its curve scaled in the what-ifs; nearer, the
 profile's own curve stands (the compute span under DDP and the standalone step differ by a few percent)."""
@@ -41,6 +45,11 @@ profile's own curve stands (the compute span under DDP and the standalone step d
 def curve_ratios(profile: Profile, epoch: EpochRecord) -> dict[int, float]:
     """rank -> measured compute per step over the profiled curve at the batch it ran, for the ranks that timed a
     step in ``epoch``."""
+    return {r: x for r, (x, _) in _ratios(profile, epoch).items()}
+
+
+def _ratios(profile: Profile, epoch: EpochRecord) -> dict[int, tuple[float, float]]:
+    """rank -> (``curve_ratios``' ratio, its relative standard error over the epoch's steps)."""
     out = {}
     for st in epoch.ranks:
         if st.rank >= profile.world_size or st.num_steps <= 0 or st.batch_size <= 0:
@@ -49,19 +58,20 @@ def curve_ratios(profile: Profile, epoch: EpochRecord) -> dict[int, float]:
             continue
         curve = fit_envelope(profile.rank(st.rank).compute)(st.batch_size)
         if curve > 0:
-            out[st.rank] = st.compute_s / curve
+            out[st.rank] = (st.compute_s / curve, st.compute_s_std / math.sqrt(st.num_steps) / st.compute_s)
     return out
 
 
 def speed_eras(profile: Profile, log: RunLog) -> list[int]:
     """The era of each of ``log.epochs`` (0, 1, ...): an epoch opens a new era when some rank's ratio
-    (``curve_ratios``) is more than ``ERA_TOL`` from the median of the current era's ratios for that rank."""
+    (``curve_ratios``) is more than ``ERA_TOL`` and ``ERA_SIGMAS`` standard errors from the median of the current
+    era's ratios for that rank."""
     eras: list[int] = []
     current: dict[int, list[float]] = {}
     for e in log.epochs:
-        ratios = curve_ratios(profile, e)
-        moved = any(r in current and abs(x / statistics.median(current[r]) - 1.0) > ERA_TOL
-                    for r, x in ratios.items())
+        measured = _ratios(profile, e)
+        ratios = {r: x for r, (x, _) in measured.items()}
+        moved = any(_moved(x, current[r], se) for r, (x, se) in measured.items() if r in current)
         if moved or not eras:
             current = {}
             eras.append(eras[-1] + 1 if eras else 0)
@@ -70,6 +80,12 @@ def speed_eras(profile: Profile, log: RunLog) -> list[int]:
         for r, x in ratios.items():
             current.setdefault(r, []).append(x)
     return eras
+
+
+def _moved(ratio: float, era: Sequence[float], rel_se: float) -> bool:
+    """A rank's ratio more than ``ERA_TOL`` and ``ERA_SIGMAS`` standard errors from its era's median."""
+    change = abs(ratio / statistics.median(era) - 1.0)
+    return change > ERA_TOL and change > ERA_SIGMAS * rel_se
 
 
 def speed_change(profile: Profile, a: EpochRecord, b: EpochRecord) -> tuple[int, float] | None:
@@ -145,5 +161,5 @@ def reference_rank(ratios: dict[int, float], ranks: Sequence[int] | None = None)
     return min(pool, key=lambda r: pool[r]) if pool else None
 
 
-__all__ = ["ERA_TOL", "SCALE_TOL", "MeasuredBasis", "as_measured", "curve_ratios", "reference_rank",
+__all__ = ["ERA_SIGMAS", "ERA_TOL", "SCALE_TOL", "MeasuredBasis", "as_measured", "curve_ratios", "reference_rank",
            "speed_change", "speed_eras"]
