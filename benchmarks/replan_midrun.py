@@ -24,7 +24,9 @@ one it had left); oscillation (a split run, left and run again); a crash (rc != 
 samples/s of the last 3 epochs (disturbed ones: none with fewer) against the best epoch-level samples/s any launch of the form measured under the
 disturbance (must be >= 0.9); beside the plan's split, the throughput-proportional one (each rank's share
 proportional to its measured samples per busy second in the disturbance's first epoch), and the equal split's
-samples/s in the disturbed epochs that ran it.  A table goes to stdout and one record per launch to
+samples/s in the disturbed epochs that ran it; the settled prediction error: from the second epoch after the last
+adoption under the disturbance on, each epoch's measured step / the prediction in force - 1 (the plan the previous
+epoch's decision left), its median (must be within 5% on a GPU case) and worst.  A table goes to stdout and one record per launch to
 ``--results`` as ``<cards>_<model>_replan-midrun[-<case>]-<form>_NN.json``; raw logs stay in a temporary folder
 (``--keep`` prints it and keeps it).
 
@@ -68,6 +70,7 @@ COTENANT = Path(__file__).resolve().parent / "cotenant.py"
 FORMS = ("own", "train")
 MAX_ADOPT_DELAY = 2
 MIN_OF_BEST = 0.9
+MAX_PREDICTION_ERROR = 0.05
 LAST_EPOCHS = 3
 
 
@@ -372,15 +375,16 @@ class Launch:
         return self.rc != 0
 
 
-def read_log(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(epoch records, decision records) of the run log's last run, as raw dicts (a killed run's last line is
-    skipped)."""
+def read_log(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float | None]:
+    """(epoch records, decision records, the start plan's predicted step) of the run log's last run, as raw dicts
+    (a killed run's last line is skipped)."""
     epochs: list[dict[str, Any]] = []
     decisions: list[dict[str, Any]] = []
+    start: float | None = None
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError:
-        return epochs, decisions
+        return epochs, decisions, start
     for line in lines:
         try:
             d = json.loads(line)
@@ -390,11 +394,29 @@ def read_log(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             continue
         if d.get("event") == "start":
             epochs, decisions = [], []
+            start = ((d.get("plan") or {}).get("predicted") or {}).get("step_time_s")
         elif d.get("event") == "epoch":
             epochs.append(d)
         elif d.get("event") in ("replan", "revert"):
             decisions.append(d)
-    return epochs, decisions
+    return epochs, decisions, start
+
+
+def prediction_errors(epochs: Sequence[dict[str, Any]], decisions: Sequence[dict[str, Any]],
+                      start_step_s: float | None) -> dict[int, float]:
+    """Per epoch, its measured step / the prediction in force - 1: the step time of the plan the previous epoch's
+    decision left (adopted, reverted to, or kept with its prediction re-made; the start plan's before any)."""
+    in_force = start_step_s
+    by_epoch = {int(d["epoch"]): d for d in decisions}
+    out: dict[int, float] = {}
+    for e in sorted(epochs, key=lambda e: int(e["epoch"])):
+        step = e.get("step_time_s")
+        if in_force and step:
+            out[int(e["epoch"])] = step / in_force - 1.0
+        plan = (by_epoch.get(int(e["epoch"])) or {}).get("plan")
+        if plan and (plan.get("predicted") or {}).get("step_time_s"):
+            in_force = plan["predicted"]["step_time_s"]
+    return out
 
 
 def _l1(a: Sequence[int], b: Sequence[int]) -> int:
@@ -420,7 +442,8 @@ def proportional_split(epoch: dict[str, Any], global_batch: int, min_batch: int)
     return [min_batch + x for x in out]
 
 
-def score(la: Launch, first_disturbed: int, global_batch: int, min_batch: int) -> dict[str, Any]:
+def score(la: Launch, first_disturbed: int, global_batch: int, min_batch: int,
+          start_step_s: float | None = None) -> dict[str, Any]:
     """The launch's own scores (the ratio to the form's best is added once every launch of the form ran)."""
     splits = [tuple(e["batch_sizes"]) for e in la.epochs]
     # Runs of one split, in order: a split that comes back after another ran between is an oscillation.
@@ -440,6 +463,11 @@ def score(la: Launch, first_disturbed: int, global_batch: int, min_batch: int) -
     last = [e["samples_per_s"] for e in disturbed[-LAST_EPOCHS:] if e.get("samples_per_s")]
     equal = [global_batch // len(splits[0])] * len(splits[0]) if splits else []
     equal_sps = [e["samples_per_s"] for e in disturbed if list(e["batch_sizes"]) == equal and e.get("samples_per_s")]
+    # The prediction from the second epoch after the last adoption under the disturbance on (the first one runs
+    # the new split's first epoch, which the decision after it learns from): median and worst |error|.
+    errors = prediction_errors(la.epochs, la.decisions, start_step_s)
+    settled = [errors[e] for e in sorted(errors) if late and e >= int(late[-1]["epoch"]) + 2]
+    pred_median = statistics.median(settled) if settled else None
     return {
         "crashed": la.crashed, "rc": la.rc, "timed_out": la.timed_out, "epochs_logged": len(la.epochs),
         "adopted_epochs": [int(d["epoch"]) for d in adopted],
@@ -452,18 +480,26 @@ def score(la: Launch, first_disturbed: int, global_batch: int, min_batch: int) -
         "split_in_proportional_epoch": list(disturbed[0]["batch_sizes"]) if disturbed else None,
         "final_split": list(splits[-1]) if splits else None,
         "equal_split_disturbed_samples_per_s": equal_sps,
+        "prediction_errors": {str(k): round(v, 4) for k, v in errors.items()},
+        "prediction_error_settled_median": pred_median,
+        "prediction_error_settled_max_abs": max((abs(x) for x in settled), default=None),
+        "prediction_ok": pred_median is not None and abs(pred_median) <= MAX_PREDICTION_ERROR,
     }
 
 
-def score_form(launches: list[Launch]) -> None:
-    """The form's best disturbed epoch over every launch, and each launch's last-3 median against it."""
+def score_form(launches: list[Launch], case: Case) -> None:
+    """The form's best disturbed epoch over every launch, and each launch's last-3 median against it.  A launch
+    passes with no crash, an adoption within ``MAX_ADOPT_DELAY`` epochs, no oscillation, and on CPU its last-3
+    median at least ``MIN_OF_BEST`` of the best, on a GPU case its settled prediction within
+    ``MAX_PREDICTION_ERROR`` (what each case's acceptance asks)."""
     best = max((la.scores["best_disturbed_samples_per_s"] or 0.0 for la in launches), default=0.0)
     for la in launches:
         med = la.scores["last3_median_samples_per_s"]
         ratio = med / best if med and best else None
         la.scores.update(form_best_samples_per_s=best or None, of_best=ratio,
                          of_best_ok=ratio is not None and ratio >= MIN_OF_BEST)
-        la.scores["pass"] = (not la.crashed and la.scores["adopt_delay_ok"] and la.scores["of_best_ok"]
+        wanted = la.scores["of_best_ok"] if case.name == "cpu" else la.scores["prediction_ok"]
+        la.scores["pass"] = (not la.crashed and la.scores["adopt_delay_ok"] and wanted
                              and not la.scores["oscillation"])
 
 
@@ -499,14 +535,15 @@ def _f(x: Any, spec: str = ".0f") -> str:
 
 def table(launches: list[Launch], from_epoch: int) -> str:
     rows = ["| form | launch | rc | adopt delay | reversals | oscillation | last-3 median samples/s | x best | "
-            "plan split (first disturbed epoch) | proportional | final split | equal split disturbed samples/s | "
-            "pass |", "|" + "---|" * 13]
+            "settled prediction error | plan split (first disturbed epoch) | proportional | final split | "
+            "equal split disturbed samples/s | pass |", "|" + "---|" * 14]
     for la in launches:
         s = la.scores
         rows.append(
             f"| {la.form} | {la.index} | {la.rc}{' (timeout)' if la.timed_out else ''} | "
             f"{_f(s['adopt_delay_epochs'], 'd')} | {s['reversals']} | {'yes' if s['oscillation'] else 'no'} | "
             f"{_f(s['last3_median_samples_per_s'])} | {_f(s['of_best'], '.3f')} | "
+            f"{_f(s['prediction_error_settled_median'], '+.1%')} (max {_f(s['prediction_error_settled_max_abs'], '.1%')}) | "
             f"{s['split_in_proportional_epoch']} | {s['proportional_split']} | {s['final_split']} | "
             f"{', '.join(_f(x) for x in s['equal_split_disturbed_samples_per_s']) or '-'} | "
             f"{'PASS' if s['pass'] else 'FAIL'} |")
@@ -614,18 +651,18 @@ def main(argv: list[str] | None = None) -> int:
                 if noise is not None:
                     noise.stop()
             longest = max(longest, wall)
-            epochs, decisions = read_log(log)
+            epochs, decisions, start_step = read_log(log)
             tail = "" if rc == 0 else (d / "rank0.out").read_text(errors="replace")[-2000:]
             la = Launch(form=form, index=i, command=shlex.join(cmd), rc=rc, timed_out=timed_out, wall_s=wall,
                         epochs=epochs, decisions=decisions, disturbance_at_epoch=state.get("at"), tail=tail)
-            la.scores = score(la, case.from_epoch, case.global_batch, min_batch)
+            la.scores = score(la, case.from_epoch, case.global_batch, min_batch, start_step)
             launches.append(la)
             print(f"{form} launch {i}: rc {rc}{' (timed out)' if timed_out else ''}, {wall:.0f} s, "
                   f"{len(epochs)} epochs logged", flush=True)
             if rc != 0:
                 print(tail, flush=True)
     for form in forms:
-        score_form([la for la in launches if la.form == form])
+        score_form([la for la in launches if la.form == form], case)
     print()
     print(table(launches, case.from_epoch))
     if not args.no_records:

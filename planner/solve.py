@@ -236,16 +236,22 @@ def calibrate_overhead(profile: Profile, batch_sizes: Sequence[int], measured_st
             f"({1000 * (before.predicted.step_time_s - e_old):.2f} ms); the step overhead is set to 0 -- if this "
             "repeats, re-profile on the machine as it trains", stacklevel=2)
         e_new = 0.0
-    comm = profile.comm if profile.comm is not None else CommProfile()
-    # The term the plan read (exposed_comm_s): the tail after the spans under DDP where the profile has one.
-    field = ("span_tail_s" if comm.span_tail_s is not None and applied_span_factors(profile, before.mode)
-             else "exposed_s")
+    out, field = with_exposed_comm_s(profile, e_new, before.mode)
     meta = {**profile.meta, "exposed_calibration": {
         "source": source, "batch_sizes": [int(b) for b in batch_sizes], "measured_step_s": float(measured_step_s),
         "predicted_step_s_before": float(before.predicted.step_time_s), "exposed_s_before": float(e_old),
         "exposed_s": e_new, "clamped_at_zero": clamped, "field": field}}
-    comm = replace(comm, span_tail_s=e_new) if field == "span_tail_s" else replace(comm, exposed_s=e_new)
-    return replace(profile, comm=comm, meta=meta)
+    return replace(out, meta=meta)
+
+
+def with_exposed_comm_s(profile: Profile, exposed_s: float, mode: str) -> tuple[Profile, str]:
+    """The profile whose exposed communication term (``exposed_comm_s``, what every step adds beyond the slowest
+    rank) is ``exposed_s`` under ``mode``, and the field that holds it: the tail after the spans under DDP
+    (``comm.span_tail_s``) where the plan reads that one, else ``comm.exposed_s``."""
+    comm = profile.comm if profile.comm is not None else CommProfile()
+    field = "span_tail_s" if comm.span_tail_s is not None and applied_span_factors(profile, mode) else "exposed_s"
+    comm = replace(comm, span_tail_s=exposed_s) if field == "span_tail_s" else replace(comm, exposed_s=exposed_s)
+    return replace(profile, comm=comm), field
 
 
 def equal_accumulation_split(

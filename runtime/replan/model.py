@@ -116,6 +116,26 @@ The measurement is taken back to the standalone step at the micro-batch it ran, 
 b_i / k_i, and the rules above learn from that: the curve is corrected where the rank actually runs, and a plan
 with accumulation (``mode="ddp"`` or ``"fsdp"``) is re-predicted as it executes, not as one step of b_i.
 
+Exposed communication: the ranks' corrections explain each rank's busy time, not what the step spends after the
+slowest rank is done -- the all-reduce's exposed tail, which the profile measured once in a quiet DDP loop.  When
+that changes (gloo reduces on the CPU: a CPU hog on one rank's cores made the all-reduce of a ResNet-50 between two
+ranks sharing an H200 take about 75 ms a step where the profile measured 10), no rank's curve holds the excess, and
+every prediction missed by the same seconds (one H200, two gloo ranks, the hog from epoch 3: the adopted split ran
+136-156 ms a step on a predicted 104-114, three launches).  So after each epoch's rank corrections, the step the split
+measured (S, slowest rank) is compared with the model's prediction for that same split (T, batches, micro-steps and
+workers as run), and the rest is learned as extra exposed communication x, the same at every split:
+
+    x <- max(0, x + a * (S - T))      a = ``smoothing``, 1 in an epoch that starts a new era (the ranks changed)
+
+and every plan the model evaluates adds x to the profile's exposed term (``planner.solve.with_exposed_comm_s``).
+It moves every prediction by the same seconds, so it never moves the split by itself, but it shrinks the gain a
+rebalancing can offer when the step is mostly communication, and it makes the prediction a kept plan is re-made
+with the step the run measures.  Never below the profile's term: a step shorter than predicted is the ranks' curves
+or loaders over-predicted (their own corrections' business) or a loader that hides the all-reduce behind its
+period, and a negative x would under-predict every split where no loader hides it.  Replayed on the three launches
+above, the predictions in force from the second epoch after the adoption were 0-10% off (median 3%; without it,
+32-56%), with the same decisions (tests/runtime/test_replan_exposed.py replays one of them).
+
 The corrected compute points, loader costs and hand-over rates form a new ``planner.Profile``
 (``CorrectionModel.corrected_profile``; a loader p_i times its starting value has its sec_per_sample and its
 measured rates scaled by that factor, ``planner.loader.scaled_loader``; a raised h_i sets the rank's
@@ -133,6 +153,7 @@ from planner.curves import Envelope, fit_envelope
 from planner.loader import handover_costs_s, loader_costs_s, scaled_loader
 from planner.options import SolveOptions
 from planner.profile import LoaderProfile, Profile
+from planner.solve import exposed_comm_s, with_exposed_comm_s
 from planner.stats import WORKERS_KEPT_UP, StepStats
 
 DEFAULT_SMOOTHING = 0.8
@@ -375,6 +396,11 @@ class CorrectionModel:
     optimizer_s: tuple[float, ...] = ()
     """o_i by rank id (the profile's optimizer_step_s, 0 where unmeasured): charged once per optimizer step when a
     rank runs micro-steps (module docstring); empty: 0 for every rank."""
+    mode: str = "ddp"
+    """The run's data-parallel mode (``SolveOptions.mode``): which exposed-communication term its plans read."""
+    exposed_extra_s: float = 0.0
+    """x: the exposed communication measured beyond the profile's, >= 0 (module docstring, "Exposed
+    communication")."""
 
     @classmethod
     def of(cls, profile: Profile, options: SolveOptions | None = None,
@@ -392,7 +418,7 @@ class CorrectionModel:
                    ranks=tuple(RankCorrection(loader_sec_per_sample=c, handover_s=h)
                                for c, h in zip(costs, handover_costs_s(profile), strict=True)),
                    loader_costs_s=costs, spans=spans,
-                   optimizer_s=tuple(r.optimizer_step_s or 0.0 for r in by_rank))
+                   optimizer_s=tuple(r.optimizer_step_s or 0.0 for r in by_rank), mode=opts.mode)
 
     @property
     def world_size(self) -> int:
@@ -462,6 +488,13 @@ class CorrectionModel:
         return (replace(self, ranks=tuple(r for r, _ in done)),
                 tuple(i for i, (_, changed) in enumerate(done) if changed))
 
+    def with_exposed_miss(self, miss_s: float, weight: float) -> CorrectionModel:
+        """The model after one more measured step miss ``miss_s`` = measured step - this model's step at the split
+        that ran (module docstring, "Exposed communication"): x <- max(0, x + weight * miss)."""
+        if self.world_size < 2 or not math.isfinite(miss_s):
+            return self
+        return replace(self, exposed_extra_s=max(0.0, self.exposed_extra_s + weight * miss_s))
+
     def _point_ratio(self, rank: int) -> Callable[[float], float]:
         """t_i(b) / t0_i(b) as a function of b, finite and positive: a correction that is not (never expected:
         module docstring) falls back to the rank's factor, then to 1, rather than hand the solver a bad curve."""
@@ -489,6 +522,9 @@ class CorrectionModel:
         raised = {i for i, (p0, c) in enumerate(zip(start, self.ranks, strict=True)) if c.loader_sec_per_sample != p0}
         handed = {i for i, (h0, c) in enumerate(zip(handover_costs_s(self.base), self.ranks, strict=True))
                   if c.handover_s != h0 and c.handover_s > 0}
+        if self.exposed_extra_s > 0:
+            profile = with_exposed_comm_s(profile, exposed_comm_s(self.base, self.mode) + self.exposed_extra_s,
+                                          self.mode)[0]
         if not raised and not handed:
             return profile
         ranks = []

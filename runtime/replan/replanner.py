@@ -266,6 +266,9 @@ class Replanner:
             self._era_ref = (None,) * old.world_size
             era_note = (f" [rank{'s' if len(moved) > 1 else ''} {', '.join(map(str, moved))} changed speed: era "
                         f"{self._policy_state.era}, splits measured before are not compared]")
+        # Exposed communication (model.py): the step the split measured beyond what the updated model gives it,
+        # taken whole in a new era (the ranks changed, so did what their steps wait on).
+        self._model = self._learned_exposed(old, step_s, 1.0 if moved else self.smoothing)
         self._era_ref = tuple(ref if ref is not None and ref.batch_size == r.observations[-1].batch_size
                               else r.observations[-1] for ref, r in zip(self._era_ref, self._model.ranks, strict=True))
         self._policy_state = self._policy.remember(
@@ -368,6 +371,18 @@ class Replanner:
         return outcome(f"{numbers}: {verdict.why}", new=self._plan, gain=gain, candidate=cand,
                        brief="; ".join(x for x in (verdict.short, deviation) if x))
 
+    def _learned_exposed(self, plan: Plan, step_s: float, weight: float) -> CorrectionModel:
+        """The model with its exposed communication moved by ``weight`` of the step ``plan`` measured (``step_s``)
+        beyond the model's prediction for it (model.py, "Exposed communication")."""
+        if plan.world_size < 2:
+            return self._model
+        try:
+            now = evaluate(self._model.corrected_profile(), plan.batch_sizes, plan.accumulation_steps,
+                           num_workers=[r.num_workers for r in plan.ranks], options=self._options)
+        except (PlanError, ValidationError):
+            return self._model
+        return self._model.with_exposed_miss(step_s - now.predicted.step_time_s, weight)
+
     def _drifted(self, by_rank: Sequence[StepStats]) -> list[int]:
         """The ranks whose ratio at the batch they ran has moved from the era's first measurement there by more
         than ``SAME_BATCH_CHANGE`` and the noise (a change too gradual for the model's epoch-to-epoch rule)."""
@@ -432,6 +447,7 @@ class Replanner:
             "compute_scale": list(self.scale_factors),
             "loader_sec_per_sample": list(self.loader_sec_per_sample),
             "handover_s_per_sample": [r.handover_s for r in self._model.ranks],
+            "exposed_extra_s": self._model.exposed_extra_s,
             "last_epoch": self._last_epoch,
             "proposed_direction": None if ps.proposed is None else list(ps.proposed),
             "profile_fingerprint": self._model.base.fingerprint(),
@@ -522,12 +538,18 @@ class Replanner:
             raise ValidationError(f"replanner state has era references for {len(raw_ref)} ranks, the profile {W}")
         era_ref = tuple(None if o is None else Observation(batch_size=int(o[0]), ratio=float(o[1])) for o in raw_ref)
         era_since, reversal = state.get("era_since"), state.get("reversal_epoch")
+        # Optional (a state written before it resumes with none learned).
+        extra = state.get("exposed_extra_s") or 0.0
+        if not (isinstance(extra, (int, float)) and not isinstance(extra, bool) and math.isfinite(extra)
+                and extra >= 0):
+            raise ValidationError(f"replanner state has an invalid exposed_extra_s {extra!r} (a time >= 0)")
 
         self._plan = plan
         self._model = self._model.with_ranks([
             RankCorrection(scale=f, loader_sec_per_sample=p,
                            observations=tuple(Observation(batch_size=b, ratio=r) for b, r in o), handover_s=h)
             for f, p, o, h in zip(scale, spp, obs, handover, strict=True)])
+        self._model = replace(self._model, exposed_extra_s=float(extra))
         self._last_epoch = None if last is None else int(last)
         self._policy_state = PolicyState(proposed=None if proposed is None else tuple(int(x) for x in proposed),
                                          trial=trial, rejections=rejections,

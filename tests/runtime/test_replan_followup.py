@@ -181,8 +181,10 @@ def test_a_kept_plan_carries_the_prediction_the_model_now_makes() -> None:
     assert d.plan.fingerprint == plan.fingerprint and d.plan.batch_sizes == plan.batch_sizes
     assert "its prediction is now" in d.reason
     measured = _stats(plan, 1, slow, 0.0)[0].step_time_s
-    # EMA smoothing (0.8): the model is 80% of the way to the measured factor after one epoch.
-    assert d.plan.predicted.step_time_s == pytest.approx(plan.predicted.step_time_s * (1 + 0.8 * 0.12))
+    # EMA smoothing (0.8): the ranks' curves go 80% of the way to the measured factor after one epoch, and the
+    # exposed communication takes 80% of the step they still leave unexplained (runtime/replan/model.py).
+    curves = plan.predicted.step_time_s * (1 + 0.8 * 0.12)
+    assert d.plan.predicted.step_time_s == pytest.approx(curves + 0.8 * (measured - curves))
     assert abs(measured / d.plan.predicted.step_time_s - 1) < PREDICTION_MISS
     # Within the miss bar nothing is re-made: the plan the next epoch runs is the one this epoch ran.
     d2 = rp.decide(_stats(rp.plan, 1, slow, 0.0), 1)
