@@ -39,6 +39,9 @@ SLOW_TOL = 0.15
 """A rank more than 15% below its twin (or its own earlier epochs) is slow: above the sweep's noise on a busy
 host, below the 2x gaps co-tenants and throttling make."""
 NOT_VISIBLE = "cause not visible to NVML/psutil"
+INSIDE_STEP = f"{NOT_VISIBLE}: inside the training step"
+"""A rank's compute measured slow while nothing its device state records differs from the reference's: the cost
+is in the work its training step does, which neither NVML nor psutil sees."""
 
 _WHAT_IF_NAMES = {"co-tenant": "its co-tenant", "cpu-load": "the other CPU load", "throttle": "throttling",
                   "emulated": "the emulated slowdown", "cpu-overlap": "the shared cores"}
@@ -70,6 +73,9 @@ class SlowRank:
     checked: tuple[str, ...] = ()
     visible: bool = False
     """Some evidence explains the gap."""
+    unexplained: str = NOT_VISIBLE
+    """What is said when no evidence explains the gap: ``NOT_VISIBLE``, or ``INSIDE_STEP`` for a rank whose own
+    compute the run log measured slow against its peers."""
     what_if: TwinWhatIf | None = None
     text: str = ""
 
@@ -224,11 +230,6 @@ def _log_finding(profile: Profile, log: RunLog, rank: int, best: _EpochPoint, sl
                     text=text)
 
 
-INSIDE_STEP = f"{NOT_VISIBLE}: inside the training step"
-"""A rank's compute measured slow while nothing its device state records differs from the reference's: the cost
-is in the work its training step does, which neither NVML nor psutil sees."""
-
-
 def log_slow_ranks(profile: Profile, log: RunLog, *, skip: Collection[int] = ()) -> list[SlowRank]:
     """Ranks whose compute in the run log's steady epoch (``RunLog.steady_epoch``), over their profiled curve at
     the batch they ran (reports.as_measured.curve_ratios), is more than ``SLOW_TOL`` above the rank nearest its
@@ -276,7 +277,8 @@ def log_slow_ranks(profile: Profile, log: RunLog, *, skip: Collection[int] = ())
                 f"{st_ref.batch_size}): {factor:.2f}x slower than the profile says{speed}: {body}{remedy}.")
         out.append(SlowRank(rank=rank, source="run log", label=rank_label(r), reference=f"rank {ref}",
                             slower_frac=1 - 1 / factor, samples_per_s=mine, reference_samples_per_s=theirs,
-                            epoch=e.epoch, evidence=tuple(ev), checked=tuple(chk), visible=visible, text=text))
+                            epoch=e.epoch, evidence=tuple(ev), checked=tuple(chk), visible=visible,
+                            unexplained=INSIDE_STEP, text=text))
     return out
 
 

@@ -169,7 +169,7 @@ def _measured_step_line(rows: Sequence[RankRow], binding: tuple[int, ...], log: 
     are not the ones the profile predicted (the profile said "balanced, nobody waits" of a run whose rank 1 was
     busy 5x rank 0); None when the epoch agrees, is drained, or lacks per-rank times."""
     e = log.steady_epoch()
-    if e is None or e.drained or not e.step_time_s or len(e.ranks) != len(rows):
+    if e is None or e.drained or not e.step_time_s or not math.isfinite(e.step_time_s) or len(e.ranks) != len(rows):
         return None
     busy = [b if math.isfinite(b) else 0.0 for b in e.measured_busy_s]
     top = max(busy)

@@ -187,14 +187,16 @@ def _causes_section(rep: Report) -> str:
         items = []
         for s in causes.slow_ranks:
             facts = "".join(f"<li>{_e(e.text)}</li>" for e in s.evidence if e.explains) or \
-                "<li>cause not visible to NVML/psutil</li>"
+                f"<li>{_e(s.unexplained)}</li>"
             facts += "".join(f'<li class="note">{_e(e.text)}</li>' for e in s.evidence if not e.explains)
             facts += "".join(f'<li class="note">{_e(c)}</li>' for c in s.checked)
             if s.what_if is not None:
                 facts += (f"<li>what-if {_e(s.what_if.label)}: {s.what_if.samples_per_s:,.0f} samples/s "
                           f"({100 * s.what_if.delta_frac:+.0f}%)</li>")
+            # Against its own earlier epoch a rank slowed from an epoch on; against a peer it was slow in one.
+            when = "from" if s.reference.startswith("epoch") else "in"
             head = (f"rank {s.rank} ({_e(s.label)}), {100 * s.slower_frac:.0f}% slower than {_e(s.reference)}"
-                    + (f" from epoch {s.epoch} (run log)" if s.epoch is not None else ""))
+                    + (f" {when} epoch {s.epoch} (run log)" if s.epoch is not None else ""))
             items.append(f"<li><b>{head}</b><ul>{facts}</ul></li>")
         parts.append("<ul>" + "".join(items) + "</ul>")
     else:

@@ -65,7 +65,9 @@ def test_a_rank_measured_5x_slower_is_named_slow_with_the_cause_inside_the_step(
                            "56.2 ms a step; rank 0 is busy 11.5 ms and waits for it"), step
     (miss,) = [x for x in lines if x.startswith("Prediction miss")]
     assert "noisy" not in miss and "rank 1's own step measured 56.1 ms against 11.8 ms predicted" in miss
-    assert "No rank is more than 15% slower" not in slow_report["html"]
+    page = slow_report["html"]
+    assert "No rank is more than 15% slower" not in page
+    assert "rank 1 (CPU x86_64), 80% slower than rank 0 in epoch 2 (run log)" in page and f"<li>{INSIDE_STEP}</li>" in page
 
 
 def test_the_epoch_is_the_datasets_size_when_the_start_record_lacks_it(slow_report: dict[str, Any]) -> None:
