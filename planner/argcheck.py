@@ -23,6 +23,10 @@ MAX_COUNT = 2**31 - 1
 """Largest batch size, sample count or step count accepted: numpy and torch index with int64, and the MILP's
 integer bounds are doubles (exact to 2**53); 2**31 - 1 leaves room for every sum and product the planner forms."""
 
+MAX_IMAGE_SIZE = 8192
+"""Largest ``--image-size`` of `planner train` (and of the run record a checkpoint carries): a side of 2**20 asked
+for a petabyte-sized first layer and died in a traceback."""
+
 ALLOW_RESUME_FLAG = "--allow-resume-changes"
 GPU_NORMALIZE_CHOICES = ("auto", "on", "off")
 """``--gpu-normalize`` (profiler.workloads.specs.gpu_normalize_for): auto (on when every rank trains on CUDA and the
@@ -131,5 +135,5 @@ def check_resume(values: Iterable[ResumeValue], *, allow: bool) -> list[str]:
     return notes
 
 
-__all__ = ["ALLOW_RESUME_FLAG", "MAX_COUNT", "ResumeValue", "check_global_batch", "check_ranks", "check_resume",
+__all__ = ["ALLOW_RESUME_FLAG", "MAX_COUNT", "MAX_IMAGE_SIZE", "ResumeValue", "check_global_batch", "check_ranks", "check_resume",
            "count", "real"]

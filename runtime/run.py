@@ -56,7 +56,7 @@ from runtime.ddp_settings import ddp_kwargs
 from runtime.epoch import DEFAULT_PREFETCH, EpochEnd, loader_fill_drain, unsteady_start
 from runtime.replan import ReplanDecision, Replanner
 from runtime.replan.model import DEFAULT_SMOOTHING
-from runtime.safety import check_agreement, check_batchnorm
+from runtime.safety import check_agreement, check_batchnorm, gather_agreement
 from runtime.sampler import HeteroBatchSampler
 from runtime.timing import ComputeStart, StepTimer, close_compute_on_last_gradient
 from runtime.weighting import WeightedHookState, loss_scale, register_weighted_hook
@@ -347,7 +347,28 @@ class PlannedRun:
             self.timer.reset()
         if self._first_epoch is None:
             self._first_epoch = epoch
+            self._agree_on_start(epoch)
         self._epoch_t0 = time.perf_counter()
+
+    def _agree_on_start(self, epoch: int) -> None:
+        """Collective, at the first epoch start: every rank starts the same epoch at the same step with the same
+        split -- a resume that loaded another checkpoint on some rank (or none: node-local folders) is one line
+        on every rank instead of ranks training together from different positions, missing and repeating samples.
+        The sampler's own first-pass check does not run under a PlannedRun (``sampler_for`` compared the rest)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        s = self.sampler
+        start = (f"epoch {epoch} at step {s.start_step} with batches {list(s.batch_sizes)}" if s is not None
+                 else f"epoch {epoch}")
+        by_rank = gather_agreement({"start": start})
+        firsts: dict[str, int] = {}
+        for r in sorted(by_rank):
+            firsts.setdefault(str(by_rank[r].get("start")), r)
+        if len(firsts) > 1:
+            listed = ", ".join(f"rank {r} starts {text[:80]}" for text, r in list(firsts.items())[:3])
+            raise ValidationError(
+                f"ranks start differently: {listed}; resume every rank from the same checkpoint "
+                "(run.sampler.load_state_dict(state) with the same state on every rank) and start the same epoch")
 
     def epoch(self, epoch: int, loader: Iterable[T], *, last: bool = False,
               loss: Callable[[], float | None] | None = None) -> Iterator[T]:

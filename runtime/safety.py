@@ -3,6 +3,8 @@
 Ranks launched with different plans, datasets or seeds would build different sampler layouts: their batch counts
 differ and some rank eventually waits in an all-reduce that never comes. One JSON all-gather up front
 (``runtime.collectives.all_gather_json``: data, never pickle) compares what every rank must agree on and raises the same clear error on every rank.
+Every such payload starts with the package version and the agreement format (:func:`gather_agreement`), compared
+first: ranks running other code fail with one line naming both versions.
 
 A planned sampler runs such a check itself (:func:`check_first_pass`, at its first pass, before its first batch),
 so a script that adopts a plan by hand fails at its first step with one line on every rank, instead of training
@@ -44,6 +46,12 @@ from runtime.collectives import all_gather_json
 if TYPE_CHECKING:
     from runtime.sampler import HeteroBatchSampler
 
+AGREEMENT_FORMAT = 2
+"""Layout of every agreement payload (the fields below, ``settings`` a dict by flag). Each payload starts with
+this and the package version, and those two are compared before any other field: ranks running other code fail
+with one line naming both versions instead of a KeyError on a field the other version does not send."""
+VERSION_FIX = "install the same ddp-planner version on every host (pip install ddp-planner==VERSION), then relaunch"
+
 # Field name in the message -> the fix to print with it.
 _FIXES = {
     "world size": "launch every rank with the same --nproc-per-node/--nnodes and a plan for that many ranks",
@@ -81,7 +89,7 @@ def check_agreement(*, plan_fingerprint: str, dataset_len: int, seed: int, world
         "seed": int(seed),
         "settings": dict(sorted((settings or {}).items())),
     }
-    by_rank = dict(enumerate(all_gather_json(mine, group)))
+    by_rank = gather_agreement(mine, group)
     _raise_on_disagreement(by_rank, _FIXES, width=10)
     names = sorted({k for r in by_rank for k in by_rank[r]["settings"]})
     settings_of = {r: {name: by_rank[r]["settings"].get(name) for name in names} for r in by_rank}
@@ -91,6 +99,54 @@ def check_agreement(*, plan_fingerprint: str, dataset_len: int, seed: int, world
             f"every rank expects world size {mine['world size']} but the process group has {actual} ranks; "
             f"{_FIXES['world size']}"
         )
+
+
+def gather_agreement(facts: Mapping[str, Any], group: Any = None) -> dict[int, dict[str, Any]]:
+    """Every rank's ``facts`` by rank (collective: one JSON all-gather), after checking that every rank runs the
+    same package version and agreement format -- the first two fields of every payload.
+
+    The one mechanism behind every agreement (:func:`check_agreement`, :func:`check_settings`, the sampler's
+    first pass, `planner train`'s resume check): a rank of another version raises the same one line on every rank,
+    e.g. "ranks run different ddp-planner versions: rank 0 has 0.3.0 (agreement format 2), rank 1 has 0.2.1
+    (agreement format 1); install the same ...", never a KeyError on a field one version lacks.
+    """
+    import planner
+
+    mine = {"version": planner.__version__, "format": AGREEMENT_FORMAT, **facts}
+    with _collective_device() if group is None and _initialized() else contextlib.nullcontext():
+        gathered = all_gather_json(mine, group)
+    by_rank = dict(enumerate(gathered))
+
+    def said(payload: Any) -> str:
+        if not isinstance(payload, dict) or "version" not in payload:
+            return "an older version (its agreement names none)"
+        return f"{_shown(payload.get('version'), 20)} (agreement format {_shown(payload.get('format'), 10)})"
+
+    firsts: dict[str, int] = {}
+    for r in sorted(by_rank):
+        firsts.setdefault(said(by_rank[r]), r)
+    if len(firsts) > 1:
+        listed = ", ".join(f"rank {r} has {text}" for text, r in list(firsts.items())[:3])
+        first = by_rank[0].get("version") if isinstance(by_rank[0], dict) else None  # the same line on every rank
+        raise ValidationError(f"ranks run different ddp-planner versions: {listed}; "
+                              f"{VERSION_FIX.replace('VERSION', _shown(first or planner.__version__, 20))}")
+    return by_rank
+
+
+def check_settings(settings: Mapping[str, Any], *, fixes: Mapping[str, str] | None = None, group: Any = None) -> None:
+    """All-gather ``settings`` (JSON-able values by the flag that sets them) and raise on the first one, in the
+    caller's order, that differs by rank: one line naming the setting and each rank's value, the same on every
+    rank (collective).  ``fixes``: the fix to print for a setting (default "launch every rank with the same
+    FLAG").  For what must agree before any plan exists (`planner train --auto`'s profiling options)."""
+    by_rank = gather_agreement({"settings": [[str(k), v] for k, v in settings.items()]}, group)
+    names: list[str] = []
+    for r in sorted(by_rank):
+        names += [str(k) for k, _ in by_rank[r].get("settings") or [] if str(k) not in names]
+    values = {r: dict((str(k), v) for k, v in by_rank[r].get("settings") or []) for r in by_rank}
+    settings_of = {r: {name: values[r].get(name) for name in names} for r in by_rank}
+    fixes = fixes or {}
+    _raise_on_disagreement(settings_of, {name: fixes.get(name, f"launch every rank with the same {name}")
+                                         for name in names}, width=24)
 
 
 def check_batchnorm(model: torch.nn.Module, min_batch: int) -> int:
@@ -162,6 +218,10 @@ def drawn_by_dataloader(depth: int = 8) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def _initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
 
 
 def _distributed() -> bool:
@@ -281,8 +341,7 @@ def check_first_pass(sampler: HeteroBatchSampler, start_step: int, loader: tuple
         "plan rank": sampler.rank, "loader": None if loader is None else [int(loader[0]), bool(loader[1])],
         "weighted": bool(_WEIGHTING),
     }
-    with _collective_device():
-        by_rank = dict(enumerate(all_gather_json(mine)))
+    by_rank = gather_agreement(mine)
     _raise_on_disagreement(by_rank, _LAYOUT_FIXES)
     world, planned_world = len(by_rank), sampler.world_size
     if world % planned_world:

@@ -4,6 +4,8 @@ solve -> the loader check, one function both call (collective: every rank calls 
     auto = auto_plan(cfg, env, workload, AutoPlanOptions(global_batch=512), progress=progress)
     train(cfg, env, auto.plan, auto.profile, workload)
 
+0. Every rank's options that decide the profile's collectives or the plan agree (``auto_settings``, through
+   runtime.safety.check_settings): one line naming the option and each rank's value, before any profile step.
 1. Every rank profiles itself in-process as it will train (``cfg``: precision, memory format, emulated slowdown
    and worker cap); the DataLoader only when the run has one (``cfg.data_on_device`` off), once per host.
 2. Rank 0 gathers the profile, prints its quality warnings (stderr) and solves under the quality gate
@@ -85,6 +87,17 @@ class AutoPlan:
     """What the loader check measured and did (None: it did not run)."""
 
 
+def auto_settings(cfg: TrainConfig, options: AutoPlanOptions) -> dict[str, Any]:
+    """What every rank must share before ``auto_plan`` profiles, by flag: the auto options (the loader check's
+    seconds as it will run: ``--quick`` shortens the default), then the run's agreed settings (precision, loader or
+    none, FSDP2... decide the profile's own collectives)."""
+    from planner.cli.loader_check import check_seconds
+
+    return {"--quick": options.quick, "--global-batch": options.global_batch, "--min-batch": options.min_batch,
+            "--max-workers-per-rank": options.max_workers_per_rank,
+            "--loader-check-s": check_seconds(cfg.loader_check_s, options.quick), **cfg.agreed_settings()}
+
+
 def _on_stdout(line: str) -> None:
     print(line, flush=True)
 
@@ -99,7 +112,12 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, workload: Workload, options: AutoP
     from planner.cli.steps import channels_last_for
     from profiler.run import gather_profile, profile_this_rank
     from runtime.collectives import decide_on_rank0
+    from runtime.safety import check_settings
 
+    # The first collective: every option that decides the profile's collectives or the plan, alike on every rank
+    # (a --loader-check-s of its own left a rank in a collective its peers never joined; another --min-batch or
+    # --quick was silently rank 0's). One line naming the option and each rank's value, on every rank.
+    check_settings(auto_settings(cfg, options))
     t0 = time.perf_counter()
     # An elastic restart (--resume into another world): ranks of a kind the checkpoint's profile measured on their
     # host keep those curves (planner/cli/elastic.py); none is swept when every rank has one.

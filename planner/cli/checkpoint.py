@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from planner.argcheck import MAX_COUNT, MAX_IMAGE_SIZE
 from planner.errors import ValidationError
 from planner.paths import write_all, write_error
 from planner.plan import Plan
@@ -142,6 +143,101 @@ def load_checkpoint(directory: str | os.PathLike[str], device: torch.device) -> 
         raise _refusal(path, e) from None
     _check_layout(state, path)
     return state  # type: ignore[no-any-return]
+
+
+def checkpoint_fingerprint(directory: str | os.PathLike[str]) -> str | None:
+    """A digest of the checkpoint file's bytes (16 hex digits), None when the folder holds none: ranks that read
+    their own copy (node-local folders) resume the same state exactly when their digests agree."""
+    import hashlib
+
+    path = Path(directory) / CHECKPOINT_NAME
+    digest = hashlib.blake2b(digest_size=8)
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except FileNotFoundError:
+        return None
+    return digest.hexdigest()
+
+
+def check_state_fits(state: Mapping[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+                     steps_per_epoch: int, path: str | os.PathLike[str]) -> None:
+    """Refuse, in one line, a checkpoint whose contents this run's model and optimizer cannot take exactly --
+    before anything of it is loaded or printed.
+
+    ``load_state_dict`` casts a weight of another dtype silently (int64 weights became floats), accepts optimizer
+    state of any shape (a momentum buffer of the wrong shape failed only at the first step, after the resume was
+    announced) and any extra entries; a saved step beyond the epoch printed a negative step count.
+    """
+    def bad(what: str) -> ValidationError:
+        return ValidationError(f"{Path(path) / CHECKPOINT_NAME}: refused: {what}; it was not written by this run's "
+                               f"model and optimizer -- {_FIX}")
+
+    mine = model.state_dict()
+    for key, saved in state["model"].items():
+        own = mine.get(key)
+        if isinstance(own, torch.Tensor) and saved.dtype != own.dtype:
+            raise bad(f"model[{key[:60]!r}] is {saved.dtype} there and {own.dtype} here")
+    step = int(state["step"])
+    if not 0 <= step <= steps_per_epoch:
+        raise bad(f"step {step} is beyond an epoch of {steps_per_epoch} steps")
+    sampler = state.get("sampler")
+    if isinstance(sampler, dict) and sampler.get("step") != step:
+        raise bad(f"the sampler's step {str(sampler.get('step'))[:20]} is not the checkpoint's step {step}")
+    problem = _optimizer_fit_problem(state["optimizer"], optimizer)
+    if problem:
+        raise bad(problem)
+
+
+# The per-parameter state each optimizer the trainer builds keeps (torch.optim): other entries are not its own.
+_OPTIMIZER_STATE = {"SGD": {"momentum_buffer"}, "Adam": {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"},
+                    "AdamW": {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}}
+_UPDATE_KEYS = ("momentum", "dampening", "weight_decay", "nesterov", "maximize", "betas", "eps", "amsgrad")
+"""Hyperparameters that change the update: a saved group's value replaces the run's in ``load_state_dict``. The
+learning rate is compared with the command line instead (planner/cli/preflight.py); implementation switches
+(``foreach``, ``fused``...) are not compared."""
+
+
+def _optimizer_fit_problem(saved: Mapping[str, Any], optimizer: torch.optim.Optimizer) -> str | None:
+    """What of the saved optimizer state does not fit ``optimizer`` (its groups, parameters, state entries,
+    shapes, dtypes, hyperparameters other than the learning rate); None when all of it does."""
+    live = optimizer.state_dict()
+    groups, own_groups = saved["param_groups"], live["param_groups"]
+    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in own_groups]:
+        return (f"optimizer has parameter groups of {[len(g['params']) for g in groups]} parameters, this run's "
+                f"{[len(g['params']) for g in own_groups]}")
+    params: dict[int, torch.Tensor] = {}
+    for group, own in zip(groups, optimizer.param_groups, strict=True):
+        params.update(zip(group["params"], own["params"], strict=True))
+    for i, (group, own) in enumerate(zip(groups, own_groups, strict=True)):
+        for key in (k for k in _UPDATE_KEYS if k in group and k in own):
+            if group[key] != own[key]:
+                return (f"optimizer.param_groups[{i}].{key} is {str(group[key])[:30]} there and "
+                        f"{str(own[key])[:30]} here")
+    known = _OPTIMIZER_STATE.get(type(optimizer).__name__)
+    for index, entry in saved["state"].items():
+        if index not in params:
+            return f"optimizer.state holds parameter {str(index)[:20]}, which no parameter group lists"
+        if not isinstance(entry, dict):
+            return f"optimizer.state[{index}] is a {type(entry).__name__}, expected a dict"
+        param = params[index]
+        for key, value in entry.items():
+            if known is not None and key not in known:
+                return (f"optimizer.state[{index}] holds {str(key)[:30]!r}, which {type(optimizer).__name__} does "
+                        f"not keep (it keeps {', '.join(sorted(known))})")
+            if value is None:
+                continue  # a momentum buffer not made yet (momentum 0)
+            if not isinstance(value, torch.Tensor):
+                if not _number(value):
+                    return f"optimizer.state[{index}].{key} is {type(value).__name__}, expected a tensor or number"
+                continue
+            if value.dim() == 0:
+                continue  # a step count
+            if tuple(value.shape) != tuple(param.shape) or value.dtype != param.dtype:
+                return (f"optimizer.state[{index}].{key} is {value.dtype} {list(value.shape)} but its parameter is "
+                        f"{param.dtype} {list(param.shape)}")
+    return None
 
 
 def saved_global_batch(directory: str | os.PathLike[str]) -> int | None:
@@ -281,8 +377,13 @@ _RUN_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+# What a resume may take from the run record for a flag left off: within the bounds that flag accepts typed.
+_RUN_BOUNDS = {"image_size": MAX_IMAGE_SIZE, "num_samples": MAX_COUNT}
+
+
 def _run_problem(run: dict[str, Any] | None) -> str | None:
-    """The run record's values, typed: a resume compares them with the command line and may take them."""
+    """The run record's values, typed and bounded: a resume compares them with the command line and may take them
+    (a data size of 2**40 samples or a 2**20-pixel side asked for terabytes before a traceback)."""
     for key, kinds in _RUN_TYPES.items():
         if run is None or key not in run:
             continue
@@ -290,4 +391,7 @@ def _run_problem(run: dict[str, Any] | None) -> str | None:
         if type(value) not in kinds or (kinds == (int, float) and not _number(value)) or (
                 type(value) is int and not 0 <= value <= MAX_STEP):
             return f"run.{key} is {type(value).__name__} {str(value)[:30]}, not what this version writes"
+        most = _RUN_BOUNDS.get(key)
+        if most is not None and value is not None and not 1 <= value <= most:
+            return f"run.{key} is {value}, outside the 1..{most} its flag accepts"
     return None

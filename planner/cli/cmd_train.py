@@ -8,7 +8,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from planner.argcheck import ALLOW_RESUME_FLAG, GPU_NORMALIZE_CHOICES, count, real
+from planner.argcheck import ALLOW_RESUME_FLAG, GPU_NORMALIZE_CHOICES, MAX_IMAGE_SIZE, count, real
 from planner.cli.advanced import add_help_all
 from planner.options import BATCHNORM_MIN_BATCH
 from planner.profile import GRAD_COMPRESSIONS
@@ -67,7 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--dataset", default=None, metavar="D",
                    help="fake, cifar10:DIR, mnist:DIR, imagefolder:DIR or package.module:factory (default fake; on "
                         "--resume as --model)")
-    w.add_argument("--image-size", type=count(), default=None, metavar="PX", help="input side for fake data")
+    w.add_argument("--image-size", type=count(1, MAX_IMAGE_SIZE), default=None, metavar="PX",
+                   help=f"input side for fake data (at most {MAX_IMAGE_SIZE})")
     w.add_argument("--num-samples", type=count(), default=None, metavar="N", help="fake dataset length")
     t = p.add_argument_group("training")
     t.add_argument("--epochs", type=count(), default=2, metavar="N", help="epochs (default 2)")
@@ -185,6 +186,10 @@ def run(args: argparse.Namespace) -> int:
     cap_device_memory(env.device, memory_caps.get(env.rank))
     finished = False
     try:
+        from planner.cli.train_resume import agree_on_resume
+
+        # The first collective: every rank resumes the same checkpoint, or none does (node-local folders).
+        agree_on_resume(args.checkpoint, pre.resume_at, pre.checkpoint_fingerprint)
         cfg = config_from_args(args, env, slowdowns, loader_caps, resume_changes=pre.changes)
         workload = build_workload(cfg.model, cfg.dataset, image_size=cfg.image_size, num_samples=cfg.num_samples,
                                   gpu_normalize=cfg.gpu_normalize)

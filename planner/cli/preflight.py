@@ -53,6 +53,10 @@ class Preflight:
     """Values this run takes from its command line instead of the checkpoint ('lr', 'plan'), allowed by the flag."""
     notes: list[str] = field(default_factory=list)
     """Lines for rank 0 to print (accepted changes)."""
+    resume_at: tuple[int, int] | None = None
+    """(epoch, step) this rank resumes at; None: a fresh start."""
+    checkpoint_fingerprint: str | None = None
+    """Digest of the checkpoint file this rank resumes (planner.cli.checkpoint.checkpoint_fingerprint)."""
 
 
 def run_meta(*, model: str, dataset: str, image_size: int | None, num_samples: int | None, seed: int, lr: float,
@@ -129,12 +133,18 @@ def _saved_value(key: str, value: Any, checkpoint_dir: str) -> Any:
                               f"{type(value).__name__} {str(value)[:40]!r}, not a {expected.__name__}; give {flag} "
                               "yourself, or start afresh in another --checkpoint folder")
     if key in ("model", "dataset"):
-        from profiler.workloads.specs import names_code
+        from profiler.workloads.specs import DATASET_KINDS, names_code
 
         if names_code(str(value), flag):
             raise ValidationError(f"--resume: the checkpoint in {checkpoint_dir} was trained with {flag} {value!r}, "
                                   f"which names code to import; a checkpoint never chooses code -- pass {flag} "
                                   "yourself to resume it")
+        # A data folder is typed too: a checkpoint's "imagefolder:/" would walk the whole filesystem.
+        folders = {kind.partition(":")[0] for kind in DATASET_KINDS if kind.endswith(":DIR")}
+        if key == "dataset" and str(value).partition(":")[0] in folders:
+            raise ValidationError(f"--resume: the checkpoint in {checkpoint_dir} was trained with {flag} "
+                                  f"{str(value)[:80]!r}, which names a data folder; a checkpoint never chooses the "
+                                  f"files a run reads -- pass {flag} yourself to resume it")
     return value
 
 
@@ -228,6 +238,10 @@ def preflight(args: argparse.Namespace) -> Preflight:
     out.resuming = state is not None
     if out.resuming:
         assert state is not None
+        from planner.cli.checkpoint import checkpoint_fingerprint
+
+        out.resume_at = (int(state["epoch"]), int(state["step"]))
+        out.checkpoint_fingerprint = checkpoint_fingerprint(args.checkpoint)
         meta = _saved_meta(state)
         out.saved_global_batch = meta["global_batch"]
         changes, out.notes = compare_with_checkpoint(args, meta, out.plan)

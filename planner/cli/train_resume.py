@@ -4,10 +4,11 @@ boundary.  The file format and its safety checks are planner/cli/checkpoint.py."
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from planner.cli.checkpoint import load_checkpoint, save_checkpoint
+from planner.cli.checkpoint import CHECKPOINT_NAME, check_state_fits, load_checkpoint, save_checkpoint
 from planner.cli.preflight import check_weights_fit, run_meta
 from planner.errors import ValidationError
 from planner.plan import Plan
@@ -29,6 +30,10 @@ def resume(run: Run) -> ResizeRecord | None:
         return None
     saved = Plan.from_dict(state["plan"])
     check_weights_fit(run.model.state_dict(), state["model"], cfg.checkpoint_dir)
+    # Everything the model, optimizer and epoch must take exactly, before any of it is loaded or announced
+    # (an epoch's steps depend only on the dataset and the global batch, which a resume keeps).
+    steps = run.hetero.num_steps if run.hetero is not None else len(run.batch_sampler)
+    check_state_fits(state, run.model, run.optimizer, steps_per_epoch=steps, path=cfg.checkpoint_dir)
     resize = None
     if saved.world_size != run.plan.world_size:
         run.plan = _elastic_plan(saved, run.plan, run.hetero, state)
@@ -54,6 +59,43 @@ def resume(run: Run) -> ResizeRecord | None:
     run.last_saved = (run.start_epoch, run.start_step)
     run.say(f"resumed from {cfg.checkpoint_dir} at epoch {run.start_epoch} step {run.start_step}")
     return resize
+
+
+def agree_on_resume(checkpoint_dir: str | None, resume_at: tuple[int, int] | None, fingerprint: str | None) -> None:
+    """Collective, the run's first: every rank resumes the same checkpoint at the same (epoch, step), or every rank
+    starts fresh -- else one line naming each rank's state, on every rank, before anything is profiled or trained.
+
+    Each rank reads its own ``--checkpoint`` folder: with node-local folders, rank 0's may hold a checkpoint and
+    rank 1's none (or an older one). Unchecked, the ranks trained together from different epochs with different
+    weights and optimizer states, each drawing its share of another epoch's shuffle: samples were missed and
+    others seen twice, silently.  The checkpoint is compared by the digest of its file's bytes."""
+    from runtime.safety import gather_agreement
+
+    def cut(text: str | None) -> str:
+        text = str(text)
+        return text if len(text) <= 100 else text[:30] + ".." + text[-68:]  # the end tells node folders apart
+
+    state = None if resume_at is None else {"epoch": int(resume_at[0]), "step": int(resume_at[1]),
+                                            "checkpoint": fingerprint}
+    by_rank = gather_agreement({"resume": state, "folder": checkpoint_dir})
+    firsts: dict[str, int] = {}  # each distinct state (as JSON) -> the first rank in it
+    for r in sorted(by_rank):
+        firsts.setdefault(json.dumps(by_rank[r].get("resume"), sort_keys=True), r)
+    if len(firsts) == 1:
+        return
+
+    def said(r: int) -> str:
+        mine, folder = by_rank[r].get("resume"), by_rank[r].get("folder")
+        if not isinstance(mine, dict):
+            return f"rank {r} starts fresh (no checkpoint in {cut(folder)})"
+        return (f"rank {r} resumes epoch {mine.get('epoch')} step {mine.get('step')} of checkpoint "
+                f"{cut(mine.get('checkpoint'))} in {cut(folder)}")
+
+    source = next((r for r in firsts.values() if isinstance(by_rank[r].get("resume"), dict)), 0)
+    raise ValidationError(
+        f"ranks would resume differently: {', '.join(said(r) for r in list(firsts.values())[:3])}; every rank must "
+        f"resume the same checkpoint -- point --checkpoint at a folder every rank reads, or copy rank {source}'s "
+        f"{CHECKPOINT_NAME} into every rank's folder (or empty every folder to start afresh)")
 
 
 def _elastic_plan(saved: Plan, plan: Plan, hetero: HeteroBatchSampler | None, state: dict[str, Any]) -> Plan:

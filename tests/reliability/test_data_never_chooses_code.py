@@ -94,7 +94,6 @@ def test_resume_takes_a_builtin_spec_from_the_checkpoint_and_compares_a_typed_on
 
     assert _saved_value("model", "resnet50", "ckpt") == "resnet50"
     assert _saved_value("model", "tiny_lm:small", "ckpt") == "tiny_lm:small"
-    assert _saved_value("dataset", "cifar10:/data/cifar", "ckpt") == "cifar10:/data/cifar"
     assert _saved_value("dataset", "fake_text:64", "ckpt") == "fake_text:64"
     with pytest.raises(ValidationError, match="names code"):
         _saved_value("model", "tiny_lm_evil:build", "ckpt")
