@@ -177,6 +177,12 @@ class Plan:
     """Environment the job is to be launched with (e.g. {"NCCL_MAX_CTAS": "2"}): only a setting the profile
     measured to help on this cluster (profile.comm.launch_env).  `planner train` applies it before the process
     group starts; `planner plan --print-env` prints it as export lines.  Empty: NCCL's defaults."""
+    made_for: Mapping[str, Any] = field(default_factory=dict)
+    """What the plan was solved for (``planner.solve.made_for``): ``profile_fingerprint`` (the content hash of the
+    profile it came from), ``model`` (``name``, ``num_params``, ``structure``: the hash of its parameters' and
+    buffers' ordered names, shapes and dtypes) and ``ranks`` (each rank's ``device``, ``device_name``, ``host`` and
+    the host's ``cpu_cores``).  Every run compares them with itself at start (runtime.workload).  Empty: a plan
+    written before plans recorded it, or made by hand -- it cannot be checked.  Not part of the fingerprint."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "launch_env", check_launch_env(self.launch_env, "plan.launch_env"))
@@ -293,6 +299,7 @@ class Plan:
         p = self.predicted
         mode: JSONDict = {} if self.mode == "ddp" else {"mode": self.mode}
         launch: JSONDict = {"launch_env": dict(self.launch_env)} if self.launch_env else {}
+        made: JSONDict = {"made_for": dict(self.made_for)} if self.made_for else {}
         return {
             "version": self.version,
             "kind": "plan",
@@ -304,6 +311,7 @@ class Plan:
             "ranks": [rank(r) for r in self.ranks],
             "predicted": {k: v for k in p.__slots__ if (v := getattr(p, k)) is not None},
             **launch,
+            **made,
             "solver": dict(self.solver),
             "meta": dict(self.meta),
         }
@@ -315,7 +323,7 @@ class Plan:
             data,
             path,
             required=("version", "kind", "world_size", "global_batch", "fingerprint", "ranks", "predicted"),
-            allowed=("min_batch", "solver", "meta", "mode", "launch_env"),
+            allowed=("min_batch", "solver", "meta", "mode", "launch_env", "made_for"),
         )
         ranks = tuple(
             _rank_from(r, f"{path}.ranks[{i}]") for i, r in enumerate(as_list(d["ranks"], f"{path}.ranks", non_empty=True))
@@ -355,6 +363,8 @@ class Plan:
             meta=meta,
             mode=mode,
             launch_env=launch_env,
+            made_for={} if opt(d, "made_for") is None else _made_for_from(d["made_for"], f"{path}.made_for",
+                                                                          len(ranks)),
         )
         got = as_str(d["fingerprint"], f"{path}.fingerprint")
         if got != plan.fingerprint:
@@ -411,3 +421,30 @@ def _rank_from(v: Any, path: str) -> RankPlan:
     if given and r.max_batch_size is not None and r.micro_batch_size > r.max_batch_size:
         raise ValidationError(f"{path}: {r.over_cap_message().split(': ', 1)[-1]}")
     return r
+
+
+_MADE_FOR_RANK = {"rank": "int", "device": "str", "device_name": "str", "host": "str", "cpu_cores": "int"}
+_MADE_FOR_MODEL = {"name": "str", "num_params": "int", "structure": "str"}
+
+
+def _made_for_from(v: Any, path: str, world_size: int) -> JSONDict:
+    """``plan.made_for`` read strictly (every field optional; a rank entry per plan rank, in order)."""
+    d = as_obj(v, path, allowed=("profile_fingerprint", "model", "ranks"))
+
+    def fields(obj: Any, where: str, kinds: Mapping[str, str]) -> JSONDict:
+        o = as_obj(obj, where, allowed=tuple(kinds))
+        return {k: (as_int(x, f"{where}.{k}", min_value=0) if kinds[k] == "int" else as_str(x, f"{where}.{k}"))
+                for k, x in o.items()}
+
+    out: JSONDict = {}
+    if opt(d, "profile_fingerprint") is not None:
+        out["profile_fingerprint"] = as_str(d["profile_fingerprint"], f"{path}.profile_fingerprint")
+    if opt(d, "model") is not None:
+        out["model"] = fields(d["model"], f"{path}.model", _MADE_FOR_MODEL)
+    if opt(d, "ranks") is not None:
+        ranks = [fields(r, f"{path}.ranks[{i}]", _MADE_FOR_RANK) for i, r in enumerate(as_list(d["ranks"], f"{path}.ranks"))]
+        if [r.get("rank", i) for i, r in enumerate(ranks)] != list(range(world_size)):
+            raise ValidationError(f"{path}.ranks: must describe ranks 0..{world_size - 1} in order, got "
+                                  f"{len(ranks)} entries")
+        out["ranks"] = ranks
+    return out

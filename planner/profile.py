@@ -143,6 +143,9 @@ class ModelInfo:
     name: str
     num_params: int | None = None
     grad_bytes: int | None = None
+    structure: str | None = None
+    """Structural fingerprint of the profiled model: a hash of the ordered (name, shape, dtype) of its parameters
+    and buffers (runtime.workload.model_fingerprint).  A plan records it; a run on another model is refused."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -467,12 +470,13 @@ def _loader_from(v: Any, path: str) -> LoaderProfile:
 
 
 def _model_from(v: Any, path: str) -> ModelInfo:
-    d = as_obj(v, path, required=("name",), allowed=("num_params", "grad_bytes"))
-    n, g = opt(d, "num_params"), opt(d, "grad_bytes")
+    d = as_obj(v, path, required=("name",), allowed=("num_params", "grad_bytes", "structure"))
+    n, g, st = opt(d, "num_params"), opt(d, "grad_bytes"), opt(d, "structure")
     return ModelInfo(
         name=as_str(d["name"], f"{path}.name"),
         num_params=None if n is None else as_int(n, f"{path}.num_params", min_value=0),
         grad_bytes=None if g is None else as_int(g, f"{path}.grad_bytes", min_value=0),
+        structure=None if st is None else as_str(st, f"{path}.structure"),
     )
 
 

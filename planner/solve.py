@@ -484,4 +484,20 @@ def _make_plan(
         # Recorded only when the profile measured it to help (planner.comm_model.choose_launch_env).
         launch_env=dict(profile.comm.launch_env) if profile.comm and profile.comm.launch_env else {},
         meta=links_meta(profile),  # ranks spanning hosts: the host groups of the all-reduce (planner.comm_model)
+        made_for=made_for(profile),
     )
+
+
+def made_for(profile: Profile) -> dict[str, Any]:
+    """``Plan.made_for`` of a plan solved from ``profile``: its content fingerprint, the model it measured and each
+    rank's device and host, what a run compares with itself at start (runtime.workload): the split balances these
+    step times, on this model, these devices and these hosts' cores."""
+    cores = {h.name: h.cpu_cores for h in profile.hosts}
+    ranks = [{"rank": r.rank, "device": r.device, **({"device_name": r.device_name} if r.device_name else {}),
+              "host": r.host, "cpu_cores": cores[r.host]} for r in profile.by_rank]
+    out: dict[str, Any] = {"profile_fingerprint": profile.fingerprint(), "ranks": ranks}
+    m = profile.model
+    if m is not None:
+        out["model"] = {k: v for k, v in (("name", m.name), ("num_params", m.num_params), ("structure", m.structure))
+                        if v is not None}
+    return out

@@ -29,6 +29,7 @@ import torch
 from profiler.sweep import DoesNotFit, Measurement
 from profiler.workloads.emulate import Slowdown
 from profiler.workloads.specs import Workload, synthetic_batch
+from runtime.workload import model_fingerprint
 
 
 def use_channels_last(workload: Workload, device: torch.device, channels_last: bool | None) -> bool:
@@ -70,6 +71,11 @@ class TimedSteps:
     @property
     def num_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def structure(self) -> str:
+        """The model's structural fingerprint (runtime.workload.model_fingerprint): what a plan records."""
+        return model_fingerprint(self.model)
 
     @property
     def grad_bytes(self) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import platform
-import socket
 from typing import Any
 
 import torch
@@ -20,34 +19,9 @@ from profiler import nvml
 from profiler.loader import usable_cores
 from profiler.memory import host_memory_bytes
 
-HOST_ID_ENV = "PLANNER_HOST_ID"
-
-
-def machine_name() -> str:
-    """The operating system's host name (recorded in each rank's meta as ``hostname``)."""
-    return socket.gethostname() or "localhost"
-
-
-def host_name() -> str:
-    """The name of this rank's host in a profile: ranks with the same name share one host's cores.
-
-    ``PLANNER_HOST_ID`` when set (the documented override: give ranks that truly share a machine the same id).
-    Otherwise the machine's host name, and in a multi-node torchrun job (``GROUP_WORLD_SIZE`` > 1) the node's
-    ``GROUP_RANK`` after it: containers on different nodes often report the same host name, and counting them as
-    one host would split one node's loader budget over both.  Two torchrun agents on one machine (a test, or
-    ``--nnodes`` misused) are then two hosts: set ``PLANNER_HOST_ID`` to share the budget.
-    """
-    override = os.environ.get(HOST_ID_ENV, "").strip()
-    if override:
-        return override
-    name = machine_name()
-    try:
-        nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
-    except ValueError:
-        nodes = 1
-    group_rank = os.environ.get("GROUP_RANK")
-    return f"{name}/node{group_rank}" if nodes > 1 and group_rank is not None else name
-
+# Host and device names have one definition, shared with the run's side of the plan's workload check
+# (runtime.workload): a run on the profiled machine matches its profile by construction.
+from runtime.workload import HOST_ID_ENV, device_name, host_name, machine_name, model_fingerprint  # noqa: F401
 
 _NODE_ENV = (("group_rank", "GROUP_RANK"), ("group_world_size", "GROUP_WORLD_SIZE"), ("local_rank", "LOCAL_RANK"),
              ("local_world_size", "LOCAL_WORLD_SIZE"), ("restart_count", "TORCHELASTIC_RESTART_COUNT"))
@@ -87,14 +61,14 @@ def model_info(name: str, model: torch.nn.Module) -> ModelInfo:
         name=name,
         num_params=sum(p.numel() for p in params),
         grad_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+        structure=model_fingerprint(model),
     )
 
 
 def device_facts(device: torch.device) -> tuple[str, dict[str, Any]]:
     """(device name, facts for RankProfile.meta)."""
     if device.type != "cuda":
-        name = platform.processor() or platform.machine() or "cpu"
-        return f"CPU {name}", {"torch_threads": torch.get_num_threads()}
+        return device_name(device), {"torch_threads": torch.get_num_threads()}
     index = device.index if device.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
     facts: dict[str, Any] = {
@@ -103,7 +77,7 @@ def device_facts(device: torch.device) -> tuple[str, dict[str, Any]]:
         "total_memory_bytes": int(props.total_memory),
     }
     facts.update(_nvml_facts(index))
-    return str(props.name), facts
+    return device_name(torch.device("cuda", index)), facts
 
 
 def _nvml_facts(index: int) -> dict[str, Any]:

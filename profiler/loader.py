@@ -21,7 +21,6 @@ loader-bound with 20 fewer samples.
 
 from __future__ import annotations
 
-import os
 import shutil
 import statistics
 import threading
@@ -35,23 +34,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, default_collate
 
 from planner.profile import LoaderPoint, LoaderProfile
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (affinity / cpuset), psutil or os.cpu_count() where that is unknown."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        pass
-    try:
-        import psutil
-
-        n = psutil.cpu_count(logical=True)
-        if n:
-            return int(n)
-    except Exception:  # psutil is optional here
-        pass
-    return os.cpu_count() or 1
+from runtime.workload import usable_cores
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

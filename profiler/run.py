@@ -253,6 +253,7 @@ def measure_rank(
         with parts.part("memory search"):
             max_batch = find_max_batch(result, runner.fits) if dev.type == "cuda" else None
         num_params, grad_bytes, step_meta = runner.num_params, runner.grad_bytes, runner.meta()
+        structure = runner.structure
         # Charged once per optimizer step when a rank accumulates (planner/_accumulation.py); batch-independent.
         # Timed alone it can read above a whole small step (clock noise on microsecond steps): never more than
         # half of the smallest measured step, which it is part of.
@@ -288,6 +289,7 @@ def measure_rank(
         **facts,
         **loader_meta,
         "num_params": num_params,
+        "model_structure": structure,
         "grad_bytes": grad_bytes,
         **step_meta,
         **(meta or {}),
@@ -416,7 +418,8 @@ def assemble_profile(ranks: Sequence[RankProfile], hosts: Sequence[HostProfile],
         if h.name not in by_name or h.cpu_cores > by_name[h.name].cpu_cores:
             by_name[h.name] = h
     first = ranks[0].meta
-    model = ModelInfo(name=model_name, num_params=first.get("num_params"), grad_bytes=first.get("grad_bytes"))
+    model = ModelInfo(name=model_name, num_params=first.get("num_params"), grad_bytes=first.get("grad_bytes"),
+                      structure=first.get("model_structure"))
     info = {
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "profiler": f"ddp-planner {__version__}",

@@ -60,6 +60,7 @@ from runtime.safety import check_agreement, check_batchnorm, gather_agreement
 from runtime.sampler import HeteroBatchSampler
 from runtime.timing import ComputeStart, StepTimer, close_compute_on_last_gradient
 from runtime.weighting import WeightedHookState, loss_scale, register_weighted_hook
+from runtime.workload import WorkloadCheck
 
 T = TypeVar("T")
 
@@ -99,6 +100,9 @@ class PlannedRun:
         device_state: samples this rank's device and host state at every epoch end for the run log and the report
             (``profiler.DeviceStateSampler(device)``; None: not sampled).
         strategy: "plan" (the default) or "equal" (``STRATEGIES``).
+        allow_workload_mismatch: run a plan made for another model, or solved from another profile than
+            ``profile``, with a warning instead of the refusal (runtime.workload; `planner train
+            --allow-workload-mismatch`).  Another device, host or core count is only warned either way.
 
     The plan's DDP settings (``plan.meta["ddp"]``) are checked here: a bad one is refused before any collective.
     """
@@ -107,7 +111,8 @@ class PlannedRun:
                  replan: bool = False, replan_threshold: float = 0.05, log_file: str | os.PathLike[str] | None = None,
                  seed: int = 0, shuffle: bool = True, drop_last: bool = False, warmup_steps: int = 2,
                  compress: str = "none", quiet: bool = False, device_state: DeviceStateSource | None = None,
-                 replan_smoothing: float | None = None, strategy: str = "plan") -> None:
+                 replan_smoothing: float | None = None, strategy: str = "plan",
+                 allow_workload_mismatch: bool = False) -> None:
         self.plan = _load_plan(plan)
         # Files the run reads: the run log must never be one of them (writing it would destroy the plan).
         self._inputs = {"plan": None if isinstance(plan, Plan) else os.fspath(plan),
@@ -129,6 +134,8 @@ class PlannedRun:
         if self.profile is not None and self.profile.world_size != self.plan.world_size:
             raise ValidationError(f"the plan has {self.plan.world_size} ranks but the profile "
                                   f"{self.profile.world_size}; re-plan on this profile")
+        # What the plan was made for (model, profile, machine) against this run: refused or warned at start.
+        self._workload = WorkloadCheck(self.plan, self.profile, allow=allow_workload_mismatch)
         self.replan = replan and strategy == "plan"
         self.replan_threshold = replan_threshold
         self.replan_smoothing = replan_smoothing
@@ -202,6 +209,7 @@ class PlannedRun:
                             settings={"compress": self.compress, "plan.meta.ddp": self._ddp_kwargs,
                                       "shuffle": self.shuffle, "drop_last": self.drop_last,
                                       "min_batch": low, "strategy": self.strategy, **(settings or {})})
+        self._workload.check_ranks(self.rank, device)  # collective: one warning line on rank 0
         self.dataset_len = dataset_len
         if self.strategy == "equal":
             indices: Any = range(dataset_len)  # DistributedSampler only needs len()
@@ -275,6 +283,7 @@ class PlannedRun:
                                   "device) first")
         if "compress" in kwargs:
             raise ValidationError("run.register_weighting: the compression is the run's (PlannedRun(compress=...))")
+        self._workload.check_model(ddp_model)
         self._weighting = register_weighted_hook(ddp_model, self.sampler, compress=self.compress, **kwargs)
         return self._weighting
 
@@ -292,6 +301,7 @@ class PlannedRun:
         if id(model) in self._watched:
             return
         self._watched.add(id(model))
+        self._workload.check_model(model)  # the model the plan was made for: another one is refused
         min_batch = check_batchnorm(model, self.plan.min_batch)
         low = min(self.plan.batch_sizes)
         if low < min_batch:

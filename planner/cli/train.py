@@ -201,7 +201,10 @@ def setup(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None, w
     # Every re-plan solves under the plan's own options (headroom, worker limits...): the Replanner's default.
     planned = PlannedRun(plan, profile=profile, replan=cfg.replan and profile is not None,
                          replan_threshold=cfg.replan_threshold, replan_smoothing=cfg.replan_smoothing, seed=cfg.seed,
-                         compress=cfg.grad_compress, quiet=cfg.quiet, strategy=cfg.strategy)
+                         compress=cfg.grad_compress, quiet=cfg.quiet, strategy=cfg.strategy,
+                         # planner train refused a plan or profile made for another workload itself (check_workload,
+                         # unless --allow-workload-mismatch): here the devices and hosts are compared, and warned.
+                         allow_workload_mismatch=True)
     planned.follows_workers = True  # rank_loader rebuilds the loader with the plan's workers
     planned.sampler_for(dataset_len, device, min_batch=min_batch, settings=cfg.agreed_settings(), open_log=False)
     hetero = planned.sampler

@@ -61,7 +61,7 @@ def planned_dataloader(accelerator: Any, plan: Plan | str | os.PathLike[str], da
                        replan: bool = False, replan_threshold: float = 0.05,
                        log_file: str | os.PathLike[str] | None = None, seed: int = 0, shuffle: bool | None = None,
                        drop_last: bool = False, epochs: int | None = None, num_workers: int | None = None,
-                       quiet: bool = False, **loader_kwargs: Any) -> Any:
+                       quiet: bool = False, allow_workload_mismatch: bool = False, **loader_kwargs: Any) -> Any:
     """This rank's planned DataLoader for an ``Accelerator`` (collective: every process calls it).
 
     Args:
@@ -73,7 +73,8 @@ def planned_dataloader(accelerator: Any, plan: Plan | str | os.PathLike[str], da
         shuffle: required, as the DataLoader this call replaces had it (``DataLoader``'s default is False):
             True draws each epoch's order from ``seed + epoch``, False keeps the dataset's order.  The planned
             loader cannot see the loader it replaces, so it does not guess.
-        profile, replan, replan_threshold, log_file, seed, drop_last, quiet: see runtime.run.PlannedRun.
+        profile, replan, replan_threshold, log_file, seed, drop_last, quiet, allow_workload_mismatch: see
+            runtime.run.PlannedRun.
         epochs: the number of epochs, when known: the last epoch end writes the run log's end record and skips the
             (useless) re-plan.
         num_workers: loader workers (default: the plan's for this rank).
@@ -90,7 +91,8 @@ def planned_dataloader(accelerator: Any, plan: Plan | str | os.PathLike[str], da
         raise ValidationError("planned_dataloader: pass shuffle=True or shuffle=False, as the DataLoader it replaces "
                               "had it (DataLoader's default is False): the planned loader cannot see yours")
     run = PlannedRun(plan, profile=profile, replan=replan, replan_threshold=replan_threshold, log_file=log_file,
-                     seed=seed, shuffle=shuffle, drop_last=drop_last, quiet=quiet)
+                     seed=seed, shuffle=shuffle, drop_last=drop_last, quiet=quiet,
+                     allow_workload_mismatch=allow_workload_mismatch)
     sampler = run.sampler_for(len(dataset), accelerator.device)
     apply_ddp_settings(accelerator, run.ddp_kwargs(), model)
     if model is not None:

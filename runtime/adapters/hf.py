@@ -208,13 +208,14 @@ def planned_trainer(plan: Plan | str | os.PathLike[str], *, trainer_cls: type[An
                     profile: Profile | str | os.PathLike[str] | None = None, replan: bool = False,
                     replan_threshold: float = 0.05, log_file: str | os.PathLike[str] | None = None,
                     count_tokens: CountTokens | None = None, num_workers: int | None = None, quiet: bool = False,
-                    **trainer_kwargs: Any) -> Any:
+                    allow_workload_mismatch: bool = False, **trainer_kwargs: Any) -> Any:
     """``trainer_cls(**trainer_kwargs)`` (default ``transformers.Trainer``) training on the plan (module docstring).
 
     Args:
         plan: Plan or plan JSON path, the same on every rank.
         trainer_cls: the Trainer class to build (``Trainer`` or a subclass of it).
-        profile, replan, replan_threshold, log_file, quiet: see runtime.run.PlannedRun (the shuffle seed is the
+        profile, replan, replan_threshold, log_file, quiet, allow_workload_mismatch: see runtime.run.PlannedRun (the
+            model the Trainer trains is compared with the plan's when the loader is built; the shuffle seed is the
             TrainingArguments' ``data_seed``, else ``seed``; the order follows its ``train_sampling_strategy``:
             ``trainer_shuffles``).
         count_tokens: ``count_tokens(batch)`` -> the tokens the batch's mean loss averages over (default: labels !=
@@ -233,7 +234,8 @@ def planned_trainer(plan: Plan | str | os.PathLike[str], *, trainer_cls: type[An
     seed = 0 if args is None else (args.data_seed if args.data_seed is not None else args.seed)
     drop_last = bool(getattr(args, "dataloader_drop_last", False))
     run = PlannedRun(plan, profile=profile, replan=replan, replan_threshold=replan_threshold, log_file=log_file,
-                     seed=seed, shuffle=trainer_shuffles(args), drop_last=drop_last, quiet=quiet)
+                     seed=seed, shuffle=trainer_shuffles(args), drop_last=drop_last, quiet=quiet,
+                     allow_workload_mismatch=allow_workload_mismatch)
     planned_cls = type(f"Planned{cls.__name__}", (_PlannedTrainerMixin, cls), {})
     trainer = planned_cls(**trainer_kwargs)
     trainer._init_planned(run, count_tokens, None if num_workers is None else int(num_workers))

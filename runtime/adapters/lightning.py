@@ -82,7 +82,8 @@ class LightningPlan:
         shuffle: None (default) follows the training DataLoader Lightning hands the strategy: a loader made with
             ``shuffle=False`` (a ``SequentialSampler``) keeps the dataset's order, ``shuffle=True`` draws each
             epoch's order from ``seed + epoch``; a sampler that says neither is refused unless you pass True/False.
-        profile, replan, replan_threshold, log_file, seed, drop_last, quiet: see runtime.run.PlannedRun.
+        profile, replan, replan_threshold, log_file, seed, drop_last, quiet, allow_workload_mismatch: see
+            runtime.run.PlannedRun.
         num_workers: the training loader's workers: "plan" (the plan's, default), "loader" (your DataLoader's), or
             a number.
         package: "lightning.pytorch" or "pytorch_lightning" (default: the one your script imported).
@@ -94,12 +95,14 @@ class LightningPlan:
     def __init__(self, plan: Plan | str | os.PathLike[str], *, profile: Profile | str | os.PathLike[str] | None = None,
                  replan: bool = False, replan_threshold: float = 0.05, log_file: str | os.PathLike[str] | None = None,
                  seed: int = 0, shuffle: bool | None = None, drop_last: bool = False, num_workers: int | str = "plan",
-                 package: str | None = None, quiet: bool = False, **strategy_kwargs: Any) -> None:
+                 package: str | None = None, quiet: bool = False, allow_workload_mismatch: bool = False,
+                 **strategy_kwargs: Any) -> None:
         if not (num_workers in ("plan", "loader") or (isinstance(num_workers, int) and num_workers >= 0)):
             raise ValidationError(f"num_workers must be 'plan', 'loader' or an integer >= 0, got {num_workers!r}")
         strategy_cls, callback_cls = _classes(lightning_package(package))
         self.run = PlannedRun(plan, profile=profile, replan=replan, replan_threshold=replan_threshold,
-                              log_file=log_file, seed=seed, shuffle=bool(shuffle), drop_last=drop_last, quiet=quiet)
+                              log_file=log_file, seed=seed, shuffle=bool(shuffle), drop_last=drop_last, quiet=quiet,
+                              allow_workload_mismatch=allow_workload_mismatch)
         self.shuffle = shuffle
         """As given: None follows the training DataLoader (``loader_shuffles``) when the planned loader is built."""
         self.num_workers = num_workers

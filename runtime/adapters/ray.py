@@ -144,7 +144,8 @@ class RayPlan:
         shuffle: required, as the DataLoader this replaces had it: True draws each epoch's order from
             ``seed + epoch``, False keeps the dataset's order (the planned loader cannot see yours, so it does not
             guess).
-        replan, replan_threshold, log_file, seed, drop_last, quiet: see runtime.run.PlannedRun.
+        replan, replan_threshold, log_file, seed, drop_last, quiet, allow_workload_mismatch: see
+            runtime.run.PlannedRun.
     """
 
     def __init__(self, plan: Plan | str | os.PathLike[str] | None = None, *,
@@ -152,7 +153,8 @@ class RayPlan:
                  profile_fn: Callable[[], Profile] | None = None, global_batch: int | None = None,
                  options: SolveOptions | None = None, min_batch: int = 1, replan: bool = False,
                  replan_threshold: float = 0.05, log_file: str | os.PathLike[str] | None = None, seed: int = 0,
-                 shuffle: bool | None = None, drop_last: bool = False, quiet: bool = False) -> None:
+                 shuffle: bool | None = None, drop_last: bool = False, quiet: bool = False,
+                 allow_workload_mismatch: bool = False) -> None:
         if shuffle is None:
             raise ValidationError("RayPlan: pass shuffle=True or shuffle=False, as the DataLoader it replaces had it "
                                   "(DataLoader's default is False): the planned loader cannot see yours")
@@ -188,7 +190,8 @@ class RayPlan:
                 self.replanned_for_world = self.world_size
             loaded = Plan.from_dict(decide_on_rank0(decide), path="world rank 0's plan")
         self.run = PlannedRun(loaded, profile=profile, replan=replan, replan_threshold=replan_threshold,
-                              log_file=log_file, seed=seed, shuffle=shuffle, drop_last=drop_last, quiet=quiet)
+                              log_file=log_file, seed=seed, shuffle=shuffle, drop_last=drop_last, quiet=quiet,
+                              allow_workload_mismatch=allow_workload_mismatch)
 
     @property
     def plan(self) -> Plan:
