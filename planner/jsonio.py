@@ -1,7 +1,16 @@
-"""Strict JSON reading with field paths in every message, canonical dumps, fingerprints, atomic writes.
+"""Strict, bounded JSON reading with field paths in every message, canonical dumps, fingerprints, atomic writes.
 
 Every reader takes the value and its path ("profile.ranks[1].compute[0].step_time_s") so a user sees which field
 is wrong, what it holds, and what would be right.
+
+One loader for every file type (profile, plan, run log) that `validate`, `plan`, `report` and `train` read, so they
+accept and refuse the same files: a file of at most ``MAX_FILE_BYTES`` (``MAX_RUN_LOG_BYTES`` for run logs), a
+regular file, UTF-8, strict JSON (``loads_strict``), and then ``check_values`` over everything in it: finite
+numbers, none below the smallest normal double, integers within int64, strings of at most ``MAX_TEXT_CHARS``
+that are valid Unicode (no lone surrogate).  The field readers (``as_str``, ``as_int``, ``as_num``) then bound each
+field by what it means: a name at most ``MAX_NAME_CHARS``, a core count, a time.  Unbounded, a 10 MB device name
+made `report` run for minutes and 4.6 GB, a step time of 1e-320 divided to infinity, ``cpu_cores: 10**19``
+overflowed a C long, and a lone surrogate in a name failed deep inside matplotlib.
 """
 
 from __future__ import annotations
@@ -11,19 +20,37 @@ import json
 import math
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from planner.errors import ValidationError
+from planner.shown import shown as _show
 
 JSONDict = dict[str, Any]
 
-
-def _show(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else str(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+MAX_FILE_BYTES = 64 * 2**20
+"""Largest profile or plan file read (64 MiB; a 64-rank profile with device states is well under 1 MiB): a larger
+one is refused before it is read, so no file makes a command hold gigabytes."""
+MAX_RUN_LOG_BYTES = 256 * 2**20
+"""Largest run log read (256 MiB: thousands of epochs of hundreds of ranks)."""
+MAX_TEXT_CHARS = 4096
+"""Longest string anywhere in our files (keys, reasons, free-form meta included); the longest any writer of ours
+produces is a re-plan reason of about 500."""
+MAX_NAME_CHARS = 256
+"""Longest name (device, host, model, backend): what a table row, a plot label and a terminal line can show."""
+MAX_WORLD_SIZE = 65_536
+"""Most ranks a profile, plan or run log may describe (the largest DDP jobs run thousands)."""
+MAX_CPU_CORES = 65_536
+"""Most CPU cores a host may report (the largest single hosts have a few thousand hardware threads)."""
+MAX_TIME_S = 1e6
+"""Longest step time (or loader seconds per sample) accepted, about 11.6 days: larger is not a measurement, and
+1.7e308 passed every check and then overflowed the solver's arithmetic to inf."""
+MIN_TIME_S = 1e-9
+"""Shortest nonzero time accepted (1 ns): no step or sample takes less, and a step of 1e-320 s made the report's
+throughput (batch / time) infinite."""
 
 
 def as_obj(value: Any, path: str, *, required: tuple[str, ...] = (), allowed: tuple[str, ...] = ()) -> JSONDict:
@@ -37,27 +64,32 @@ def as_obj(value: Any, path: str, *, required: tuple[str, ...] = (), allowed: tu
     unknown = sorted(k for k in value if k not in known)
     if unknown:
         raise ValidationError(
-            f"{path}: unknown field {unknown[0]!r} (known: {', '.join(sorted(known))}); "
+            f"{path}: unknown field {_show(unknown[0])} (known: {', '.join(sorted(known))}); "
             "put free-form data under 'meta'"
         )
     return value
 
 
-def as_list(value: Any, path: str, *, non_empty: bool = False) -> list[Any]:
+def as_list(value: Any, path: str, *, non_empty: bool = False, max_items: int | None = None) -> list[Any]:
     if not isinstance(value, list):
         raise ValidationError(f"{path}: expected a list, got {type(value).__name__} {_show(value)}")
     if non_empty and not value:
         raise ValidationError(f"{path}: must not be empty")
+    if max_items is not None and len(value) > max_items:
+        raise ValidationError(f"{path}: {len(value):,} entries, more than the {max_items:,} allowed")
     return value
 
 
-def as_str(value: Any, path: str) -> str:
+def as_str(value: Any, path: str, *, max_chars: int = MAX_NAME_CHARS) -> str:
+    """A non-empty string of at most ``max_chars`` (a name by default)."""
     if not isinstance(value, str) or not value:
         raise ValidationError(f"{path}: expected a non-empty string, got {_show(value)}")
+    if len(value) > max_chars:
+        raise ValidationError(f"{path}: {_show(value)} is longer than {max_chars:,} characters; shorten it")
     return value
 
 
-def as_int(value: Any, path: str, *, min_value: int | None = None) -> int:
+def as_int(value: Any, path: str, *, min_value: int | None = None, max_value: int | None = None) -> int:
     # bool is an int subclass in Python; "true" is never a batch size.
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, float) and value.is_integer():
@@ -66,10 +98,13 @@ def as_int(value: Any, path: str, *, min_value: int | None = None) -> int:
             raise ValidationError(f"{path}: expected an integer, got {_show(value)}")
     if min_value is not None and value < min_value:
         raise ValidationError(f"{path}: must be >= {min_value}, got {value}")
+    if max_value is not None and value > max_value:
+        raise ValidationError(f"{path}: must be <= {max_value:,}, got {value:,}")
     return int(value)
 
 
-def as_num(value: Any, path: str, *, positive: bool = False, non_negative: bool = False) -> float:
+def as_num(value: Any, path: str, *, positive: bool = False, non_negative: bool = False,
+           max_value: float | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValidationError(f"{path}: expected a number, got {_show(value)}")
     x = float(value)
@@ -79,6 +114,20 @@ def as_num(value: Any, path: str, *, positive: bool = False, non_negative: bool 
         raise ValidationError(f"{path}: must be > 0, got {_show(value)}")
     if non_negative and x < 0:
         raise ValidationError(f"{path}: must be >= 0, got {_show(value)}")
+    if max_value is not None and x > max_value:
+        raise ValidationError(f"{path}: must be <= {max_value:g}, got {x:g}")
+    return x
+
+
+def as_seconds(value: Any, path: str, *, positive: bool = False) -> float:
+    """A time field: a finite number of seconds, > 0 (``positive``) or >= 0, at most MAX_TIME_S and, when not 0, at
+    least MIN_TIME_S."""
+    x = as_num(value, path, positive=positive, non_negative=not positive)
+    if x > MAX_TIME_S:
+        raise ValidationError(f"{path} is {x:g} s, more than {MAX_TIME_S:g} s (11.6 days): not a measurement; "
+                              "re-measure")
+    if 0 < x < MIN_TIME_S:
+        raise ValidationError(f"{path} is {x:g} s, less than {MIN_TIME_S:g} s: not a measurement; re-measure")
     return x
 
 
@@ -125,21 +174,53 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> JSONDict:
     return out
 
 
+INT64_MAX = 2**63 - 1
+"""Largest integer magnitude in our files: numpy, torch and C longs hold every count, size and byte total in int64."""
+SMALLEST_NORMAL = sys.float_info.min
+"""Smallest normal double (2.2e-308): a nonzero number below it (1e-320) is no measurement, and dividing by it
+gives infinity."""
+
+
+def _check_text(text: str, where: str) -> None:
+    if len(text) > MAX_TEXT_CHARS:
+        raise ValidationError(f"{where}: {_show(text)} is longer than {MAX_TEXT_CHARS:,} characters; no file of "
+                              "ours holds one that long")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate: JSON's "\ud800" escape decodes to one
+            raise ValidationError(f"{where}: {_show(text)} holds {text[e.start]!a} at character {e.start + 1}, "
+                                  "half of a UTF-16 pair: not valid Unicode; fix the text") from None
+
+
 def check_values(data: Any, path: str) -> None:
-    """Refuse, naming the field, a number no file of ours holds: NaN, Infinity or a literal beyond float range
-    (1e400 reads as infinity), or an integer longer than MAX_INT_DIGITS."""
+    """Refuse, naming the field, what no file of ours holds: NaN, Infinity or a literal beyond float range (1e400
+    reads as infinity), a nonzero number below the smallest normal double, an integer longer than MAX_INT_DIGITS
+    or beyond int64, a string (key or value) longer than MAX_TEXT_CHARS or not valid Unicode."""
     stack = [(data, path)]
     while stack:
         value, where = stack.pop()
         if isinstance(value, dict):
-            stack.extend((v, f"{where}.{k}") for k, v in value.items())
+            for k in value:
+                _check_text(k, f"{where} (a key)")
+            stack.extend((v, f"{where}.{k if len(k) <= 40 else k[:37] + '...'}") for k, v in value.items())
         elif isinstance(value, list):
             stack.extend((v, f"{where}[{i}]") for i, v in enumerate(value))
+        elif isinstance(value, str):
+            _check_text(value, where)
         elif isinstance(value, _LongInt):
             raise ValidationError(f"{where}: an integer of {int(value)} digits (at most {MAX_INT_DIGITS} are read)")
+        elif isinstance(value, bool):
+            continue
+        elif isinstance(value, int) and not -INT64_MAX <= value <= INT64_MAX:
+            raise ValidationError(f"{where}: {value} is beyond the 64-bit integer range (at most 2**63 - 1 = "
+                                  f"{INT64_MAX:,})")
         elif isinstance(value, float) and not math.isfinite(value):
             raise ValidationError(f"{where}: must be a finite number, got {value} (NaN and infinity never reach "
                                   "the solver; a literal like 1e400 reads as infinity)")
+        elif isinstance(value, float) and value != 0 and abs(value) < SMALLEST_NORMAL:
+            raise ValidationError(f"{where}: {value!r} is below the smallest normal number ({SMALLEST_NORMAL:.3g}); "
+                                  "no measurement is that small (write 0 or re-measure)")
 
 
 def loads_strict(text: str, path: str) -> Any:
@@ -151,15 +232,35 @@ def loads_strict(text: str, path: str) -> Any:
     return data
 
 
-def read_json(path: str | os.PathLike[str], what: str) -> Any:
-    """Read a JSON file, turning every I/O and syntax problem into a one-line ValidationError."""
+def read_text_bounded(path: str | os.PathLike[str], what: str, *, limit: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of a regular file of at most ``limit`` bytes, every problem a one-line ValidationError: a
+    missing, unreadable, non-UTF-8 or larger file, or a FIFO or device (reading one would wait or never end)."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with open(p, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ValidationError(f"{what} file {p} is not a regular file; give the file itself")
+            if st.st_size > limit:
+                raise ValidationError(f"{what} file {p} is {st.st_size:,} bytes, more than the {limit:,} read; "
+                                      "no file of ours is that large")
+            data = f.read(limit + 1)  # the size was read before: a file growing meanwhile is cut here
     except FileNotFoundError:
         raise ValidationError(f"{what} file not found: {p}") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise ValidationError(f"cannot read {what} file {p}: {e}") from None
+    if len(data) > limit:
+        raise ValidationError(f"{what} file {p} grew past {limit:,} bytes while it was read")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValidationError(f"cannot read {what} file {p}: {e}") from None
+
+
+def read_json(path: str | os.PathLike[str], what: str) -> Any:
+    """Read a JSON file (``read_text_bounded``, ``loads_strict``), every problem a one-line ValidationError."""
+    p = Path(path)
+    text = read_text_bounded(p, what)
     try:
         return loads_strict(text, what)
     except ValidationError as e:

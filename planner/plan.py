@@ -19,13 +19,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from planner.argcheck import MAX_COUNT
+from planner.ddp_settings import ddp_settings_from
 from planner.errors import ValidationError
 from planner.jsonio import (
+    MAX_WORLD_SIZE,
     JSONDict,
     as_int,
     as_list,
     as_num,
     as_obj,
+    as_seconds,
     as_str,
     check_header,
     fingerprint,
@@ -35,6 +39,7 @@ from planner.jsonio import (
 )
 from planner.launchenv import check_launch_env
 from planner.options import MODES, SolveOptions
+from planner.shown import shown
 
 PLAN_VERSION = 1
 MAX_LOADER_WORKERS = 1024
@@ -326,7 +331,8 @@ class Plan:
             allowed=("min_batch", "solver", "meta", "mode", "launch_env", "made_for"),
         )
         ranks = tuple(
-            _rank_from(r, f"{path}.ranks[{i}]") for i, r in enumerate(as_list(d["ranks"], f"{path}.ranks", non_empty=True))
+            _rank_from(r, f"{path}.ranks[{i}]") for i, r in enumerate(as_list(d["ranks"], f"{path}.ranks", non_empty=True,
+                                                                                max_items=MAX_WORLD_SIZE))
         )
         pp = f"{path}.predicted"
         pd = as_obj(
@@ -337,15 +343,16 @@ class Plan:
         )
         est = opt(pd, "equal_split_step_time_s")
         predicted = Predicted(
-            step_time_s=as_num(pd["step_time_s"], f"{pp}.step_time_s", positive=True),
+            step_time_s=as_seconds(pd["step_time_s"], f"{pp}.step_time_s", positive=True),
             samples_per_s=as_num(pd["samples_per_s"], f"{pp}.samples_per_s", positive=True),
             equal_split_samples_per_s=as_num(pd["equal_split_samples_per_s"], f"{pp}.equal_split_samples_per_s", non_negative=True),
             ideal_samples_per_s=as_num(pd["ideal_samples_per_s"], f"{pp}.ideal_samples_per_s", positive=True),
-            equal_split_step_time_s=None if est is None else as_num(est, f"{pp}.equal_split_step_time_s", non_negative=True),
-            comm_s=as_num(pd.get("comm_s", 0.0), f"{pp}.comm_s", non_negative=True),
+            equal_split_step_time_s=None if est is None else as_seconds(est, f"{pp}.equal_split_step_time_s"),
+            comm_s=as_seconds(pd.get("comm_s", 0.0), f"{pp}.comm_s"),
         )
         solver = as_obj(d["solver"], f"{path}.solver", allowed=tuple(d["solver"])) if opt(d, "solver") is not None else {}
         meta = as_obj(d["meta"], f"{path}.meta", allowed=tuple(d["meta"])) if opt(d, "meta") is not None else {}
+        ddp_settings_from(meta)  # applied by train and every loop, so refused here: validate says what they would
         mode = as_str(d.get("mode", "ddp"), f"{path}.mode")
         launch_env = {}
         if opt(d, "launch_env") is not None:
@@ -354,9 +361,9 @@ class Plan:
         if mode not in MODES:
             raise ValidationError(f"{path}.mode: {mode!r} is not one of {', '.join(MODES)}")
         plan = cls(
-            world_size=as_int(d["world_size"], f"{path}.world_size", min_value=1),
-            global_batch=as_int(d["global_batch"], f"{path}.global_batch", min_value=1),
-            min_batch=as_int(d.get("min_batch", 1), f"{path}.min_batch", min_value=1),
+            world_size=as_int(d["world_size"], f"{path}.world_size", min_value=1, max_value=MAX_WORLD_SIZE),
+            global_batch=as_int(d["global_batch"], f"{path}.global_batch", min_value=1, max_value=MAX_COUNT),
+            min_batch=as_int(d.get("min_batch", 1), f"{path}.min_batch", min_value=1, max_value=MAX_COUNT),
             ranks=ranks,
             predicted=predicted,
             solver=solver,
@@ -382,6 +389,12 @@ class Plan:
         write_json_atomic(path, self.to_dict())
 
 
+def _name(d: Mapping[str, Any], key: str, path: str) -> str:
+    """An optional name of a plan rank (device, host): "" when absent, else a name as ``as_str`` bounds it."""
+    v = d.get(key)
+    return "" if v is None or v == "" else as_str(v, f"{path}.{key}")
+
+
 def _rank_from(v: Any, path: str) -> RankPlan:
     d = as_obj(
         v,
@@ -394,25 +407,27 @@ def _rank_from(v: Any, path: str) -> RankPlan:
         raise ValidationError(f"{path}: give both micro_batch_size and accumulation_steps, or neither (one micro-step)")
     bottleneck = d["bottleneck"]
     if bottleneck not in BOTTLENECKS:
-        raise ValidationError(f"{path}.bottleneck: {bottleneck!r} is not one of {', '.join(BOTTLENECKS)}")
+        raise ValidationError(f"{path}.bottleneck: {shown(bottleneck)} is not one of {', '.join(BOTTLENECKS)}")
     mb, pc, pl = opt(d, "max_batch_size"), opt(d, "predicted_compute_s"), opt(d, "predicted_loader_s")
     pb = opt(d, "predicted_busy_s")
     given = "micro_batch_size" in d
     fields: JSONDict = {
         "rank": as_int(d["rank"], f"{path}.rank", min_value=0),
-        "batch_size": as_int(d["batch_size"], f"{path}.batch_size", min_value=1),
+        "batch_size": as_int(d["batch_size"], f"{path}.batch_size", min_value=1, max_value=MAX_COUNT),
         "share": as_num(d["share"], f"{path}.share", non_negative=True),
         "num_workers": as_int(d["num_workers"], f"{path}.num_workers", min_value=0),
-        "predicted_step_time_s": as_num(d["predicted_step_time_s"], f"{path}.predicted_step_time_s", non_negative=True),
+        "predicted_step_time_s": as_seconds(d["predicted_step_time_s"], f"{path}.predicted_step_time_s"),
         "bottleneck": bottleneck,
-        "device": str(d.get("device", "")),
-        "host": str(d.get("host", "")),
-        "max_batch_size": None if mb is None else as_int(mb, f"{path}.max_batch_size", min_value=1),
-        "predicted_compute_s": None if pc is None else as_num(pc, f"{path}.predicted_compute_s", non_negative=True),
-        "predicted_loader_s": None if pl is None else as_num(pl, f"{path}.predicted_loader_s", non_negative=True),
-        "predicted_busy_s": None if pb is None else as_num(pb, f"{path}.predicted_busy_s", non_negative=True),
-        "accumulation_steps": as_int(d.get("accumulation_steps", 1), f"{path}.accumulation_steps", min_value=1),
-        "micro_batch_size": as_int(d["micro_batch_size"], f"{path}.micro_batch_size", min_value=1) if given else 0,
+        "device": _name(d, "device", path),
+        "host": _name(d, "host", path),
+        "max_batch_size": None if mb is None else as_int(mb, f"{path}.max_batch_size", min_value=1, max_value=MAX_COUNT),
+        "predicted_compute_s": None if pc is None else as_seconds(pc, f"{path}.predicted_compute_s"),
+        "predicted_loader_s": None if pl is None else as_seconds(pl, f"{path}.predicted_loader_s"),
+        "predicted_busy_s": None if pb is None else as_seconds(pb, f"{path}.predicted_busy_s"),
+        "accumulation_steps": as_int(d.get("accumulation_steps", 1), f"{path}.accumulation_steps", min_value=1,
+                                     max_value=MAX_COUNT),
+        "micro_batch_size": as_int(d["micro_batch_size"], f"{path}.micro_batch_size", min_value=1,
+                                   max_value=MAX_COUNT) if given else 0,
     }
     try:
         r = RankPlan(**fields)

@@ -16,6 +16,10 @@ from typing import Any
 from planner.devstate import DeviceState
 from planner.errors import ValidationError
 from planner.jsonio import (
+    MAX_CPU_CORES,
+    MAX_TIME_S,
+    MAX_WORLD_SIZE,
+    MIN_TIME_S,
     JSONDict,
     as_int,
     as_list,
@@ -33,9 +37,6 @@ from planner.launchenv import check_launch_env
 PROFILE_VERSION = 1
 
 
-MAX_TIME_S = 1e6
-"""Longest step time (or loader seconds per sample) accepted, about 11.6 days: larger is not a measurement, and
-1.7e308 passed every check and then overflowed the solver's arithmetic to inf."""
 
 
 def _check_finite(value: float, what: str, *, positive: bool) -> None:
@@ -46,6 +47,8 @@ def _check_finite(value: float, what: str, *, positive: bool) -> None:
     if value > MAX_TIME_S:
         raise ValidationError(f"{what} is {value:g} s, more than {MAX_TIME_S:g} s (11.6 days): not a measurement; "
                               "re-measure")
+    if 0 < value < MIN_TIME_S:
+        raise ValidationError(f"{what} is {value:g} s, less than {MIN_TIME_S:g} s: not a measurement; re-measure")
 
 
 def _time(value: Any, path: str, *, positive: bool) -> float:
@@ -292,7 +295,8 @@ class Profile:
         d = as_obj(data, path, required=("version", "kind", "hosts", "ranks"), allowed=("model", "comm", "meta"))
         hosts = tuple(_host_from(h, f"{path}.hosts[{i}]") for i, h in enumerate(as_list(d["hosts"], f"{path}.hosts")))
         ranks = tuple(
-            _rank_from(r, f"{path}.ranks[{i}]") for i, r in enumerate(as_list(d["ranks"], f"{path}.ranks", non_empty=True))
+            _rank_from(r, f"{path}.ranks[{i}]") for i, r in enumerate(as_list(d["ranks"], f"{path}.ranks", non_empty=True,
+                                                                                max_items=MAX_WORLD_SIZE))
         )
         model = _model_from(d["model"], f"{path}.model") if opt(d, "model") is not None else None
         comm = _comm_from(d["comm"], f"{path}.comm") if opt(d, "comm") is not None else None
@@ -385,7 +389,7 @@ def _host_from(v: Any, path: str) -> HostProfile:
     mem = opt(d, "memory_bytes")
     return HostProfile(
         name=as_str(d["name"], f"{path}.name"),
-        cpu_cores=as_int(d["cpu_cores"], f"{path}.cpu_cores", min_value=1),
+        cpu_cores=as_int(d["cpu_cores"], f"{path}.cpu_cores", min_value=1, max_value=MAX_CPU_CORES),
         memory_bytes=None if mem is None else as_int(mem, f"{path}.memory_bytes", min_value=0),
     )
 

@@ -37,10 +37,20 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from planner.argcheck import MAX_COUNT
 from planner.devstate import DeviceState
 from planner.errors import ValidationError
-from planner.jsonio import JSONDict, loads_strict
+from planner.jsonio import (
+    INT64_MAX,
+    MAX_RUN_LOG_BYTES,
+    MAX_TIME_S,
+    MAX_WORLD_SIZE,
+    JSONDict,
+    loads_strict,
+    read_text_bounded,
+)
 from planner.plan import Plan
+from planner.shown import shown
 from planner.stats import StepStats
 
 RUNLOG_VERSION = 1
@@ -233,6 +243,10 @@ class ResizeRecord:
                 "plan": self.plan.to_dict() if self.plan is not None else None}
 
 
+INTERRUPTED = "interrupted"
+"""The end record's reason for a run stopped by Ctrl-C or SIGTERM (`planner train`): `validate` calls it interrupted."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EndRecord:
     time: float
@@ -372,40 +386,57 @@ class RunLog:
                 if i == 0 or e.plan_fingerprint != self.epochs[i - 1].plan_fingerprint}
 
 
-def _num(d: Mapping[str, Any], key: str, where: str) -> float | None:
+def _num(d: Mapping[str, Any], key: str, where: str, *, non_negative: bool = False,
+         max_value: float | None = None) -> float | None:
     v = d.get(key)
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValidationError(f"{where}: '{key}' must be a number or null, got {v!r}")
+        raise ValidationError(f"{where}: '{key}' must be a number or null, got {shown(v)}")
+    if non_negative and v < 0:
+        raise ValidationError(f"{where}: '{key}' must be >= 0, got {v:g}; not a run log this planner wrote")
+    if max_value is not None and v > max_value:
+        raise ValidationError(f"{where}: '{key}' must be <= {max_value:g}, got {v:g}; not a run log this "
+                              "planner wrote")
     return float(v)
 
 
-def _int(d: Mapping[str, Any], key: str, where: str, default: int | None = None) -> int:
+def _int(d: Mapping[str, Any], key: str, where: str, default: int | None = None, *, lo: int = 0,
+         hi: int = MAX_COUNT) -> int:
+    """An integer field in [lo, hi] (counts, epochs, steps: never negative, at most MAX_COUNT by default)."""
     v = d.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int):
-        raise ValidationError(f"{where}: '{key}' must be an integer, got {v!r}")
+        raise ValidationError(f"{where}: '{key}' must be an integer, got {shown(v)}")
+    if not lo <= v <= hi:
+        raise ValidationError(f"{where}: '{key}' must be in {lo:,}..{hi:,}, got {v:,}; not a run log this planner "
+                              "wrote")
     return v
 
 
-def _opt_int(d: Mapping[str, Any], key: str, where: str) -> int | None:
-    return None if d.get(key) is None else _int(d, key, where)
+def _opt_int(d: Mapping[str, Any], key: str, where: str, *, lo: int = 0, hi: int = MAX_COUNT) -> int | None:
+    return None if d.get(key) is None else _int(d, key, where, lo=lo, hi=hi)
 
 
 def _nums(v: Any, key: str, where: str) -> tuple[float | None, ...]:
+    """A per-rank list of times: numbers >= 0 (null: not measured), one per rank at most."""
     if v is None:
         return ()
-    if not isinstance(v, list) or not all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))
-                                          for x in v):
-        raise ValidationError(f"{where}: '{key}' must be a list of numbers")
+    if not isinstance(v, list) or len(v) > MAX_WORLD_SIZE \
+            or not all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= MAX_TIME_S)
+                       for x in v):
+        raise ValidationError(f"{where}: '{key}' must be a list of at most {MAX_WORLD_SIZE:,} times in seconds "
+                              f"(numbers in 0..{MAX_TIME_S:g}, or null), got {shown(v)}")
     return tuple(None if x is None else float(x) for x in v)
 
 
 def _ints(v: Any, key: str, where: str) -> tuple[int, ...]:
+    """A per-rank list of batch sizes: integers in 0..MAX_COUNT, one per rank at most."""
     if v is None:
         return ()
-    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-        raise ValidationError(f"{where}: '{key}' must be a list of integers")
+    if not isinstance(v, list) or len(v) > MAX_WORLD_SIZE \
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_COUNT for x in v):
+        raise ValidationError(f"{where}: '{key}' must be a list of at most {MAX_WORLD_SIZE:,} integers in "
+                              f"0..{MAX_COUNT:,}, got {shown(v)}")
     return tuple(v)
 
 
@@ -469,10 +500,11 @@ def parse_record(d: Mapping[str, Any], where: str = "record", *, strict_plans: b
     """One line's record; None for an event kind this version does not know (ignored by design)."""
     kind = d.get("event")
     if kind == "start":
-        start = StartRecord(time=_num(d, "time", where) or 0.0, world_size=_opt_int(d, "world_size", where),
-                            global_batch=_opt_int(d, "global_batch", where), strategy=str(d.get("strategy", "plan")),
+        start = StartRecord(time=_num(d, "time", where, non_negative=True) or 0.0,
+                            world_size=_opt_int(d, "world_size", where, lo=1, hi=MAX_WORLD_SIZE),
+                            global_batch=_opt_int(d, "global_batch", where, lo=1), strategy=str(d.get("strategy", "plan")),
                             plan=_plan(d.get("plan"), where, strict=strict_plans),
-                            dataset_size=_opt_int(d, "dataset_size", where),
+                            dataset_size=_opt_int(d, "dataset_size", where, hi=INT64_MAX),
                             grad_compress=str(d.get("grad_compress") or "none"),
                             replanner=_obj(d.get("replanner"), "replanner", where))
         for field, value in (("world_size", start.world_size), ("global_batch", start.global_batch)):
@@ -483,7 +515,7 @@ def parse_record(d: Mapping[str, Any], where: str = "record", *, strict_plans: b
         return start
     if kind == "epoch":
         ranks = d.get("ranks") or []
-        if not isinstance(ranks, list) or not all(isinstance(r, dict) for r in ranks):
+        if not isinstance(ranks, list) or len(ranks) > MAX_WORLD_SIZE or not all(isinstance(r, dict) for r in ranks):
             raise ValidationError(f"{where}: 'ranks' must be a list of per-rank StepStats objects")
         stats = tuple(sorted((_stats(r, f"{where}.ranks[{i}]") for i, r in enumerate(ranks)), key=lambda s: s.rank))
         batches = _ints(d.get("batch_sizes"), "batch_sizes", where) or tuple(s.batch_size for s in stats)
@@ -491,10 +523,12 @@ def parse_record(d: Mapping[str, Any], where: str = "record", *, strict_plans: b
         predicted = tuple(math.nan if x is None else x
                           for x in _nums(d.get("predicted_step_time_s"), "predicted_step_time_s", where))
         return EpochRecord(epoch=_int(d, "epoch", where, 0), plan_fingerprint=str(d.get("plan_fingerprint", "")),
-                           samples_per_s=_num(d, "samples_per_s", where), step_time_s=_num(d, "step_time_s", where),
+                           samples_per_s=_num(d, "samples_per_s", where, non_negative=True),
+                           step_time_s=_num(d, "step_time_s", where, non_negative=True, max_value=MAX_TIME_S),
                            loss=_num(d, "loss", where), batch_sizes=batches, predicted_step_time_s=predicted,
                            ranks=stats, device_state=_device_states(d.get("device_state"), where),
-                           wall_s=_num(d, "wall_s", where), samples=_opt_int(d, "samples", where))
+                           wall_s=_num(d, "wall_s", where, non_negative=True),
+                           samples=_opt_int(d, "samples", where, hi=INT64_MAX))
     if kind in ("replan", "revert"):
         return ReplanRecord(epoch=_int(d, "epoch", where, 0), adopted=bool(d.get("adopted", False)),
                             reason=str(d.get("reason", "")), predicted_gain=_num(d, "predicted_gain", where),
@@ -505,15 +539,16 @@ def parse_record(d: Mapping[str, Any], where: str = "record", *, strict_plans: b
                             plan=_plan(d.get("plan"), where, strict=strict_plans),
                             event="revert" if kind == "revert" else "replan", inputs=_inputs(d.get("inputs"), where))
     if kind == "resize":
-        return ResizeRecord(time=_num(d, "time", where) or 0.0, epoch=_int(d, "epoch", where),
-                            step=_int(d, "step", where), old_world_size=_int(d, "old_world_size", where),
-                            new_world_size=_int(d, "new_world_size", where),
+        return ResizeRecord(time=_num(d, "time", where, non_negative=True) or 0.0, epoch=_int(d, "epoch", where),
+                            step=_int(d, "step", where),
+                            old_world_size=_int(d, "old_world_size", where, lo=1, hi=MAX_WORLD_SIZE),
+                            new_world_size=_int(d, "new_world_size", where, lo=1, hi=MAX_WORLD_SIZE),
                             old_batch_sizes=_ints(d.get("old_batch_sizes"), "old_batch_sizes", where),
                             new_batch_sizes=_ints(d.get("new_batch_sizes"), "new_batch_sizes", where),
                             plan=_plan(d.get("plan"), where, strict=strict_plans))
     if kind == "end":
         reason = d.get("reason")
-        return EndRecord(time=_num(d, "time", where) or 0.0, epochs=_int(d, "epochs", where, 0),
+        return EndRecord(time=_num(d, "time", where, non_negative=True) or 0.0, epochs=_int(d, "epochs", where, 0),
                          reason=None if reason is None else str(reason))
     return None
 
@@ -526,12 +561,7 @@ def read_run_log(path: str | os.PathLike[str], *, strict_plans: bool = False) ->
             known record has a field of the wrong type, or the file holds no start, epoch or replan record.
     """
     p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise ValidationError(f"run log not found: {p}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValidationError(f"cannot read run log {p}: {e}") from None
+    lines = read_text_bounded(p, "run log", limit=MAX_RUN_LOG_BYTES).splitlines()
     numbered = [(i + 1, s) for i, s in enumerate(lines) if s.strip()]
     records: list[Record] = []
     skipped = 0

@@ -32,6 +32,8 @@ import torch
 from torch.utils.data import BatchSampler, Sampler
 
 from planner.errors import ValidationError
+from planner.jsonio import MAX_WORLD_SIZE
+from planner.shown import shown
 from runtime.accumulate import check_accumulation, micro_batch_sizes, partial_micro_layout
 from runtime.safety import arm_weighting_check, check_first_pass, drawn_by_dataloader, note_weighting, on_main_thread
 from runtime.shuffle import PermutationPrefetch, epoch_permutation
@@ -104,16 +106,50 @@ def plan_accumulation_steps(plan: Plan, loop: str | None = None) -> tuple[int, .
 def int_arg(value: Any, name: str, *, low: int | None = None, high: int | None = None) -> int:
     """``value`` as an int, or ValidationError naming the argument: a bool, a non-integral or non-finite float
     (``rank=1.5`` used to be taken as 1), None, a string or a value outside [low, high] is refused."""
-    ok = not isinstance(value, bool) and (
+    ok = not isinstance(value, (bool, np.bool_)) and (
         isinstance(value, (int, np.integer)) or (isinstance(value, (float, np.floating)) and math.isfinite(value)
                                                  and float(value).is_integer()))
     if not ok:
-        raise ValidationError(f"{name} must be an integer, got {type(value).__name__} {str(value)[:40]}")
+        raise ValidationError(f"{name} must be an integer, got {type(value).__name__} {shown(value)}")
     number = int(value)
     if (low is not None and number < low) or (high is not None and number > high):
         bounds = f">= {low}" if high is None else f"<= {high}" if low is None else f"in {low}..{high}"
-        raise ValidationError(f"{name} must be {bounds}, got {str(number)[:40]}")
+        raise ValidationError(f"{name} must be {bounds}, got {shown(number)}")
     return number
+
+
+def bool_arg(value: Any, name: str) -> bool:
+    """``value`` if it is a bool (numpy's included), else ValidationError naming the argument: ``shuffle='no'``
+    is a non-empty string, which ``bool()`` reads as True, and 0/1 are not what the flag means either."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValidationError(f"{name} must be True or False, got {type(value).__name__} {shown(value)}")
+    return bool(value)
+
+
+def memory_bytes() -> int | None:
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def permutation_bytes(dataset_len: int, prefetch: bool) -> int:
+    """Bytes a shuffling sampler holds for its permutations: 4 a sample (int32; 8 past 2**31 samples,
+    ``runtime.shuffle.epoch_permutation``), twice while the next epoch's is prefetched."""
+    return dataset_len * (4 if dataset_len < 2**31 else 8) * (2 if prefetch else 1)
+
+
+def check_fits_memory(dataset_len: int, prefetch: bool, memory: int | None) -> None:
+    """Refuse a shuffle whose permutations exceed ``memory`` bytes (the machine's): unchecked,
+    ``HeteroBatchSampler(2**40, [8], 0)`` was accepted, its prefetch thread asked torch for 4 TiB, and the
+    process aborted at exit."""
+    need = permutation_bytes(dataset_len, prefetch)
+    if memory is not None and need > memory:
+        raise ValidationError(
+            f"dataset_len {dataset_len:,}: shuffling it holds {need / 2**30:,.1f} GiB of permutation"
+            f"{'s (this epoch and the prefetched next)' if prefetch else ''}, more than this machine's "
+            f"{memory / 2**30:,.1f} GiB of memory; check the dataset's length, or pass shuffle=False")
 
 
 def _check_sizes(batch_sizes: Sequence[int], min_batch: int, what: str = "batch_sizes") -> tuple[int, ...]:
@@ -121,10 +157,12 @@ def _check_sizes(batch_sizes: Sequence[int], min_batch: int, what: str = "batch_
         raise ValidationError(f"{what}: expected a list of per-rank batch sizes, got {type(batch_sizes).__name__}")
     if not batch_sizes:
         raise ValidationError(f"{what}: needs one batch size per rank, got an empty list")
+    if len(batch_sizes) > MAX_WORLD_SIZE:
+        raise ValidationError(f"{what}: {len(batch_sizes):,} ranks, more than the {MAX_WORLD_SIZE:,} supported")
     try:
         sizes = tuple(int_arg(b, f"{what}[{i}]") for i, b in enumerate(batch_sizes))
     except ValidationError:
-        raise ValidationError(f"{what}: batch sizes must be integers, got {str(list(batch_sizes))[:80]}") from None
+        raise ValidationError(f"{what}: batch sizes must be integers, got {shown(list(batch_sizes), 80)}") from None
     low = [i for i, b in enumerate(sizes) if b < min_batch]
     if low:
         raise ValidationError(
@@ -207,15 +245,20 @@ class HeteroBatchSampler(Sampler[list[int]]):
         if self.rank >= len(sizes):
             raise ValidationError(f"rank {rank} is outside 0..{len(sizes) - 1} for {len(sizes)} batch sizes")
         self.seed = int_arg(seed, "seed", low=0, high=2**63 - 1 - MAX_EPOCH)
-        self.shuffle = bool(shuffle)
-        self.drop_last = bool(drop_last)
+        self.shuffle = bool_arg(shuffle, "shuffle")
+        self.drop_last = bool_arg(drop_last, "drop_last")
+        if prefetch is not None:
+            prefetch = bool_arg(prefetch, "prefetch")
+        if self.shuffle:
+            will_prefetch = self.dataset_len >= PREFETCH_MIN_LEN if prefetch is None else prefetch
+            check_fits_memory(self.dataset_len, will_prefetch, memory_bytes())
         global_batch = sum(sizes)
         if global_batch > max(self.dataset_len, SMALL_LAYOUT):
             # One step would hold the whole dataset and more, and the step's layout costs 8-24 bytes a position of
             # the global batch (2**26 on 100 samples took GBs): bounded by the dataset, as DistributedSampler's
             # padding is, with a small allowance for toy datasets.
             raise ValidationError(
-                f"the global batch {global_batch} (batch sizes {str(list(sizes))[:60]}) exceeds the dataset's "
+                f"the global batch {global_batch} (batch sizes {shown(list(sizes), 60)}) exceeds the dataset's "
                 f"{self.dataset_len} samples; plan a global batch of at most {self.dataset_len}")
         if self.drop_last and self.dataset_len < global_batch:
             raise ValidationError(
@@ -430,7 +473,7 @@ class HeteroBatchSampler(Sampler[list[int]]):
         if not isinstance(state, dict):
             raise ValidationError(f"sampler state: expected a dict, got {type(state).__name__}")
         if state.get("version") != STATE_VERSION:
-            raise ValidationError(f"sampler state version {str(state.get('version'))[:20]!r} is not {STATE_VERSION}")
+            raise ValidationError(f"sampler state version {shown(state.get('version'), 20)} is not {STATE_VERSION}")
         required = ("epoch", "step", "batch_sizes", "dataset_len", "seed", "world_size", "shuffle", "drop_last",
                     "min_batch")
         missing = [key for key in required if key not in state]
@@ -440,7 +483,7 @@ class HeteroBatchSampler(Sampler[list[int]]):
             mine = getattr(self, key)
             if type(state[key]) is not type(mine) or state[key] != mine:
                 raise ValidationError(
-                    f"sampler state was saved with {key}={str(state[key])[:40]} but this sampler has {key}={mine}; "
+                    f"sampler state was saved with {key}={shown(state[key])} but this sampler has {key}={shown(mine)}; "
                     "resume with the same dataset, seed, world size and sampler options"
                 )
         sizes = _check_sizes(state["batch_sizes"], self.min_batch, "state.batch_sizes")
@@ -452,7 +495,7 @@ class HeteroBatchSampler(Sampler[list[int]]):
         for what, saved in (("state.batch_sizes", sizes), ("state.pending_batch_sizes", pending)):
             if saved is not None and (len(saved) != self.world_size or sum(saved) != sum(self._sizes)):
                 raise ValidationError(
-                    f"{what} {str(list(saved))[:60]} is not a split of this sampler's global batch {sum(self._sizes)} "
+                    f"{what} {shown(list(saved), 60)} is not a split of this sampler's global batch {sum(self._sizes)} "
                     f"over {self.world_size} ranks; resume with the plan the run was saved with")
         steps = check_accumulation(sizes, state.get("accumulation_steps"), self.min_batch, "state.accumulation_steps")
         self._pending = None if pending is None else (

@@ -10,7 +10,8 @@ from planner.jsonio import loads_strict, read_json
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.quality import check_profile
-from planner.runlog import read_run_log
+from planner.runlog import INTERRUPTED, RunLog, read_run_log
+from planner.shown import shown
 
 HELP = "check profile, plan and run-log files against their contracts"
 EPILOG = """\
@@ -41,13 +42,25 @@ def _is_run_log(path: str) -> bool:
     return isinstance(obj, dict) and "event" in obj and "kind" not in obj
 
 
+def run_state(log: RunLog) -> str:
+    """How the logged run ended, as validate says it: finished only when its end record gives no reason; an end
+    record with one is a run that stopped early (`planner train` writes "interrupted" for Ctrl-C and SIGTERM)."""
+    if not log.ended:
+        return "no end record (still running or killed)"
+    if log.end_reason is None:
+        return "finished"
+    if log.end_reason == INTERRUPTED:
+        return "interrupted (Ctrl-C or SIGTERM), not finished; `planner train --resume` continues it from its checkpoint"
+    return f"stopped early: {shown(log.end_reason, 80)}"
+
+
 def validate_file(path: str) -> str:
     """Load and check one file; returns a one-line description or raises ValidationError."""
     if _is_run_log(path):
         log = read_run_log(path, strict_plans=True)
         tail = f"; {log.num_skipped_lines} truncated trailing line skipped" if log.num_skipped_lines else ""
         return (f"{path}: valid run log, {len(log.epochs)} epoch(s), {len(log.replans)} re-plan decision(s), "
-                f"{'finished' if log.ended else 'no end record (still running or killed)'}{tail}")
+                f"{run_state(log)}{tail}")
     data = read_json(path, "input")
     kind = data.get("kind") if isinstance(data, dict) else None
     if kind == "profile":

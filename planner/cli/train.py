@@ -61,7 +61,7 @@ from planner.errors import ValidationError
 from planner.paths import open_for_append, write_all, write_error
 from planner.plan import Plan
 from planner.profile import Profile
-from planner.runlog import EndRecord, RunLogWriter
+from planner.runlog import INTERRUPTED, EndRecord, RunLogWriter
 from profiler.devstate import DeviceStateSampler
 from profiler.workloads.emulate import Slowdown
 from profiler.workloads.specs import Workload, build_workload
@@ -540,7 +540,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
 
 def _end_on_error(run: Run, epochs_done: int, error: BaseException) -> None:
     text = (str(error).strip().splitlines() or [""])[0][:200]
-    reason = "interrupted" if isinstance(error, KeyboardInterrupt) else f"stopped: {type(error).__name__}: {text}"
+    reason = INTERRUPTED if isinstance(error, KeyboardInterrupt) else f"stopped: {type(error).__name__}: {text}"
     try:
         run.log.write(EndRecord(time=time.time(), epochs=epochs_done, reason=reason))
     except (OSError, ValueError):  # the log itself may be what failed (a full disk, a closed file)

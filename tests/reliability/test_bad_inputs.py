@@ -70,7 +70,7 @@ PLANS = {
     "plan_world_size_mismatch.json": "plan.world_size is 2 but plan.ranks lists 1 ranks",
     "plan_duplicate_ranks.json": "must list ranks 0..1 in order, got [0, 0]",
     "plan_batch_below_min.json": "batch_size 16 is below min_batch 32",
-    "plan_bad_bottleneck.json": "'gpu' is not one of compute, loader, memory",
+    "plan_bad_bottleneck.json": '"gpu" is not one of compute, loader, memory',
     "plan_negative_workers.json": "num_workers: must be >= 0",
     "plan_for_two_ranks.json": "",  # valid on its own: see OVERRIDES
     "plan_deeply_nested.json": "its JSON is nested too deeply",

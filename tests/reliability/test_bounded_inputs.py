@@ -80,10 +80,10 @@ def test_solver_options_the_report_refuses_are_refused_by_validate(tmp_path: Pat
 def test_a_run_log_whose_world_size_contradicts_its_plan_is_refused(tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     plan = _plan_dict()
-    start = {"event": "start", "version": 1, "time": 0.0, "world_size": 10**6, "global_batch": 8, "plan": plan}
+    start = {"event": "start", "version": 1, "time": 0.0, "world_size": 3, "global_batch": 8, "plan": plan}
     (tmp_path / "run.jsonl").write_text(json.dumps(start) + "\n")
     err = _one_line(*_run(["validate", str(tmp_path / "run.jsonl")], capsys))
-    assert "world_size 1000000 but the run's plan has 2" in err, err
+    assert "world_size 3 but the run's plan has 2" in err, err
 
 
 def test_overwriting_an_output_keeps_its_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

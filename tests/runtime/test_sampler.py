@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -69,7 +70,7 @@ def test_bad_arguments() -> None:
     ({"rank": -1}, "rank must be >= 0, got -1"),
     ({"dataset_len": 10**400}, "dataset_len must be in 1..1099511627776"),
     ({"dataset_len": float("inf")}, "dataset_len must be an integer, got float inf"),
-    ({"seed": "7"}, "seed must be an integer, got str 7"),
+    ({"seed": "7"}, 'seed must be an integer, got str "7"'),
     ({"min_batch": 2.5}, "min_batch must be an integer"),
     ({"batch_sizes": [3, None]}, "batch sizes must be integers"),
     ({"batch_sizes": "31"}, "expected a list of per-rank batch sizes"),
@@ -83,6 +84,41 @@ def test_arguments_are_checked_with_the_argument_named(kwargs: dict[str, object]
     assert HeteroBatchSampler(100, [3, 1], 1.0).rank == 1  # type: ignore[arg-type]  # an integral float is fine
 
 
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"shuffle": "no"}, 'shuffle must be True or False, got str "no"'),  # bool("no") is True
+    ({"shuffle": 0}, "shuffle must be True or False, got int 0"),
+    ({"drop_last": "False"}, 'drop_last must be True or False, got str "False"'),
+    ({"prefetch": 1}, "prefetch must be True or False, got int 1"),
+])
+def test_flags_must_be_bools(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        HeteroBatchSampler(100, [3, 1], 0, **kwargs)  # type: ignore[arg-type]
+    assert message in str(info.value), str(info.value)
+    assert HeteroBatchSampler(100, [3, 1], 0, shuffle=np.bool_(False)).shuffle is False
+
+
+def test_a_shuffle_that_cannot_fit_in_memory_is_refused_at_construction() -> None:
+    from runtime.sampler import check_fits_memory, memory_bytes, permutation_bytes
+
+    # 2**40 samples: 4 TiB of int64 permutation, twice with the prefetch; it used to be accepted and abort at exit.
+    with pytest.raises(ValidationError, match=r"dataset_len 1,099,511,627,776: shuffling it holds 16,384.0 GiB"):
+        HeteroBatchSampler(2**40, [8], 0)
+    assert HeteroBatchSampler(2**40, [8], 0, shuffle=False).dataset_len == 2**40  # no permutation: no memory
+    assert permutation_bytes(2**31 - 1, prefetch=False) == 4 * (2**31 - 1)  # int32 below 2**31 ...
+    assert permutation_bytes(2**31, prefetch=True) == 2 * 8 * 2**31  # ... int64 from there, two with the prefetch
+    check_fits_memory(10**6, True, memory=8 * 10**6)  # exactly fits
+    with pytest.raises(ValidationError, match="more than this machine's"):
+        check_fits_memory(10**6, True, memory=8 * 10**6 - 1)
+    assert (memory_bytes() or 1) > 0
+
+
+def test_echoed_arguments_are_cut_and_say_their_length() -> None:
+    with pytest.raises(ValidationError) as info:
+        HeteroBatchSampler(100, [3, 1], 0, seed="7" * 5000)  # type: ignore[arg-type]
+    text = str(info.value)
+    assert len(text) < 120 and "(5,000 characters)" in text, text
+
+
 def test_a_tampered_state_is_refused_in_one_line() -> None:
     good = HeteroBatchSampler(100, [12, 4], 0).state_dict()
     cases = {
@@ -90,7 +126,7 @@ def test_a_tampered_state_is_refused_in_one_line() -> None:
         "huge batch": (good | {"batch_sizes": [2**26 - 4, 4]}, "is not a split of this sampler's global batch 16"),
         "other global batch": (good | {"batch_sizes": [60, 4]}, "is not a split of this sampler's global batch 16"),
         "epoch 10^18": (good | {"epoch": 10**18}, "sampler state epoch must be in 0..2147483648"),
-        "string seed": (good | {"seed": "0"}, "sampler state was saved with seed=0 but"),
+        "string seed": (good | {"seed": "0"}, "sampler state was saved with seed=\"0\" but"),
         "not a dict": ([1, 2], "expected a dict"),
     }
     for name, (state, message) in cases.items():

@@ -1,0 +1,81 @@
+"""Values echoed in one-line messages: cut to a width, with their length said, and never cut alike when they differ.
+
+An error line names the value it refuses, but a file can hold a 5,000-character string: echoed whole it buries
+the line.  ``shown`` cuts a long value and says how long it was (``"AAAA..." (5,000 characters)``).  Two values
+that differ only past the cut (two 200-character paths that share their first 40) would read the same; the
+messages that put values side by side ("rank 0 has X, rank 1 has Y") take ``shown_apart``, which shows each
+around the first character where they differ.  Pure: the standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+WIDTH = 40
+"""Characters of a value a message shows by default."""
+
+
+def text_of(value: Any) -> str:
+    """The text a message shows for ``value``: a string as JSON (quoted, control characters and lone surrogates
+    escaped, so the line stays one printable line), a non-finite float as Python prints it, else JSON where it
+    can be, else ``str``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):  # not JSON-able (a tensor, a set) or a circular structure
+        return str(value)
+
+
+def _length(text: str, value: Any) -> str:
+    n = len(value) if isinstance(value, (str, list, dict, tuple)) else len(text)
+    unit = "characters" if isinstance(value, str) else ("items" if isinstance(value, (list, dict, tuple)) else
+                                                         "characters as text")
+    return f" ({n:,} {unit})"
+
+
+def shown(value: Any, width: int = WIDTH) -> str:
+    """``value`` as a message shows it: whole when its text fits ``width``, else its first ``width - 3``
+    characters, "...", and its length.
+
+    >>> shown("A" * 5000, 10)
+    '"AAAAAA... (5,000 characters)'
+    """
+    text = text_of(value)
+    if len(text) <= width:
+        return text
+    return text[:max(1, width - 3)] + "..." + _length(text, value)
+
+
+def shown_apart(values: Sequence[Any], width: int = WIDTH) -> list[str]:
+    """Each of ``values`` as ``shown`` gives it, unless two that differ would read the same: then each is shown
+    from a little before the first character where the texts differ, with that position said
+    (``..."/b/run"... (from character 190 of 203)``), so the line shows what differs."""
+    texts = [text_of(v) for v in values]
+    plain = [shown(v, width) for v in values]
+    distinct = set(texts)
+    if len(set(plain)) == len(distinct):
+        return plain
+    first = _first_difference(sorted(distinct))
+    start = max(0, first - width // 4)
+    out = []
+    for text in texts:
+        window = text[start:start + width]
+        cut = ("..." if start else "") + window + ("..." if start + width < len(text) else "")
+        out.append(f"{cut} (from character {start + 1:,} of {len(text):,})" if cut != text else text)
+    return out
+
+
+def _first_difference(texts: Sequence[str]) -> int:
+    """The first index at which the (distinct, at least two) ``texts`` do not all agree."""
+    shortest = min(len(t) for t in texts)
+    for i in range(shortest):
+        if len({t[i] for t in texts}) > 1:
+            return i
+    return shortest
+
+
+__all__ = ["WIDTH", "shown", "shown_apart", "text_of"]
