@@ -540,8 +540,10 @@ class PlannedRun:
         """The plan in force from the next epoch: an adopted (or reverted-to) plan's batch sizes go to the sampler;
         a kept plan whose prediction was re-made carries the new prediction."""
         plan = self.plan
+        # A re-plan is solved from the profile corrected by the measured steps: it keeps what the run's plan was
+        # made for (model, profile file, machine), so a checkpoint of it resumes against the same profile.
         if decision.adopted and decision.new_plan is not None:
-            self.plan = decision.new_plan
+            self.plan = replace(decision.new_plan, made_for=plan.made_for)
             assert self.sampler is not None
             self.sampler.set_batch_sizes(self.plan.batch_sizes, self.plan.accumulation_steps)
             if (not self.follows_workers and not self._warned
@@ -550,7 +552,7 @@ class PlannedRun:
                 warnings.warn("the re-plan changed this rank's loader workers; the framework owns the DataLoader, "
                               "so the new batch sizes apply and the worker count stays", stacklevel=3)
         elif decision.repredicted is not None:  # the same split, its prediction re-made (runtime.replan)
-            self.plan = decision.repredicted
+            self.plan = replace(decision.repredicted, made_for=plan.made_for)
 
     def _warn_unused_compress(self) -> None:
         if self.compress != "none" and self._weighting is None and not self._warned_compress:

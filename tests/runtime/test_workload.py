@@ -20,6 +20,7 @@ import planner
 from planner.errors import ValidationError
 from planner.plan import Plan
 from runtime.run import PlannedRun
+from runtime.sampler import HeteroBatchSampler
 from runtime.workload import WorkloadWarning, device_name, host_name, model_fingerprint, usable_cores
 from tests._dist import run_distributed
 
@@ -206,6 +207,31 @@ def test_lightning_plan_refuses_a_plan_from_another_profile() -> None:
                       allow_workload_mismatch=True)
 
 
+def test_lightning_loader_refuses_another_model() -> None:
+    pytest.importorskip("lightning")
+    from runtime.adapters.lightning import LightningPlan
+
+    plan = planner.solve(_profile(Small()), global_batch=8)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 3)), shuffle=True)
+    with pytest.raises(ValidationError, match="another model"):
+        LightningPlan(plan, package="lightning.pytorch").planned_loader(loader, torch.device("cpu"), Small(width=5))
+
+
+def test_hf_trainer_refuses_another_model(tmp_path: Any) -> None:
+    pytest.importorskip("transformers")
+    from transformers import TrainingArguments
+
+    from runtime.adapters.hf import planned_trainer
+
+    plan = planner.solve(_profile(Small()), global_batch=8)
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", save_strategy="no",
+                             disable_tqdm=True)
+    trainer = planned_trainer(plan, model=Small(width=5), args=args,
+                              train_dataset=torch.utils.data.TensorDataset(torch.randn(32, 3)))
+    with pytest.raises(ValidationError, match="another model"):
+        trainer.get_train_dataloader()
+
+
 def test_accelerate_loader_refuses_another_model() -> None:
     pytest.importorskip("accelerate")
     from accelerate import Accelerator
@@ -238,3 +264,21 @@ def test_a_profile_of_two_gpus_on_two_cpu_ranks_is_warned_once_on_rank_0() -> No
     """The profile of another machine (2 CUDA GPUs, 16 cores) used on 2 CPU ranks: one line, rank 0 only."""
     plan = planner.solve(_profile(Small(), device_name_="NVIDIA H200", cores=16, ranks=2), global_batch=16)
     run_distributed(_two_cpu_ranks, 2, plan, timeout_s=60)
+
+
+def test_a_replanned_plan_keeps_what_the_run_was_made_for() -> None:
+    """A re-plan is solved from the profile corrected by measured steps; the plan in force (what a checkpoint
+    saves) still names the run's profile, so a resume against that profile is not refused."""
+    from runtime.replan.decision import ReplanDecision
+
+    profile = _profile(Small(), ranks=2)
+    plan = planner.solve(profile, global_batch=16)
+    corrected = profile.with_compute_times(lambda rank, b, t: t * (3.0 if rank == 1 else 1.0))
+    new = planner.solve(corrected, global_batch=16)
+    assert new.made_for["profile_fingerprint"] != plan.made_for["profile_fingerprint"]
+    run = PlannedRun(plan, profile=profile)
+    run.sampler = run.batch_sampler = HeteroBatchSampler.from_plan(plan, 0, 64)  # as sampler_for builds it
+    run._apply(ReplanDecision(epoch=0, adopted=True, reason="faster", old_plan=plan, new_plan=new,
+                              predicted_gain=0.2, measured_compute_s=(0.1, 0.3), predicted_compute_s=(0.1, 0.1)))
+    assert run.plan.batch_sizes == new.batch_sizes and run.plan.made_for == plan.made_for
+    PlannedRun(run.plan, profile=profile)  # the resume: not refused
