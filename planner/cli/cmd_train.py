@@ -281,7 +281,7 @@ def check_workload(plan: Any, profile: Any, *, model: str, sample_shape: tuple[i
     if profile is not None:
         sources.append(("the profile", {"model": profile.model.name if profile.model else None,
                                         "sample_shape": profile.meta.get("sample_shape")}))
-        made_from = plan.solver.get("profile_fingerprint")
+        made_from = plan.made_for.get("profile_fingerprint") or plan.solver.get("profile_fingerprint")
         if made_from and made_from != profile.fingerprint():
             raise ValidationError(f"the plan was solved from another profile (fingerprint {made_from}, --profile "
                                   f"has {profile.fingerprint()}); re-plan from this profile, or pass "

@@ -282,3 +282,25 @@ def test_a_replanned_plan_keeps_what_the_run_was_made_for() -> None:
                               predicted_gain=0.2, measured_compute_s=(0.1, 0.3), predicted_compute_s=(0.1, 0.1)))
     assert run.plan.batch_sizes == new.batch_sizes and run.plan.made_for == plan.made_for
     PlannedRun(run.plan, profile=profile)  # the resume: not refused
+
+
+def test_planner_train_refuses_a_from_batches_plan_of_another_profile(tmp_path: Any,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """`planner plan --from-batches` records no solver fingerprint; its made_for still names the profile."""
+    import json
+    from pathlib import Path
+
+    from planner.cli import main
+
+    noisy = Path(__file__).resolve().parents[1] / "data" / "noisy_cpu_profile.json"
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "--profile", str(noisy), "--global-batch", "64", "--from-batches", "40,24",
+                 "--out", str(plan)]) == 0
+    other = tmp_path / "other.json"
+    prof = json.loads(noisy.read_text())
+    prof["ranks"][1]["compute"][0]["step_time_s"] *= 2
+    other.write_text(json.dumps(prof))
+    capsys.readouterr()
+    rc = main(["train", "--plan", str(plan), "--profile", str(other), "--device", "cpu", "--model", "cifar_cnn"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "the plan was solved from another profile" in err, err
