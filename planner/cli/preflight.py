@@ -241,7 +241,8 @@ def preflight(args: argparse.Namespace) -> Preflight:
         from planner.cli.checkpoint import checkpoint_fingerprint
 
         out.resume_at = (int(state["epoch"]), int(state["step"]))
-        out.checkpoint_fingerprint = checkpoint_fingerprint(args.checkpoint)
+        if world > 1:  # compared across ranks (planner.cli.train_resume.agree_on_resume); one rank reads its own
+            out.checkpoint_fingerprint = checkpoint_fingerprint(args.checkpoint)
         meta = _saved_meta(state)
         out.saved_global_batch = meta["global_batch"]
         changes, out.notes = compare_with_checkpoint(args, meta, out.plan)
