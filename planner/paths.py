@@ -270,8 +270,8 @@ def _open_file(path: str, flag: str) -> tuple[int, bool]:
 def _open_folder(path: str, flag: str) -> tuple[int, bool]:
     created = not os.path.lexists(path)
     try:
-        if created:
-            os.makedirs(path, exist_ok=True)
+        if created:  # 0755: a folder the run makes is never writable by other users (umask 0 would give 0777)
+            os.makedirs(path, mode=0o755, exist_ok=True)
         return os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)), created
     except OSError as e:
         why = "is not a folder" if e.errno == errno.ENOTDIR else (e.strerror or str(e))
@@ -409,12 +409,11 @@ def release_all() -> None:
         _close_claim(claim, key)
 
 
-def open_for_append(path: str, flag: str, *, fresh: bool) -> int:
+def open_for_append(path: str, flag: str) -> int:
     """A descriptor appending to output ``path`` for the whole run, for a log several writers may share (``train
     --step-log`` without ``{rank}``: no lock).  Opened once, with O_NOFOLLOW and O_NONBLOCK and checked like a held
     output, so a symbolic link or FIFO swapped in mid-run is never written through (reopened by path each epoch,
-    a swapped link appended the steps to another file).  ``fresh`` (a run that starts, not a resume): a file that
-    already holds lines is another run's -- refused, not appended to."""
+    a swapped link appended the steps to another file)."""
     fd, created = _open_file(path, flag)
     try:
         st = os.fstat(fd)
@@ -423,13 +422,26 @@ def open_for_append(path: str, flag: str, *, fresh: bool) -> int:
                                       "name a file")
         if not created:
             _check_owned(st, path, flag, "file")
-        if fresh and st.st_size > 0:
-            raise _refuse(path, flag, f"already holds {st.st_size} bytes of another run; a fresh run starts its own "
-                                      "-- name another file or remove it (--resume appends)")
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def check_not_written(path: str | None, flag: str) -> None:
+    """Refuse, for a run that starts afresh, a log that already holds another run's lines (a finished run's step
+    log was appended to): a fresh run starts its own."""
+    if not path:
+        return
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise _refuse(path, flag, f"cannot read it ({e.strerror})") from None
+    if size:
+        raise _refuse(path, flag, f"already holds {size} bytes of another run; a fresh run starts its own -- name "
+                                  "another file or remove it (--resume appends)")
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -468,6 +480,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_in_child)
 
 
-__all__ = ["TEMP_AFFIX_BYTES", "Output", "check_output_file", "check_output_folder", "check_outputs", "held_elsewhere",
+__all__ = ["TEMP_AFFIX_BYTES", "Output", "check_not_written", "check_output_file", "check_output_folder", "check_outputs", "held_elsewhere",
            "hold_exclusive", "open_for_append", "release", "release_all", "same_file", "sweep_stale_temp_files", "write_all",
            "write_error"]

@@ -111,6 +111,13 @@ def run(args: argparse.Namespace) -> int:
                    Output(flag="--step-log", path=args.step_log and step_log_path(args.step_log, "equal", 1, 0))])
     opts = BenchOptions.from_args(args, cuda=_uses_cuda(args))
     _check_devices(opts)
+    if opts.step_log:  # every file this bench appends to starts empty: never another run's step log
+        from planner.paths import check_not_written
+
+        for name in opts.strategies:
+            for r in range(opts.rounds):
+                for rank in range(opts.nproc):
+                    check_not_written(step_log_path(opts.step_log, name, r + 1, rank), "--step-log")
     results = []
     for one in opts.runs():
         result = _launch(one)

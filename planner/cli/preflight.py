@@ -31,7 +31,7 @@ from typing import Any
 
 from planner.argcheck import ALLOW_RESUME_FLAG, ResumeValue, check_global_batch, check_ranks, check_resume
 from planner.errors import ValidationError
-from planner.paths import Output, check_outputs
+from planner.paths import Output, check_not_written, check_outputs
 from planner.plan import Plan
 
 CHECKPOINT_FILE = "checkpoint.pt"  # planner.cli.checkpoint.CHECKPOINT_NAME, without importing torch here
@@ -255,12 +255,14 @@ def preflight(args: argparse.Namespace) -> Preflight:
                 setattr(args, key, meta[key])
         if args.auto and args.global_batch is None:  # elastic --auto: the interrupted run's global batch
             args.global_batch = out.saved_global_batch
-    elif args.log:
-        n = _log_lines(args.log)
+    else:
+        n = _log_lines(args.log) if args.log else 0
         if n:
             raise ValidationError(
                 f"--log-file {args.log} already holds {n} line(s) of another run; a fresh run starts its own log -- "
                 "name another file or remove it (--resume continues a run and its log)")
+        # Before any process group: ranks sharing one step log all see it as it was before this run.
+        check_not_written(args.step_log.replace("{rank}", str(rank)) if args.step_log else None, "--step-log")
     for key, value in DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value)

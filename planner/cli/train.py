@@ -486,8 +486,7 @@ def train(cfg: TrainConfig, env: DistEnv, plan: Plan, profile: Profile | None,
     run.device_state = run.planned.device_state = DeviceStateSampler(env.device)
     run.gc_pauses = GcPauses() if cfg.step_log_path else None
     if cfg.step_log_path:
-        run.step_log = open_for_append(cfg.step_log_path, "--step-log",
-                                       fresh=run.start_epoch == 0 and run.start_step == 0)
+        run.step_log = open_for_append(cfg.step_log_path, "--step-log")  # written through this descriptor only
     if env.is_main and not cfg.data_on_device:
         steps, workers = total_steps(run), [r.num_workers for r in run.plan.ranks]
         streamed = isinstance(run.loader, StreamedEpochs)
