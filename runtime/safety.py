@@ -199,10 +199,23 @@ def note_weighting(how: str) -> None:
         _disarm()
 
 
+_TRAINING_THREADS: set[int] = set()
+"""Threads other than the main one that run a training loop (``train_on_this_thread``)."""
+
+
+def train_on_this_thread() -> None:
+    """Count the calling thread as the training process's main thread: for a framework that runs the training
+    function on a thread of its own (Ray Train's worker runs ``train_loop_per_worker`` on a "TrainingThread"), so
+    the planned sampler's checks run there as they do on the main thread of an own script."""
+    _TRAINING_THREADS.add(threading.get_ident())
+
+
 def on_main_thread() -> bool:
-    """True on the main thread of a training process (not a DataLoader worker, not another thread): the only
-    place a planned sampler runs a collective, so its collectives keep the same order on every rank."""
-    return threading.current_thread() is threading.main_thread() and get_worker_info() is None
+    """True on the main thread of a training process, or on a thread that ``train_on_this_thread`` named (not a
+    DataLoader worker, not another thread): the only place a planned sampler runs a collective, so its
+    collectives keep the same order on every rank."""
+    main = threading.current_thread() is threading.main_thread() or threading.get_ident() in _TRAINING_THREADS
+    return main and get_worker_info() is None
 
 
 def drawn_by_dataloader(depth: int = 8) -> bool:
@@ -296,13 +309,17 @@ def equal_plan(sampler: HeteroBatchSampler) -> bool:
     return len(set(sampler.batch_sizes)) == 1 and len(set(sampler.accumulation_steps)) == 1
 
 
+OWN_LOOP_WEIGHTING_FIX = ("call register_weighted_hook(model, sampler) after model = DDP(...), or multiply the loss by "
+                          "runtime.loss_scale(sampler, step) (sampler.declare_weighting() if you weight it yourself)")
+"""The fix the weighting check names for an own loop; an adapter's sampler names its own (``weighting_fix``)."""
+
+
 def _weighting_message(sampler: HeteroBatchSampler) -> str:
     sizes, steps = list(sampler.batch_sizes), list(sampler.accumulation_steps)
     micro = f" in {steps} micro-steps" if max(steps) > 1 else ""
+    fix = getattr(sampler, "weighting_fix", None) or OWN_LOOP_WEIGHTING_FIX
     return (f"the plan gives the ranks {_shown(sizes)} samples a step{micro}, but nothing weights the gradient by them "
-            "(DDP averages the ranks' gradients as if their batches were equal); call register_weighted_hook(model, "
-            "sampler) after model = DDP(...), or multiply the loss by runtime.loss_scale(sampler, step) "
-            "(sampler.declare_weighting() if you weight it yourself)")
+            f"(DDP averages the ranks' gradients as if their batches were equal); {fix}")
 
 
 def _loader_message(rank: int, cut: Any, planned: int) -> str:

@@ -55,6 +55,8 @@ MAX_EPOCH = 1 << 31
 _BLOCK_POSITIONS = 1 << 20
 # prefetch=None turns the background shuffle on from this N (randperm takes ~0.1 s here, ~3 s at 10**8).
 PREFETCH_MIN_LEN = 1 << 22
+OWN_LOOP_EPOCH_FIX = ("iterate `for batch in run.epoch(epoch, loader)`, or call sampler.set_epoch(epoch) before each "
+                      "epoch's `for batch in loader`")
 
 
 def interleave_owners(batch_sizes: Sequence[int]) -> np.ndarray:
@@ -205,7 +207,8 @@ class HeteroBatchSampler(Sampler[list[int]]):
 
     .. warning::
         Call :meth:`set_epoch` at the start of every epoch, **before** creating the DataLoader iterator, as with
-        DistributedSampler; otherwise every epoch uses the same order.
+        DistributedSampler; a DataLoader drawing a second whole pass of the same epoch (a loop that never calls
+        it) is refused, since every epoch would repeat that order.
 
     Checks (runtime/safety.py): under torch.distributed the first pass starts with one small collective on the
     main thread -- every rank raises the same one-line ValidationError when the ranks' layouts differ (another
@@ -276,6 +279,12 @@ class HeteroBatchSampler(Sampler[list[int]]):
         self._first_pass_checked = False  # runtime.safety.check_first_pass ran (or is not this sampler's to run)
         self._loader_cut: tuple[int, bool] | None = None  # (batch_size, drop_last) of HeteroDistributedSampler's loader
         self._generation_start = (0, 0)  # position the current pass started at
+        self._drawn_since_set_epoch = False  # a DataLoader drew a pass since the last set_epoch (or construction)
+        self.weighting_fix: str | None = None
+        """The fix the first-backward weighting check names when nothing weights an uneven plan's gradient (None:
+        an own loop's, runtime.safety.OWN_LOOP_WEIGHTING_FIX); an adapter that builds the sampler names its own."""
+        self.epoch_fix = OWN_LOOP_EPOCH_FIX
+        """The fix named when a DataLoader draws a second whole pass of one epoch (an adapter may name its own)."""
         self._cursor = (0, 0)  # next position to yield (runs ahead of training when a DataLoader prefetches)
         self._layout_cache: dict[tuple[int, ...], np.ndarray] = {}
         self.prefetch = self.shuffle and (self.dataset_len >= PREFETCH_MIN_LEN if prefetch is None else bool(prefetch))
@@ -390,6 +399,7 @@ class HeteroBatchSampler(Sampler[list[int]]):
         epoch again keeps a resumed position (so ``load_state_dict`` followed by ``set_epoch(saved_epoch)`` works).
         """
         epoch = int_arg(epoch, "epoch", low=0, high=MAX_EPOCH)
+        self._drawn_since_set_epoch = False
         if epoch != self._epoch:
             self._epoch = epoch
             self._resume = (0, 0)
@@ -507,6 +517,7 @@ class HeteroBatchSampler(Sampler[list[int]]):
                     int_arg(state.get("micro_step", 0), "sampler state micro_step", low=0))
         self._check_position(*position, "sampler state step")
         self._resume = self._generation_start = self._cursor = position
+        self._drawn_since_set_epoch = False  # a resumed pass is the saved epoch's, not a repeat
         self._drop_stale_prefetch()
 
     # -- iteration ---------------------------------------------------------------------------------------
@@ -544,7 +555,21 @@ class HeteroBatchSampler(Sampler[list[int]]):
             self._prefetched = None
 
     def __iter__(self) -> Iterator[list[int]]:
+        _refuse_rebatching(self)
+        if self._repeats_epoch():
+            # Raised at the first batch, not here: a multi-process DataLoader iterator that fails in its
+            # constructor cannot shut itself down (an "Exception ignored in __del__" besides the line).
+            return _refused(ValidationError(
+                f"the planned sampler is drawn again in epoch {self._epoch} without set_epoch: every epoch would "
+                f"repeat epoch {self._epoch}'s order, and a re-plan would never apply; {self.epoch_fix}"))
         return self._batches(self.begin_pass(), self._permutation())
+
+    def _repeats_epoch(self) -> bool:
+        """A DataLoader starts a pass from step 0 after a whole pass of the same epoch, with no ``set_epoch`` (nor
+        ``load_state_dict``) between: the loop never advances the epoch.  A pass only begun (a first batch looked
+        at, a loop that broke off) is not one."""
+        return (self._resume == (0, 0) and self._drawn_since_set_epoch and self._cursor == (self.num_steps, 0)
+                and drawn_by_dataloader())
 
     def begin_pass(self) -> tuple[int, int]:
         """Start a pass as ``iter()`` does -- from step 0 (applying a pending re-plan) or from the resumed position
@@ -561,6 +586,7 @@ class HeteroBatchSampler(Sampler[list[int]]):
         if start == (0, 0):
             self._apply_pending()  # a pass from step 0 is an epoch start
         if drawn_by_dataloader():
+            self._drawn_since_set_epoch = True
             if not self._first_pass_checked:
                 self._first_pass_checked = True
                 if on_main_thread():
@@ -675,6 +701,29 @@ class EpochStream(Sampler[list[int]]):
                 yield batch
                 if stop is not None and s._cursor == (stop, 0):  # the step after this batch
                     break
+
+
+def _refused(error: ValidationError) -> Iterator[list[int]]:
+    raise error
+    yield  # a generator: the error comes at the first batch
+
+
+def _refuse_rebatching(sampler: HeteroBatchSampler) -> None:
+    """Refuse a torch ``BatchSampler`` iterating ``sampler`` -- a DataLoader given it as ``sampler=`` (with a
+    ``batch_size``) -- before its first batch: each of its items is already a planned batch, which the loader would
+    group again (a batch of ``batch_size`` planned batches).  Read from the caller's frames, as ``_loader_cut``."""
+    frame: FrameType | None = sys._getframe(2)  # 0: this function, 1: HeteroBatchSampler.__iter__
+    for _ in range(3):
+        if frame is None:
+            return
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, BatchSampler) and owner.sampler is sampler:
+            raise ValidationError(
+                f"the planned sampler yields whole batches (rank {sampler.rank}: "
+                f"{sampler.batch_sizes[sampler.rank]} samples a step) but the DataLoader got it as sampler= with "
+                f"batch_size={owner.batch_size}, which groups {owner.batch_size} of them into one; pass it as "
+                "DataLoader(dataset, batch_sampler=sampler) without batch_size")
+        frame = frame.f_back
 
 
 def _loader_cut(sampler: HeteroDistributedSampler) -> tuple[int, bool] | None:

@@ -147,10 +147,12 @@ class StepWeights:
 
     def loss_scale(self, micro_step: int = 0) -> float:
         """w_ij * W / N: the factor for micro-batch j's mean loss when DDP/FSDP2 averages over W ranks."""
+        note_weighting("step_weights")  # taking a factor is what weights the loss (the first backward's check)
         return self.micro[micro_step] * self.world_size / self.total
 
     def accumulation_weight(self, micro_step: int = 0) -> float:
         """w_ij / w_i: the factor for micro-batch j's mean loss with the weighted hook (0 on a rank without weight)."""
+        note_weighting("step_weights")
         return self.micro[micro_step] / self.local if self.local > 0 else 0.0
 
 
@@ -162,8 +164,11 @@ def step_weights(micro: Sequence[float | torch.Tensor] | float | torch.Tensor, *
     this rank's micro-batches of the step (e.g. ``[(labels != -100).sum() for labels in step_labels]``). Outside
     torch.distributed the total is the local sum. ``device``: where the scalar is reduced (default: the current
     CUDA device under NCCL, else CPU).
+
+    Counting is not weighting: the first backward's check (runtime.safety) counts the weights as applied once a
+    factor is taken from them (``loss_scale``, ``accumulation_weight``), so a loop that counts the tokens and then
+    never scales its loss is refused like one that counts nothing.
     """
-    note_weighting("step_weights")
     parts = micro if isinstance(micro, Sequence) else [micro]
     values = tuple(float(w) for w in parts)  # one host sync per step: the counts come from label tensors
     world, total = 1, sum(values)

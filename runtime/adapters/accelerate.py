@@ -22,7 +22,10 @@ that prepare leaves it alone).  Passing it to prepare is optional.
 ``loss_scale()`` is n_i * W / n for the batch just yielded, over the window of K micro-batches that
 ``accelerator.accumulate`` synchronizes (windows of K from each epoch start, the epoch's last batch closing one,
 as accelerate does), times K because ``accelerator.backward`` divides the loss by K: DDP's averaging all-reduce
-then yields the sample-weighted mean gradient, exactly.  (DeepSpeed scales the loss itself: no K there.)
+then yields the sample-weighted mean gradient, exactly.  (DeepSpeed scales the loss itself: no K there.)  A loop
+that forgets the factor with an uneven plan is refused at its first backward through the DDP model, on every
+process, with the line naming it (runtime.safety.arm_weighting_check): accelerate's averaging alone would train a
+wrong gradient without a word.
 
 Timing, re-planning and the run log need no call: the loader times every batch (data wait around the fetch;
 compute from the batch's hand-over until backward reaches ``model``'s first parameter, so pass ``model=`` --
@@ -54,6 +57,8 @@ from planner.profile import Profile
 from runtime.run import PlannedRun
 
 INSTALL_HINT = "pip install ddp-planner[accelerate]"
+WEIGHTING_FIX = "multiply the loss by the planned loader's factor: accelerator.backward(loss * loader.loss_scale())"
+"""The fix named when an uneven plan's first backward ran without the loss scale (runtime.safety's check)."""
 
 
 def planned_dataloader(accelerator: Any, plan: Plan | str | os.PathLike[str], dataset: Any, *,
@@ -94,6 +99,8 @@ def planned_dataloader(accelerator: Any, plan: Plan | str | os.PathLike[str], da
                      seed=seed, shuffle=shuffle, drop_last=drop_last, quiet=quiet,
                      allow_workload_mismatch=allow_workload_mismatch)
     sampler = run.sampler_for(len(dataset), accelerator.device)
+    if run.sampler is not None:  # what the first backward's check names when the loss is not scaled
+        run.sampler.weighting_fix = WEIGHTING_FIX
     apply_ddp_settings(accelerator, run.ddp_kwargs(), model)
     if model is not None:
         run.watch(model)

@@ -33,6 +33,10 @@ Predictions: the profiler times the model's step in its own DDP loop; ``measure_
 scratch_trainer)`` adds the Trainer's own per-step work (measured on a scratch Trainer at the equal split) to the
 profile before solving, so the plan predicts the Trainer's steps (docs/FRAMEWORKS.md).
 
+The weighting happens in ``compute_loss``: a Trainer subclass whose ``training_step`` computes its loss another
+way leaves it unweighted, and with an uneven plan its first backward is refused on every rank, with the line
+naming the fix (runtime.safety's check; counting the step's tokens alone does not count as weighting).
+
 Not covered: resuming mid-epoch from a Trainer checkpoint (the Trainer's ``skip_first_batches`` rebuilds the
 loader without the planned sampler: resume at an epoch boundary), DeepSpeed and FSDP through the Trainer, and
 step timing with gradient accumulation (the Trainer fetches a step's micro-batches before running them, so the
@@ -57,9 +61,13 @@ from planner.profile import Profile
 from runtime.adapters.accelerate import apply_ddp_settings
 from runtime.collectives import all_gather_json, is_distributed
 from runtime.run import PlannedRun
+from runtime.safety import note_weighting
 from runtime.weighting import StepWeights, step_weights
 
 INSTALL_HINT = "pip install ddp-planner[hf]"
+WEIGHTING_FIX = ("planned_trainer weights each micro-batch's loss in its compute_loss, which this Trainer's step "
+                 "never called; compute the loss with self.compute_loss(model, inputs) (or pass compute_loss_func=)")
+"""The fix named when an uneven plan's first backward ran without the adapter's factor (runtime.safety's check)."""
 
 CountTokens = Callable[[dict[str, Any]], "int | torch.Tensor"]
 """count_tokens(batch) -> the number of target tokens the batch's mean loss averages over."""
@@ -107,6 +115,8 @@ class _PlannedTrainerMixin:
                           "its own token count and uneven ranks get a biased gradient", stacklevel=3)
             t.args.average_tokens_across_devices = True
         self.own_weighting = not hf_counts
+        if hf_counts:  # the Trainer's own global token count weights the loss (module docstring)
+            note_weighting("planned_trainer: compute_loss_func")
         self.shift_labels = _loss_shifts_labels(t.model)
         if self.own_weighting:
             # The model must return its own mean (no num_items_in_batch, no factor W from the Trainer): the exact
@@ -122,6 +132,8 @@ class _PlannedTrainerMixin:
             raise ValueError("Trainer: training requires a train_dataset.")
         run = self.planned_run
         sampler = run.sampler_for(len(t.train_dataset), t.args.device)
+        if run.sampler is not None:  # what the first backward's check names when compute_loss never weighted
+            run.sampler.weighting_fix = WEIGHTING_FIX
         run.watch(t.model)
         workers = run.num_workers(0) if self.planned_workers is None else self.planned_workers
         run.loader_workers = workers

@@ -23,6 +23,11 @@
     StepTimer around every batch, and at every epoch end the Replanner (collective; an adopted plan's batch
     sizes apply from the next epoch) and the run log (rank 0).
 
+The two go together.  The strategy without the callback would repeat epoch 0's order every epoch and never
+re-plan: the strategy adds its callback to the Trainer's callbacks itself (``Strategy.setup``) when it is not
+there.  The callback with another strategy (``strategy="ddp"``) would apply no plan at all: it refuses the fit at
+its start, on every rank, with the line naming ``strategy=planned.strategy``.
+
 Lightning is imported only here and only when a LightningPlan is made: from ``lightning.pytorch`` or
 ``pytorch_lightning`` -- whichever your script imported (``package=`` to force one).  An auto mode that profiles
 your own LightningModule's step before training lives in profiler.lightning (runtime never measures).
@@ -180,6 +185,11 @@ def _classes(package: str) -> tuple[type[Any], type[Any]]:
             super().__init__(**kwargs)
             self.planned = planned
 
+        def setup(self, trainer: Any) -> None:
+            if not any(c is self.planned.callback for c in trainer.callbacks):
+                trainer.callbacks.append(self.planned.callback)  # its epoch starts, timing and epoch ends
+            super().setup(trainer)
+
         def process_dataloader(self, dataloader: object) -> object:
             dataloader = super().process_dataloader(dataloader)
             module = self.lightning_module
@@ -202,6 +212,13 @@ def _classes(package: str) -> tuple[type[Any], type[Any]]:
 
         def __init__(self, planned: LightningPlan) -> None:
             self.planned = planned
+
+        def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            if stage == "fit" and trainer.strategy is not self.planned.strategy:
+                raise ValidationError(
+                    f"LightningPlan: the Trainer's strategy is {type(trainer.strategy).__name__}, not the planned one, "
+                    "so the plan is not applied (the DataLoader's own batches train); pass "
+                    "L.Trainer(strategy=planned.strategy, callbacks=[planned.callback])")
 
         def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
             self.planned.epoch = int(trainer.current_epoch)

@@ -29,7 +29,11 @@ keeps working.
 ``runtime.register_weighted_hook``, which scales each gradient bucket by n_i / n and SUM-all-reduces, so every
 worker holds the gradient of the sample-weighted mean over all workers' uneven batches.  (One worker:
 ``prepare_model`` returns the bare module and there is nothing to weight.)  A loop that scales the loss instead
-passes no model and multiplies the mean loss by ``RayPlan.loss_scale(step)`` before backward.
+passes no model and multiplies the mean loss by ``RayPlan.loss_scale(step)`` before backward.  Neither (no
+``model=``, no factor) would be DDP's plain average, a wrong gradient for uneven batches: the first backward through
+the DDP model is refused on every worker with the line naming both fixes.  Ray runs ``train_loop_per_worker`` on a
+thread of its own; ``RayPlan`` names that thread the training one (runtime.safety.train_on_this_thread), so the
+planned sampler's checks run there as on an own script's main thread.
 
 **Timing, re-planning, run log** go through ``runtime.PlannedRun`` (``RayPlan.run``), the object an own DDP loop
 uses: ``planned_epoch`` is ``PlannedRun.epoch`` -- the epoch's shuffle, timed steps, and at the epoch end the
@@ -70,12 +74,16 @@ from planner.quality import solve_within_noise
 from runtime.collectives import decide_on_rank0
 from runtime.ddp_settings import settings_missing
 from runtime.run import PlannedRun, _load_plan
+from runtime.safety import train_on_this_thread
 from runtime.sampler import HeteroBatchSampler
 from runtime.weighting import register_weighted_hook
 
 __all__ = ["Plan", "PlannedDataLoader", "PlannedIndices", "RayPlan", "planned_dataloader", "planned_epoch"]
 
 INSTALL_HINT = "pip install 'ddp-planner[ray]'"
+WEIGHTING_FIX = ("pass model= (the model ray.train.torch.prepare_model returned) to planned_dataloader, or "
+                 "multiply the loss by loader.sampler.planned.loss_scale(step)")
+"""The fix named when an uneven plan's first backward ran with nothing weighting it (runtime.safety's check)."""
 T = TypeVar("T")
 
 
@@ -159,6 +167,7 @@ class RayPlan:
             raise ValidationError("RayPlan: pass shuffle=True or shuffle=False, as the DataLoader it replaces had it "
                                   "(DataLoader's default is False): the planned loader cannot see yours")
         train = _ray_train()
+        train_on_this_thread()  # Ray's TrainingThread: the sampler's checks run here (module docstring)
         context = train.get_context()
         self.world_size = int(context.get_world_size())
         self.device = train.torch.get_device()
@@ -213,6 +222,9 @@ class RayPlan:
         if bad:
             raise ValidationError(f"RayPlan.dataloader: {', '.join(bad)} come from the plan; drop them")
         sampler = self.run.sampler_for(len(dataset), self.device)
+        sampler.weighting_fix = WEIGHTING_FIX
+        sampler.epoch_fix = ("iterate `for batch in planned_epoch(loader, epoch)`, or call "
+                             "loader.sampler.set_epoch(epoch) before each epoch's `for batch in loader`")
         workers = self.run.num_workers(0) if num_workers is None else int(num_workers)
         self.run.loader_workers = workers
         if model is not None:

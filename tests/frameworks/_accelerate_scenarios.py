@@ -2,6 +2,8 @@
 
     torchrun --standalone --nproc-per-node 2 tests/frameworks/_accelerate_scenarios.py OUT PLAN73 PLAN88
 
+unscaled    planned_dataloader, plan [7, 3], backward without loader.loss_scale(): the first backward's
+            refusal on each rank (run first: nothing has weighted a gradient in this process yet) -> unscaled_<rank>.pt
 profile     profiler.api.profile_job of the dict-batch step on both ranks: the same Profile everywhere -> profile.pt
 exact       planned_dataloader, plan [7, 3], 30 float64 samples, accelerator.prepare + backward: 3 steps -> exact.pt
 accumulate  the same with gradient_accumulation_steps=2 inside accelerator.accumulate: 2 steps -> accumulate.pt
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
+from planner.errors import ValidationError
 from profiler.api import batches_from, profile_job
 from profiler.workloads.emulate import Slowdown
 from runtime.adapters.accelerate import planned_dataloader
@@ -51,9 +54,24 @@ def train(accelerator: Accelerator, loader: Any, model: torch.nn.Module, epochs:
             "prepare_kept_loader": prepared is loader}
 
 
+def refused(accelerator: Accelerator, loader: Any, model: torch.nn.Module) -> dict[str, Any]:
+    """The first step of ``train`` without the loss scale: the ValidationError's line, and whether any gradient
+    reached the parameters (None: the step trained)."""
+    try:
+        train(accelerator, loader, model, scale=False)
+    except ValidationError as e:
+        return {"error": str(e), "grads": [p.grad is not None for p in model.parameters()]}
+    return {"error": None, "grads": [p.grad is not None for p in model.parameters()]}
+
+
 def main(out: Path, plan73: Path, plan88: Path) -> None:
     accelerator = Accelerator(cpu=True)
     data = DictData(30)
+
+    # the loss scale forgotten (the documented loop without `* loader.loss_scale()`): refused on every rank
+    model = make_net()
+    loader = planned_dataloader(accelerator, plan73, data, model=model, shuffle=True, seed=0, epochs=1)
+    torch.save(refused(accelerator, loader, model), out / f"unscaled_{accelerator.process_index}.pt")
 
     # every rank profiles the user's own step (dict batches) and receives the gathered Profile
     profile = profile_job(make_net, batches_from(data), dict_loss, "cpu", quick=True, batch_sizes=[4, 8],

@@ -4,6 +4,8 @@
 
 The exactness scenarios train one optimizer step with SGD (lr 1, no clipping) from the same GPT-2 initialization;
 rank 0 saves the parameters to OUT/NAME.pt, and test_hf.py compares them with one process's token-mean step.
+``own_step`` (run first: nothing has weighted a gradient in this process yet): a Trainer subclass whose own
+``training_step`` computes the loss without ``compute_loss`` -> OUT/own_step_<rank>.json, the refusal's line.
 ``replan``: plan [8, 8], rank 1 emulated 3x slower, 3 epochs with re-planning -> OUT/run.jsonl.
 """
 
@@ -80,6 +82,31 @@ def train(model: nn.Module, n: int, accumulate: int, plan: str, out: str, **kw: 
     return [p.detach().clone() for p in model.parameters()]
 
 
+def own_step(out: str, plan73: str) -> None:
+    """A Trainer whose training_step takes the model's loss itself: planned_trainer's compute_loss never weights
+    it.  Saves the first backward's ValidationError line (None: the step trained)."""
+    import json
+
+    import torch.distributed as dist
+    from transformers import Trainer
+
+    from planner.errors import ValidationError
+
+    class OwnStepTrainer(Trainer):  # type: ignore[misc]
+        def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> Any:
+            model.train()
+            loss = model(**self._prepare_inputs(inputs)).loss
+            self.accelerator.backward(loss)
+            return loss.detach()
+
+    try:
+        train(make_gpt2(), 10, 1, plan73, out, trainer_cls=OwnStepTrainer)
+        error = None
+    except ValidationError as e:
+        error = str(e)
+    (Path(out) / f"own_step_{dist.get_rank()}.json").write_text(json.dumps({"error": error}))
+
+
 def replan(out: str, plan88: str) -> None:
     """3 epochs of 12 steps, rank 1 doing 3x the forward+backward work (profiler.workloads.emulate.Slowdown)."""
     import torch.distributed as dist
@@ -138,6 +165,7 @@ def calibrate(out: str, plan88: str) -> None:
 def main(out: str, plan73: str, plan88: str) -> None:
     import torch.distributed as dist
 
+    own_step(out, plan73)
     results = {
         "gpt2": train(make_gpt2(), 10, 1, plan73, out),  # the adapter counts GPT-2's shifted targets
         "gpt2_accum2": train(make_gpt2(), 20, 2, plan73, out),  # 2 micro-batches per rank, one step

@@ -5,6 +5,8 @@
 exact   the planned strategy + callback, plan [7, 3], 30 float64 samples: 3 optimizer steps  -> exact.pt
 plain   the same [7, 3] batches from the user's own sampler, Lightning's plain averaging  -> plain.pt
 stock   Lightning's default: DataLoader(batch_size=5, shuffle=True), DistributedSampler   -> stock.pt
+unplanned  strategy="ddp" with the planned callback: refused at the fit's start on each rank -> unplanned_<rank>.pt
+alone   the planned strategy without its callback, 2 epochs: each epoch's first features of rank 0 -> alone.pt
 replan  plan [8, 8], rank 1 emulated 3x slower (profiler.workloads.emulate.Slowdown), re-planning, run log -> run.jsonl
 """
 
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from planner.errors import ValidationError
 from profiler.workloads.emulate import Slowdown
 from runtime.adapters.lightning import LightningPlan
 from runtime.sampler import HeteroBatchSampler
@@ -36,12 +39,15 @@ class Module(L.LightningModule):
         self.slowdown = Slowdown(slowdown)
         self.batch_sizes = batch_sizes
         self.seen: list[int] = []
+        self.firsts: list[float] = []
+        """Each batch's first sample's first feature (which samples, in which order)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         self.seen.append(len(batch["x"]))
+        self.firsts.append(float(batch["x"][0, 0]))
         self.slowdown.apply(self.net, F.mse_loss, batch["x"], batch["y"])  # emulated extra work on one rank
         return dict_loss(self.net, batch)
 
@@ -82,6 +88,22 @@ def main(out: Path, plan73: Path, plan88: Path) -> None:
     module = Module(DictData(30), "default", make_net())
     fit(module, 1, strategy="ddp")
     save_rank0(out, "stock", {"params": params(module), "seen": module.seen})
+
+    # the planned callback beside Lightning's own DDP strategy: the plan would not apply; refused at the start
+    planned = LightningPlan(plan73, seed=0)
+    module = Module(DictData(30), "default", make_net())
+    try:
+        fit(module, 1, strategy="ddp", callbacks=[planned.callback])
+        error = None
+    except ValidationError as e:
+        error = str(e)
+    torch.save({"error": error, "seen": module.seen}, out / f"unplanned_{torch.distributed.get_rank()}.pt")
+
+    # the planned strategy without its callback: the strategy adds it (epoch shuffle, epoch ends)
+    planned = LightningPlan(plan73, seed=0)
+    module = Module(DictData(30), "default", make_net())
+    fit(module, 2, strategy=planned.strategy)
+    save_rank0(out, "alone", {"seen": module.seen, "firsts": module.firsts})
 
     # replan: rank 1 does 3x the work; the planned callback re-plans between epochs and logs it
     rank = torch.distributed.get_rank()

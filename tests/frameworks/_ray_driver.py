@@ -5,6 +5,8 @@
 Starts Ray with 2 CPUs, no dashboard and no usage report (nothing leaves the machine), writes the plans it needs
 to OUT, and runs one training function on both workers that, in order:
 
+  0. makes the mistake of a loop that weights nothing: ``planned_dataloader`` without ``model=`` and without the
+     loss scale, and keeps the first backward's refusal (first: nothing has weighted a gradient in the worker yet);
   1. runs examples/ray_stock.py's and examples/ray_planned.py's ``train`` (the planned one on a
      [12, 4] plan), and passes a plain ``batch_sampler`` loader through ``prepare_data_loader``;
   2. trains the float64 twin: a [7, 3] plan through ``planned_dataloader(..., model=ddp)`` and Ray's own
@@ -86,6 +88,25 @@ def twin(plan: Any, *, weighted: bool, scaled: bool = False, log_file: str | Non
             "loader_type": type(loader).__name__, "sampler_type": type(loader.sampler).__name__}
 
 
+def unweighted_step(plan: Any) -> str | None:
+    """The first step of a planned loop that passes no ``model=`` and scales no loss: the ValidationError's line
+    (None: it trained)."""
+    import ray.train.torch
+
+    from planner.errors import ValidationError
+    from runtime.adapters.ray import planned_dataloader, planned_epoch
+
+    model = ray.train.torch.prepare_model(make_model())
+    loader = ray.train.torch.prepare_data_loader(planned_dataloader(plan, Indexed(30), shuffle=True))
+    try:
+        for batch in planned_epoch(loader, 0, last=True):
+            F.mse_loss(model(batch["x"]), batch["y"]).backward()
+            break
+    except ValidationError as e:
+        return str(e)
+    return None
+
+
 def loop(config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
@@ -95,6 +116,7 @@ def loop(config: dict[str, Any]) -> None:
 
     rank = ray.train.get_context().get_world_rank()
     out: dict[str, Any] = {"world": ray.train.get_context().get_world_size(), "t_start": time.time()}
+    out["unweighted"] = unweighted_step(config["twin_plan"])
     stock = load_script(str(REPO / "examples" / "ray_stock.py"), "ray_stock_example")
     planned = load_script(str(REPO / "examples" / "ray_planned.py"), "ray_planned_example")
     args = ["--epochs", "1", "--num-samples", "64"]

@@ -3,7 +3,8 @@
 * exactness: a [7, 3] plan, float64, 3 optimizer steps == one process on the same 10 samples per step (1e-9),
   and with gradient_accumulation_steps=2 (windows of 20 and 10 samples, 2 optimizer steps);
 * ``accelerator.prepare`` returns the planned loader unchanged (it would otherwise re-shard its batches);
-* accelerate's plain averaging over the same [7, 3] batches is not exact;
+* accelerate's plain averaging over the same [7, 3] batches is not exact, and the documented loop without
+  ``* loader.loss_scale()`` is refused at its first backward on both ranks, with the line naming the factor;
 * re-planning: rank 1 emulated 3x slower moves the split between epochs, visible in the run log;
 * before training, profiler.api.profile_job gave both ranks the same gathered Profile of the user's dict-batch
   step, with the all-reduce and the measured DDP overhead.
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from planner.errors import ValidationError
 from planner.runlog import read_run_log
@@ -41,6 +43,18 @@ def test_planned_uneven_batches_equal_one_process(runs: Path, name: str, windows
 @pytest.mark.distributed
 def test_plain_averaging_of_uneven_batches_is_not_exact(runs: Path) -> None:
     assert max_diff(load_result(runs, "plain")["params"], reference_params(30, [10, 10, 10])) > 1e-3
+
+
+@pytest.mark.distributed
+def test_a_loop_without_the_loss_scale_is_refused_at_its_first_backward_on_every_rank(runs: Path) -> None:
+    for rank in range(2):
+        res = torch.load(runs / f"unscaled_{rank}.pt", weights_only=True)
+        assert res["error"] is not None, f"rank {rank} trained an uneven plan with accelerate's plain average"
+        assert res["error"].startswith("the plan gives the ranks [7, 3] samples a step, but nothing weights")
+        assert res["error"].endswith("; multiply the loss by the planned loader's factor: "
+                                     "accelerator.backward(loss * loader.loss_scale())"), res["error"]
+        assert "\n" not in res["error"]
+        assert not any(res["grads"])  # refused before any gradient was all-reduced
 
 
 @pytest.mark.distributed

@@ -3,7 +3,9 @@
 One optimizer step (SGD, lr 1) equals one process's step on the token-mean loss over all ranks' sequences to
 1e-9: GPT-2 (the adapter counts its shifted targets), with 2 micro-batches per rank, and a plain module returning
 its mean loss with its own count_tokens; weighting ranks by their sample counts on the same data is wrong. A 3x slower rank is re-planned between epochs through the Trainer's callback,
-visible in the run log.  A scratch Trainer's own step calibrates the profile's per-step overhead.
+visible in the run log.  A scratch Trainer's own step calibrates the profile's per-step overhead.  A Trainer whose
+own ``training_step`` never calls ``compute_loss`` (so nothing weights its loss) is refused at its first backward on
+both ranks.
 """
 
 from __future__ import annotations
@@ -42,6 +44,17 @@ def reference(n: int) -> list[torch.Tensor]:
 def test_planned_trainer_gives_the_one_process_token_mean_step(runs: Path, name: str, n: int) -> None:
     got = load_result(runs, name)
     assert max_diff(got, reference(n)) <= 1e-9
+
+
+@pytest.mark.distributed
+def test_a_training_step_that_skips_the_weighted_compute_loss_is_refused_on_every_rank(runs: Path) -> None:
+    import json
+
+    for rank in range(2):
+        error = json.loads((runs / f"own_step_{rank}.json").read_text())["error"]
+        assert error is not None, f"rank {rank} trained an uneven plan without its weighting"
+        assert error.startswith("the plan gives the ranks [7, 3] samples a step, but nothing weights"), error
+        assert error.endswith("compute the loss with self.compute_loss(model, inputs) (or pass compute_loss_func=)")
 
 
 @pytest.mark.distributed

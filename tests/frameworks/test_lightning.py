@@ -4,6 +4,9 @@
 * the framework's own averaging is exact only for equal batches: Lightning's default ([5, 5] through its
   DistributedSampler, which covers the same 10 samples per step) matches too, while the same [7, 3] batches
   with Lightning's plain averaging do not;
+* the two halves go together: the planned callback beside ``strategy="ddp"`` is refused at the fit's start on
+  both ranks (the plan would not apply), and the planned strategy without its callback adds it (every epoch its
+  own order, as with it);
 * re-planning: rank 1 emulated 3x slower (profiler.workloads.emulate.Slowdown) moves the split between epochs, visible in
   the run log, and the next epochs train with the new batches.
 """
@@ -14,6 +17,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 from planner.runlog import read_run_log
 from tests.frameworks._common import load_result, max_diff, reference_params, run_scenarios, write_plan
@@ -41,6 +45,31 @@ def test_framework_averaging_is_exact_only_for_equal_batches(runs: Path) -> None
     stock, plain = load_result(runs, "stock"), load_result(runs, "plain")
     assert stock["seen"] == [5, 5, 5] and max_diff(stock["params"], reference) < 1e-9
     assert plain["seen"] == [7, 7, 7] and max_diff(plain["params"], reference) > 1e-3
+
+
+@pytest.mark.distributed
+def test_the_planned_callback_with_another_strategy_is_refused_at_the_start_on_every_rank(runs: Path) -> None:
+    for rank in range(2):
+        res = torch.load(runs / f"unplanned_{rank}.pt", weights_only=True)
+        assert res["error"] == (
+            "LightningPlan: the Trainer's strategy is DDPStrategy, not the planned one, so the plan is not applied "
+            "(the DataLoader's own batches train); pass L.Trainer(strategy=planned.strategy, "
+            "callbacks=[planned.callback])"), res["error"]
+        assert res["seen"] == []  # no step trained
+
+
+@pytest.mark.distributed
+def test_the_planned_strategy_without_its_callback_still_shuffles_each_epoch(runs: Path) -> None:
+    from runtime.sampler import epoch_permutation
+    from tests.frameworks._common import DictData
+
+    alone = load_result(runs, "alone")
+    assert alone["seen"] == [7, 7, 7] * 2  # the plan, both epochs
+    data = DictData(30)
+    for epoch in range(2):  # rank 0's first sample of each step is position 10*s of epoch e's permutation
+        perm = epoch_permutation(30, epoch).tolist()
+        expected = [float(data.x[perm[10 * s], 0]) for s in range(3)]
+        assert alone["firsts"][3 * epoch:3 * epoch + 3] == expected
 
 
 @pytest.mark.distributed

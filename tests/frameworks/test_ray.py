@@ -5,6 +5,8 @@ One launch (tests/frameworks/_ray_driver.py: ``ray.init(num_cpus=2, include_dash
 past a deadline; every assert below reads what its workers saved:
 
   * examples/ray_planned.py is examples/ray_stock.py plus the documented diff, and both train;
+  * a planned loader without ``model=`` and without the loss scale is refused at its first backward on both
+    workers (Ray's training thread runs the check), with the line naming both fixes;
   * float64: a [7, 3] plan through Ray's own ``prepare_model`` / ``prepare_data_loader`` equals one process on the
     same 10 samples per step; the same batches under DDP's plain average do not (the test can fail);
   * a plan for 1 worker handed to a 2-worker group with ``profile_fn`` is re-profiled and re-planned for 2.
@@ -137,6 +139,17 @@ def test_planned_twin_equals_one_process_and_plain_averaging_does_not(ray_run: d
     control = [ray_run["ranks"][r]["control"] for r in range(2)]
     assert control[0]["seen"] == twin[0]["seen"]  # the same batches ...
     assert max_diff(control[0]["params"], reference) > 1e-4  # ... under DDP's plain average: not the true gradient
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess  # the Ray run: interpreters, tens of seconds
+def test_a_loop_that_weights_nothing_is_refused_at_its_first_backward_on_every_worker(ray_run: dict[str, Any]) -> None:
+    for rank, res in ray_run["ranks"].items():
+        error = res["unweighted"]
+        assert error is not None, f"worker {rank} trained an uneven plan with DDP's plain average"
+        assert error.startswith("the plan gives the ranks [7, 3] samples a step, but nothing weights"), error
+        assert error.endswith("; pass model= (the model ray.train.torch.prepare_model returned) to planned_dataloader, "
+                              "or multiply the loss by loader.sampler.planned.loss_scale(step)"), error
 
 
 @pytest.mark.slow
