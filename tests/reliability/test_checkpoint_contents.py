@@ -47,7 +47,7 @@ def _record_checkpoint(folder: Path, run: dict[str, Any]) -> Path:
     ({"dataset": "cifar10:/data/cifar"}, "which names a data folder"),
     ({"num_samples": 2**40}, "refused: run.num_samples is 1099511627776, outside the 1..2147483647 its flag accepts"),
     ({"image_size": 2**20}, "refused: run.image_size is 1048576, outside the 1..8192 its flag accepts"),
-])
+], ids=["imagefolder-root", "cifar10-folder", "num-samples-2**40", "image-size-2**20"])
 def test_data_the_checkpoint_would_choose_or_size_is_refused_in_one_line(
         run: dict[str, Any], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in run.items()}
