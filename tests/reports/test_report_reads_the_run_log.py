@@ -10,6 +10,15 @@ CPU run over gloo measures them:
     the measured step ~81 ms; a start record without the dataset size, epochs of 4,096 samples in 64 steps;
   * cpu2_replan_then_rank0_slowdown_run.jsonl -- the plan [7, 3] in epoch 0 with rank 0 at 1.6x its curve,
     re-planned to [5, 5] for epoch 1, rank 0 at 5x its curve in epoch 2.
+
+And two recorded runs of `planner train` on a loaded 2-core box (load average 12-14), cifar_cnn, 2 gloo ranks, global
+batch 64, 1,024 samples, 3 epochs, profiled and planned without any added cost (cpu2_loaded_cifar_cnn_profile.json
+and _plan.json: the equal split, 404 ms a step plus 100 ms of DDP overhead); then rank 1 waited 40 ms per sample:
+
+  * ..._rank1_sample_cost_in_step_run.jsonl -- in a forward pre-hook of the model's first layer, inside the step
+    timer's compute span;
+  * ..._rank1_sample_cost_before_timers_run.jsonl -- in a forward pre-hook of the model itself, which runs before
+    the span opens: no rank's timer holds it.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from planner.profile import ComputePoint, HostProfile, RankProfile
 from planner.quality import check_profile
 from planner.runlog import read_run_log
 from planner.solve import SolveOptions
-from reports.analysis import analyze
+from reports.analysis import Report, analyze
 from reports.as_measured import as_measured, speed_eras
 from reports.causes import INSIDE_STEP
 from reports.measured import epoch_size, log_findings
@@ -115,6 +124,42 @@ def test_splits_are_compared_only_at_the_same_rank_speeds() -> None:
                     "different rank speeds (rank 0's compute over its curve changed 3.12x between epoch 0 and epoch "
                     "2): their 1,471 and 610 samples/s measure that change, not the splits, so the report does not "
                     "compare them."), line
+
+
+LOADED_PROFILE = DATA / "cpu2_loaded_cifar_cnn_profile.json"
+LOADED_PLAN = DATA / "cpu2_loaded_cifar_cnn_plan.json"
+
+
+def _loaded_report(log_name: str) -> Report:
+    """The report `planner report --profile --plan --log` makes of one of the recorded logs."""
+    prof, plan = Profile.load(LOADED_PROFILE), Plan.load(LOADED_PLAN)
+    log = read_run_log(DATA / log_name)
+    size = epoch_size(log)
+    assert size == (1024, "the run log's dataset size")
+    return analyze(prof, plan, plan.options, log=log, dataset_size=size[0], quality=check_profile(prof))
+
+
+def test_a_recorded_per_sample_cost_inside_the_step_names_its_rank_slow() -> None:
+    rep = _loaded_report("cpu2_loaded_cifar_cnn_rank1_sample_cost_in_step_run.jsonl")
+    lines = rep.findings.lines
+    (slow,) = [x for x in lines if x.startswith("Rank 1 (CPU x86_64) is slow in the run log")]
+    assert "4.73x its profiled curve where rank 0's is 1.03x" in slow and f"{INSIDE_STEP} (" in slow, slow
+    assert rep.causes is not None and [s.rank for s in rep.causes.slow_ranks] == [1]
+    (step,) = [x for x in lines if x.startswith("Step time")]
+    assert "is set by rank 1 (CPU x86_64), busy 1798.0 ms a step; rank 0 is busy 446.5 ms and waits for it" in step
+    assert any("an epoch of 1,024 samples" in x for x in lines)
+    # The profile's 100.4 ms of DDP overhead, on a box this loaded, is more than the run paid: 36.3 ms.
+    assert "communication 36.3 ms a step as the run measured it, not the profile's 100.4 ms" in rep.what_if_basis
+    assert rep.findings.drop_ranks == ()
+
+
+def test_a_recorded_cost_outside_every_timer_is_named_as_such() -> None:
+    rep = _loaded_report("cpu2_loaded_cifar_cnn_rank1_sample_cost_before_timers_run.jsonl")
+    (miss,) = [x for x in rep.findings.lines if x.startswith("Prediction miss")]
+    assert ("likely cause: 1216.3 ms of each step is in no rank's own time (the step 2017.8 ms, the busiest rank's "
+            "compute and data wait 701.2 ms, the predicted communication 100.4 ms): work the loop does outside the "
+            "timed forward and backward") in miss, miss
+    assert not any("is slow in the run log" in x for x in rep.findings.lines)
 
 
 def _skewed_profile() -> Profile:
