@@ -194,7 +194,7 @@ def analyze(
     basis = as_measured(profile, log, opts.mode) if log is not None else None
     wprof, wref, basis_text = profile, ref, ""
     if basis is not None and basis.changed:
-        wprof, basis_text = basis.profile, f"at the run log's epoch {basis.epoch}: {basis.text}"
+        wprof, basis_text = basis.profile, f"as measured in the run log's epoch {basis.epoch}: {basis.text}"
         wref = _solved_samples_per_s(wprof, B, opts) or ref
     # A drop must beat the best split of the whole cluster, not only the one kept within the min gain.
     floor = max(wref, _solved_samples_per_s(wprof, B, opts.with_overrides({"min_gain": 0.0})))

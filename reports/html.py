@@ -148,7 +148,7 @@ def render_html(rep: Report, pngs: dict[str, bytes], *, title: str = "ddp-planne
     # The base every change is against: the what-ifs' own (on a run log's measured speeds, when one is given).
     base = next((w.samples_per_s - w.delta_samples_per_s for w in rep.what_ifs if w.feasible),
                 thr.resolved_samples_per_s)
-    basis = f" The scenarios read the run log: {_e(rep.what_if_basis)}." if rep.what_if_basis else ""
+    basis = f" The scenarios are solved {_e(rep.what_if_basis)}." if rep.what_if_basis else ""
     parts.append(f'<p class="note">Each scenario is re-solved at global batch {thr.global_batch}; the change is '
                  f"against the re-solved current cluster ({fmt_rate(base)} samples/s). Added ranks "
                  f"share their host's CPU cores with the ranks already there.{basis}</p>")

@@ -76,6 +76,7 @@ def test_a_rank_measured_5x_slower_is_named_slow_with_the_cause_inside_the_step(
     assert "noisy" not in miss and "rank 1's own step measured 56.1 ms against 11.8 ms predicted" in miss
     page = slow_report["html"]
     assert "No rank is more than 15% slower" not in page
+    assert "The scenarios are solved as measured in the run log&#x27;s epoch 2: rank 1 at 5.01x" in page
     assert "rank 1 (CPU x86_64), 80% slower than rank 0 in epoch 2 (run log)" in page and f"<li>{INSIDE_STEP}</li>" in page
 
 
@@ -100,7 +101,7 @@ def test_drop_what_ifs_charge_no_more_communication_than_the_measured_step(slow_
     drops = {w["subject_rank"]: w for w in slow_report["what_ifs"] if w["kind"] == "drop"}
     # Dropping the fast rank leaves the slow one alone: slower at the measured speeds, never suggested.
     assert drops[0]["delta_frac"] < 0 and 0 not in slow_report["findings"]["drop_ranks"]
-    assert slow_report["what_if_basis"] == ("at the run log's epoch 2: rank 1 at 5.01x its profiled curve; "
+    assert slow_report["what_if_basis"] == ("as measured in the run log's epoch 2: rank 1 at 5.01x its profiled curve; "
                                             "communication 25.0 ms a step as the run measured it, not the "
                                             "profile's 94.6 ms")
 
