@@ -56,7 +56,7 @@ from runtime.ddp_settings import ddp_kwargs
 from runtime.epoch import DEFAULT_PREFETCH, EpochEnd, loader_fill_drain, unsteady_start
 from runtime.replan import ReplanDecision, Replanner
 from runtime.replan.model import DEFAULT_SMOOTHING
-from runtime.safety import check_agreement, check_batchnorm, gather_agreement
+from runtime.safety import check_agreement, check_batchnorm, first_ranks, gather_agreement
 from runtime.sampler import HeteroBatchSampler
 from runtime.timing import ComputeStart, StepTimer, close_compute_on_last_gradient
 from runtime.weighting import WeightedHookState, loss_scale, register_weighted_hook
@@ -370,12 +370,10 @@ class PlannedRun:
         s = self.sampler
         start = (f"epoch {epoch} at step {s.start_step} with batches {list(s.batch_sizes)}" if s is not None
                  else f"epoch {epoch}")
-        by_rank = gather_agreement({"start": start})
-        firsts: dict[str, int] = {}
-        for r in sorted(by_rank):
-            firsts.setdefault(str(by_rank[r].get("start")), r)
+        starts = {r: str(payload.get("start"))[:80] for r, payload in gather_agreement({"start": start}).items()}
+        firsts = first_ranks(starts)
         if len(firsts) > 1:
-            listed = ", ".join(f"rank {r} starts {text[:80]}" for text, r in list(firsts.items())[:3])
+            listed = ", ".join(f"rank {r} starts {starts[r]}" for r in firsts[:3])
             raise ValidationError(
                 f"ranks start differently: {listed}; resume every rank from the same checkpoint "
                 "(run.sampler.load_state_dict(state) with the same state on every rank) and start the same epoch")

@@ -122,15 +122,23 @@ def gather_agreement(facts: Mapping[str, Any], group: Any = None) -> dict[int, d
             return "an older version (its agreement names none)"
         return f"{_shown(payload.get('version'), 20)} (agreement format {_shown(payload.get('format'), 10)})"
 
-    firsts: dict[str, int] = {}
-    for r in sorted(by_rank):
-        firsts.setdefault(said(by_rank[r]), r)
+    versions = {r: said(by_rank[r]) for r in by_rank}
+    firsts = first_ranks(versions)
     if len(firsts) > 1:
-        listed = ", ".join(f"rank {r} has {text}" for text, r in list(firsts.items())[:3])
+        listed = ", ".join(f"rank {r} has {versions[r]}" for r in firsts[:3])
         first = by_rank[0].get("version") if isinstance(by_rank[0], dict) else None  # the same line on every rank
         raise ValidationError(f"ranks run different ddp-planner versions: {listed}; "
                               f"{VERSION_FIX.replace('VERSION', _shown(first or planner.__version__, 20))}")
     return by_rank
+
+
+def first_ranks(values: Mapping[int, Any]) -> list[int]:
+    """The first rank holding each distinct value (compared as JSON), in rank order: ``[0]`` when every rank
+    agrees; the ranks an error line names when they do not."""
+    firsts: dict[str, int] = {}
+    for r in sorted(values):
+        firsts.setdefault(json.dumps(values[r], sort_keys=True), r)
+    return list(firsts.values())
 
 
 def check_settings(settings: Mapping[str, Any], *, fixes: Mapping[str, str] | None = None, group: Any = None) -> None:

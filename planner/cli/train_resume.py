@@ -4,7 +4,6 @@ boundary.  The file format and its safety checks are planner/cli/checkpoint.py."
 
 from __future__ import annotations
 
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -69,7 +68,7 @@ def agree_on_resume(checkpoint_dir: str | None, resume_at: tuple[int, int] | Non
     rank 1's none (or an older one). Unchecked, the ranks trained together from different epochs with different
     weights and optimizer states, each drawing its share of another epoch's shuffle: samples were missed and
     others seen twice, silently.  The checkpoint is compared by the digest of its file's bytes."""
-    from runtime.safety import gather_agreement
+    from runtime.safety import first_ranks, gather_agreement
 
     def cut(text: str | None) -> str:
         text = str(text)
@@ -78,9 +77,7 @@ def agree_on_resume(checkpoint_dir: str | None, resume_at: tuple[int, int] | Non
     state = None if resume_at is None else {"epoch": int(resume_at[0]), "step": int(resume_at[1]),
                                             "checkpoint": fingerprint}
     by_rank = gather_agreement({"resume": state, "folder": checkpoint_dir})
-    firsts: dict[str, int] = {}  # each distinct state (as JSON) -> the first rank in it
-    for r in sorted(by_rank):
-        firsts.setdefault(json.dumps(by_rank[r].get("resume"), sort_keys=True), r)
+    firsts = first_ranks({r: payload.get("resume") for r, payload in by_rank.items()})
     if len(firsts) == 1:
         return
 
@@ -91,9 +88,9 @@ def agree_on_resume(checkpoint_dir: str | None, resume_at: tuple[int, int] | Non
         return (f"rank {r} resumes epoch {mine.get('epoch')} step {mine.get('step')} of checkpoint "
                 f"{cut(mine.get('checkpoint'))} in {cut(folder)}")
 
-    source = next((r for r in firsts.values() if isinstance(by_rank[r].get("resume"), dict)), 0)
+    source = next((r for r in firsts if isinstance(by_rank[r].get("resume"), dict)), 0)
     raise ValidationError(
-        f"ranks would resume differently: {', '.join(said(r) for r in list(firsts.values())[:3])}; every rank must "
+        f"ranks would resume differently: {', '.join(said(r) for r in firsts[:3])}; every rank must "
         f"resume the same checkpoint -- point --checkpoint at a folder every rank reads, or copy rank {source}'s "
         f"{CHECKPOINT_NAME} into every rank's folder (or empty every folder to start afresh)")
 
