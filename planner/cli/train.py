@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
@@ -66,6 +65,7 @@ from profiler.devstate import DeviceStateSampler
 from profiler.workloads.emulate import Slowdown
 from profiler.workloads.specs import Workload, build_workload
 from runtime.accumulate import MicroStep, micro_steps
+from runtime.collectives import decide_on_rank0
 from runtime.compress import stock_compress_hook
 from runtime.ddp_settings import ddp_kwargs
 from runtime.replan import Replanner
@@ -413,9 +413,9 @@ def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
                     run.loader = rank_loader(run)
         elif end.note is not None:
             res.replan = {"reason": end.note}
-        checkpoint(run, res.epoch + 1, 0)
-    if env.distributed:
-        dist.barrier()
+        # Rank 0 saves while the others wait for its word: its error (a full disk) is every rank's one line, exit 2,
+        # instead of a peer's traceback from a collective it was left alone in.
+        decide_on_rank0(lambda: checkpoint(run, res.epoch + 1, 0))
     fill = max(res.stats, key=lambda s: s.get("fill_excess_s", 0.0))
     wall = (f"  wall {res.wall_s:.1f} s = {res.samples / res.wall_s:.1f} samples/s"
             if res.wall_s and res.samples and not cfg.data_on_device else "")
