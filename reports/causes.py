@@ -88,7 +88,29 @@ class Causes:
 
     @property
     def lines(self) -> tuple[str, ...]:
-        return tuple(s.text for s in self.slow_ranks)
+        """One line per slow rank; past ``MAX_PEER_LINES`` ranks slow against their peers in the run log, the rest in
+        one line (the findings stay short at any cluster size; the HTML lists every one)."""
+        from reports.findings import rank_list
+
+        peers = [s for s in self.slow_ranks if _against_peer(s)]
+        rest = peers[MAX_PEER_LINES:]
+        summed = {id(s) for s in rest}
+        out = [s.text for s in self.slow_ranks if id(s) not in summed]
+        if rest:
+            worst = max(rest, key=lambda s: s.slower_frac)
+            out.append(f"{len(rest)} more ranks ran slow against their profiled curves in the run log ("
+                       f"{rank_list([s.rank for s in rest])}; the worst, rank {worst.rank}, "
+                       f"{1 / (1 - worst.slower_frac):.2f}x): the HTML report lists each with its state.")
+        return tuple(out)
+
+
+MAX_PEER_LINES = 3
+"""Ranks slow against their peers in the run log (``log_slow_ranks``) that get a finding line each, the slowest
+first; the others share one."""
+
+
+def _against_peer(s: SlowRank) -> bool:
+    return s.source == "run log" and s.reference.startswith("rank")
 
 
 def _state_text(ev: list[Evidence], chk: list[str], state: DeviceState | None, where: str) -> tuple[str, bool]:
@@ -279,7 +301,7 @@ def log_slow_ranks(profile: Profile, log: RunLog, *, skip: Collection[int] = ())
                             slower_frac=1 - 1 / factor, samples_per_s=mine, reference_samples_per_s=theirs,
                             epoch=e.epoch, evidence=tuple(ev), checked=tuple(chk), visible=visible,
                             unexplained=INSIDE_STEP, text=text))
-    return out
+    return sorted(out, key=lambda s: -s.slower_frac)
 
 
 def find_causes(profile: Profile, *, global_batch: int, base_samples_per_s: float, opts: SolveOptions,

@@ -198,3 +198,26 @@ def test_a_log_of_equal_ranks_on_their_curves_changes_no_what_if(tmp_path: Path)
     assert isinstance(plan, Plan)
     rep = analyze(prof, plan, plan.options, log=log)
     assert rep.what_if_basis == "" and rep.causes is not None and rep.causes.slow_ranks == ()
+
+
+def test_many_ranks_slow_against_their_peers_share_one_finding_line() -> None:
+    from planner.runlog import EpochRecord, RunLog
+    from planner.stats import StepStats
+    from reports.causes import find_causes
+
+    prof = Profile(hosts=(HostProfile(name="node0", cpu_cores=64),),
+                   ranks=tuple(RankProfile(rank=i, host="node0", device=f"cuda:{i}", device_name="GPU",
+                                           compute=(ComputePoint(batch_size=8, step_time_s=0.008),
+                                                    ComputePoint(batch_size=64, step_time_s=0.064)))
+                               for i in range(8)))
+    # Rank i ran (1 + i/2)x its curve: ranks 1..7 are slow against rank 0, rank 7 the most (4.5x).
+    stats = tuple(StepStats(rank=i, epoch=0, num_steps=50, batch_size=32, num_workers=0, data_wait_s=0.0,
+                            compute_s=0.032 * (1 + i / 2), step_time_s=0.15) for i in range(8))
+    epoch = EpochRecord(epoch=0, plan_fingerprint="x", samples_per_s=1700.0, step_time_s=0.15, loss=1.0,
+                        batch_sizes=(32,) * 8, predicted_step_time_s=(0.032,) * 8, ranks=stats)
+    log = RunLog(world_size=8, global_batch=256, start_plan=None, epochs=(epoch,), replans=())
+    causes = find_causes(prof, global_batch=256, base_samples_per_s=8000.0, opts=SolveOptions(), log=log)
+    assert [s.rank for s in causes.slow_ranks] == [7, 6, 5, 4, 3, 2, 1]
+    assert [x[:7] for x in causes.lines] == ["Rank 7 ", "Rank 6 ", "Rank 5 ", "4 more "]
+    assert causes.lines[-1] == ("4 more ranks ran slow against their profiled curves in the run log (ranks 1..4; the "
+                                "worst, rank 4, 3.00x): the HTML report lists each with its state.")
