@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,7 @@ import torch
 
 from planner import solve
 from planner.cli import main
-from planner.cli.checkpoint import check_state_fits, load_checkpoint, save_checkpoint
+from planner.cli.checkpoint import check_state_fits, checkpoint_fingerprint, load_checkpoint, save_checkpoint
 from planner.errors import ValidationError
 from tests.planner._profiles import linear_profile
 from tests.reliability.test_divergence import one_rank_plan
@@ -146,3 +147,20 @@ def test_an_untampered_checkpoint_fits(epoch_checkpoint: Path) -> None:
     assert state is not None
     check_state_fits(state, model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), steps_per_epoch=9,
                      path=epoch_checkpoint / "ckpt")
+
+
+def test_the_checkpoint_fingerprint_follows_its_contents(epoch_checkpoint: Path, tmp_path: Path) -> None:
+    """What the ranks' resume agreement compares: a copy (another node's folder) matches, a checkpoint of another
+    epoch does not, a folder without one has none, and a file that is not a zip archive is hashed whole."""
+    source = epoch_checkpoint / "ckpt"
+    shutil.copytree(source, tmp_path / "copy")
+    assert checkpoint_fingerprint(tmp_path / "copy") == checkpoint_fingerprint(source) is not None
+    state = torch.load(source / "checkpoint.pt", weights_only=True)
+    state["epoch"] = 2
+    (tmp_path / "other").mkdir()
+    torch.save(state, tmp_path / "other" / "checkpoint.pt")
+    assert checkpoint_fingerprint(tmp_path / "other") != checkpoint_fingerprint(source)
+    assert checkpoint_fingerprint(tmp_path / "none") is None
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "checkpoint.pt").write_bytes(b"not a zip archive")
+    assert checkpoint_fingerprint(tmp_path / "raw") == hashlib.sha256(b"not a zip archive").hexdigest()[:16]
