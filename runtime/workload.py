@@ -36,10 +36,10 @@ from runtime.collectives import all_gather_json
 
 HOST_ID_ENV = "PLANNER_HOST_ID"
 ESCAPE = "allow_workload_mismatch=True (planner train: --allow-workload-mismatch)"
-WRAPPERS = ("module", "_orig_mod", "_forward_module")
-"""Attribute names a wrapper keeps the model under (DDP and DataParallel, torch.compile, Lightning's strategy
-wrapper, the profiler's step wrapper): leading ones are dropped from parameter names, so a model and its wrapper
-have one fingerprint."""
+WRAPPERS = frozenset({"module", "_orig_mod", "_forward_module", "_checkpoint_wrapped_module"})
+"""Attribute names a wrapper keeps a model or layer under (DDP and DataParallel, torch.compile, Lightning's strategy
+wrapper, the profiler's step wrapper, activation checkpointing): dropped from parameter names wherever they occur,
+so a model and its wrapped form have one fingerprint."""
 
 
 class WorkloadWarning(UserWarning):
@@ -107,10 +107,7 @@ def rank_facts(device: torch.device | str) -> dict[str, Any]:
 
 def _entries(model: torch.nn.Module) -> list[list[Any]]:
     def bare(name: str) -> str:
-        parts = name.split(".")
-        while len(parts) > 1 and parts[0] in WRAPPERS:
-            parts = parts[1:]
-        return ".".join(parts)
+        return ".".join(part for part in name.split(".") if part not in WRAPPERS)
 
     out: list[list[Any]] = []
     for kind, named in (("p", model.named_parameters()), ("b", model.named_buffers())):

@@ -119,6 +119,7 @@ def test_a_plan_made_for_another_model_is_refused_at_start() -> None:
     assert "\n" not in str(e.value)
     # The same structure passes, under a wrapper too and with other weights.
     assert _start(PlannedRun(plan), Wrapped(Small())) == []
+    assert model_fingerprint(torch.compile(Small())) == model_fingerprint(Small())  # type: ignore[arg-type]
     # The escape hatch: one warning instead, and the run goes on.
     said = _start(PlannedRun(plan, allow_workload_mismatch=True), Small(width=5))
     assert len(said) == 1 and "another model" in said[0]
@@ -250,7 +251,9 @@ def test_accelerate_loader_refuses_another_model() -> None:
 def _two_cpu_ranks(rank: int, world_size: int, plan: Plan) -> None:
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        PlannedRun(plan).sampler_for(64, "cpu")
+        run = PlannedRun(plan)
+        run.sampler_for(64, "cpu")
+        run.watch(nn.parallel.DistributedDataParallel(Small()))  # the model the plan was made for, inside DDP
     said = _workload_warnings(record)
     if rank == 0:
         assert len(said) == 1, said
