@@ -6,6 +6,8 @@ The exactness scenarios train one optimizer step with SGD (lr 1, no clipping) fr
 rank 0 saves the parameters to OUT/NAME.pt, and test_hf.py compares them with one process's token-mean step.
 ``own_step`` (run first: nothing has weighted a gradient in this process yet): a Trainer subclass whose own
 ``training_step`` computes the loss without ``compute_loss`` -> OUT/own_step_<rank>.json, the refusal's line.
+``hf_count`` (second: still nothing weighted): a ``compute_loss_func`` with the Trainer's own global token count,
+which the adapter keeps and counts as the weighting -> OUT/hf_count.pt.
 ``replan``: plan [8, 8], rank 1 emulated 3x slower, 3 epochs with re-planning -> OUT/run.jsonl.
 """
 
@@ -61,6 +63,26 @@ class Padded(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         ids[:k] = torch.randint(1, 128, (k,), generator=g)
         mask = (torch.arange(SEQ_LEN) < k).long()
         return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+class Logits(nn.Module):
+    """GPT-2's logits and no loss: the Trainer's ``compute_loss_func`` makes the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm = make_gpt2()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, Any]:
+        return {"logits": self.lm(input_ids=input_ids, attention_mask=attention_mask).logits}
+
+
+def token_sum_over_count(outputs: dict[str, Any], labels: torch.Tensor, num_items_in_batch: Any = None) -> Any:
+    """Cross-entropy of position t's logits against label t, summed over the counted labels and divided by the
+    Trainer's count of them (every rank's, with average_tokens_across_devices)."""
+    logits = outputs["logits"]
+    total = nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100,
+                                        reduction="sum")
+    return total / num_items_in_batch
 
 
 def shifted_tokens(batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -167,6 +189,7 @@ def main(out: str, plan73: str, plan88: str) -> None:
 
     own_step(out, plan73)
     results = {
+        "hf_count": train(Logits(), 10, 1, plan73, out, compute_loss_func=token_sum_over_count),
         "gpt2": train(make_gpt2(), 10, 1, plan73, out),  # the adapter counts GPT-2's shifted targets
         "gpt2_accum2": train(make_gpt2(), 20, 2, plan73, out),  # 2 micro-batches per rank, one step
         "loss_only_accum2": train(LossOnly(), 20, 2, plan73, out, count_tokens=shifted_tokens),

@@ -58,6 +58,24 @@ def test_a_training_step_that_skips_the_weighted_compute_loss_is_refused_on_ever
 
 
 @pytest.mark.distributed
+def test_a_compute_loss_func_with_the_trainers_token_count_trains_the_one_process_step(runs: Path) -> None:
+    """The Trainer's own weighting (its global count, average_tokens_across_devices) counts as weighted: the
+    first backward is not refused, and the step is the one-process token mean of that loss."""
+    from tests.frameworks._hf_scenarios import Padded, make_gpt2
+
+    model, data = make_gpt2(), Padded(10)
+    batch = {k: torch.stack([data[i][k] for i in range(10)]) for k in data[0]}
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    labels = batch["labels"]
+    total = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
+                                              ignore_index=-100, reduction="sum")
+    (total / (labels != -100).sum()).backward()
+    with torch.no_grad():
+        expected = [p - p.grad for p in model.parameters()]  # SGD, lr 1
+    assert max_diff(load_result(runs, "hf_count"), expected) <= 1e-9
+
+
+@pytest.mark.distributed
 def test_sample_count_weighting_is_wrong_on_the_same_data(runs: Path) -> None:
     got = load_result(runs, "samples")
     assert max_diff(got, reference(10)) > 1e-4
