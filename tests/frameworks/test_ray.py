@@ -213,6 +213,26 @@ def test_a_plan_for_another_worker_count_without_profile_fn_names_both_fixes(mon
         adapter.RayPlan(None, shuffle=True)
 
 
+def test_a_ray_loop_that_never_advances_the_epoch_is_refused_with_rays_own_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``for batch in loader`` every epoch, without planned_epoch or loader.sampler.set_epoch: the second whole pass
+    of epoch 0 is refused at its first batch, naming Ray's two ways of advancing the epoch."""
+    import planner
+    from runtime.adapters import ray as adapter
+
+    monkeypatch.setattr(adapter, "_ray_train", lambda: fake_ray_train(1))
+    one = planner.Profile.load(REPO / "planner" / "examples" / "minimal_profile.json").to_dict()
+    one["ranks"] = one["ranks"][:1]
+    plan = planner.evaluate(planner.Profile.from_dict(one), [4], num_workers=[0])
+    loader = adapter.planned_dataloader(plan, list(range(10)), shuffle=True)
+    assert sum(len(batch) for batch in loader) == 10  # epoch 0
+    with pytest.raises(ValidationError) as info:
+        next(iter(loader))
+    assert str(info.value).endswith("; iterate `for batch in planned_epoch(loader, epoch)`, or call "
+                                    "loader.sampler.set_epoch(epoch) before each epoch's `for batch in loader`")
+    loader.sampler.set_epoch(1)  # the stock line: epoch 1 trains
+    assert sum(len(batch) for batch in loader) == 10
+
+
 def test_the_planned_loader_looks_distributed_to_ray_and_its_view_moves_nothing() -> None:
     """prepare_data_loader keeps a loader whose ``sampler`` is a DistributedSampler; the view lists this rank's
     planned indices without starting a pass of the planned sampler (the weighting hook counts passes)."""
