@@ -6,6 +6,10 @@ or under ``torchrun`` from that folder, has the folder first on ``sys.path``, an
 user's package.  Left alone that fails far from the cause (``cannot import name 'PlannedRun' from 'runtime'``,
 ``No module named 'runtime.collectives'``).  So the code of ours that imports ``runtime`` first imports it here
 and checks its marker (``runtime.DDP_PLANNER_PACKAGE``); another package is one line naming its path and the fix.
+
+It sits in the core (the standard library only) because its callers are in two layers, the programs
+(``planner.cli``) and ``profiler.api``; it imports ``runtime`` by name to check it, which gives the core no use of
+runtime's code.
 """
 
 from __future__ import annotations
