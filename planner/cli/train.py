@@ -110,6 +110,9 @@ class Run:
     """Python's garbage collections, timed for the step log (--step-log only)."""
     step_log: int | None = None
     """The step log's descriptor, opened once for the run (planner.paths.open_for_append)."""
+    save_error: ValidationError | None = None
+    """Rank 0's failed mid-epoch save under several ranks (a full disk), raised by every rank at the epoch end: the
+    peers are inside the step's collectives, so rank 0 leaving at once ended them in tracebacks."""
     start_epoch: int = 0
     start_step: int = 0
     start_plan: Plan | None = None
@@ -340,8 +343,13 @@ def run_epoch(run: Run, epoch: int, first_step: int, slowdown: Slowdown, tracer:
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             # Never save a diverged state over the last finite one. Only rank 0 saves, so only its view counts:
             # a peer's NaN reaches rank 0's weights through the gradient all-reduce.
-            if run.env.is_main and watch.clean(run.model):
-                checkpoint(run, epoch, step)
+            if run.env.is_main and run.save_error is None and watch.clean(run.model):
+                try:
+                    checkpoint(run, epoch, step)
+                except ValidationError as e:
+                    if not run.env.distributed:
+                        raise
+                    run.save_error = e
     sync_device(device)
     wall_s = time.perf_counter() - t_start
     job_workers = [] if cfg.data_on_device else [r.num_workers for r in run.plan.ranks]
@@ -415,7 +423,7 @@ def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
             res.replan = {"reason": end.note}
         # Rank 0 saves while the others wait for its word: its error (a full disk) is every rank's one line, exit 2,
         # instead of a peer's traceback from a collective it was left alone in.
-        decide_on_rank0(lambda: checkpoint(run, res.epoch + 1, 0))
+        decide_on_rank0(lambda: _save_epoch_end(run, res.epoch + 1))
     fill = max(res.stats, key=lambda s: s.get("fill_excess_s", 0.0))
     wall = (f"  wall {res.wall_s:.1f} s = {res.samples / res.wall_s:.1f} samples/s"
             if res.wall_s and res.samples and not cfg.data_on_device else "")
@@ -424,6 +432,12 @@ def end_epoch(run: Run, res: EpochResult, epoch_plan: Plan) -> None:
             + (f"  (steady pace between the loaders' fill and drain; the {fill['fill_steps']}-step fill took "
                f"{fill['fill_excess_s']:.1f} s more)" if fill.get("fill_steps") else ""))
     run.planned.announce_decision(end)  # the same one line as every loop on the runtime object
+
+
+def _save_epoch_end(run: Run, next_epoch: int) -> None:
+    if run.save_error is not None:
+        raise run.save_error
+    checkpoint(run, next_epoch, 0)
 
 
 def stop_diverged(run: Run, res: EpochResult, epoch_plan: Plan, epochs_done: int) -> ValidationError:

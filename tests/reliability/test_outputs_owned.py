@@ -401,13 +401,15 @@ def test_the_step_log_is_opened_once_and_never_appended_to_by_another_run(
 
 
 @pytest.mark.distributed
-def test_a_full_disk_at_rank_0s_checkpoint_is_every_ranks_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("when", ["epoch-end", "mid-epoch"])
+def test_a_full_disk_at_rank_0s_checkpoint_is_every_ranks_one_line(when: str, tmp_path: Path) -> None:
     from tests._ranks import run_each
     from tests.reliability.test_no_hangs import write_plan
 
     plan, ck = write_plan(tmp_path / "plan.json", [8, 8]), tmp_path / "ck"
+    every = ["--checkpoint-every", "1"] if when == "mid-epoch" else []
     codes, _, err, _ = run_each([str(REPO / "tests" / "reliability" / "_full_disk_rank.py"), "train", "--plan",
-                                 str(plan), *COMMON, "--epochs", "1", "--checkpoint", str(ck)], nproc=2,
+                                 str(plan), *COMMON, "--epochs", "1", "--checkpoint", str(ck), *every], nproc=2,
                                 timeout_s=DEADLINE_S)
     lines = [line for line in err.splitlines() if line.startswith("error:") or "Traceback" in line]
     want = f"error: cannot write {ck / 'checkpoint.pt'}: no space left on device (ENOSPC)"
