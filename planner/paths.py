@@ -15,6 +15,10 @@ refused, and why:
 - an output that is the same file as an input (after resolving symbolic links and hard links:
   ``plan --profile X --out X`` would destroy the profile), or as another output.
 
+Then, while a run writes, it owns its outputs (``hold_exclusive``: a lock on the output itself, the file written
+through the descriptor that was checked), and every writer goes through ``write_all``, so a full disk is one line
+naming the file (``write_error``) instead of a traceback.
+
 Pure: the standard library only (no torch), so `planner plan` and the programs share it.
 """
 

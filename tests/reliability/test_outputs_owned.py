@@ -134,6 +134,11 @@ def test_the_lock_is_on_the_output_whatever_the_temp_dir_or_hard_link(tmp_path: 
     with _holder(log):
         with pytest.raises(ValidationError, match="is in use by another run"):
             hold_exclusive(str(link), "--log-file")  # a hard link names the same file
+        from runtime import PlannedRun
+        from tests.runtime.test_planned_run_agreement import _plan
+
+        with pytest.raises(ValidationError, match=r"log_file .* is in use by another run"):
+            PlannedRun(_plan(1), log_file=str(link)).sampler_for(100, "cpu")  # an own loop's run log: the same
         other = tmp_path / "other-tmp"
         other.mkdir()
         monkeypatch.setattr(tempfile, "tempdir", str(other))  # another $TMPDIR (Slurm sets one per job)
