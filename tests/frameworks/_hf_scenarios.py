@@ -4,10 +4,11 @@
 
 The exactness scenarios train one optimizer step with SGD (lr 1, no clipping) from the same GPT-2 initialization;
 rank 0 saves the parameters to OUT/NAME.pt, and test_hf.py compares them with one process's token-mean step.
-``own_step`` (run first: nothing has weighted a gradient in this process yet): a Trainer subclass whose own
-``training_step`` computes the loss without ``compute_loss`` -> OUT/own_step_<rank>.json, the refusal's line.
-``hf_count`` (second: still nothing weighted): a ``compute_loss_func`` with the Trainer's own global token count,
-which the adapter keeps and counts as the weighting -> OUT/hf_count.pt.
+``hf_count`` and ``own_step`` each start as a fresh process would, with nothing noted as weighting a gradient yet
+(runtime.safety's record is cleared between them): ``hf_count``, a ``compute_loss_func`` with the Trainer's own
+global token count, which the adapter keeps and counts as the weighting -> OUT/hf_count.pt; ``own_step``, a Trainer
+subclass whose own ``training_step`` computes the loss without ``compute_loss`` -> OUT/own_step_<rank>.json, the
+refusal's line.
 ``replan``: plan [8, 8], rank 1 emulated 3x slower, 3 epochs with re-planning -> OUT/run.jsonl.
 """
 
@@ -187,9 +188,13 @@ def calibrate(out: str, plan88: str) -> None:
 def main(out: str, plan73: str, plan88: str) -> None:
     import torch.distributed as dist
 
+    from runtime import safety
+
+    hf_count = train(Logits(), 10, 1, plan73, out, compute_loss_func=token_sum_over_count)
+    safety._WEIGHTING.clear()  # the next scenario starts as a fresh process would: nothing weighted yet
     own_step(out, plan73)
     results = {
-        "hf_count": train(Logits(), 10, 1, plan73, out, compute_loss_func=token_sum_over_count),
+        "hf_count": hf_count,
         "gpt2": train(make_gpt2(), 10, 1, plan73, out),  # the adapter counts GPT-2's shifted targets
         "gpt2_accum2": train(make_gpt2(), 20, 2, plan73, out),  # 2 micro-batches per rank, one step
         "loss_only_accum2": train(LossOnly(), 20, 2, plan73, out, count_tokens=shifted_tokens),
