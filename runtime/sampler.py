@@ -709,20 +709,28 @@ def _refused(error: ValidationError) -> Iterator[list[int]]:
 
 
 def _refuse_rebatching(sampler: HeteroBatchSampler) -> None:
-    """Refuse a torch ``BatchSampler`` iterating ``sampler`` -- a DataLoader given it as ``sampler=`` (with a
-    ``batch_size``) -- before its first batch: each of its items is already a planned batch, which the loader would
-    group again (a batch of ``batch_size`` planned batches).  Read from the caller's frames, as ``_loader_cut``."""
+    """Refuse a torch ``BatchSampler`` (or subclass) iterating ``sampler``, before its first batch: as its
+    ``sampler`` -- a DataLoader given it as ``sampler=`` with a ``batch_size`` groups that many planned batches into
+    one -- or as its ``batch_sampler`` -- a wrapper that deals the planned batches out again, as accelerate's
+    ``BatchSamplerShard`` does to a plain ``batch_sampler=`` loader passed to ``accelerator.prepare`` (each process
+    then trains every W-th of its own batches).  Read from the caller's frames, as ``_loader_cut``."""
     frame: FrameType | None = sys._getframe(2)  # 0: this function, 1: HeteroBatchSampler.__iter__
+    mine = f"rank {sampler.rank}: {sampler.batch_sizes[sampler.rank]} samples a step"
     for _ in range(3):
         if frame is None:
             return
         owner = frame.f_locals.get("self")
-        if isinstance(owner, BatchSampler) and owner.sampler is sampler:
+        if isinstance(owner, BatchSampler) and getattr(owner, "sampler", None) is sampler:
             raise ValidationError(
-                f"the planned sampler yields whole batches (rank {sampler.rank}: "
-                f"{sampler.batch_sizes[sampler.rank]} samples a step) but the DataLoader got it as sampler= with "
+                f"the planned sampler yields whole batches ({mine}) but the DataLoader got it as sampler= with "
                 f"batch_size={owner.batch_size}, which groups {owner.batch_size} of them into one; pass it as "
                 "DataLoader(dataset, batch_sampler=sampler) without batch_size")
+        if isinstance(owner, BatchSampler) and getattr(owner, "batch_sampler", None) is sampler:
+            raise ValidationError(
+                f"the planned sampler's batches ({mine}) are dealt out again by a {type(owner).__name__} (what "
+                "accelerator.prepare makes of a DataLoader(batch_sampler=...)), so each process would train a share "
+                "of its own batches; build the loader with runtime.adapters.accelerate.planned_dataloader, which "
+                "prepare leaves as it is")
         frame = frame.f_back
 
 

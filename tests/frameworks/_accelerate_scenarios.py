@@ -4,6 +4,8 @@
 
 unscaled    planned_dataloader, plan [7, 3], backward without loader.loss_scale(): the first backward's
             refusal on each rank (run first: nothing has weighted a gradient in this process yet) -> unscaled_<rank>.pt
+resharded   a plain DataLoader(batch_sampler=HeteroBatchSampler) passed to accelerator.prepare: refused at its
+            first batch (prepare's BatchSamplerShard would deal each rank's planned batches out again) -> resharded.pt
 profile     profiler.api.profile_job of the dict-batch step on both ranks: the same Profile everywhere -> profile.pt
 exact       planned_dataloader, plan [7, 3], 30 float64 samples, accelerator.prepare + backward: 3 steps -> exact.pt
 accumulate  the same with gradient_accumulation_steps=2 inside accelerator.accumulate: 2 steps -> accumulate.pt
@@ -72,6 +74,15 @@ def main(out: Path, plan73: Path, plan88: Path) -> None:
     model = make_net()
     loader = planned_dataloader(accelerator, plan73, data, model=model, shuffle=True, seed=0, epochs=1)
     torch.save(refused(accelerator, loader, model), out / f"unscaled_{accelerator.process_index}.pt")
+
+    # the planned sampler in a plain loader through prepare: accelerate re-shards its batches; refused
+    own = DataLoader(data, batch_sampler=HeteroBatchSampler(len(data), [7, 3], accelerator.process_index, seed=0))
+    try:
+        next(iter(accelerator.prepare(own)))
+        error = None
+    except ValidationError as e:
+        error = str(e)
+    save_rank0(out, "resharded", {"error": error})
 
     # every rank profiles the user's own step (dict batches) and receives the gathered Profile
     profile = profile_job(make_net, batches_from(data), dict_loss, "cpu", quick=True, batch_sizes=[4, 8],

@@ -58,6 +58,15 @@ def test_a_loop_without_the_loss_scale_is_refused_at_its_first_backward_on_every
 
 
 @pytest.mark.distributed
+def test_a_plain_planned_loader_through_prepare_is_refused_at_its_first_batch(runs: Path) -> None:
+    assert load_result(runs, "resharded")["error"] == (
+        "the planned sampler's batches (rank 0: 7 samples a step) are dealt out again by a BatchSamplerShard (what "
+        "accelerator.prepare makes of a DataLoader(batch_sampler=...)), so each process would train a share of its "
+        "own batches; build the loader with runtime.adapters.accelerate.planned_dataloader, which prepare leaves as "
+        "it is")
+
+
+@pytest.mark.distributed
 def test_a_slow_rank_is_replanned_between_epochs(runs: Path) -> None:
     log = read_run_log(runs / "run.jsonl")
     assert log.ended and [r.epoch for r in log.replans] == [0, 1]
