@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from planner.errors import ValidationError
+from planner.shown import shown_apart
 
 MAX_COUNT = 2**31 - 1
 """Largest batch size, sample count or step count accepted: numpy and torch index with int64, and the MILP's
@@ -124,7 +125,7 @@ def check_resume(values: Iterable[ResumeValue], *, allow: bool) -> list[str]:
     for v in values:
         if not v.differs:
             continue
-        given, saved = _show(v.given), _show(v.saved)
+        given, saved = shown_apart([v.given, v.saved], 80, text=_show)  # cut, never alike
         if not v.changeable:
             raise ValidationError(f"--resume: {v.flag} {given} differs from the checkpoint's {saved}; {v.why}")
         if not allow:

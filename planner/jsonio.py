@@ -237,10 +237,13 @@ def read_text_bounded(path: str | os.PathLike[str], what: str, *, limit: int = M
     missing, unreadable, non-UTF-8 or larger file, or a FIFO or device (reading one would wait or never end)."""
     p = Path(path)
     try:
-        with open(p, "rb") as f:
-            st = os.fstat(f.fileno())
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer before fstat could refuse it.
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise ValidationError(f"{what} file {p} is not a regular file; give the file itself")
+            os.set_blocking(fd, True)
             if st.st_size > limit:
                 raise ValidationError(f"{what} file {p} is {st.st_size:,} bytes, more than the {limit:,} read; "
                                       "no file of ours is that large")

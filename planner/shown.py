@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 WIDTH = 40
@@ -50,22 +50,26 @@ def shown(value: Any, width: int = WIDTH) -> str:
     return text[:max(1, width - 3)] + "..." + _length(text, value)
 
 
-def shown_apart(values: Sequence[Any], width: int = WIDTH) -> list[str]:
+def shown_apart(values: Sequence[Any], width: int = WIDTH, *, text: Callable[[Any], str] = text_of) -> list[str]:
     """Each of ``values`` as ``shown`` gives it, unless two that differ would read the same: then each is shown
     from a little before the first character where the texts differ, with that position said
-    (``..."/b/run"... (from character 190 of 203)``), so the line shows what differs."""
-    texts = [text_of(v) for v in values]
-    plain = [shown(v, width) for v in values]
+    (``.../node-b/ckpt (from character 13 of 24)``), so the line shows what differs.  ``text``: how a value
+    reads (JSON by default; ``str`` for messages that print values bare).
+
+    >>> shown_apart(["/scratch/job/node-a/ckpt", "/scratch/job/node-b/ckpt"], 12, text=str)
+    ['.../node-a/ckpt (from character 13 of 24)', '.../node-b/ckpt (from character 13 of 24)']
+    """
+    texts = [text(v) for v in values]
+    plain = [t if len(t) <= width else t[:max(1, width - 3)] + "..." + _length(t, v) for t, v in zip(texts, values)]
     distinct = set(texts)
     if len(set(plain)) == len(distinct):
         return plain
     first = _first_difference(sorted(distinct))
-    start = max(0, first - width // 4)
+    start = max(0, first - width // 2)  # half the window before the difference, half from it
     out = []
-    for text in texts:
-        window = text[start:start + width]
-        cut = ("..." if start else "") + window + ("..." if start + width < len(text) else "")
-        out.append(f"{cut} (from character {start + 1:,} of {len(text):,})" if cut != text else text)
+    for t in texts:
+        cut = ("..." if start else "") + t[start:start + width] + ("..." if start + width < len(t) else "")
+        out.append(f"{cut} (from character {start + 1:,} of {len(t):,})" if cut != t else t)
     return out
 
 

@@ -41,6 +41,7 @@ from torch.utils.data import dataloader, get_worker_info
 
 from planner.errors import ValidationError
 from planner.options import BATCHNORM_MIN_BATCH
+from planner.shown import shown_apart
 from runtime.collectives import all_gather_json
 
 if TYPE_CHECKING:
@@ -290,7 +291,11 @@ def _raise_on_disagreement(by_rank: Mapping[int, Mapping[str, Any]], fixes: Mapp
         for r in sorted(by_rank):
             firsts.setdefault(json.dumps(by_rank[r][field], sort_keys=True), r)
         if len(firsts) > 1:
-            listed = ", ".join(f"rank {r} has {_shown(by_rank[r][field], width)}" for r in list(firsts.values())[:3])
+            ranks = list(firsts.values())[:3]
+            texts = [_shown(by_rank[r][field], width) for r in ranks]
+            if len(set(texts)) < len(texts):  # cut alike though they differ: show each where they differ
+                texts = shown_apart([by_rank[r][field] for r in ranks], max(width, 24), text=str)
+            listed = ", ".join(f"rank {r} has {t}" for r, t in zip(ranks, texts))
             raise ValidationError(f"ranks disagree on {field}: {listed}; {fix}")
 
 

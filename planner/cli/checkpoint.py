@@ -29,6 +29,7 @@ from planner.argcheck import MAX_COUNT, MAX_IMAGE_SIZE
 from planner.errors import ValidationError
 from planner.paths import write_all, write_error
 from planner.plan import Plan
+from planner.shown import shown_apart
 from runtime.sampler import MAX_EPOCH
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -231,8 +232,8 @@ def _optimizer_fit_problem(saved: Mapping[str, Any], optimizer: torch.optim.Opti
     for i, (group, own) in enumerate(zip(groups, own_groups, strict=True)):
         for key in (k for k in _UPDATE_KEYS if k in group and k in own):
             if group[key] != own[key]:
-                return (f"optimizer.param_groups[{i}].{key} is {str(group[key])[:30]} there and "
-                        f"{str(own[key])[:30]} here")
+                there, here = shown_apart([group[key], own[key]], 30, text=str)  # never cut alike
+                return f"optimizer.param_groups[{i}].{key} is {there} there and {here} here"
     known = _OPTIMIZER_STATE.get(type(optimizer).__name__)
     for index, entry in saved["state"].items():
         if index not in params:

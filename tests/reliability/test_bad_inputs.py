@@ -52,6 +52,14 @@ PROFILES = {
     "profile_bool_batch.json": "batch_size: expected an integer",
     "profile_deeply_nested.json": "its JSON is nested too deeply",  # was a RecursionError traceback
     "profile_huge_step_time.json": "step_time_s is 1.7e+308 s, more than 1e+06 s",  # passed, then overflowed
+    # What validate accepted and report or plan could not survive: one loader bounds them for every command.
+    "profile_10k_char_device_name.json": "device_name: \"HHHHH",  # cut, with its length (a 10 MB one took 4.6 GB)
+    "profile_300_char_device_name.json": "is longer than 256 characters",
+    "profile_subnormal_step_time.json": "step_time_s: 1e-320 is below the smallest normal number",
+    "profile_picosecond_step_time.json": "step_time_s is 1e-12 s, less than 1e-09 s",
+    "profile_cores_beyond_int64.json": "cpu_cores: 10000000000000000000 is beyond the 64-bit integer range",
+    "profile_billion_cores.json": "cpu_cores: must be <= 65,536, got 1,000,000,000",
+    "profile_lone_surrogate_in_name.json": "holds '\\ud800' at character 5, half of a UTF-16 pair",
 }
 PLANS = {
     "plan_truncated.json": "not valid JSON",
@@ -74,6 +82,8 @@ PLANS = {
     "plan_negative_workers.json": "num_workers: must be >= 0",
     "plan_for_two_ranks.json": "",  # valid on its own: see OVERRIDES
     "plan_deeply_nested.json": "its JSON is nested too deeply",
+    "plan_bad_ddp_setting.json": "plan.meta.ddp.bucket_cap_mb must be a number of MiB in [1, 1024], got 0",
+    "plan_million_rank_world_size.json": "world_size: must be <= 65,536, got 1,000,000",
 }
 # (file, command) -> other words, or None where the file is valid for that command (validate reads any kind)
 OVERRIDES: dict[tuple[str, str], str | None] = {

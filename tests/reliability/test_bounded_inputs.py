@@ -137,3 +137,100 @@ def test_names_from_files_reach_the_terminal_as_text(tmp_path: Path, capsys: pyt
         for stream in (out.out, out.err):
             assert "\x1b" not in stream and "\x07" not in stream and "\u202e" not in stream, argv
         assert "cuda:0\\x1b]0;owned\\x07" in out.out, out.out
+
+
+def _run_log(tmp_path: Path, *records: dict[str, Any]) -> Path:
+    plan = _plan_dict()
+    start = {"event": "start", "version": 1, "time": 0.0, "world_size": 2, "global_batch": 8, "plan": plan}
+    epoch = {"event": "epoch", "epoch": 0, "plan_fingerprint": plan["fingerprint"], "samples_per_s": 10.0,
+             "step_time_s": 0.8, "loss": 1.0, "batch_sizes": [5, 3], "ranks": [], "predicted_step_time_s": [0.7, 0.8]}
+    path = tmp_path / "run.jsonl"
+    lines = [start, *[epoch | r if r.get("event", "epoch") == "epoch" else r for r in records]]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+@pytest.mark.parametrize(("record", "needle"), [
+    ({"step_time_s": -3.0}, "'step_time_s' must be >= 0, got -3"),
+    ({"samples_per_s": -1.0}, "'samples_per_s' must be >= 0"),
+    ({"epoch": -1}, "'epoch' must be in 0..2,147,483,647, got -1"),
+    ({"predicted_step_time_s": [0.7, -0.8]}, "'predicted_step_time_s' must be a list of at most 65,536 times"),
+    ({"batch_sizes": [5, -3]}, "'batch_sizes' must be a list of at most 65,536 integers"),
+    ({"event": "start", "world_size": 10**9, "global_batch": 8}, "'world_size' must be in 1..65,536, got 1,000,000,000"),
+    ({"event": "resize", "time": 1.0, "epoch": 0, "step": 0, "old_world_size": 2, "new_world_size": 0},
+     "'new_world_size' must be in 1..65,536, got 0"),
+])
+def test_validate_refuses_the_run_logs_report_cannot_read_with_the_same_line(
+        record: dict[str, Any], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = _run_log(tmp_path, record)
+    profile = tmp_path / "p.json"
+    linear_profile([1.0, 2.0]).save(profile)
+    lines = []
+    for argv in (["validate", str(log)],
+                 ["report", "--profile", str(profile), "--log", str(log), "--global-batch", "8",
+                  "--out", str(tmp_path / "r.html")]):
+        lines.append(_one_line(*_run(argv, capsys)))
+        assert needle in lines[-1], (argv[0], lines[-1])
+    assert lines[0] == lines[1]  # one loader: the same verdict, word for word
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_validate_says_how_a_logged_run_ended(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli.cmd_validate import validate_file
+
+    end = {"event": "end", "time": 5.0, "epochs": 1}
+    assert validate_file(str(_run_log(tmp_path, {}, end))).endswith(", finished")
+    said = validate_file(str(_run_log(tmp_path, {}, end | {"reason": "interrupted"})))
+    assert "interrupted (Ctrl-C or SIGTERM), not finished" in said and "finished;" not in said.split("not ")[0], said
+    said = validate_file(str(_run_log(tmp_path, {}, end | {"reason": "loss diverged at epoch 0 step 3"})))
+    assert "stopped early: \"loss diverged at epoch 0 step 3\"" in said, said
+    assert validate_file(str(_run_log(tmp_path, {}))).endswith("no end record (still running or killed)")
+
+
+def test_error_lines_cut_a_long_value_and_say_its_length(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = _plan_dict()
+    data["ranks"][0]["bottleneck"] = "b" * 3000  # under the 4,096 any string may have: the field's own check echoes it
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    err = _one_line(*_run(["validate", str(tmp_path / "plan.json")], capsys))
+    assert "bottleneck: \"bbbb" in err and "(3,000 characters) is not one of compute" in err and len(err) < 250, err
+    prof = linear_profile([1.0, 2.0]).to_dict()
+    prof["hosts"][0]["k" * 3000] = 1  # an unknown field's name
+    (tmp_path / "p.json").write_text(json.dumps(prof))
+    err = _one_line(*_run(["validate", str(tmp_path / "p.json")], capsys))
+    assert "unknown field \"kkkk" in err and "(3,000 characters)" in err and len(err) < 300, err
+
+
+def test_a_bounded_read_refuses_large_and_special_files_before_reading(tmp_path: Path) -> None:
+    from planner.errors import ValidationError
+    from planner.jsonio import MAX_FILE_BYTES, read_text_bounded
+
+    path = tmp_path / "p.json"
+    path.write_text("x" * 101)
+    with pytest.raises(ValidationError, match=r"p.json is 101 bytes, more than the 100 read"):
+        read_text_bounded(path, "profile", limit=100)
+    assert read_text_bounded(path, "profile", limit=101) == "x" * 101
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # reading one would wait for a writer forever
+    with pytest.raises(ValidationError, match="is not a regular file"):
+        read_text_bounded(fifo, "profile")
+    assert MAX_FILE_BYTES == 64 * 2**20
+
+
+@pytest.mark.subprocess
+def test_real_process_refuses_a_lone_surrogate_in_one_line(tmp_path: Path) -> None:
+    """The console entry point: a name holding half a UTF-16 pair was a 98-line matplotlib error in `report`."""
+    import subprocess
+    import sys
+
+    data = linear_profile([1.0, 2.0]).to_dict()
+    data["ranks"][0]["device_name"] = "H200\ud800"
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))  # ensure_ascii writes the "\ud800" escape, which decodes to a lone surrogate
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_RANK")}
+    for argv in (["validate", str(path)],
+                 ["report", "--profile", str(path), "--global-batch", "8", "--out", str(tmp_path / "r.html")]):
+        proc = subprocess.run([sys.executable, "-m", "planner", *argv], capture_output=True, text=True, timeout=120,
+                              env=env | {"OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert "half of a UTF-16 pair" in proc.stderr, proc.stderr
+    assert not (tmp_path / "r.html").exists()
