@@ -107,6 +107,12 @@ def _holder(path: Path, *, fork_child: bool = False) -> Iterator[tuple[subproces
             "if sys.argv[2] == '1':\n"
             "    child = mp.get_context('fork').Process(target=time.sleep, args=(120,), daemon=False)\n"
             "    child.start()\n"
+            "    import os\n"
+            "    fds, end = f'/proc/{child.pid}/fd', time.monotonic() + 30\n"
+            "    # the child drops its copy as it starts (planner.paths: at fork); wait until it has\n"
+            "    while time.monotonic() < end and any(os.path.realpath(f'{fds}/{n}') == os.path.realpath(sys.argv[1])\n"
+            "                                         for n in os.listdir(fds)):\n"
+            "        time.sleep(0.01)\n"
             "print('held', child.pid if child else '', flush=True)\n"
             "time.sleep(120)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, str(path), "1" if fork_child else "0"], cwd=REPO,
