@@ -249,18 +249,17 @@ def apply_launch_env(launch_env: Mapping[str, str]) -> None:
 def auto_plan_out(plan_out: str | None) -> str:
     """Where `--auto` writes its plan: --plan-out when given; else plan.json, unless that file holds a plan
     `--auto` did not write (one made by hand with `planner plan`), which is refused rather than overwritten."""
-    import json
     import os
 
     from planner.errors import ValidationError
+    from planner.jsonio import read_json
 
     if plan_out is not None:
         return plan_out
     if os.path.exists(AUTO_PLAN_OUT):
-        try:
-            with open(AUTO_PLAN_OUT, encoding="utf-8") as f:
-                writer = (json.load(f).get("meta") or {}).get("written_by")
-        except (OSError, ValueError, AttributeError):
+        try:  # the bounded loader: a FIFO or a huge file in its place is refused, never waited on or read whole
+            writer = (read_json(AUTO_PLAN_OUT, "plan").get("meta") or {}).get("written_by")
+        except (ValueError, AttributeError):  # ValidationError is a ValueError: not a plan --auto wrote
             writer = None
         if writer != AUTO_WRITER:
             raise ValidationError(

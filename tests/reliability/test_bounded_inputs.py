@@ -234,3 +234,32 @@ def test_real_process_refuses_a_lone_surrogate_in_one_line(tmp_path: Path) -> No
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
         assert "half of a UTF-16 pair" in proc.stderr, proc.stderr
     assert not (tmp_path / "r.html").exists()
+
+
+def test_train_auto_reads_a_fifo_in_place_of_its_plan_without_waiting(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from planner.cli.cmd_train import auto_plan_out
+    from planner.errors import ValidationError
+
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo("plan.json")  # opened for reading the plain way, it waits for a writer that never comes
+    outcome: list[BaseException | str] = []
+
+    def call() -> None:
+        try:
+            outcome.append(auto_plan_out(None))
+        except BaseException as e:  # the thread reports what it raised; the assertion below reads it
+            outcome.append(e)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():  # unblock it (a writer opens the FIFO), then fail
+        with open("plan.json", "w"):
+            pass
+        thread.join(10)
+        pytest.fail("auto_plan_out waited on a FIFO")
+    assert len(outcome) == 1 and isinstance(outcome[0], ValidationError), outcome
+    assert "which `planner train --auto` did not write" in str(outcome[0])
