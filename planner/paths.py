@@ -444,8 +444,8 @@ def check_not_written(path: str | None, flag: str) -> None:
     except OSError as e:
         raise _refuse(path, flag, f"cannot read it ({e.strerror})") from None
     if size:
-        raise _refuse(path, flag, f"already holds {size} bytes of another run; a fresh run starts its own -- name "
-                                  "another file or remove it (--resume appends)")
+        raise _refuse(path, flag, f"already holds {size} bytes of another run; a run that starts afresh writes its "
+                                  "own -- name another file or remove it")
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:

@@ -426,3 +426,14 @@ def test_a_full_disk_at_rank_0s_checkpoint_is_every_ranks_one_line(when: str, tm
     want = f"error: cannot write {ck / 'checkpoint.pt'}: no space left on device (ENOSPC)"
     assert codes == [2, 2] and len(lines) == 2 and all(line.startswith(want) for line in lines), err[-3000:]
     assert not ck.exists()
+
+
+def test_bench_refuses_a_step_log_of_another_run_before_its_ranks_start(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    old = tmp_path / "steps_plan_1_1.jsonl"  # what an earlier bench wrote for strategy plan, round 1, rank 1
+    old.write_text('{"epoch": 0}\n')
+    rc = main(["bench", "--device", "cpu", "--nproc", "2", "--model", "mlp", "--quick", "--global-batch", "32",
+               "--step-log", str(tmp_path / "steps_{strategy}_{round}_{rank}.jsonl")])
+    line = _one_line_error(capsys.readouterr().err)
+    assert rc == 2 and line.startswith("error: --step-log ") and f"{old.name}: already holds 13 bytes" in line, line
+    assert old.read_text() == '{"epoch": 0}\n'
