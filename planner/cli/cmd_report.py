@@ -65,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
     check_outputs([Output(flag="--out", path=args.out), Output(flag="--json", path=args.json)],
                   {"--profile": args.profile, "--plan": args.plan, "--log": args.log})
     profile = Profile.load(args.profile)
-    log = read_run_log(args.log) if args.log else None
+    # strict_plans: a plan in the log that does not load is refused, as `planner validate` refuses it -- never
+    # dropped silently for a plan the run did not use.
+    log = read_run_log(args.log, strict_plans=True) if args.log else None
     # Printed after the report is written: a warning followed by an error would be two lines on stderr.
     quality = check_profile(profile)
     warnings: list[str] = list(quality.warning_lines())

@@ -263,3 +263,17 @@ def test_train_auto_reads_a_fifo_in_place_of_its_plan_without_waiting(tmp_path: 
         pytest.fail("auto_plan_out waited on a FIFO")
     assert len(outcome) == 1 and isinstance(outcome[0], ValidationError), outcome
     assert "which `planner train --auto` did not write" in str(outcome[0])
+
+
+def test_a_run_log_whose_plan_does_not_load_is_refused_by_validate_and_report_alike(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = _plan_dict()
+    plan["meta"] = {"ddp": {"static_graph": "yes"}}  # what train would refuse
+    log = _run_log(tmp_path, {"event": "start", "version": 1, "time": 0.0, "world_size": 2, "global_batch": 8,
+                              "plan": plan}, {})
+    profile = tmp_path / "p.json"
+    linear_profile([1.0, 2.0]).save(profile)
+    lines = [_one_line(*_run(argv, capsys)) for argv in (
+        ["validate", str(log)],
+        ["report", "--profile", str(profile), "--log", str(log), "--out", str(tmp_path / "r.html")])]
+    assert lines[0] == lines[1] and 'plan.meta.ddp.static_graph must be true or false, got "yes"' in lines[0], lines
