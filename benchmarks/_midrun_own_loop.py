@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -64,8 +66,15 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--slow-rank", type=int, default=1)
     p.add_argument("--slow-factor", type=float, default=1.0, help="compute multiplier of --slow-rank (1: none)")
     p.add_argument("--slow-from-epoch", type=int, default=2)
+    p.add_argument("--main-cores", type=int, default=0,
+                   help="the first N cores this process may run on run it (and its gloo threads); its loader workers "
+                        "run on the rest (0: all of them for both)")
     p.add_argument("--pg-timeout-s", type=float, default=300.0, help="gloo timeout: a dead peer ends the run")
     return p
+
+
+def _pin_worker(cores: set[int], worker_id: int) -> None:
+    os.sched_setaffinity(0, cores)
 
 
 def train(args: argparse.Namespace) -> None:
@@ -95,8 +104,15 @@ def train(args: argparse.Namespace) -> None:
     run = PlannedRun(args.plan, profile=args.profile, replan=True, log_file=args.log_file, seed=args.seed)
     sampler = run.sampler_for(len(data), device)
     workers = run.num_workers(args.workers) if args.data == "pipeline" else 0
+    init = None
+    if args.main_cores > 0:  # the training process on its first cores, the loader workers on the rest
+        cores = sorted(os.sched_getaffinity(0))
+        main, rest = set(cores[:args.main_cores]), set(cores[args.main_cores:])
+        if rest:
+            os.sched_setaffinity(0, main)
+            init = functools.partial(_pin_worker, rest)
     loader = DataLoader(data, batch_sampler=sampler, num_workers=workers, pin_memory=cuda,
-                        persistent_workers=workers > 0)
+                        persistent_workers=workers > 0, worker_init_fn=init)
     register_weighted_hook(model, sampler)
     run.watch(model)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)

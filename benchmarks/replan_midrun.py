@@ -14,8 +14,9 @@ Cases (``--case``; ``--device cuda`` picks a GPU one):
                   CPU), an MLP small enough that the CPU rank takes a real share; real heterogeneity only: a
                   co-tenant (benchmarks/cotenant.py) joins the GPU from epoch 3
   shared-gpu-hog  two ranks sharing cuda:0 over gloo, a loader-bound ResNet-50 (bf16) on FakeData through the real
-                  PIL pipeline in DataLoader workers; each rank (and so its workers) pinned to its own half of the
-                  cores; a CPU hog (one busy cotenant.py process per core) on rank 1's cores from epoch 3
+                  PIL pipeline in DataLoader workers; each rank pinned to its own half of the cores, 2 of them for
+                  its training process and the rest for its workers; a CPU hog (one busy cotenant.py process per
+                  core) on rank 1's loader cores from epoch 3
 
 Per launch, from the run log: the batch sizes and samples/s of every epoch; the adopt delay (the first epoch that
 runs a split adopted at or after the disturbance's first epoch, less that epoch: 1 when the first epoch-end that
@@ -102,6 +103,10 @@ class Case:
     """Each rank (its loader workers too) on its own share of this process's cores."""
     threads: tuple[int, ...] = (1, 1)
     """OMP threads per rank (0: that rank's share of the cores)."""
+    main_cores: int = 0
+    """With pin_cores, own form: each rank's first this many cores run its training process (its gloo threads too),
+    the rest its loader workers, and a cpu-hog takes only the slow rank's loader cores -- the loader slows, the
+    all-reduce (reduced on the CPU by gloo) does not.  0: one set of cores for both (the train form always)."""
     launches: int = 5
     launch_timeout_s: float = 420.0
     budget_s: float | None = None
@@ -128,10 +133,12 @@ CASES = {
                      from_epoch=3, slow_rank=0, cotenant="cuda:0", pin_cores=True, threads=(2, 0), launches=1,
                      launch_timeout_s=150.0, budget_s=225.0,
                      profile_args=("--dataset", "fake", "--no-loader", "--quick")),
-    # 40 steps of 128 an epoch; both ranks' loaders on 8 cores each of 16, the hog on rank 1's.
+    # 40 steps of 128 an epoch; each rank on 8 cores of 16 (2 for the training process, 6 for its loader workers),
+    # the hog on rank 1's loader cores.
     "shared-gpu-hog": Case(name="shared-gpu-hog", devices=("cuda:0", "cuda:0"), model="resnet50", global_batch=128,
                            num_samples=5120, data="pipeline", amp=True, from_epoch=3, cotenant="cpu-hog",
-                           cotenant_duty=1.0, pin_cores=True, threads=(2, 2), launches=1, launch_timeout_s=180.0,
+                           cotenant_duty=1.0, pin_cores=True, threads=(2, 2), main_cores=2, launches=1,
+                           launch_timeout_s=180.0,
                            budget_s=225.0, profile_args=("--dataset", "fake", "--quick", "--amp")),
 }
 
@@ -264,7 +271,7 @@ class Disturbance:
         base = [sys.executable, str(COTENANT), "--duty", f"{case.cotenant_duty:g}", "--start-file",
                 str(self.start_file)]
         if case.cotenant == "cpu-hog":
-            mine = sorted(cores[case.slow_rank] or os.sched_getaffinity(0))
+            mine = sorted(cores[case.slow_rank] or os.sched_getaffinity(0))[case.main_cores:]
             for c in mine:
                 self.group.start([*base, "--device", "cpu"], env, tmp / f"hog{c}.out", {c})
         elif case.cotenant is not None:
@@ -304,6 +311,8 @@ def own_command(case: Case, epochs: int, plan: Path, profile: Path, log: Path, s
         cmd.append("--amp")
     if case.data == "pipeline" and all(d.startswith("cuda") for d in case.devices):
         cmd.append("--gpu-normalize")  # as planner train (and the profile) do on all-CUDA ranks
+    if case.main_cores and case.pin_cores:
+        cmd += ["--main-cores", str(case.main_cores)]
     return cmd
 
 

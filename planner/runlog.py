@@ -199,7 +199,8 @@ class ReplanRecord:
     measured_compute_s: tuple[float | None, ...] = ()
     predicted_compute_s: tuple[float | None, ...] = ()
     plan: Plan | None = None
-    """The plan for the next epoch when one was adopted."""
+    """The plan for the next epoch when one was adopted, or when the running plan's prediction was re-made (the
+    same batches and fingerprint, the step the model now predicts: what the next epochs are compared against)."""
     event: Literal["replan", "revert"] = "replan"
     inputs: Mapping[str, Any] | None = None
     """Everything the decision read: ``{"state": the re-planner's state before it, "stats": [every rank's

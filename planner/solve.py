@@ -58,7 +58,7 @@ from planner._model import (
     fewest_steps,
     worker_budgets,
 )
-from planner._search import improve_workers, search
+from planner._search import Found, at_workers, improve_workers, search
 from planner.comm_model import applied_span_factors, links_meta, span_under_ddp_s
 from planner.errors import PlanError, ValidationError
 from planner.options import SolveOptions, resolve_options
@@ -93,10 +93,14 @@ def solve(
     *,
     global_batch: int,
     options: SolveOptions | None = None,
+    num_workers: Sequence[int] | None = None,
     **overrides: Any,
 ) -> Plan:
     """Plan integer per-rank batch sizes, micro-steps, shares and loader workers for `global_batch` (never
     changed).
+
+    ``num_workers`` fixes each rank's loader workers (a training loop that keeps its DataLoader when the split
+    changes): the best batches for those workers, one micro-step each.
 
     Settings come from ``options`` (a ``SolveOptions``; default ``SolveOptions()``), and any of its fields may
     also be given as a keyword, which wins: ``solve(p, global_batch=512, min_batch=2)`` and
@@ -119,22 +123,17 @@ def solve(
     models = build_models(profile, opts)
     caps = _check_feasible(models, global_batch, opts)
     budgets = worker_budgets(profile, opts)
-
-    found = search(models, caps, budgets, global_batch, opts)
-    # The host's loader load counts the workers the plan runs (planner.loader): solve again at the plan's own
-    # workers until the loader costs they imply are the ones solved with.
-    for _ in range(LOAD_ROUNDS):
-        at_plan = build_models(profile, opts, workers=found.workers.tolist())
-        if all(math.isclose(a.sec_per_sample, m.sec_per_sample, rel_tol=1e-3) for a, m in zip(at_plan, models,
-                                                                                             strict=True)):
-            break
-        models = at_plan
-        found = search(models, _check_feasible(models, global_batch, opts), budgets, global_batch, opts)
+    if num_workers is not None:
+        if len(num_workers) != profile.world_size or not all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in num_workers):
+            raise ValidationError(f"num_workers must give {profile.world_size} worker counts >= 0, got "
+                                  f"{list(num_workers)}")
+        w = np.asarray([int(x) for x in num_workers], dtype=np.int64)
+        models = build_models(profile, opts, workers=w.tolist())
+        found = at_workers(models, _check_feasible(models, global_batch, opts), budgets, global_batch, opts, w,
+                           method="milp at fixed workers")
     else:
-        models = build_models(profile, opts, workers=found.workers.tolist())  # predictions at its own workers
-    # one loader worker moved between two ranks of a host, when the greedy workers left a clearly faster split
-    found, models = improve_workers(found, models, lambda w: build_models(profile, opts, workers=w),
-                                    _check_feasible(models, global_batch, opts), budgets, global_batch, opts)
+        found, models = _search_with_workers(profile, models, caps, budgets, global_batch, opts)
     b, k, workers = found.batch_sizes, found.steps, found.workers
     solver: dict[str, object] = {"method": found.method, "status": found.status, "solve_time_s": 0.0,
                                  "profile_fingerprint": profile.fingerprint(), "options": opts.to_dict()}
@@ -154,6 +153,26 @@ def solve(
                 solver["optimum_accumulation_steps"] = [int(x) for x in k]
             plan = even
     return replace(plan, solver={**solver, "solve_time_s": round(time.perf_counter() - t0, 6)})
+
+
+def _search_with_workers(profile: Profile, models: list[RankModel], caps: list[int], budgets: dict[str, int],
+                         global_batch: int, opts: SolveOptions) -> tuple[Found, list[RankModel]]:
+    """``solve``'s search over batches, micro-steps and loader workers together."""
+    found = search(models, caps, budgets, global_batch, opts)
+    # The host's loader load counts the workers the plan runs (planner.loader): solve again at the plan's own
+    # workers until the loader costs they imply are the ones solved with.
+    for _ in range(LOAD_ROUNDS):
+        at_plan = build_models(profile, opts, workers=found.workers.tolist())
+        if all(math.isclose(a.sec_per_sample, m.sec_per_sample, rel_tol=1e-3) for a, m in zip(at_plan, models,
+                                                                                             strict=True)):
+            break
+        models = at_plan
+        found = search(models, _check_feasible(models, global_batch, opts), budgets, global_batch, opts)
+    else:
+        models = build_models(profile, opts, workers=found.workers.tolist())  # predictions at its own workers
+    # one loader worker moved between two ranks of a host, when the greedy workers left a clearly faster split
+    return improve_workers(found, models, lambda w: build_models(profile, opts, workers=w),
+                           _check_feasible(models, global_batch, opts), budgets, global_batch, opts)
 
 
 def evaluate(

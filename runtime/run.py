@@ -165,8 +165,9 @@ class PlannedRun:
         self.loader_prefetch = DEFAULT_PREFETCH
         """Batches each of those workers keeps ready (the DataLoader's ``prefetch_factor``)."""
         self.follows_workers = False
-        """The client rebuilds its DataLoader when a re-plan changes this rank's workers (`planner train` does);
-        otherwise the worker count stays and one warning says so."""
+        """The client rebuilds its DataLoader when a re-plan changes this rank's workers (`planner train` does; set
+        it before ``sampler_for``); otherwise every re-plan keeps each rank's loader workers as they run
+        (runtime.replan.Replanner's ``follow_workers``)."""
         self._first_epoch: int | None = None
         self._epoch_t0: float | None = None
         self._watched: set[int] = set()
@@ -230,7 +231,7 @@ class PlannedRun:
             assert self.profile is not None
             self.replanner = Replanner(self.profile, self.plan, threshold=self.replan_threshold,
                                        smoothing=DEFAULT_SMOOTHING if self.replan_smoothing is None
-                                       else self.replan_smoothing)
+                                       else self.replan_smoothing, follow_workers=self.follows_workers)
             if self.rank == 0:  # the rank that re-solves (runtime.replan.exchange)
                 # The first re-solve imports the MILP solver (scipy.optimize: 0.4 s of CPU from cached bytecode,
                 # over 1 s without); paid here, at set-up, instead of inside the first epoch end, where every
@@ -465,8 +466,11 @@ class PlannedRun:
             fill_steps = fill if fill_steps is None else fill_steps
             drain_steps = drain if drain_steps is None else drain_steps
         mine = self.plan.ranks[self.rank]
+        # The workers the loader ran (read from the DataLoader ``epoch`` iterates, or set by the adapter), else the
+        # plan's: the Replanner learns the loader's cost per worker from them.
+        workers = self.loader_workers if self.loader_workers is not None else mine.num_workers
         stats = timer.epoch_summary(rank=self.rank, epoch=epoch, batch_size=sizes[self.rank],
-                                    num_workers=mine.num_workers, peer_data_waits_s=[p[0] for p in peers],
+                                    num_workers=workers, peer_data_waits_s=[p[0] for p in peers],
                                     job_workers=job_workers, fill_steps=fill_steps, drain_steps=drain_steps)
         if wall_s is None and self._epoch_t0 is not None:
             if timer.device.type == "cuda" and torch.cuda.is_available():

@@ -91,7 +91,8 @@ class ReplanDecision:
         return ReplanRecord(epoch=self.epoch, adopted=self.adopted, reason=self.reason,
                             predicted_gain=self.predicted_gain, old_batch_sizes=self.old_plan.batch_sizes,
                             new_batch_sizes=self.plan.batch_sizes, measured_compute_s=self.measured_compute_s,
-                            predicted_compute_s=self.predicted_compute_s, plan=self.new_plan,
+                            predicted_compute_s=self.predicted_compute_s,
+                            plan=self.new_plan if self.new_plan is not None else self.repredicted,
                             event="revert" if self.reverted else "replan", inputs=self.inputs)
 
     def to_log(self) -> dict[str, Any]:

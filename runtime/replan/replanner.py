@@ -95,7 +95,12 @@ class Replanner:
             the plan, while a real slowdown (gains of 30-80% measured) is followed at once.
         loader_wait_frac: data wait above this fraction of the step counts as a loader that did not keep up.
         solve_fn: the solver (``planner.solve``); replaceable for heuristics and tests.  Called as
-            ``solve_fn(profile, global_batch=..., min_batch=..., options=...)``.
+            ``solve_fn(profile, global_batch=..., min_batch=..., options=...)`` (and ``num_workers=...`` when
+            ``follow_workers`` is False).
+        follow_workers: the training loop rebuilds its DataLoader with an adopted plan's loader workers
+            (`planner train` does).  False: the loop keeps the workers it has (an own loop, a framework's
+            DataLoader), so a re-solve keeps each rank's workers as its stats report them (``planner.solve``'s
+            ``num_workers``), and every prediction is for the workers that will run.
     """
 
     def __init__(
@@ -112,6 +117,7 @@ class Replanner:
         confirm_below: float = 0.10,
         loader_wait_frac: float = LOADER_WAIT_FRAC,
         solve_fn: Callable[..., Plan] = solve,
+        follow_workers: bool = True,
     ) -> None:
         if plan.world_size != profile.world_size:
             raise ValidationError(
@@ -131,6 +137,7 @@ class Replanner:
                 f"allowed: {', '.join(sorted(_SOLVE_KEYS))}"
             )
         self.min_steps = min_steps
+        self.follow_workers = bool(follow_workers)
         self.smoothing = smoothing
         self.loader_wait_frac = loader_wait_frac
         self._options = (options if options is not None else plan.options).with_overrides(
@@ -334,9 +341,20 @@ class Replanner:
                            repredicted=again, brief=f"{brief}; measured {step_s * 1e3:.4g} ms, prediction now "
                                                     f"{again.predicted.step_time_s * 1e3:.4g} ms")
 
+        # A loop that keeps its DataLoader runs the workers its stats report, whatever a plan says (the argument's
+        # docstring); with accumulation the solve picks micro-steps freely and is re-evaluated at those workers.
+        fixed = None if self.follow_workers else [int(s.num_workers) for s in by_rank]
         try:
-            cand = self._solve_fn(profile, global_batch=old.global_batch, min_batch=old.min_batch,
-                                  options=self._options)
+            if fixed is None or any(k > 1 for k in old.accumulation_steps):
+                cand = self._solve_fn(profile, global_batch=old.global_batch, min_batch=old.min_batch,
+                                      options=self._options)
+                if fixed is not None and [r.num_workers for r in cand.ranks] != fixed:
+                    cand = replace(evaluate(profile, cand.batch_sizes, cand.accumulation_steps, num_workers=fixed,
+                                            options=self._options, method="re-solve at the loop's workers"),
+                                   solver=cand.solver)
+            else:
+                cand = self._solve_fn(profile, global_batch=old.global_batch, min_batch=old.min_batch,
+                                      options=self._options, num_workers=fixed)
         except PlanError as e:  # the solver's answer (no plan fits), not a failure of the re-plan
             return kept(f"re-solve failed, keeping the plan: {e}", brief=f"no plan fits: {e}")
         if cand.world_size != old.world_size or cand.global_batch != old.global_batch:
@@ -578,6 +596,7 @@ class Replanner:
             "loader_wait_frac": self.loader_wait_frac,
             "options": self._options.to_dict(),
             "model_workers": list(self._workers),
+            "follow_workers": self.follow_workers,
             # Informational: a replay solves with planner.solve unless given the same function.
             "solve_fn": f"{getattr(self._solve_fn, '__module__', '?')}.{getattr(self._solve_fn, '__qualname__', '?')}",
         }
@@ -594,7 +613,7 @@ class Replanner:
                  options=SolveOptions.from_dict(d["options"], path="replanner.options"),
                  smoothing=float(d["smoothing"]), noise_sigmas=float(d["noise_sigmas"]),
                  confirm_below=float(d["confirm_below"]), loader_wait_frac=float(d["loader_wait_frac"]),
-                 solve_fn=solve_fn)
+                 solve_fn=solve_fn, follow_workers=bool(d.get("follow_workers", True)))
         workers = tuple(int(w) for w in d.get("model_workers") or rp._workers)
         if workers != rp._workers:
             rp._workers = workers

@@ -76,6 +76,9 @@ def _own_loop_path(rank: int, clock: FakeClock, plan: planner.Plan, profile: pla
     torch.manual_seed(0)
     model = DDP(ClockedNet(clock, COST_S[rank]))
     run = PlannedRun(plan, profile=profile, replan=True, log_file=log, seed=0, quiet=True)
+    # Loaded in the loop (no workers), as the trainer's path here: both may take a plan's workers, as the
+    # trainer does (a loop that keeps its workers re-plans at them: runtime.replan.Replanner's follow_workers).
+    run.follows_workers = True
     sampler = run.sampler_for(len(data), "cpu")
     loader = DataLoader(data, batch_sampler=sampler)
     register_weighted_hook(model, sampler)
