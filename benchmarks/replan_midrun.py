@@ -630,6 +630,8 @@ def main(argv: list[str] | None = None) -> int:
             "num_samples": case.num_samples, "epochs": args.epochs, "first_disturbed_epoch": case.from_epoch,
             "torch": torch.__version__, "python": platform.python_version(), "host_cores": os.cpu_count(),
             "rank_cores": [sorted(c) if c else None for c in cores], "plan_command": plan_cmd,
+            "hog_cores": (sorted(cores[case.slow_rank] or os.sched_getaffinity(0))[case.main_cores:]
+                          if case.cotenant == "cpu-hog" else None),
             "start_batch_sizes": [r["batch_size"] for r in start_split["ranks"]]}
     launches: list[Launch] = []
     longest = 0.0
