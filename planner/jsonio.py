@@ -96,6 +96,8 @@ def as_int(value: Any, path: str, *, min_value: int | None = None, max_value: in
             value = int(value)
         else:
             raise ValidationError(f"{path}: expected an integer, got {_show(value)}")
+    if not -INT64_MAX <= value <= INT64_MAX:  # 1e300 is an integral float: int() of it has 301 digits
+        raise ValidationError(f"{path}: {value:.3g} is beyond the 64-bit integer range (at most 2**63 - 1)")
     if min_value is not None and value < min_value:
         raise ValidationError(f"{path}: must be >= {min_value}, got {value}")
     if max_value is not None and value > max_value:

@@ -60,6 +60,7 @@ PROFILES = {
     "profile_cores_beyond_int64.json": "cpu_cores: 10000000000000000000 is beyond the 64-bit integer range",
     "profile_billion_cores.json": "cpu_cores: must be <= 65,536, got 1,000,000,000",
     "profile_lone_surrogate_in_name.json": "holds '\\ud800' at character 5, half of a UTF-16 pair",
+    "profile_1e300_capacity_bytes.json": "capacity_bytes: 1e+300 is beyond the 64-bit integer range",  # int(1e300)
 }
 PLANS = {
     "plan_truncated.json": "not valid JSON",
