@@ -230,8 +230,15 @@ def loads_strict(text: str, path: str) -> Any:
     integers of at most MAX_INT_DIGITS digits.  Raises ValidationError naming the field under ``path``,
     json.JSONDecodeError for bad syntax, RecursionError for absurd nesting."""
     data = json.loads(text, parse_int=_parse_int, object_pairs_hook=_unique_keys)
-    check_values(data, path)
+    check_values(data, _label(data, path))
     return data
+
+
+def _label(data: Any, path: str) -> str:
+    """The root of field paths in messages: a file read before its kind is known (``planner validate``'s "input")
+    is named by its kind, so validate's line for a profile is the one `plan` and `report` print for it."""
+    kind = data.get("kind") if path == "input" and isinstance(data, dict) else None
+    return kind if kind in ("profile", "plan") else path
 
 
 def read_text_bounded(path: str | os.PathLike[str], what: str, *, limit: int = MAX_FILE_BYTES) -> str:

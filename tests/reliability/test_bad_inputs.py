@@ -268,3 +268,23 @@ def test_real_process_train_and_profile(tmp_path: Path) -> None:
                 proc.kill()
                 proc.wait()
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize(("name", "kind"), [(f, "profile") for f in PROFILES] + [(f, "plan") for f in PLANS])
+def test_validate_refuses_a_bad_file_with_the_line_the_loading_command_prints(
+        name: str, kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One loader: `validate` gives the same verdict and the same words as `plan` and `report` (the file's kind
+    stands for "input" where the file cannot be read far enough to know it)."""
+    if OVERRIDES.get((name, "validate"), "") != "" or (name, "report") in OVERRIDES:
+        pytest.skip("a file valid for one command and not another (OVERRIDES)")
+    f = str(BAD / name)
+    others = ([["plan", "--profile", f, "--global-batch", "16"], ["report", "--profile", f, "--global-batch", "16",
+                                                                 "--out", str(tmp_path / "r.html")]]
+              if kind == "profile" else
+              [["report", "--profile", str(GOOD_PROFILE), "--plan", f, "--out", str(tmp_path / "r.html")]])
+    lines = []
+    for argv in (["validate", f], *others):
+        assert main(argv) == 2, argv
+        lines.append(capsys.readouterr().err)
+    said = lines[0].replace("input file", f"{kind} file")
+    assert all(line == said for line in lines[1:]), lines
