@@ -12,6 +12,10 @@ In-process, without a process group: both checks are local, so each rank of a la
 
 from __future__ import annotations
 
+import gc
+import threading
+from collections.abc import Iterator
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -37,9 +41,21 @@ def _data() -> TensorDataset:
 
 
 def _loader(workers: int = 0, **kw: object) -> DataLoader:  # type: ignore[type-arg]
-    """A DataLoader over the test data; with workers, forked and bounded (a stuck worker raises after 60 s)."""
-    bounded = {"multiprocessing_context": "fork", "timeout": 60} if workers else {}
+    """A DataLoader over the test data; with workers, forked once (persistent: every epoch reuses them) and bounded
+    (a stuck worker raises after 60 s)."""
+    bounded = {"multiprocessing_context": "fork", "timeout": 60, "persistent_workers": True} if workers else {}
     return DataLoader(_data(), num_workers=workers, **bounded, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture(autouse=True)
+def _workers_gone() -> Iterator[None]:
+    """After each test, its DataLoaders' workers shut down and their queues' feeder threads end (they close their
+    pipes a moment after the shutdown; a worker forked meanwhile could have a descriptor closed under it)."""
+    yield
+    gc.collect()
+    for t in threading.enumerate():
+        if t.name == "QueueFeederThread":
+            t.join(timeout=30)
 
 
 def test_the_planned_sampler_given_as_sampler_with_a_batch_size_is_refused_at_the_first_batch() -> None:
