@@ -293,7 +293,8 @@ class Profile:
     def from_dict(cls, data: Any, path: str = "profile") -> Profile:
         check_header(data, path, kind="profile", version=PROFILE_VERSION)
         d = as_obj(data, path, required=("version", "kind", "hosts", "ranks"), allowed=("model", "comm", "meta"))
-        hosts = tuple(_host_from(h, f"{path}.hosts[{i}]") for i, h in enumerate(as_list(d["hosts"], f"{path}.hosts")))
+        hosts = tuple(_host_from(h, f"{path}.hosts[{i}]")
+                      for i, h in enumerate(as_list(d["hosts"], f"{path}.hosts", max_items=MAX_WORLD_SIZE)))
         ranks = tuple(
             _rank_from(r, f"{path}.ranks[{i}]") for i, r in enumerate(as_list(d["ranks"], f"{path}.ranks", non_empty=True,
                                                                                 max_items=MAX_WORLD_SIZE))
