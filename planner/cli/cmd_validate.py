@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
 
 from planner.errors import ValidationError
-from planner.jsonio import loads_strict, read_json
+from planner.jsonio import MAX_FILE_BYTES, loads_strict, read_json
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.quality import check_profile
@@ -31,8 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _is_run_log(path: str) -> bool:
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False  # a FIFO would be waited on here; read_json below refuses it in one line
         with open(path, encoding="utf-8") as f:
-            first = f.readline()
+            first = f.readline(MAX_FILE_BYTES)  # one line, bounded: a file without newlines is not read whole
     except (OSError, UnicodeDecodeError):
         return False  # read_json below says what is wrong with the file
     try:

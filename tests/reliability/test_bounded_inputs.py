@@ -277,3 +277,15 @@ def test_a_run_log_whose_plan_does_not_load_is_refused_by_validate_and_report_al
         ["validate", str(log)],
         ["report", "--profile", str(profile), "--log", str(log), "--out", str(tmp_path / "r.html")])]
     assert lines[0] == lines[1] and 'plan.meta.ddp.static_graph must be true or false, got "yes"' in lines[0], lines
+
+
+@pytest.mark.subprocess
+def test_validate_refuses_a_fifo_without_waiting_on_it(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "run.jsonl"
+    os.mkfifo(fifo)  # validate peeks at a file's first line to tell a run log: a FIFO used to block it there
+    proc = subprocess.run([sys.executable, "-m", "planner", "validate", str(fifo)], capture_output=True, text=True,
+                          timeout=60)  # subprocess.run kills the child if it waits past the deadline
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is not a regular file" in proc.stderr, proc
