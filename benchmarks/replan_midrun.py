@@ -23,7 +23,9 @@ runs a split adopted at or after the disturbance's first epoch, less that epoch:
 saw it moved the split; must be <= 2); reversals (a revert record, or an adoption that brings the split closer to
 one it had left); oscillation (a split run, left and run again); a crash (rc != 0 or the timeout); the median
 samples/s of the last 3 epochs (disturbed ones: none with fewer) against the best epoch-level samples/s any launch of the form measured under the
-disturbance (must be >= 0.9); beside the plan's split, the throughput-proportional one (each rank's share
+disturbance (must be >= 0.9), and against the best split's typical epoch (the split whose disturbed epochs, over
+every launch of the form, have the highest median samples/s, over 3 or more of them; the first disturbed epoch left
+out: it ran the split from before the disturbance); beside the plan's split, the throughput-proportional one (each rank's share
 proportional to its measured samples per busy second in the disturbance's first epoch), and the equal split's
 samples/s in the disturbed epochs that ran it; the settled prediction error: from the second epoch after the last
 adoption under the disturbance on, each epoch's measured step / the prediction in force - 1 (the plan the previous
@@ -502,11 +504,25 @@ def score_form(launches: list[Launch], case: Case) -> None:
     median at least ``MIN_OF_BEST`` of the best, on a GPU case its settled prediction within
     ``MAX_PREDICTION_ERROR`` (what each case's acceptance asks)."""
     best = max((la.scores["best_disturbed_samples_per_s"] or 0.0 for la in launches), default=0.0)
+    # The best split by its typical epoch, not its luckiest: per split, the median samples/s of every disturbed
+    # epoch any launch ran on it after the disturbance's first (which ran the split from before it).
+    by_split: dict[tuple[int, ...], list[float]] = {}
+    for la in launches:
+        start = la.disturbance_at_epoch if la.disturbance_at_epoch is not None else case.from_epoch
+        for e in la.epochs:
+            if int(e["epoch"]) > start and e.get("samples_per_s"):
+                by_split.setdefault(tuple(e["batch_sizes"]), []).append(e["samples_per_s"])
+    typical = {k: statistics.median(v) for k, v in by_split.items() if len(v) >= LAST_EPOCHS}  # a median of 3+
+    best_split = max(typical, key=lambda k: typical[k]) if typical else None
     for la in launches:
         med = la.scores["last3_median_samples_per_s"]
         ratio = med / best if med and best else None
         la.scores.update(form_best_samples_per_s=best or None, of_best=ratio,
-                         of_best_ok=ratio is not None and ratio >= MIN_OF_BEST)
+                         of_best_ok=ratio is not None and ratio >= MIN_OF_BEST,
+                         best_split=list(best_split) if best_split else None,
+                         best_split_median_samples_per_s=typical.get(best_split) if best_split else None,
+                         of_best_split=(med / typical[best_split] if med and best_split else None),
+                         best_split_epochs=len(by_split.get(best_split, [])) if best_split else 0)
         wanted = la.scores["of_best_ok"] if case.name == "cpu" else la.scores["prediction_ok"]
         la.scores["pass"] = (not la.crashed and la.scores["adopt_delay_ok"] and wanted
                              and not la.scores["oscillation"])
@@ -544,14 +560,16 @@ def _f(x: Any, spec: str = ".0f") -> str:
 
 def table(launches: list[Launch], from_epoch: int) -> str:
     rows = ["| form | launch | rc | adopt delay | reversals | oscillation | last-3 median samples/s | x best | "
+            "x best split's median | "
             "settled prediction error | plan split (first disturbed epoch) | proportional | final split | "
-            "equal split disturbed samples/s | pass |", "|" + "---|" * 14]
+            "equal split disturbed samples/s | pass |", "|" + "---|" * 15]
     for la in launches:
         s = la.scores
         rows.append(
             f"| {la.form} | {la.index} | {la.rc}{' (timeout)' if la.timed_out else ''} | "
             f"{_f(s['adopt_delay_epochs'], 'd')} | {s['reversals']} | {'yes' if s['oscillation'] else 'no'} | "
             f"{_f(s['last3_median_samples_per_s'])} | {_f(s['of_best'], '.3f')} | "
+            f"{_f(s.get('of_best_split'), '.3f')} {s.get('best_split')} | "
             f"{_f(s['prediction_error_settled_median'], '+.1%')} (max {_f(s['prediction_error_settled_max_abs'], '.1%')}) | "
             f"{s['split_in_proportional_epoch']} | {s['proportional_split']} | {s['final_split']} | "
             f"{', '.join(_f(x) for x in s['equal_split_disturbed_samples_per_s']) or '-'} | "

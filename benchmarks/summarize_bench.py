@@ -666,7 +666,8 @@ def promise_table(results: Path) -> str:
 def replan_midrun_table(results: Path) -> str:
     """Records of benchmarks/replan_midrun.py (kind "replan-midrun"): per case, form and code, over its launches --
     the adopt delay, reversals, oscillating and crashed launches, the last 3 epochs' samples/s and its share of the
-    best epoch any launch of the form measured under the disturbance, the settled prediction error (median over the
+    best epoch any launch of the form measured under the disturbance and against the best split's median epoch
+    (benchmarks/replan_midrun.py; records older than the score show "-"), the settled prediction error (median over the
     epochs from the second after the last adoption: measured step / the prediction in force - 1; records older than
     the score show "-"), the equal split's samples/s in the disturbed epochs that ran it, and the final and
     throughput-proportional splits."""
@@ -674,9 +675,9 @@ def replan_midrun_table(results: Path) -> str:
     if not recs:
         return "No records yet (`benchmarks/replan_midrun.py`)."
     rows = ["| case (heterogeneity) | form | code | launches | adopt delay (epochs) | reversals | oscillating | crashed "
-            "| last-3 samples/s | of the best | settled prediction error | equal split, disturbed | final splits "
-            "| proportional |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| last-3 samples/s | of the best | of the best split's median | settled prediction error "
+            "| equal split, disturbed | final splits | proportional |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in dict.fromkeys((r["case"], r["form"], r.get("code", "-")) for r in recs):
         g = [r for r in recs if (r["case"], r["form"], r.get("code", "-")) == key]
         sc = [r["scores"] for r in g]
@@ -690,6 +691,7 @@ def replan_midrun_table(results: Path) -> str:
             f"{sum(s['reversals'] for s in sc)} | {sum(bool(s['oscillation']) for s in sc)} | "
             f"{sum(bool(s['crashed']) for s in sc)} | {_x([s['last3_median_samples_per_s'] for s in sc], '{:.0f}')} | "
             f"{_x([s['of_best'] for s in sc], '{:.3f}')} | "
+            f"{_x([v for s in sc if (v := s.get('of_best_split')) is not None], '{:.3f}')} | "
             f"{_x([v for s in sc if (v := s.get('prediction_error_settled_median')) is not None], '{:+.1%}')} | "
             f"{_x(equal, '{:.0f}')} | {finals} | {props} |")
     return "\n".join(rows)
