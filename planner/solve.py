@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -74,6 +74,7 @@ __all__ = [
     "RankModel",
     "SolveOptions",
     "accumulation_note",
+    "best_subset",
     "build_models",
     "equal_accumulation_split",
     "equal_split",
@@ -82,7 +83,10 @@ __all__ = [
     "exposed_comm_s",
     "kept_equal_split",
     "rank_step_s",
+    "restrict_profile",
     "solve",
+    "subset_line",
+    "with_subset",
     "worker_budgets",
 ]
 
@@ -520,3 +524,142 @@ def made_for(profile: Profile) -> dict[str, Any]:
         out["model"] = {k: v for k, v in (("name", m.name), ("num_params", m.num_params), ("structure", m.structure))
                         if v is not None}
     return out
+
+
+# -- leaving ranks out ---------------------------------------------------------------------------------------
+SUBSET_MIN_GAIN = 0.10
+"""Least predicted gain for which a plan names ranks to leave out (``best_subset``; ``min_gain`` where higher):
+leaving a rank out is a relaunch and a device idle, so it must earn more than a split does."""
+
+SUBSET_MAX_SINGLES = 8
+"""Up to this many ranks, ``best_subset`` tries leaving out each single rank; beyond, only whole hosts and whole
+device kinds."""
+
+
+def restrict_profile(profile: Profile, keep: Sequence[int]) -> Profile:
+    """The profile of ranks ``keep`` only (old rank ids), renumbered 0..k-1 in that order (``keep[j]`` becomes
+    rank j; ``meta["restricted_from"]`` records the map and the whole profile's fingerprint).
+
+    Communication of the smaller group: one rank has none (no all-reduce, ``exposed_comm_s``).  Several keep the
+    whole group's measured terms with each kept rank's own factors -- the all-reduce of a ring is paced by its
+    slowest link, which a smaller group on the same links still crosses -- except that a group left on one host of
+    a profile spanning hosts takes that host's own all-reduce (``meta["allreduce_by_host_s"]``), the exposed term
+    scaled by it over the whole job's.
+
+    Raises:
+        ValidationError: ``keep`` is empty, repeats a rank or names one the profile does not have.
+    """
+    W = profile.world_size
+    keep = [int(i) for i in keep]
+    if not keep or len(set(keep)) != len(keep) or any(not 0 <= i < W for i in keep):
+        raise ValidationError(f"ranks to keep must be distinct ids in 0..{W - 1}, got {keep}")
+    by_rank = profile.by_rank
+    ranks = tuple(replace(by_rank[old], rank=new) for new, old in enumerate(keep))
+    used = {r.host for r in ranks}
+    hosts = tuple(h for h in profile.hosts if h.name in used)
+    comm = profile.comm
+    if comm is not None and len(keep) == 1:
+        comm = None  # one rank: no all-reduce, no DDP
+    elif comm is not None:
+        def pick(values: tuple[float, ...] | None) -> tuple[float, ...] | None:
+            return None if values is None or len(values) != W else tuple(values[i] for i in keep)
+
+        comm = replace(comm, wait_factors=pick(comm.wait_factors), span_factors=pick(comm.span_factors))
+        by_host = profile.meta.get("allreduce_by_host_s")
+        spans = len({r.host for r in by_rank}) > 1
+        if spans and len(used) == 1 and isinstance(by_host, Mapping) and comm.allreduce_s:
+            own = by_host.get(next(iter(used)))
+            if isinstance(own, (int, float)) and 0 <= own < comm.allreduce_s:
+                ratio = float(own) / comm.allreduce_s
+                comm = replace(comm, allreduce_s=float(own),
+                               exposed_s=None if comm.exposed_s is None else comm.exposed_s * ratio,
+                               span_tail_s=None if comm.span_tail_s is None else comm.span_tail_s * ratio)
+    meta = {**profile.meta, "restricted_from": {"ranks": keep, "profile_fingerprint": profile.fingerprint()}}
+    return replace(profile, ranks=ranks, hosts=hosts, comm=comm, meta=meta)
+
+
+def subset_candidates(profile: Profile) -> list[tuple[int, ...]]:
+    """The rank sets ``best_subset`` tries leaving out (old ids, each sorted, never every rank): each single rank
+    (up to ``SUBSET_MAX_SINGLES`` ranks), each whole host and each whole device kind (cpu, cuda, ...) where the
+    profile has more than one."""
+    ranks = profile.by_rank
+    W = len(ranks)
+    out: list[tuple[int, ...]] = []
+    if W <= SUBSET_MAX_SINGLES:
+        out += [(r.rank,) for r in ranks]
+    for key in (lambda r: r.host, lambda r: r.device.split(":")[0]):
+        groups: dict[str, list[int]] = {}
+        for r in ranks:
+            groups.setdefault(key(r), []).append(r.rank)
+        if len(groups) > 1:
+            out += [tuple(g) for g in groups.values()]
+    return [c for c in dict.fromkeys(out) if 0 < len(c) < W]
+
+
+def best_subset(profile: Profile, plan: Plan, *,
+                plan_for: Callable[[Profile], Plan] | None = None) -> dict[str, Any] | None:
+    """The ranks to leave out when the plan over the rest is predicted clearly faster, else None.
+
+    Each candidate (``subset_candidates``) is planned by ``plan_for`` on ``restrict_profile`` of the kept ranks --
+    what ``planner plan --exclude-ranks`` runs, by default ``solve`` with ``plan``'s options and global batch -- so
+    the predicted step compared is the one that plan prints.  A candidate whose kept ranks cannot hold the global batch is skipped.  The fastest wins when
+    ``plan``'s predicted step is more than ``max(SUBSET_MIN_GAIN, min_gain)`` above its step: a rank whose samples
+    are worth more than what it adds to the all-reduce (and to the slowest rank) is never named.
+
+    Returns ``{"exclude_ranks", "keep_ranks", "step_time_s", "samples_per_s", "gain", "batch_sizes",
+    "candidates"}``: ``gain`` = plan's step over the subset's, ``keep_ranks[j]`` = the old id of the subset
+    plan's rank j, ``candidates`` the number tried.
+    """
+    opts = plan.options
+    if plan_for is None:
+        def plan_for(p: Profile) -> Plan:
+            return solve(p, global_batch=plan.global_batch, options=opts)
+    if profile.world_size < 2:
+        return None
+    threshold = max(SUBSET_MIN_GAIN, opts.min_gain)
+    t_plan = plan.predicted.step_time_s
+    best: tuple[float, tuple[int, ...], Plan] | None = None
+    tried = 0
+    for left_out in subset_candidates(profile):
+        keep = [r for r in range(profile.world_size) if r not in left_out]
+        tried += 1
+        try:
+            sub = plan_for(restrict_profile(profile, keep))
+        except PlanError:
+            continue
+        t = sub.predicted.step_time_s
+        if t > 0 and (best is None or t < best[0]):
+            best = (t, left_out, sub)
+    if best is None or t_plan <= best[0] * (1.0 + threshold):
+        return None
+    t, left_out, sub = best
+    return {"exclude_ranks": list(left_out), "keep_ranks": [r for r in range(profile.world_size)
+                                                            if r not in left_out],
+            "step_time_s": t, "samples_per_s": sub.predicted.samples_per_s, "gain": t_plan / t,
+            "batch_sizes": [r.batch_size for r in sub.ranks], "candidates": tried}
+
+
+def with_subset(profile: Profile, plan: Plan, plan_for: Callable[[Profile], Plan] | None = None) -> Plan:
+    """``plan`` with ``solver["subset"]`` (``best_subset``) where leaving ranks out is predicted clearly faster."""
+    found = best_subset(profile, plan, plan_for=plan_for)
+    return plan if found is None else replace(plan, solver={**plan.solver, "subset": found})
+
+
+def subset_line(plan: Plan, profile: Profile | None = None, *, command: str | None = None) -> str | None:
+    """One line naming the ranks ``solver["subset"]`` leaves out, the predicted gain and the launch (``command``:
+    the `planner plan` call with ``--exclude-ranks`` added), e.g. ``leaving out rank 1 (cpu) is predicted 3.10x
+    faster: planner plan ... --exclude-ranks 1 (then launch 1 rank)``; None when the plan records none."""
+    found = plan.solver.get("subset")
+    if not isinstance(found, Mapping) or not found.get("exclude_ranks"):
+        return None
+    out = [int(r) for r in found["exclude_ranks"]]
+    keep = len(found.get("keep_ranks") or []) or plan.world_size - len(out)
+    devices = {r.rank: r.device for r in (profile.by_rank if profile is not None else plan.ranks)}
+    named = ", ".join(f"{r} ({devices.get(r, '?')})" for r in out)
+    what = f"rank {named}" if len(out) == 1 else f"ranks {named}"
+    ids = ",".join(map(str, out))
+    launch = command if command is not None else "planner plan --profile PROFILE --global-batch " \
+                                                 f"{plan.global_batch}"
+    return (f"leaving out {what} is predicted {float(found['gain']):.2f}x faster "
+            f"({1000 * float(found['step_time_s']):.2f} ms a step): {launch} --exclude-ranks {ids} "
+            f"(then launch {keep} rank{'s' if keep != 1 else ''})")

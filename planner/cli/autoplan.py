@@ -38,6 +38,7 @@ from planner.options import SolveOptions
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.quality import ProfileQuality, check_profile, solve_within_noise
+from planner.solve import with_subset
 from profiler.workloads.specs import Workload
 
 
@@ -153,6 +154,9 @@ def auto_plan(cfg: TrainConfig, env: DistEnv, workload: Workload, options: AutoP
             print(line, file=sys.stderr, flush=True)
         plan = solve_within_noise(gathered, global_batch=options.global_batch, options=solve_options,
                                   quality=quality)
+        # ranks whose all-reduce costs more than their samples give: named in the plan (its summary prints it)
+        plan = with_subset(gathered, plan, lambda p: solve_within_noise(p, global_batch=options.global_batch,
+                                                                         options=solve_options))
         return _decided(plan, gathered, options)
 
     shared = decide_on_rank0(first)

@@ -7,9 +7,11 @@ in-process, then runs every strategy back to back on the same ranks, same model,
   proportional  batch proportional to each rank's throughput measured at the equal batch (the DBS/timm heuristic)
   plan          planner.solve on the profile, HeteroBatchSampler + weighted gradient hook
   plan+replan   the plan with re-planning each epoch; `--late-slowdown R=F` slows rank R from epoch 1 on
-  ideal         sum over ranks of b_i / t_i(b_i): each rank's standalone throughput at its planned batch,
-                measured in the same launch with no communication (nobody waits for anybody); t_i is never
-                above the rank's step in a run of the same split (``bounded_ideal``), so no run beats it
+  ideal         B / (B / sum_i b_i / t_i(b_i) + e): each rank's standalone throughput at its planned batch,
+                measured in the same launch with no communication (nobody waits for anybody), plus the plan's
+                all-reduce tail e that no split of these ranks avoids (``ideal_with_tail``); t_i is never above
+                the rank's step in a run of the same split (``bounded_ideal``), and e never puts the ideal below
+                such a run, so no run beats it and "vs ideal" is the fraction of what these ranks can reach
 
 Every number comes from this one launch, so the ratios compare like with like.  The kind of heterogeneity is
 recorded in the JSON (`meta.heterogeneity`).
@@ -412,10 +414,13 @@ def _bench_rank(env: Any, opts: BenchOptions, slow: float, late: float | None, c
     measured_alone = all_gather_json(mine)
     same_split = [s["samples_per_s"] for s in out.values()
                   if s.get("samples_per_s") and s.get("batch_sizes") == list(plan.batch_sizes)]
-    ideal, alone, bounded = bounded_ideal(plan.batch_sizes, measured_alone, same_split)
+    no_comm, alone, bounded = bounded_ideal(plan.batch_sizes, measured_alone, same_split)
+    ideal, tail = ideal_with_tail(B, no_comm, plan.predicted.comm_s, same_split)
     out["ideal"] = {"samples_per_s": ideal, "standalone_step_time_s": alone, "batch_sizes": list(plan.batch_sizes),
                     "measured_standalone_step_time_s": measured_alone, "bounded_by_run": bounded,
-                    "predicted_samples_per_s": plan.predicted.ideal_samples_per_s}
+                    "no_comm_samples_per_s": no_comm, "comm_tail_s": tail,
+                    "predicted_samples_per_s": ideal_with_tail(B, plan.predicted.ideal_samples_per_s,
+                                                               plan.predicted.comm_s, [])[0]}
     if env.is_main and bounded:
         read = ", ".join(f"rank {i} {1000 * measured_alone[i]:.1f} ms" for i in bounded)
         print(f"note: measured alone ({read}) slower than inside a synchronized run of the plan's split "
@@ -479,6 +484,20 @@ def bounded_ideal(batch_sizes: Any, standalone_s: list[float],
     bounded = [i for i, t in enumerate(standalone_s) if float(t) > run_step]
     ideal = sum(int(b) / t for b, t in zip(batch_sizes, alone, strict=True) if t > 0)
     return ideal, alone, bounded
+
+
+def ideal_with_tail(global_batch: int, no_comm_samples_per_s: float, tail_s: float,
+                    runs_samples_per_s: list[float]) -> tuple[float, float]:
+    """(ideal samples/s, the tail it charges): the ranks flat out at ``no_comm_samples_per_s`` (``bounded_ideal``)
+    plus the all-reduce tail ``tail_s`` every step of these ranks pays after its slowest rank (the plan's exposed
+    communication, ``Predicted.comm_s``; 0 on one rank).  The tail is cut to what the fastest run of the same split
+    left over the flat-out step, so the ideal stays at least every run of that split."""
+    if no_comm_samples_per_s <= 0:
+        return 0.0, 0.0
+    flat = global_batch / no_comm_samples_per_s
+    run_step = min((global_batch / sps for sps in runs_samples_per_s if sps > 0), default=float("inf"))
+    tail = max(0.0, min(float(tail_s), run_step - flat))
+    return global_batch / (flat + tail), tail
 
 
 def proportional_split(profile: Any, B: int, min_batch: int) -> list[int]:

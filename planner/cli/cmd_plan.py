@@ -23,7 +23,16 @@ from planner.quality import (
     kept_within_noise,
     noise_line,
 )
-from planner.solve import accumulation_note, build_models, evaluate, kept_equal_split, solve
+from planner.solve import (
+    accumulation_note,
+    build_models,
+    evaluate,
+    kept_equal_split,
+    restrict_profile,
+    solve,
+    subset_line,
+    with_subset,
+)
 from planner.table import table
 
 HELP = "solve per-rank batch sizes, shares and workers for a global batch"
@@ -35,10 +44,13 @@ examples:
   planner plan --profile profile.json --global-batch 4096 --mode fsdp     # same micro-steps on every rank
   planner plan --profile profile.json --global-batch 64 --max-micro-batch 8   # accumulate past 8 per forward
   eval "$(planner plan --profile profile.json --global-batch 512 --print-env)"   # the measured NCCL setting
+  planner plan --profile profile.json --global-batch 256 --exclude-ranks 1   # plan without rank 1
 
 The global batch is your convergence choice: the planner never changes it.  Where it exceeds what the ranks'
 memory holds in one step, or where a fast rank is held back by its memory, ranks run gradient accumulation
-(the table's "micro-batches" column: steps x largest micro-batch).  It prints a table for people and writes the
+(the table's "micro-batches" column: steps x largest micro-batch).  Where leaving a rank out is predicted
+clearly faster (its share of the all-reduce costs more than its samples give), one line says so with the launch
+that leaves it out (`--exclude-ranks`).  It prints a table for people and writes the
 plan JSON (`--json` prints it to stdout instead) that `planner train --plan` and
 `HeteroBatchSampler.from_plan` read.
 """
@@ -52,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from-batches", default=None, metavar="B0,B1,..",
                    help="skip the solver: evaluate this split (comma-separated, one per rank); a batch over a rank's "
                         "cap is refused")
+    p.add_argument("--exclude-ranks", default=None, metavar="R0,R1,..",
+                   help="plan without these ranks of the profile: the kept ranks are renumbered 0..k-1 in their "
+                        "order (a line says how), so launch k ranks")
     p.add_argument("--force", action="store_true",
                    help="with --from-batches: write the plan even when a batch is over its rank's cap (a warning "
                         "says which rank will run out of memory)")
@@ -178,6 +193,11 @@ def run(args: argparse.Namespace) -> int:
     if args.force and not args.from_batches:
         raise ValidationError("--force only applies to --from-batches (the solver never exceeds a cap)")
     profile = Profile.load(args.profile)
+    renumbered = None
+    if args.exclude_ranks is not None:
+        keep = kept_ranks(args.exclude_ranks, profile.world_size)
+        profile = restrict_profile(profile, keep)
+        renumbered = ", ".join(f"{old} -> {new}" for new, old in enumerate(keep))
     options = solve_options_from_args(args, profile=profile)
     quality = check_profile(profile)
     warnings: list[str] = list(quality.warning_lines())  # printed after the work: never before an error line
@@ -185,9 +205,15 @@ def run(args: argparse.Namespace) -> int:
         plan, given = _evaluate_given(profile, args, options)
         warnings += given
     else:
-        plan = solve(profile, global_batch=args.global_batch, options=options)
-        if options.min_gain > 0:  # --min-gain 0 asks for the optimum whatever the noise
-            plan = keep_equal_within_noise(profile, plan, quality)
+        def plan_for(p: Profile, q: ProfileQuality | None = None) -> Plan:
+            out = solve(p, global_batch=args.global_batch, options=options)
+            if options.min_gain > 0:  # --min-gain 0 asks for the optimum whatever the noise
+                out = keep_equal_within_noise(p, out, q if q is not None else check_profile(p))
+            return out
+
+        plan = plan_for(profile, quality)
+        if renumbered is None:  # a plan over kept ranks names no further ranks (its ids are renumbered)
+            plan = with_subset(profile, plan, plan_for)
     plan = record_workload(plan, profile)
     warnings += extrapolation_lines(plan, profile)
     if args.out:
@@ -201,10 +227,35 @@ def run(args: argparse.Namespace) -> int:
         json.dump(plan.to_dict(), sys.stdout, indent=1)
         print()
     else:
-        print(format_plan(plan, profile, quality))
+        print(format_plan(plan, profile, quality, command=_command(args)))
+        if renumbered is not None:
+            print(f"  ranks renumbered (profile rank -> plan rank): {renumbered}")
         if args.out:
             print(f"\nwrote {args.out}")
     return 0
+
+
+def kept_ranks(text: str, world_size: int) -> list[int]:
+    """The ranks ``--exclude-ranks`` keeps, in order; one line for an id that is not a rank or for leaving out
+    every rank."""
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValidationError(f"--exclude-ranks: expected comma-separated rank ids, got {text!r}") from None
+    bad = [r for r in out if not 0 <= r < world_size]
+    if bad or not out:
+        raise ValidationError(f"--exclude-ranks: rank {bad[0] if bad else 'nothing'} given, but the profile has ranks "
+                              f"0..{world_size - 1}: give ids in that range")
+    keep = [r for r in range(world_size) if r not in out]
+    if not keep:
+        raise ValidationError(f"--exclude-ranks {text} leaves out all {world_size} ranks of the profile: keep at "
+                              "least one")
+    return keep
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The `planner plan` call a subset line extends (the profile and global batch as given)."""
+    return f"planner plan --profile {args.profile} --global-batch {args.global_batch}"
 
 
 def record_workload(plan: Plan, profile: Profile) -> Plan:
@@ -225,9 +276,11 @@ def cite_warnings(line: str, quality: ProfileQuality) -> str:
     return line
 
 
-def format_plan(plan: Plan, profile: Profile | None = None, quality: ProfileQuality | None = None) -> str:
+def format_plan(plan: Plan, profile: Profile | None = None, quality: ProfileQuality | None = None, *,
+                command: str | None = None) -> str:
     """The plan as an aligned table plus the predicted throughput against equal split and ideal.  The quality
-    issues behind a noise line are cited, not repeated (``cite_warnings``): the caller prints the warnings."""
+    issues behind a noise line are cited, not repeated (``cite_warnings``): the caller prints the warnings.
+    ``command``: the `planner plan` call a line on leaving ranks out extends (``planner.solve.subset_line``)."""
     names = {r.rank: (r.device_name or r.device) for r in profile.by_rank} if profile else {}
     rows: list[tuple[object, ...]] = [
         (r.rank, names.get(r.rank, r.device), r.batch_size, f"{100 * r.share:.1f}%", r.num_workers,
@@ -279,6 +332,9 @@ def format_plan(plan: Plan, profile: Profile | None = None, quality: ProfileQual
         optimum, gain, min_gain = kept
         lines.append(f"  kept the equal split: the optimum {optimum} is predicted only {gain:.1%} faster "
                      f"(< min gain {min_gain:.0%}); --min-gain 0 plans it anyway")
+    left_out = subset_line(plan, profile, command=command)
+    if left_out is not None:
+        lines.append(f"  {left_out}")
     out.append("\n".join(lines))
     return "\n\n".join(out)
 

@@ -209,7 +209,9 @@ def run(args: argparse.Namespace) -> int:
                 if env.is_main:
                     from planner.cli.cmd_plan import format_plan
 
-                    print(format_plan(plan, profile, auto.quality), flush=True)
+                    print(format_plan(plan, profile, auto.quality, command=(
+                        f"planner plan --profile {args.profile_out or 'PROFILE'} --global-batch {args.global_batch}")),
+                        flush=True)
                     print(f"wrote the plan to {plan_out}" + ("" if args.plan_out else " (--plan-out PATH to choose)"),
                           flush=True)
             else:
