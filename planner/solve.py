@@ -533,7 +533,7 @@ leaving a rank out is a relaunch and a device idle, so it must earn more than a 
 
 SUBSET_MAX_SINGLES = 8
 """Up to this many ranks, ``best_subset`` tries leaving out each single rank; beyond, only whole hosts and whole
-device kinds."""
+device kinds (each while there are at most this many)."""
 
 
 def restrict_profile(profile: Profile, keep: Sequence[int]) -> Profile:
@@ -581,7 +581,7 @@ def restrict_profile(profile: Profile, keep: Sequence[int]) -> Profile:
 def subset_candidates(profile: Profile) -> list[tuple[int, ...]]:
     """The rank sets ``best_subset`` tries leaving out (old ids, each sorted, never every rank): each single rank
     (up to ``SUBSET_MAX_SINGLES`` ranks), each whole host and each whole device kind (cpu, cuda, ...) where the
-    profile has more than one."""
+    profile has 2..``SUBSET_MAX_SINGLES`` of them."""
     ranks = profile.by_rank
     W = len(ranks)
     out: list[tuple[int, ...]] = []
@@ -591,7 +591,7 @@ def subset_candidates(profile: Profile) -> list[tuple[int, ...]]:
         groups: dict[str, list[int]] = {}
         for r in ranks:
             groups.setdefault(key(r), []).append(r.rank)
-        if len(groups) > 1:
+        if 1 < len(groups) <= SUBSET_MAX_SINGLES:  # each a solve: a few, never one per host of a large job
             out += [tuple(g) for g in groups.values()]
     return [c for c in dict.fromkeys(out) if 0 < len(c) < W]
 
