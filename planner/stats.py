@@ -73,6 +73,14 @@ class StepStats:
     across epochs drains only where the run ends, planner.cli.steps.StreamedEpochs).  Left out of the means when a
     steady part remains; when the whole epoch is drain (``drain_steps`` >= ``num_steps``) its means are the GPU's
     pace, not the loader's."""
+    compile_steps: int = 0
+    """Steps whose compute ran over ``runtime.timing.COMPILE_FACTOR`` times the epoch's median compute and at least
+    ``COMPILE_MIN_S``: a compile (torch.compile at a shape the rank had not run: its first step, or the first at a
+    new batch size after a re-plan).  Left out of every mean (warm-up steps among them are counted here too), so a
+    recompile epoch is not read as a slow rank."""
+    compile_s: float = 0.0
+    """Seconds those ``compile_steps`` took beyond the epoch's median step: the compile time, kept apart from the
+    step time (0 in older logs)."""
 
     def to_dict(self) -> JSONDict:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -85,7 +93,8 @@ class StepStats:
             required=("rank", "epoch", "num_steps", "batch_size", "num_workers", "data_wait_s", "compute_s",
                       "step_time_s"),
             allowed=("compute_s_std", "compute_s_median", "compute_s_mad", "num_outliers", "step_time_s_std",
-                     "num_peer_late", "interference_s", "loader_s", "fill_steps", "fill_excess_s", "drain_steps"),
+                     "num_peer_late", "interference_s", "loader_s", "fill_steps", "fill_excess_s", "drain_steps",
+                     "compile_steps", "compile_s"),
         )
         return cls(
             rank=as_int(d["rank"], f"{path}.rank", min_value=0),
@@ -107,6 +116,8 @@ class StepStats:
             fill_steps=as_int(d.get("fill_steps", 0), f"{path}.fill_steps", min_value=0),
             fill_excess_s=as_num(d.get("fill_excess_s", 0.0), f"{path}.fill_excess_s", non_negative=True),
             drain_steps=as_int(d.get("drain_steps", 0), f"{path}.drain_steps", min_value=0),
+            compile_steps=as_int(d.get("compile_steps", 0), f"{path}.compile_steps", min_value=0),
+            compile_s=as_num(d.get("compile_s", 0.0), f"{path}.compile_s", non_negative=True),
         )
 
     @property

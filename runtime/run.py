@@ -35,7 +35,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
@@ -103,6 +103,10 @@ class PlannedRun:
         allow_workload_mismatch: run a plan made for another model, or solved from another profile than
             ``profile``, with a warning instead of the refusal (runtime.workload; `planner train
             --allow-workload-mismatch`).  Another device, host or core count is only warned either way.
+        epochs: the run's epochs, when known: a re-plan that makes a compiled model recompile must save more than
+            the recompile over the epochs left (runtime.Replanner's ``recompile_s``).
+        recompile_s: seconds each rank takes to recompile at a new batch size (one number or one per rank; None:
+            the profile's compile record, else no charge).
 
     The plan's DDP settings (``plan.meta["ddp"]``) are checked here: a bad one is refused before any collective.
     """
@@ -112,7 +116,8 @@ class PlannedRun:
                  seed: int = 0, shuffle: bool = True, drop_last: bool = False, warmup_steps: int = 2,
                  compress: str = "none", quiet: bool = False, device_state: DeviceStateSource | None = None,
                  replan_smoothing: float | None = None, strategy: str = "plan",
-                 allow_workload_mismatch: bool = False) -> None:
+                 allow_workload_mismatch: bool = False, epochs: int | None = None,
+                 recompile_s: float | Sequence[float | None] | None = None) -> None:
         self.plan = _load_plan(plan)
         # Files the run reads: the run log must never be one of them (writing it would destroy the plan).
         self._inputs = {"plan": None if isinstance(plan, Plan) else os.fspath(plan),
@@ -139,6 +144,7 @@ class PlannedRun:
         self.replan = replan and strategy == "plan"
         self.replan_threshold = replan_threshold
         self.replan_smoothing = replan_smoothing
+        self.epochs, self.recompile_s = epochs, recompile_s
         self.log_file = log_file
         self.seed, self.shuffle, self.drop_last = int(seed), shuffle, drop_last
         self.warmup_steps = warmup_steps
@@ -231,7 +237,9 @@ class PlannedRun:
             assert self.profile is not None
             self.replanner = Replanner(self.profile, self.plan, threshold=self.replan_threshold,
                                        smoothing=DEFAULT_SMOOTHING if self.replan_smoothing is None
-                                       else self.replan_smoothing, follow_workers=self.follows_workers)
+                                       else self.replan_smoothing, follow_workers=self.follows_workers,
+                                       recompile_s=self.recompile_s, epochs=self.epochs,
+                                       steps_per_epoch=self.sampler.num_steps if self.sampler is not None else None)
             if self.rank == 0:  # the rank that re-solves (runtime.replan.exchange)
                 # The first re-solve imports the MILP solver (scipy.optimize: 0.4 s of CPU from cached bytecode,
                 # over 1 s without); paid here, at set-up, instead of inside the first epoch end, where every

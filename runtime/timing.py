@@ -42,6 +42,13 @@ epoch by ``peer_data_waits``): a step where some peer waited for data more than 
 median compute longer than this rank did -- and the step after it, which a late all-reduce can still delay -- is
 left out of ``compute_s`` (this rank's own time) and the difference is reported as ``interference_s``, with
 ``num_peer_late`` steps counted.  The re-planner thus corrects the rank that was slow, not the one that waited.
+
+Compile steps.  Under torch.compile a rank's first step at a shape it has not run compiles (tens of seconds on a
+GPU for a 100M-parameter LM, against a 46 ms step): its first step, and the first at a new batch size after a
+re-plan -- or at the epoch's partial last step.  A step whose compute ran over ``COMPILE_FACTOR`` times the
+epoch's median compute and at least ``COMPILE_MIN_S`` is a compile: left out of every mean (warm-up or not) and
+counted in ``StepStats.compile_steps`` / ``compile_s`` (its time beyond the median step), so one recompile is
+neither averaged into the rank's step time nor read as a slow rank.
 """
 
 from __future__ import annotations
@@ -73,6 +80,12 @@ PEER_LATE_MIN_S = 0.001
 MIN_CLEAN_FRACTION = 0.5
 """Steps left after removing the peer-late ones must be at least this fraction of the epoch, or all count (a peer
 late in most steps leaves too little to tell own compute from interference)."""
+
+COMPILE_FACTOR = 20.0
+"""A step whose compute took this many times the epoch's median compute (and ``COMPILE_MIN_S``) was a compile."""
+COMPILE_MIN_S = 0.5
+"""Shortest compute span read as a compile: a recompile takes seconds (8 s for a small MLP on a 2-core CPU, about
+a minute for GPT-2 on an H200); a stall of a fraction of a second is an outlier, not a compile."""
 
 STEADY_MIN_CYCLES = 2
 """Whole worker cycles that must lie between an epoch's loader fill and drain for its steady pace to be measured."""
@@ -412,15 +425,17 @@ class StepTimer:
         self._flush()
         start = self.warmup_steps if self.warmup_steps and len(self._steps) > 2 * self.warmup_steps else 0
         late = self._peer_late(peer_data_waits_s)
+        compiled, compile_s = self._compile_steps()
         indexed = [(i, s) for i, s in enumerate(self._steps) if i >= start]
         good_idx = [(i, s) for i, s in indexed
-                    if _valid(s.data_wait_s) and _valid(s.compute_s) and _valid(s.step_time_s)]
+                    if _valid(s.data_wait_s) and _valid(s.compute_s) and _valid(s.step_time_s) and i not in compiled]
         good = [s for _, s in good_idx]
-        self.num_dropped = len(indexed) - len(good)
+        self.num_dropped = len(indexed) - len(good) - len([i for i, _ in indexed if i in compiled])
         n = len(good)
         if n == 0:
             return StepStats(rank=rank, epoch=epoch, num_steps=0, batch_size=batch_size, num_workers=num_workers,
-                             data_wait_s=0.0, compute_s=0.0, step_time_s=0.0, compute_s_std=0.0)
+                             data_wait_s=0.0, compute_s=0.0, step_time_s=0.0, compute_s_std=0.0,
+                             compile_steps=len(compiled), compile_s=compile_s)
         all_compute = [float(s.compute_s) for s in good]  # type: ignore[arg-type]
         clean = [float(s.compute_s) for i, s in good_idx if i not in late]  # type: ignore[arg-type]
         compute = clean if len(clean) >= max(1.0, MIN_CLEAN_FRACTION * n) else all_compute
@@ -447,7 +462,8 @@ class StepTimer:
         paced_waits = waits[end - whole:end]
         steady = math.fsum(paced) / len(paced)
         head = start + end - whole  # every step before the steady window, warm-up included
-        head_times = [float(s.step_time_s) for s in self._steps[:head] if _valid(s.step_time_s)]  # type: ignore[arg-type]
+        head_times = [float(s.step_time_s) for i, s in enumerate(self._steps[:head])  # type: ignore[arg-type]
+                      if _valid(s.step_time_s) and i not in compiled]
         fill_excess = max(0.0, math.fsum(head_times) - steady * len(head_times)) if fill else 0.0
         mean_c = math.fsum(inliers) / k
         # Sample std (k - 1): the re-planner turns it into a standard error, std / sqrt(n).
@@ -476,7 +492,24 @@ class StepTimer:
             fill_steps=head if fill else 0,
             fill_excess_s=fill_excess,
             drain_steps=min(n, max(0, drain_steps)),
+            compile_steps=len(compiled),
+            compile_s=compile_s,
         )
+
+    def _compile_steps(self) -> tuple[set[int], float]:
+        """(indices of the epoch's compile steps, their seconds beyond the median step): compute over
+        ``COMPILE_FACTOR`` x the median compute of the epoch's valid steps and at least ``COMPILE_MIN_S`` (module
+        docstring), warm-up steps included."""
+        valid = [(i, float(s.compute_s), float(s.step_time_s)) for i, s in enumerate(self._steps)  # type: ignore[arg-type]
+                 if _valid(s.compute_s) and _valid(s.step_time_s) and _valid(s.data_wait_s)]
+        if len(valid) < 2:
+            return set(), 0.0
+        med = statistics.median(c for _, c, _ in valid)
+        out = {i for i, c, _ in valid if c >= COMPILE_MIN_S and c > COMPILE_FACTOR * med}
+        if not out:
+            return set(), 0.0
+        med_step = statistics.median(t for i, _, t in valid if i not in out) if len(out) < len(valid) else 0.0
+        return out, math.fsum(max(0.0, t - med_step) for i, _, t in valid if i in out)
 
     def _peer_late(self, peers: Sequence[Sequence[float]]) -> set[int]:
         """Step indices whose compute a late peer may have stretched: a peer waited for data more than the

@@ -288,6 +288,65 @@ class Revert:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class RecompileCharge:
+    """What a candidate's new shapes cost a compiled model (``recompile_charge``), against what its gain saves.
+
+    A rank whose micro-batch size changes to one it has not run recompiles (torch.compile specializes its graph on
+    the batch dimension; dynamo caches a graph per shape, so a size the rank already ran costs nothing again).  The
+    ranks compile in parallel and the step waits for the slowest, so the charge is the largest ``recompile_s`` of
+    the ranks that change.  The gain is worth it only when
+
+        saved_s = (T_old - T_new) * steps_per_epoch * epochs_left  >  charge_s
+    """
+
+    charge_s: float
+    """Seconds of recompiling the candidate costs: the most over ``ranks`` (0 when no rank meets a new shape)."""
+    ranks: tuple[int, ...]
+    """The ranks whose micro-batch size is one they have not run, with a recompile time known for them."""
+    sizes: tuple[int, ...]
+    """Their new micro-batch sizes, in the order of ``ranks``."""
+    saved_s: float
+    """(T_old - T_new) * steps_per_epoch * epochs_left: what the gain saves over the rest of the run."""
+    steps_per_epoch: int
+    epochs_left: int
+    run_length_known: bool = True
+    """False when the run did not say how many epochs it has: ``epochs_left`` is then 1 (the next epoch), the least
+    the gain has to pay back with."""
+
+    @property
+    def worth(self) -> bool:
+        return self.charge_s <= 0.0 or self.saved_s > self.charge_s
+
+    def describe(self) -> str:
+        """The charge with its numbers, for the decision's reason."""
+        who = ", ".join(f"rank {r} to {b}" for r, b in zip(self.ranks, self.sizes, strict=True))
+        over = (f"over the {self.epochs_left} epoch{'s' if self.epochs_left != 1 else ''} left"
+                if self.run_length_known else "over the next epoch (the run's epochs are not known)")
+        return (f"recompiling {self.charge_s:.3g} s ({who}) against {self.saved_s:.3g} s saved {over} "
+                f"of {self.steps_per_epoch} steps")
+
+
+def recompile_charge(*, recompile_s: Sequence[float | None], compiled: Sequence[frozenset[int]],
+                     candidate_micro: Sequence[Sequence[int]], t_old_s: float, t_new_s: float,
+                     steps_per_epoch: int, epochs_left: int | None) -> RecompileCharge:
+    """The recompile charge of a candidate whose rank i runs micro-batches ``candidate_micro[i]``, rank i having
+    compiled the sizes ``compiled[i]`` and recompiling in ``recompile_s[i]`` seconds (None: not measured, no charge).
+    ``epochs_left`` None: not known, weighed over one epoch (``RecompileCharge.run_length_known``)."""
+    ranks, sizes, costs = [], [], []
+    for i, (micro, done, cost) in enumerate(zip(candidate_micro, compiled, recompile_s, strict=True)):
+        new = sorted(set(micro) - done)
+        if new and cost is not None and cost > 0:
+            ranks.append(i)
+            sizes.append(new[0])
+            costs.append(float(cost))
+    left = 1 if epochs_left is None else max(0, int(epochs_left))
+    saved = max(0.0, t_old_s - t_new_s) * max(0, int(steps_per_epoch)) * left
+    return RecompileCharge(charge_s=max(costs, default=0.0), ranks=tuple(ranks), sizes=tuple(sizes), saved_s=saved,
+                           steps_per_epoch=int(steps_per_epoch), epochs_left=left,
+                           run_length_known=epochs_left is not None)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Verdict:
     adopt: bool
     why: str

@@ -63,6 +63,7 @@ from runtime.replan.policy import (
     Trial,
     changed_ranks,
     missed_prediction,
+    recompile_charge,
 )
 
 _SOLVE_KEYS = frozenset(f.name for f in fields(SolveOptions)) - {"min_batch"}  # min_batch comes from the plan
@@ -101,6 +102,17 @@ class Replanner:
             (`planner train` does).  False: the loop keeps the workers it has (an own loop, a framework's
             DataLoader), so a re-solve keeps each rank's workers as its stats report them (``planner.solve``'s
             ``num_workers``), and every prediction is for the workers that will run.
+        recompile_s: seconds a rank takes to recompile its model at a batch size it has not run (torch.compile), one
+            number for every rank or one per rank (None for a rank: no charge); default: the profile's compile record
+            (``compile_record``), else none -- no charge.  A candidate that moves some rank to a micro-batch size it
+            has not run is adopted only when its gain over the rest of the run saves more than the slowest such
+            rank's recompile (policy.recompile_charge; the sizes a rank ran are remembered, dynamo keeps their
+            graphs).  A rank whose epoch counted compile steps (``StepStats.compile_s``) after a change of its batch
+            measured its recompile: that number replaces the one given.
+        epochs: the run's epochs (``set_run_length``); the epochs left after epoch e's decision are epochs - e - 1.
+            None: not known, the charge is weighed against one epoch's saving.
+        steps_per_epoch: optimizer steps per epoch (None: each epoch's stats tell it, ``num_steps`` plus the steps
+            the timer left out).
     """
 
     def __init__(
@@ -118,6 +130,9 @@ class Replanner:
         loader_wait_frac: float = LOADER_WAIT_FRAC,
         solve_fn: Callable[..., Plan] = solve,
         follow_workers: bool = True,
+        recompile_s: float | Sequence[float | None] | None = None,
+        epochs: int | None = None,
+        steps_per_epoch: int | None = None,
     ) -> None:
         if plan.world_size != profile.world_size:
             raise ValidationError(
@@ -155,6 +170,34 @@ class Replanner:
         starts a new era: policy.py, "era")."""
         self._workers = tuple(r.num_workers for r in sorted(plan.ranks, key=lambda r: r.rank))
         """The loader workers the model's starting loader costs were taken at (``describe``)."""
+        record = compile_record(profile)
+        self._recompile_s = _per_rank_seconds(recompile_s if recompile_s is not None else record[0], plan.world_size)
+        """Per rank, its recompile seconds at a new batch size (None: no charge for it)."""
+        self._compiled: tuple[frozenset[int], ...] = tuple(
+            frozenset(r.micro_batches) | frozenset(record[1][r.rank]) for r in sorted(plan.ranks, key=lambda r: r.rank))
+        """Per rank, the micro-batch sizes it has run (or the profile compiled): no recompile charged for them."""
+        self.epochs: int | None = None
+        self.steps_per_epoch: int | None = None
+        self.set_run_length(epochs=epochs, steps_per_epoch=steps_per_epoch)
+
+    def set_run_length(self, *, epochs: int | None = None, steps_per_epoch: int | None = None) -> None:
+        """Tell the Replanner how long the run is (what a recompile's cost is weighed against); None keeps what it
+        knew."""
+        for name, v in (("epochs", epochs), ("steps_per_epoch", steps_per_epoch)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValidationError(f"replan {name} must be an integer >= 1, got {v!r}")
+        self.epochs = epochs if epochs is not None else self.epochs
+        self.steps_per_epoch = steps_per_epoch if steps_per_epoch is not None else self.steps_per_epoch
+
+    @property
+    def recompile_s(self) -> tuple[float | None, ...]:
+        """Per rank, the recompile seconds a new batch size is charged (None: not charged)."""
+        return self._recompile_s
+
+    @property
+    def compiled_sizes(self) -> tuple[frozenset[int], ...]:
+        """Per rank, the micro-batch sizes it has run: a candidate returning to one is not charged."""
+        return self._compiled
 
     # -- the model in use -------------------------------------------------------------------------------
     @property
@@ -227,10 +270,12 @@ class Replanner:
 
     def _snapshot(self) -> _Snapshot:
         """Everything ``decide`` may change (immutable values: restoring them is exact)."""
-        return (self._plan, self._model, self._policy_state, self._previous, self._last_epoch, self._era_ref)
+        return (self._plan, self._model, self._policy_state, self._previous, self._last_epoch, self._era_ref,
+                self._compiled, self._recompile_s)
 
     def _restore(self, snapshot: _Snapshot) -> None:
-        (self._plan, self._model, self._policy_state, self._previous, self._last_epoch, self._era_ref) = snapshot
+        (self._plan, self._model, self._policy_state, self._previous, self._last_epoch, self._era_ref,
+         self._compiled, self._recompile_s) = snapshot
 
     def _decide(self, stats: Sequence[StepStats], epoch: int) -> ReplanDecision:
         old = self._plan
@@ -241,6 +286,7 @@ class Replanner:
                                   predicted_gain=None, measured_compute_s=measured, predicted_compute_s=(),
                                   scale_factors=self.scale_factors, brief=problem)
         by_rank = sorted(stats, key=lambda s: s.rank)
+        self._learn_compiles(old, by_rank)
         steps = old.accumulation_steps
         predicted = tuple(self._model.span_s(i, s.batch_size, k)  # as measured
                           for i, (s, k) in enumerate(zip(by_rank, steps, strict=True)))
@@ -378,16 +424,49 @@ class Replanner:
         old_w, new_w = [r.num_workers for r in old.ranks], [r.num_workers for r in cand.ranks]
         if old_w != new_w:  # loader workers follow the step (planner._search.SPARE_LOADER_SHARE)
             numbers += f", loader workers {old_w} -> {new_w}"
-        self._policy_state, verdict = self._policy.judge(
+        judged, verdict = self._policy.judge(
             self._policy_state, epoch=epoch, current=old.batch_sizes, candidate=cand.batch_sizes, gain=gain,
             noise=noise, step_s=step_s, predicted_step_s=t_new)
         if not verdict.adopt:
+            self._policy_state = judged
             return kept(f"{numbers}: {verdict.why}", gain=gain, candidate=cand,
                         brief=f"{list(cand.batch_sizes)} predicted {gain:+.1%}: {verdict.brief}")
+        # A compiled model recompiles at a shape it has not run: the gain must pay for it over the epochs left
+        # (policy.recompile_charge); refused, the policy's state stays as before the judgement (no trial begins).
+        charge = recompile_charge(
+            recompile_s=self._recompile_s, compiled=self._compiled, candidate_micro=[r.micro_batches for r in cand.ranks],
+            t_old_s=t_old, t_new_s=t_new, steps_per_epoch=self._steps_per_epoch(by_rank),
+            epochs_left=None if self.epochs is None else self.epochs - epoch - 1)
+        if not charge.worth:
+            return kept(f"{numbers}: {charge.describe()}: not adopted, the recompile costs more than the gain saves",
+                        gain=gain, candidate=cand,
+                        brief=f"{list(cand.batch_sizes)} predicted {gain:+.1%}: recompiling {charge.charge_s:.3g} s "
+                              f"> {charge.saved_s:.3g} s saved")
+        self._policy_state = judged
         self._plan = replace(cand, meta={**cand.meta, "replanned_at_epoch": epoch})
         self._previous = old
-        return outcome(f"{numbers}: {verdict.why}", new=self._plan, gain=gain, candidate=cand,
+        why = verdict.why if charge.charge_s <= 0 else f"{verdict.why}; {charge.describe()}"
+        return outcome(f"{numbers}: {why}", new=self._plan, gain=gain, candidate=cand,
                        brief="; ".join(x for x in (verdict.short, deviation) if x))
+
+    def _steps_per_epoch(self, by_rank: Sequence[StepStats]) -> int:
+        """Optimizer steps per epoch: as told (``set_run_length``), else what the epoch's stats counted (the steps
+        averaged and those the timer left out as warm-up, outliers or compile)."""
+        if self.steps_per_epoch is not None:
+            return self.steps_per_epoch
+        return max(s.num_steps + s.num_outliers + s.fill_steps + s.compile_steps for s in by_rank)
+
+    def _learn_compiles(self, old: Plan, by_rank: Sequence[StepStats]) -> None:
+        """The sizes each rank ran this epoch are compiled now; a rank whose epoch counted compile time at a size
+        it had not run before measured its recompile (``StepStats.compile_s``)."""
+        seconds = list(self._recompile_s)
+        compiled = []
+        for r, s, done in zip(sorted(old.ranks, key=lambda r: r.rank), by_rank, self._compiled, strict=True):
+            sizes = frozenset(r.micro_batches)
+            if s.compile_s > 0 and not sizes <= done:
+                seconds[r.rank] = float(s.compile_s)
+            compiled.append(done | sizes)
+        self._compiled, self._recompile_s = tuple(compiled), tuple(seconds)
 
     def _learned_exposed(self, plan: Plan, step_s: float, weight: float) -> CorrectionModel:
         """The model with its exposed communication moved by ``weight`` of the step ``plan`` measured (``step_s``)
@@ -487,6 +566,8 @@ class Replanner:
                                                            "epoch": ps.last_move.epoch},
             "reversal_epoch": ps.reversal,
             "era_reference": [None if o is None else [o.batch_size, o.ratio] for o in self._era_ref],
+            "compiled_sizes": [sorted(c) for c in self._compiled],
+            "recompile_s": list(self._recompile_s),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -561,6 +642,13 @@ class Replanner:
         if not (isinstance(extra, (int, float)) and not isinstance(extra, bool) and math.isfinite(extra)
                 and extra >= 0):
             raise ValidationError(f"replanner state has an invalid exposed_extra_s {extra!r} (a time >= 0)")
+        # Optional (a state written before compile charging resumes with the sizes and times it was built with).
+        raw_compiled = state.get("compiled_sizes")
+        compiled = self._compiled if raw_compiled is None else tuple(frozenset(int(b) for b in c) for c in raw_compiled)
+        if len(compiled) != W or not all(b >= 1 for c in compiled for b in c):
+            raise ValidationError(f"replanner state has invalid compiled sizes {raw_compiled} for {W} ranks")
+        raw_recompile = state.get("recompile_s")
+        recompile = self._recompile_s if raw_recompile is None else _per_rank_seconds(raw_recompile, W)
 
         self._plan = plan
         self._model = self._model.with_ranks([
@@ -579,6 +667,7 @@ class Replanner:
                                          reversal=None if reversal is None else int(reversal))
         self._previous = previous
         self._era_ref = era_ref
+        self._compiled, self._recompile_s = compiled, recompile
 
     # -- the configuration (for an exact offline replay) ---------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -597,6 +686,9 @@ class Replanner:
             "options": self._options.to_dict(),
             "model_workers": list(self._workers),
             "follow_workers": self.follow_workers,
+            "recompile_s": list(self._recompile_s),
+            "epochs": self.epochs,
+            "steps_per_epoch": self.steps_per_epoch,
             # Informational: a replay solves with planner.solve unless given the same function.
             "solve_fn": f"{getattr(self._solve_fn, '__module__', '?')}.{getattr(self._solve_fn, '__qualname__', '?')}",
         }
@@ -613,9 +705,60 @@ class Replanner:
                  options=SolveOptions.from_dict(d["options"], path="replanner.options"),
                  smoothing=float(d["smoothing"]), noise_sigmas=float(d["noise_sigmas"]),
                  confirm_below=float(d["confirm_below"]), loader_wait_frac=float(d["loader_wait_frac"]),
-                 solve_fn=solve_fn, follow_workers=bool(d.get("follow_workers", True)))
+                 solve_fn=solve_fn, follow_workers=bool(d.get("follow_workers", True)),
+                 recompile_s=d.get("recompile_s"), epochs=d.get("epochs"), steps_per_epoch=d.get("steps_per_epoch"))
         workers = tuple(int(w) for w in d.get("model_workers") or rp._workers)
         if workers != rp._workers:
             rp._workers = workers
             rp._model = CorrectionModel.of(profile, rp._options, workers=list(workers))
         return rp
+
+
+def compile_record(profile: Profile) -> tuple[list[float | None] | None, list[tuple[int, ...]]]:
+    """(per-rank recompile seconds, per-rank batch sizes compiled) from the profile's compile record
+    ``profile.meta["compile"]`` (``planner profile --compile``): ``{"ranks": [{"rank": i, "recompile_s": s,
+    "batch_sizes": [...]}, ...]}``, or ``{"recompile_s": [...], "batch_sizes": [...]}`` for every rank alike.
+    (None, no sizes) for a profile without one, or one this version cannot read."""
+    W = profile.world_size
+    none: tuple[list[float | None] | None, list[tuple[int, ...]]] = (None, [() for _ in range(W)])
+    rec = profile.meta.get("compile") if isinstance(profile.meta, Mapping) else None
+    if not isinstance(rec, Mapping):
+        return none
+    seconds: list[float | None] = [None] * W
+    sizes: list[tuple[int, ...]] = [() for _ in range(W)]
+
+    def sizes_of(v: Any) -> tuple[int, ...]:
+        if not isinstance(v, Sequence) or isinstance(v, str):
+            return ()
+        return tuple(int(b) for b in v if isinstance(b, int) and not isinstance(b, bool) and b >= 1)
+
+    def seconds_of(v: Any) -> float | None:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        return float(v) if ok else None
+
+    ranks = rec.get("ranks")
+    if isinstance(ranks, Sequence) and not isinstance(ranks, str):
+        for r in ranks:
+            i = r.get("rank") if isinstance(r, Mapping) else None
+            if isinstance(i, int) and 0 <= i < W:
+                seconds[i] = seconds_of(r.get("recompile_s"))
+                sizes[i] = sizes_of(r.get("batch_sizes"))
+    else:
+        every = rec.get("recompile_s")
+        per = every if isinstance(every, Sequence) and not isinstance(every, str) and len(every) == W else [every] * W
+        seconds = [seconds_of(v) for v in per]
+        sizes = [sizes_of(rec.get("batch_sizes"))] * W
+    return (None if all(x is None for x in seconds) else seconds), sizes
+
+
+def _per_rank_seconds(value: float | Sequence[float | None] | None, world_size: int) -> tuple[float | None, ...]:
+    """``recompile_s`` as one entry per rank (None: not charged); a bad value is a ValidationError with the fix."""
+    if value is None:
+        return (None,) * world_size
+    per = [value] * world_size if isinstance(value, (int, float)) else list(value)
+    if len(per) != world_size or not all(
+            v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0)
+            for v in per):
+        raise ValidationError(f"recompile_s must be seconds >= 0, one number or one per rank ({world_size}), "
+                              f"got {value!r}")
+    return tuple(None if v is None else float(v) for v in per)
