@@ -164,6 +164,11 @@ def rank_cores(case: Case) -> list[set[int] | None]:
     return [set(cores[i * share:(i + 1) * share]) for i in range(n)]
 
 
+def hog_cores(case: Case, cores: list[set[int] | None]) -> list[int]:
+    """The cores a cpu-hog takes: the slow rank's, less those its training process runs on (``main_cores``)."""
+    return sorted(cores[case.slow_rank] or os.sched_getaffinity(0))[case.main_cores:]
+
+
 def base_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", "lo"), NCCL_NVLS_ENABLE="0",
@@ -273,8 +278,7 @@ class Disturbance:
         base = [sys.executable, str(COTENANT), "--duty", f"{case.cotenant_duty:g}", "--start-file",
                 str(self.start_file)]
         if case.cotenant == "cpu-hog":
-            mine = sorted(cores[case.slow_rank] or os.sched_getaffinity(0))[case.main_cores:]
-            for c in mine:
+            for c in hog_cores(case, cores):
                 self.group.start([*base, "--device", "cpu"], env, tmp / f"hog{c}.out", {c})
         elif case.cotenant is not None:
             self.group.start([*base, "--device", case.cotenant], env, tmp / "cotenant.out")
@@ -648,8 +652,7 @@ def main(argv: list[str] | None = None) -> int:
             "num_samples": case.num_samples, "epochs": args.epochs, "first_disturbed_epoch": case.from_epoch,
             "torch": torch.__version__, "python": platform.python_version(), "host_cores": os.cpu_count(),
             "rank_cores": [sorted(c) if c else None for c in cores], "plan_command": plan_cmd,
-            "hog_cores": (sorted(cores[case.slow_rank] or os.sched_getaffinity(0))[case.main_cores:]
-                          if case.cotenant == "cpu-hog" else None),
+            "hog_cores": hog_cores(case, cores) if case.cotenant == "cpu-hog" else None,
             "start_batch_sizes": [r["batch_size"] for r in start_split["ranks"]]}
     launches: list[Launch] = []
     longest = 0.0

@@ -180,7 +180,6 @@ class PlannedRun:
         self._open_compute: ComputeStart | None = None
         """Opens each step's compute span at the watched DDP model's own forward (after DDP's buffer broadcast)."""
         self._finished = False
-        self._warned = False
         self._warned_compress = False
 
     # -- set-up (once the framework knows the rank and the dataset) ---------------------------------------------
@@ -555,12 +554,9 @@ class PlannedRun:
         if decision.adopted and decision.new_plan is not None:
             self.plan = replace(decision.new_plan, made_for=plan.made_for)
             assert self.sampler is not None
+            # A client that keeps its DataLoader is re-planned at the workers it runs (``follows_workers``), so the
+            # plan's worker counts are what its loader has.
             self.sampler.set_batch_sizes(self.plan.batch_sizes, self.plan.accumulation_steps)
-            if (not self.follows_workers and not self._warned
-                    and self.plan.ranks[self.rank].num_workers != plan.ranks[self.rank].num_workers):
-                self._warned = True  # once per run: the same holds for every later re-plan
-                warnings.warn("the re-plan changed this rank's loader workers; the framework owns the DataLoader, "
-                              "so the new batch sizes apply and the worker count stays", stacklevel=3)
         elif decision.repredicted is not None:  # the same split, its prediction re-made (runtime.replan)
             self.plan = replace(decision.repredicted, made_for=plan.made_for)
 

@@ -396,8 +396,7 @@ class Replanner:
                                       options=self._options)
                 if fixed is not None and [r.num_workers for r in cand.ranks] != fixed:
                     cand = replace(evaluate(profile, cand.batch_sizes, cand.accumulation_steps, num_workers=fixed,
-                                            options=self._options, method="re-solve at the loop's workers"),
-                                   solver=cand.solver)
+                                            options=self._options), solver=cand.solver)
             else:
                 cand = self._solve_fn(profile, global_batch=old.global_batch, min_batch=old.min_batch,
                                       options=self._options, num_workers=fixed)
