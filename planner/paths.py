@@ -109,8 +109,13 @@ def _check_name(path: str, flag: str, shown: str, folder: str) -> None:
                               f"allows {path_max - TEMP_AFFIX_BYTES - 1} for an output")
 
 
+SHOWN_PATH = 400
+"""Characters of a path an error line shows whole: a real path is read in full (the user must find the file),
+only a path longer than any a user types (bad input, a runaway join) is cut, keeping its start and its end."""
+
+
 def _show(path: str) -> str:
-    return path if len(path) <= 80 else path[:40] + "..." + path[-30:]
+    return path if len(path) <= SHOWN_PATH else path[:200] + "..." + path[-150:]
 
 
 def check_output_file(path: str, flag: str) -> None:

@@ -45,8 +45,12 @@ left out of ``compute_s`` (this rank's own time) and the difference is reported 
 
 Compile steps.  Under torch.compile a rank's first step at a shape it has not run compiles (tens of seconds on a
 GPU for a 100M-parameter LM, against a 46 ms step): its first step, and the first at a new batch size after a
-re-plan -- or at the epoch's partial last step.  A step whose compute ran over ``COMPILE_FACTOR`` times the
-epoch's median compute and at least ``COMPILE_MIN_S`` is a compile: left out of every mean (warm-up or not) and
+re-plan -- or at the epoch's partial last step; guards a first step leaves unset (the optimizer's state, grad
+mode) can recompile the next one or two.  So a step among an epoch's warm-up steps and the ``COMPILE_FIRST_STEPS`` after them, or its last,
+whose compute ran over ``COMPILE_FACTOR`` times the epoch's median compute and at least ``COMPILE_MIN_S`` is a
+compile; the same span mid-epoch is a stall (an outlier), never a compile, because no new shape reaches a rank
+there (the shape it runs is the one its first steps ran; a varying sequence length goes dynamic at its
+first recompile).  A compile is left out of every mean (warm-up or not) and
 counted in ``StepStats.compile_steps`` / ``compile_s`` (its time beyond the median step), so one recompile is
 neither averaged into the rank's step time nor read as a slow rank.
 """
@@ -83,6 +87,9 @@ late in most steps leaves too little to tell own compute from interference)."""
 
 COMPILE_FACTOR = 20.0
 """A step whose compute took this many times the epoch's median compute (and ``COMPILE_MIN_S``) was a compile."""
+COMPILE_FIRST_STEPS = 3
+"""Steps after an epoch's warm-up in which a compile is looked for, besides the warm-up and the last step (module
+docstring)."""
 COMPILE_MIN_S = 0.5
 """Shortest compute span read as a compile: a recompile takes seconds (8 s for a small MLP on a 2-core CPU, about
 a minute for GPT-2 on an H200); a stall of a fraction of a second is an outlier, not a compile."""
@@ -498,14 +505,16 @@ class StepTimer:
 
     def _compile_steps(self) -> tuple[set[int], float]:
         """(indices of the epoch's compile steps, their seconds beyond the median step): compute over
-        ``COMPILE_FACTOR`` x the median compute of the epoch's valid steps and at least ``COMPILE_MIN_S`` (module
-        docstring), warm-up steps included."""
+        ``COMPILE_FACTOR`` x the median compute of the epoch's valid steps and at least ``COMPILE_MIN_S``, among the
+        warm-up steps, the ``COMPILE_FIRST_STEPS`` after them and the last (module docstring), warm-up steps included."""
         valid = [(i, float(s.compute_s), float(s.step_time_s)) for i, s in enumerate(self._steps)  # type: ignore[arg-type]
                  if _valid(s.compute_s) and _valid(s.step_time_s) and _valid(s.data_wait_s)]
         if len(valid) < 2:
             return set(), 0.0
         med = statistics.median(c for _, c, _ in valid)
-        out = {i for i, c, _ in valid if c >= COMPILE_MIN_S and c > COMPILE_FACTOR * med}
+        last = len(self._steps) - 1
+        out = {i for i, c, _ in valid
+               if (i < self.warmup_steps + COMPILE_FIRST_STEPS or i == last) and c >= COMPILE_MIN_S and c > COMPILE_FACTOR * med}
         if not out:
             return set(), 0.0
         med_step = statistics.median(t for i, _, t in valid if i not in out) if len(out) < len(valid) else 0.0

@@ -31,7 +31,7 @@ from typing import Any
 
 from planner.argcheck import ALLOW_RESUME_FLAG, ResumeValue, check_global_batch, check_ranks, check_resume
 from planner.errors import ValidationError
-from planner.paths import Output, check_not_written, check_outputs
+from planner.paths import SHOWN_PATH, Output, check_not_written, check_outputs
 from planner.plan import Plan
 
 CHECKPOINT_FILE = "checkpoint.pt"  # planner.cli.checkpoint.CHECKPOINT_NAME, without importing torch here
@@ -143,7 +143,7 @@ def _saved_value(key: str, value: Any, checkpoint_dir: str) -> Any:
         folders = {kind.partition(":")[0] for kind in DATASET_KINDS if kind.endswith(":DIR")}
         if key == "dataset" and str(value).partition(":")[0] in folders:
             raise ValidationError(f"--resume: the checkpoint in {checkpoint_dir} was trained with {flag} "
-                                  f"{str(value)[:80]!r}, which names a data folder; a checkpoint never chooses the "
+                                  f"{str(value)[:SHOWN_PATH]!r}, which names a data folder; a checkpoint never chooses the "
                                   f"files a run reads -- pass {flag} yourself to resume it")
     return value
 

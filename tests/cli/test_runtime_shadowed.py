@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import planner
 import runtime
 from planner.shadow import MARKER, require_runtime
@@ -33,6 +35,7 @@ def test_our_runtime_carries_the_marker_and_is_accepted() -> None:
     assert require_runtime() is runtime
 
 
+@pytest.mark.subprocess
 def test_cli_run_from_a_folder_with_its_own_runtime_package_names_it_in_one_line(tmp_path: Path) -> None:
     project = _user_project(tmp_path)
     # python -m (and torchrun -m) put the current folder first on sys.path: the user's runtime/ comes first.
@@ -45,6 +48,7 @@ def test_cli_run_from_a_folder_with_its_own_runtime_package_names_it_in_one_line
     assert "rename your runtime/ package" in lines[0]
 
 
+@pytest.mark.subprocess
 def test_profiling_api_import_with_a_shadowing_runtime_names_it(tmp_path: Path) -> None:
     project = _user_project(tmp_path)
     proc = _run(project, "-c", "import profiler.api")

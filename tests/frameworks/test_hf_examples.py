@@ -80,9 +80,14 @@ def test_lm_profile_plan_train_report_and_the_hf_examples(tmp_path: Path, capsys
     assert main(["report", "--profile", str(profile), "--plan", str(plan), "--log", str(log),
                  "--out", str(tmp_path / "report.html")]) == 0
     assert "predicted" in capsys.readouterr().out and (tmp_path / "report.html").stat().st_size > 10_000
-    # The HF planned example trains on this plan: 64 sequences, global batch 16 -> 4 steps of the planned batches;
-    # the stock one on 8 a rank. Both in one launch (tests/frameworks/_run_hf_examples.py: each example's main).
-    rc, out, err = torchrun(RUNNER, [str(plan), str(tmp_path / "o"), "--epochs", "1", "--num-samples", "64"],
+    # The HF planned example trains this plan's split: 64 sequences, global batch 16 -> 4 steps of the planned
+    # batches; the stock one on 8 a rank. Both in one launch (tests/frameworks/_run_hf_examples.py: each example's
+    # main). The example trains its own GPT-2, not tiny_lm, so the plan it gets records no model (as a plan written
+    # by hand): the plan as solved is refused there (test_hf_trainer_refuses_another_model).
+    sizes.get("made_for", {}).pop("model", None)
+    hf_plan = tmp_path / "plan-hf.json"
+    hf_plan.write_text(json.dumps(sizes))
+    rc, out, err = torchrun(RUNNER, [str(hf_plan), str(tmp_path / "o"), "--epochs", "1", "--num-samples", "64"],
                             timeout_s=240)
     assert rc == 0, err[-3000:]
     parts = _by_example(out)

@@ -190,7 +190,7 @@ def test_a_profile_with_device_state_round_trips_and_validates(tmp_path: Path) -
 
 
 def test_profiles_refuse_unknown_or_mistyped_state_fields_and_run_logs_skip_unknown_ones() -> None:
-    with pytest.raises(ValidationError, match=r"device_state: unknown field 'sm_clock'"):
+    with pytest.raises(ValidationError, match=r'device_state: unknown field "sm_clock"'):
         DeviceState.from_dict({"sm_clock": 1980})
     with pytest.raises(ValidationError, match=r"device_state.other_processes\[0\]: missing required field 'pid'"):
         DeviceState.from_dict({"other_processes": [{"used_bytes": 1}]})

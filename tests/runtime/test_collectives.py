@@ -83,5 +83,6 @@ def _kept_after_exchanges(rank: int, world: int) -> None:
     assert sys.getrefcount(kept) == before + 1  # kept alive past the interpreter's clean-up
 
 
+@pytest.mark.distributed
 def test_exchanged_tensors_outlive_the_exchange_and_the_interpreters_clean_up() -> None:
     run_distributed(_kept_after_exchanges, 2)

@@ -115,6 +115,7 @@ def _comparable(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.distributed
 def test_trainer_and_own_loop_write_the_same_records_and_decide_alike(tmp_path: Path) -> None:
     run_distributed(_both, 2, str(tmp_path), timeout_s=200)
     trainer, own = _records(tmp_path / "trainer.jsonl"), _records(tmp_path / "own.jsonl")

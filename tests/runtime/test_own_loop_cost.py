@@ -102,6 +102,7 @@ def test_a_finished_planned_run_leaves_no_thread(tmp_path: Path, workers: int) -
     assert left == [], [t.name for t in left]
 
 
+@pytest.mark.subprocess
 def test_benchmark_help_names_an_example() -> None:
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "own_loop_cost.py"), "--help"],
                          capture_output=True, text=True, timeout=60, check=True).stdout

@@ -11,6 +11,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 import planner
 from tests._dist import run_distributed
 from tests.runtime._plans import linear_cpu_profile
@@ -47,6 +49,7 @@ def _loop(rank: int, world: int, out: str) -> None:
     Path(out, f"rank{rank}.json").write_text(json.dumps(stats.to_dict()))
 
 
+@pytest.mark.distributed
 def test_an_own_loops_compute_leaves_out_the_wait_for_a_late_peer_in_ddps_forward(tmp_path: Path) -> None:
     run_distributed(_loop, 2, str(tmp_path), timeout_s=150)
     fast = json.loads((tmp_path / "rank0.json").read_text())

@@ -31,6 +31,7 @@ def _build(rank: int, world: int, out: str, name: str, values: list[Any]) -> Non
     Path(out, f"rank{rank}.txt").write_text("built")
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize(("name", "values"), [("shuffle", [True, False]), ("drop_last", [False, True]),
                                               ("min_batch", [1, 2])])
 def test_a_setting_that_differs_by_rank_is_refused_on_every_rank(tmp_path: Path, name: str,
@@ -97,6 +98,7 @@ def _own_loop(rank: int, world: int, out: str, weighted: bool) -> None:
     Path(out, f"rank{rank}.txt").write_text("trained")
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("weighted", [False, True])
 def test_an_own_loop_that_forgets_the_weighting_is_refused_at_its_first_backward(tmp_path: Path,
                                                                                  weighted: bool) -> None:
