@@ -2,7 +2,7 @@
 
 From the profile: ranks with the same device name are meant to be identical, so a rank whose best measured
 throughput is more than ``SLOW_TOL`` (15%) below the fastest of its kind -- its twin -- gets a finding.  Its
-``device_state`` is compared with the twin's (reports.evidence); facts the twin lacks are the cause, e.g.
+``device_state`` is compared with the twin's (planner.evidence); facts the twin lacks are the cause, e.g.
 
     rank 3 (NVIDIA H100 80GB HBM3) measured 548 samples/s, 71% below its twin rank 0 (1,891): 2 other processes
     on the GPU holding 12.1 GiB (pid 4242 python 8.0 GiB; ...); no throttling; SM clock at max 1980 of 1980 MHz.
@@ -28,11 +28,11 @@ from typing import Literal, NamedTuple
 from planner.curves import fit_envelope
 from planner.devstate import DeviceState
 from planner.errors import PlanError
+from planner.evidence import Evidence, checked, compare, cores_text
 from planner.profile import Profile, RankProfile
 from planner.runlog import RunLog
 from planner.solve import SolveOptions, solve
 from reports.as_measured import curve_ratios, reference_rank
-from reports.evidence import Evidence, checked, compare, cores_text
 from reports.whatif import peak_samples_per_s, rank_label
 
 SLOW_TOL = 0.15
