@@ -43,6 +43,7 @@ from planner.shadow import require_runtime
 require_runtime()  # before the imports below reach it: a user's own package named runtime is one clear line
 
 from profiler import inventory  # noqa: E402
+from profiler.compiled import compile_options, compile_runner  # noqa: E402
 from profiler.compute import TimedSteps  # noqa: E402
 from profiler.loader import LoaderOptions, profile_loader  # noqa: E402
 from profiler.run import assemble_profile, gather_ranks, measure_rank, sweep_options  # noqa: E402
@@ -136,6 +137,8 @@ def profile_step(
     rank: int | None = None,
     on_point: Callable[[SweepPoint], None] | None = None,
     max_batch: int | None = None,
+    compile: bool | str | None = None,
+    compile_backend: str = "inductor",
 ) -> RankProfile:
     """Measure this rank's training step: compute curve, memory cap, loader cost (``data`` given), device facts.
 
@@ -153,7 +156,12 @@ def profile_step(
         rank: the rank to record (default: the process group's rank, or 0).
         max_batch: the largest local batch a plan can give this rank (the global batch you will plan for): the
             sweep stops there.  None: the sweep's own limit.
+        compile: time the step compiled -- ``torch.compile(model, mode=compile, backend=compile_backend)`` (True:
+            mode "default"), dim 0 of every batch tensor marked dynamic before the first step (profiler.compiled);
+            the compute points are compiled steps and ``meta["compile"]`` records the compile (first_s,
+            recompile_s, recompiles, sizes).  None: eager.  The DDP overhead (``gather``) is measured eager.
     """
+    copts = compile_options(compile, compile_backend)
     sopts = sweep_options(quick, batch_sizes, sweep, min_batch=min_batch, max_batch=max_batch)
     measure_loader = None
     if data is not None:
@@ -164,7 +172,8 @@ def profile_step(
             return profile_loader(dataset, lopts, collate_fn=collate)
 
     return measure_rank(
-        lambda dev: UserStep(model, make_batch, loss_fn, dev, optimizer_fn=optimizer_fn, amp=amp), device,
+        lambda dev: compile_runner(UserStep(model, make_batch, loss_fn, dev, optimizer_fn=optimizer_fn, amp=amp), copts),
+        device,
         sweep=sopts, rank=rank, measure_loader=measure_loader, on_point=on_point,
         meta={"step": "user", "model_class": _model_name(model)})
 

@@ -22,7 +22,7 @@ import gc
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,6 +30,9 @@ from profiler.sweep import DoesNotFit, Measurement
 from profiler.workloads.emulate import Slowdown
 from profiler.workloads.specs import Workload, synthetic_batch
 from runtime.workload import model_fingerprint
+
+if TYPE_CHECKING:
+    from profiler.compiled import CompiledStep
 
 
 def use_channels_last(workload: Workload, device: torch.device, channels_last: bool | None) -> bool:
@@ -57,6 +60,9 @@ class TimedSteps:
         self.model = model
         self.optimizer = optimizer_fn(model)
         self._batch: tuple[int, Any] | None = None
+        self.compiled: CompiledStep | None = None
+        """Set by profiler.compiled.compile_runner: steps run through its torch.compile'd module, a new batch is
+        marked dynamic, and each size's first step is timed apart (the compile)."""
 
     # -- what a subclass defines ---------------------------------------------------------------------------
     def make_batch(self, batch_size: int) -> Any:
@@ -92,15 +98,27 @@ class TimedSteps:
         if self._batch is None or self._batch[0] != batch_size:
             self._batch = None  # drop the old batch before allocating the new one
             self._batch = (batch_size, self.make_batch(batch_size))
+            if self.compiled is not None:
+                self.compiled.mark(self._batch[1])
         return self._batch[1]
 
     def train_step(self, batch: Any, module: torch.nn.Module | None = None) -> None:
         """One full training step: forward and loss (inside autocast), backward, optimizer."""
+        if module is None:
+            module = self.model if self.compiled is None else self.compiled.module
         with self.autocast():
-            loss = self.loss(self.model if module is None else module, batch)
+            loss = self.loss(module, batch)
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def timed_step(self, batch: Any) -> float:
+        """Seconds of one synchronized training step on ``batch``."""
+        self._sync()
+        t0 = self.timer()
+        self.train_step(batch)
+        self._sync()
+        return self.timer() - t0
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -126,15 +144,22 @@ class TimedSteps:
 
     def micro_step(self, batches: list[Any]) -> None:
         """One optimizer step over several micro-batches (gradient accumulation, as the trainer runs it)."""
+        module = self.model if self.compiled is None else self.compiled.module
         for batch in batches:
             with self.autocast():
-                loss = self.loss(self.model, batch)
+                loss = self.loss(module, batch)
             loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
     def measure(self, batch_size: int, warmup: int, repeats: int) -> Measurement:
-        """Run `warmup` untimed then `repeats` timed steps at `batch_size` (the sweep's Measure)."""
+        """Run `warmup` untimed then `repeats` timed steps at `batch_size` (the sweep's Measure).  Compiled: a new
+        size's first step runs before the warm-up, timed apart (profiler.compiled.CompiledStep.measure)."""
+        if self.compiled is not None:
+            return self.compiled.measure(self, batch_size, warmup, repeats, self._measure)
+        return self._measure(batch_size, warmup, repeats)
+
+    def _measure(self, batch_size: int, warmup: int, repeats: int) -> Measurement:
         cuda = self.device.type == "cuda"
         oom = False
         try:
@@ -143,13 +168,7 @@ class TimedSteps:
                 torch.cuda.reset_peak_memory_stats(self.device)
             for _ in range(warmup):
                 self.train_step(batch)
-            times = []
-            for _ in range(repeats):
-                self._sync()
-                t0 = self.timer()
-                self.train_step(batch)
-                self._sync()
-                times.append(self.timer() - t0)
+            times = [self.timed_step(batch) for _ in range(repeats)]
             peak = int(torch.cuda.max_memory_allocated(self.device)) if cuda else None
         except torch.cuda.OutOfMemoryError:
             oom = True
@@ -178,6 +197,8 @@ class TimedSteps:
 
     def close(self) -> None:
         self.free()
+        if self.compiled is not None:
+            self.compiled.module = self.model  # the compiled wrapper (and its graphs' references) goes with it
         del self.model, self.optimizer
         gc.collect()
         if self.device.type == "cuda":
@@ -185,7 +206,8 @@ class TimedSteps:
 
     def meta(self) -> dict[str, Any]:
         """Facts for the rank profile's meta (what a DDP measurement must rebuild the same way)."""
-        return {"amp": "bf16" if self.amp else None}
+        return {"amp": "bf16" if self.amp else None,
+                "compile": self.compiled.record() if self.compiled is not None else None}
 
 
 class StepRunner(TimedSteps):

@@ -31,6 +31,7 @@ from planner import __version__
 from planner.profile import CommProfile, ComputePoint, HostProfile, LoaderProfile, ModelInfo, Profile, RankProfile
 from profiler import inventory
 from profiler.comm_cost import measure_comm
+from profiler.compiled import CompileOptions, compile_runner
 from profiler.compute import StepRunner, TimedSteps
 from profiler.devstate import DeviceStateSampler
 from profiler.hostlinks import measure_host_allreduce
@@ -123,6 +124,7 @@ def profile_this_rank(
     loader_per_host: bool = False,
     loader_pin: Callable[[Any], Any] | None = None,
     max_batch: int | None = None,
+    compile: CompileOptions | None = None,
 ) -> RankProfile:
     """Measure this rank: compute curve, memory, loader cost, device facts.
 
@@ -135,7 +137,8 @@ def profile_this_rank(
     rank needs the host's curve (the contention model reads it at the training load).  ``loader_pin``: how the
     training process will pin a batch (``runtime.pinning.pin_tree`` under ``PinAhead``; None: the DataLoader's
     ``Tensor.pin_memory``), timed for the loader's hand-over reading.  ``max_batch``: the largest batch a plan can
-    give this rank, where the sweep stops (``sweep_options``).
+    give this rank, where the sweep stops (``sweep_options``).  ``compile``: the sweep's steps run through
+    torch.compile (profiler.compiled; the rank's ``meta.compile`` records the compile).
     """
     sopts = sweep_options(quick, batch_sizes, sweep, min_batch=workload.min_batch, max_batch=max_batch)
     lopts = loader or (LoaderOptions.quick() if quick else LoaderOptions())
@@ -148,7 +151,8 @@ def profile_this_rank(
         return profile_loader(workload.dataset, lopts)
 
     rp = measure_rank(
-        lambda dev: StepRunner(workload, dev, amp=amp, channels_last=channels_last, slowdown=slowdown), device,
+        lambda dev: compile_runner(StepRunner(workload, dev, amp=amp, channels_last=channels_last, slowdown=slowdown),
+                                   compile), device,
         sweep=sopts, rank=rank, measure_loader=measure_loader_fn if measure_loader else None, on_point=on_point,
         meta={"emulate_loader_workers": loader_workers_cap}, progress=progress, loader_key=workload.name,
         overlap_loader=overlap_loader, loader_per_host=loader_per_host)

@@ -16,6 +16,7 @@ from planner.errors import ValidationError
 from planner.paths import Output, check_outputs
 from planner.profile import GRAD_COMPRESSIONS, Profile
 from planner.table import table
+from profiler.compiled import COMPILE_MODES
 from profiler.sweep import parse_batch_sizes
 from profiler.workloads.emulate import cap_device_memory, parse_rank_floats, parse_rank_gib, parse_rank_ints
 
@@ -58,6 +59,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a slower, fuller profile: every sweep point's full repeats, the sweep growing "
                         "to its budget, step limit or memory even once linear, the loader after the sweep (to compare)")
     p.add_argument("--amp", action="store_true", help="bf16 autocast for forward and loss (as in training with --amp)")
+    p.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES, metavar="MODE",
+                   help="time the step compiled: torch.compile(model, mode=MODE) (default mode: default; "
+                        f"{', '.join(COMPILE_MODES)}), the batch dimension marked dynamic; each rank's "
+                        "meta.compile records the compile and recompile seconds")
+    p.add_argument("--compile-backend", default="inductor", metavar="NAME",
+                   help="torch.compile backend with --compile (default inductor; aot_eager/eager: capture only)")
     p.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto",
                    help="channels_last memory format for image models (auto: on for CUDA)")
     p.add_argument("--no-loader", action="store_true", help="skip the dataloader measurement")
@@ -106,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.cli.progress import Progress
     from planner.quality import check_profile
     from profiler import run as prun
+    from profiler.compiled import compile_options
     from profiler.sweep import SweepOptions
     from profiler.workloads.specs import build_workload, gpu_normalize_for
 
@@ -129,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     command = "planner " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["profile"] else None
     meta = {"command": command,
             "quick": bool(args.quick),
+            "compile": args.compile,
             "thorough": bool(args.thorough) or None,
             "emulate_slowdown": {str(k): v for k, v in slowdowns.items()} or None,
             "emulate_loader": {str(k): v for k, v in loader_caps.items()} or None,
@@ -139,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
                                   overlap_loader=False if args.thorough else None,
                                   # Every rank runs the same pipeline: one measurement per host serves all of
                                   # them, each keeping its own --emulate-loader cap (the same flag on every rank).
-                                  loader_per_host=not args.thorough)
+                                  loader_per_host=not args.thorough,
+                                  compile=compile_options(args.compile, args.compile_backend))
 
     # Rank 0 only (under torchrun): one line per phase and point, a heartbeat while a phase runs long.
     rank = int(os.environ.get("RANK", "0"))
