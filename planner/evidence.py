@@ -31,6 +31,10 @@ STEAL_MIN_CORES = 0.2
 launches on a 32-vCPU host (2x H100) lost 0.30-0.36 cores to steal while their loaders built ~15% slower than
 profiled; the quiet ones lost 0.01-0.09 (docs/PERFORMANCE.md)."""
 LOW_MEMORY_FRAC = 0.05
+NOT_VISIBLE = "cause not visible to NVML/psutil"
+INSIDE_STEP = f"{NOT_VISIBLE}: inside the training step"
+"""A rank's compute measured slow while nothing its device state records differs from the reference's: the cost
+is in the work its training step does, which neither NVML nor psutil sees."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

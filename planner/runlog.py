@@ -51,7 +51,7 @@ from planner.jsonio import (
 )
 from planner.plan import Plan
 from planner.shown import shown
-from planner.stats import StepStats
+from planner.stats import Diagnosis, StepStats
 
 RUNLOG_VERSION = 1
 _STATS_KEYS = frozenset(f.name for f in fields(StepStats))
@@ -135,6 +135,9 @@ class EpochRecord:
     clock on the wall sees; ``samples_per_s`` is the step timer's pace over the epoch's timed steps)."""
     samples: int | None = None
     """Samples the epoch trained, all ranks together (``samples / wall_s`` is the epoch's wall-clock throughput)."""
+    diagnosis: tuple[Diagnosis, ...] = ()
+    """Ranks measured slower than their prediction beyond the epoch's noise, each with its named cause
+    (runtime.diagnose); () when every rank ran on plan, or in older logs."""
     event: Literal["epoch"] = "epoch"
 
     @property
@@ -181,7 +184,8 @@ class EpochRecord:
                 "predicted_step_time_s": _finites(self.predicted_step_time_s),
                 **({"device_state": [None if s is None else s.to_dict() for s in self.device_state]}
                    if any(s is not None for s in self.device_state) else {}),
-                **({"wall_s": _finite(self.wall_s), "samples": self.samples} if self.wall_s is not None else {})}
+                **({"wall_s": _finite(self.wall_s), "samples": self.samples} if self.wall_s is not None else {}),
+                **({"diagnosis": [d.to_dict() for d in self.diagnosis]} if self.diagnosis else {})}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -466,6 +470,14 @@ def _device_states(v: Any, where: str) -> tuple[DeviceState | None, ...]:
                  for i, s in enumerate(v))
 
 
+def _diagnosis(v: Any, where: str) -> tuple[Diagnosis, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, list) or len(v) > MAX_WORLD_SIZE:
+        raise ValidationError(f"{where}: 'diagnosis' must be a list of per-rank objects (one per slow rank)")
+    return tuple(Diagnosis.from_dict(x, f"{where}.diagnosis[{i}]") for i, x in enumerate(v))
+
+
 def _obj(v: Any, key: str, where: str) -> Mapping[str, Any] | None:
     if v is None:
         return None
@@ -529,7 +541,8 @@ def parse_record(d: Mapping[str, Any], where: str = "record", *, strict_plans: b
                            loss=_num(d, "loss", where), batch_sizes=batches, predicted_step_time_s=predicted,
                            ranks=stats, device_state=_device_states(d.get("device_state"), where),
                            wall_s=_num(d, "wall_s", where, non_negative=True),
-                           samples=_opt_int(d, "samples", where, hi=INT64_MAX))
+                           samples=_opt_int(d, "samples", where, hi=INT64_MAX),
+                           diagnosis=_diagnosis(d.get("diagnosis"), where))
     if kind in ("replan", "revert"):
         return ReplanRecord(epoch=_int(d, "epoch", where, 0), adopted=bool(d.get("adopted", False)),
                             reason=str(d.get("reason", "")), predicted_gain=_num(d, "predicted_gain", where),

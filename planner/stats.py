@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from planner.errors import ValidationError
 from planner.jsonio import JSONDict, as_int, as_num, as_obj
 
 LOADER_WAIT_FRAC = 0.10
@@ -158,3 +159,48 @@ class StepStats:
 def _opt_num(d: Any, key: str, path: str) -> float | None:
     v = d.get(key)
     return None if v is None else as_num(v, f"{path}.{key}", non_negative=True)
+
+
+DIAGNOSIS_CAUSES = ("loader", "cpu-cotenant", "memory", "gpu-cotenant", "clocks", "late-peer", "inside-step",
+                    "device-other")
+"""What runtime.diagnose names a rank's slowness after (``Diagnosis.cause``): its loader paced it; other processes'
+CPU (or a hypervisor's steal) on its cores; host memory nearly full; other processes on its GPU; its clocks low or
+throttled; a late peer stretched its steps; nothing NVML/psutil measured explains it (the cost is inside its
+training step); another device fact (PCIe link, NUMA, MIG/MPS, an emulated slowdown)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Diagnosis:
+    """One rank measured slower than the plan in force predicted for it, beyond the epoch's noise, and why
+    (runtime.diagnose; the run log's ``diagnosis`` list of an epoch record)."""
+
+    rank: int
+    cause: str
+    """One of ``DIAGNOSIS_CAUSES``."""
+    measured_s: float
+    """The rank's own time per step (``StepStats.busy_s``)."""
+    predicted_s: float
+    """The plan's per-rank prediction for it (``RankPlan.timer_busy_s``)."""
+    evidence: str = ""
+    """The measured facts behind the cause, in words with their numbers."""
+
+    @property
+    def error(self) -> float:
+        """measured / predicted - 1 (0.5 = 50% slower than predicted)."""
+        return self.measured_s / self.predicted_s - 1 if self.predicted_s > 0 else float("inf")
+
+    def to_dict(self) -> JSONDict:
+        return {"rank": self.rank, "cause": self.cause, "measured_s": self.measured_s,
+                "predicted_s": self.predicted_s, "evidence": self.evidence}
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str = "diagnosis") -> Diagnosis:
+        d = as_obj(data, path, required=("rank", "cause", "measured_s", "predicted_s"), allowed=("evidence",))
+        cause = d["cause"]
+        if not isinstance(cause, str) or len(cause) > 64:
+            raise ValidationError(f"{path}.cause must be a short string, got {str(cause)[:40]!r}")
+        evidence = d.get("evidence", "")
+        return cls(rank=as_int(d["rank"], f"{path}.rank", min_value=0), cause=cause,
+                   measured_s=as_num(d["measured_s"], f"{path}.measured_s", non_negative=True),
+                   predicted_s=as_num(d["predicted_s"], f"{path}.predicted_s", non_negative=True),
+                   evidence=str(evidence)[:2000] if evidence is not None else "")

@@ -28,7 +28,7 @@ from typing import Literal, NamedTuple
 from planner.curves import fit_envelope
 from planner.devstate import DeviceState
 from planner.errors import PlanError
-from planner.evidence import Evidence, checked, compare, cores_text
+from planner.evidence import INSIDE_STEP, NOT_VISIBLE, Evidence, checked, compare, cores_text
 from planner.profile import Profile, RankProfile
 from planner.runlog import RunLog
 from planner.solve import SolveOptions, solve
@@ -38,10 +38,6 @@ from reports.whatif import peak_samples_per_s, rank_label
 SLOW_TOL = 0.15
 """A rank more than 15% below its twin (or its own earlier epochs) is slow: above the sweep's noise on a busy
 host, below the 2x gaps co-tenants and throttling make."""
-NOT_VISIBLE = "cause not visible to NVML/psutil"
-INSIDE_STEP = f"{NOT_VISIBLE}: inside the training step"
-"""A rank's compute measured slow while nothing its device state records differs from the reference's: the cost
-is in the work its training step does, which neither NVML nor psutil sees."""
 
 _WHAT_IF_NAMES = {"co-tenant": "its co-tenant", "cpu-load": "the other CPU load", "throttle": "throttling",
                   "emulated": "the emulated slowdown", "cpu-overlap": "the shared cores"}

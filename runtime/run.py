@@ -20,7 +20,8 @@ records and make the same re-planning decisions from the same numbers.  It holds
                    and the client's own payload -> an ``EpochEnd``, the same on every rank;
       ``conclude`` the Replanner's decision on it (not on an unsteady epoch: runtime.epoch.unsteady_start), the
                    adopted split applied to the sampler from the next epoch, the run log's records (rank 0), and
-                   one printed line per decision on rank 0 (``quiet=True`` silences it);
+                   one printed line per decision on rank 0, and one for the epoch's ranks slower than predicted with their causes
+                   (runtime.diagnose; the record's ``diagnosis`` holds them; ``quiet=True`` silences the lines);
     ``epoch_end`` is both.
 
 The global batch never changes, so every epoch still covers each sample exactly once.  Re-planned worker counts
@@ -49,10 +50,12 @@ from planner.paths import Output, check_outputs, hold_exclusive
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.runlog import EndRecord, EpochRecord, RunLogWriter, StartRecord, predicted_step_times
-from planner.stats import StepStats
+from planner.stats import Diagnosis, StepStats
 from runtime.collectives import all_gather_json, decide_on_rank0
 from runtime.compress import check_compress
 from runtime.ddp_settings import ddp_kwargs
+from runtime.diagnose import diagnose
+from runtime.diagnose import line as diagnosis_line
 from runtime.epoch import DEFAULT_PREFETCH, EpochEnd, loader_fill_drain, unsteady_start
 from runtime.replan import ReplanDecision, Replanner
 from runtime.replan.model import DEFAULT_SMOOTHING
@@ -181,6 +184,8 @@ class PlannedRun:
         """Opens each step's compute span at the watched DDP model's own forward (after DDP's buffer broadcast)."""
         self._finished = False
         self._warned_compress = False
+        self._on_plan_states: tuple[DeviceState | None, ...] = ()
+        """Each rank's device state at the last epoch it ran on plan (runtime.diagnose's reference)."""
 
     # -- set-up (once the framework knows the rank and the dataset) ---------------------------------------------
     def sampler_for(self, dataset_len: int, device: torch.device | str, *, min_batch: int | None = None,
@@ -520,15 +525,33 @@ class PlannedRun:
                 self.log.write(decision.to_record())
                 self._apply(decision)
         ran = end.plan
+        predicted = predicted_step_times(ran)
+        found = self._diagnose(end, predicted)
         self.log.write(EpochRecord(epoch=end.epoch, plan_fingerprint=ran.fingerprint,
                                    samples_per_s=end.samples_per_s, step_time_s=end.step_time_s, loss=end.loss,
-                                   batch_sizes=end.batch_sizes, ranks=end.stats,
-                                   predicted_step_time_s=predicted_step_times(ran),
-                                   device_state=end.device_states, wall_s=end.wall_s, samples=end.samples))
+                                   batch_sizes=end.batch_sizes, ranks=end.stats, predicted_step_time_s=predicted,
+                                   device_state=end.device_states, wall_s=end.wall_s, samples=end.samples,
+                                   diagnosis=found))
+        if found and self.rank == 0 and not self.quiet:
+            print(diagnosis_line(end.epoch, found), flush=True)
         done = replace(end, decision=decision, note=note)
         if announce:
             self.announce_decision(done)
         return done
+
+    def _diagnose(self, end: EpochEnd, predicted: Sequence[float]) -> tuple[Diagnosis, ...]:
+        """The epoch's slow ranks and their causes (runtime.diagnose), on the gathered data: the same on every rank.
+        An unsteady epoch (warm-up, a loader's fill) is not judged; a rank's state while on plan is its reference."""
+        if end.unsteady is not None:
+            return ()
+        found = diagnose(end.stats, predicted, end.device_states, self._on_plan_states)
+        slow = {d.rank for d in found}
+        states = list(self._on_plan_states) + [None] * (len(end.device_states) - len(self._on_plan_states))
+        for r, state in enumerate(end.device_states):
+            if r not in slow and state is not None:
+                states[r] = state
+        self._on_plan_states = tuple(states)
+        return found
 
     def announce_decision(self, end: EpochEnd) -> None:
         """Print ``end``'s decision (``ReplanDecision.line``: adopted, kept, reverted or failed, and why) or why none
