@@ -714,15 +714,15 @@ class Replanner:
 
 
 def compile_record(profile: Profile) -> tuple[list[float | None] | None, list[tuple[int, ...]]]:
-    """(per-rank recompile seconds, per-rank batch sizes compiled) from the profile's compile record
-    ``profile.meta["compile"]`` (``planner profile --compile``): ``{"ranks": [{"rank": i, "recompile_s": s,
-    "batch_sizes": [...]}, ...]}``, or ``{"recompile_s": [...], "batch_sizes": [...]}`` for every rank alike.
-    (None, no sizes) for a profile without one, or one this version cannot read."""
+    """(per-rank recompile seconds, per-rank batch sizes compiled) from each rank's compile record
+    ``ranks[i].meta["compile"]`` (``planner profile --compile``, profiler.compiled; docs/DESIGN.md).
+
+    The sizes are the record's ``sizes`` (run compiled: not charged).  The seconds a new size costs: with the
+    batch dimension dynamic (``dynamic == "batch"``) the record's ``recompile_s`` (0.0: the dynamic graph serves
+    every size); otherwise every new size compiles a graph, which costs the ``recompile_s`` measured at a later
+    size, or ``first_s`` where no later size was run.  (None, no sizes) for a profile without records; a rank
+    without one (or one this version cannot read) is None: not charged."""
     W = profile.world_size
-    none: tuple[list[float | None] | None, list[tuple[int, ...]]] = (None, [() for _ in range(W)])
-    rec = profile.meta.get("compile") if isinstance(profile.meta, Mapping) else None
-    if not isinstance(rec, Mapping):
-        return none
     seconds: list[float | None] = [None] * W
     sizes: list[tuple[int, ...]] = [() for _ in range(W)]
 
@@ -735,18 +735,15 @@ def compile_record(profile: Profile) -> tuple[list[float | None] | None, list[tu
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
         return float(v) if ok else None
 
-    ranks = rec.get("ranks")
-    if isinstance(ranks, Sequence) and not isinstance(ranks, str):
-        for r in ranks:
-            i = r.get("rank") if isinstance(r, Mapping) else None
-            if isinstance(i, int) and 0 <= i < W:
-                seconds[i] = seconds_of(r.get("recompile_s"))
-                sizes[i] = sizes_of(r.get("batch_sizes"))
-    else:
-        every = rec.get("recompile_s")
-        per = every if isinstance(every, Sequence) and not isinstance(every, str) and len(every) == W else [every] * W
-        seconds = [seconds_of(v) for v in per]
-        sizes = [sizes_of(rec.get("batch_sizes"))] * W
+    for rp in profile.by_rank:
+        rec = rp.meta.get("compile") if isinstance(rp.meta, Mapping) else None
+        if not isinstance(rec, Mapping) or not 0 <= rp.rank < W:
+            continue
+        sizes[rp.rank] = sizes_of(rec.get("sizes"))
+        recompile = seconds_of(rec.get("recompile_s"))
+        if rec.get("dynamic") != "batch" and not sizes_of(rec.get("recompiled_sizes")):
+            recompile = seconds_of(rec.get("first_s"))  # static shapes: a new size compiles as the first one did
+        seconds[rp.rank] = recompile
     return (None if all(x is None for x in seconds) else seconds), sizes
 
 

@@ -86,19 +86,49 @@ def test_replanner_keeps_the_plan_when_the_recompile_costs_more_than_the_gain_sa
     assert "recompiling 55 s" in d.reason and "99999 epochs left" in d.reason
 
 
+def _with_compile(profile: planner.Profile, **record: object) -> planner.Profile:
+    """The profile with each rank's compile record (ranks[i].meta.compile, as `planner profile --compile` writes)."""
+    base = {"mode": "default", "backend": "inductor", "dynamic": "batch", "first_s": RECOMPILE_S, "recompile_s": 0.0,
+            "recompiles": 0, "sizes": [], "recompiled_sizes": []}
+    ranks = tuple(replace(r, meta={**r.meta, "compile": {**base, **record}}) for r in profile.ranks)
+    return replace(profile, ranks=ranks)
+
+
 def test_sizes_the_profile_compiled_are_not_charged() -> None:
     profile = _profile()
     plan = planner.solve(profile, global_batch=512)
     free = Replanner(profile, plan, smoothing=0.5).decide(_stats(profile, plan, 0), epoch=0)
     assert free.new_plan is not None
     sizes = sorted({*free.new_plan.batch_sizes, *plan.batch_sizes})
-    compiled = replace(profile, meta={**profile.meta, "compile": {
-        "ranks": [{"rank": i, "recompile_s": RECOMPILE_S, "batch_sizes": sizes} for i in range(2)]}})
+    # Static shapes (dynamic not "batch"): a new size costs a compile, but these sizes were all compiled.
+    compiled = _with_compile(profile, dynamic=None, recompile_s=RECOMPILE_S, sizes=sizes, recompiled_sizes=sizes[1:])
     rp = Replanner(compiled, plan, smoothing=0.5, epochs=3, steps_per_epoch=100)
     assert rp.recompile_s == (RECOMPILE_S, RECOMPILE_S)
+    assert all(set(sizes) <= c for c in rp.compiled_sizes)
     d = rp.decide(_stats(compiled, plan, 0), epoch=0)
     assert d.adopted, d.reason
     assert "recompiling" not in d.reason
+
+
+def test_a_static_record_charges_a_size_not_run_and_a_dynamic_one_does_not() -> None:
+    profile = _profile()
+    plan = planner.solve(profile, global_batch=512)
+    ran = sorted(set(plan.batch_sizes))  # the profile compiled only the sizes the plan runs
+    # Static shapes, one size profiled: no later size measured a recompile, so a new size costs first_s.
+    static = _with_compile(profile, dynamic=None, first_s=RECOMPILE_S, recompile_s=0.0, sizes=ran[:1])
+    rp = Replanner(static, plan, smoothing=0.5, epochs=3, steps_per_epoch=100)
+    assert rp.recompile_s == (RECOMPILE_S, RECOMPILE_S)
+    d = rp.decide(_stats(static, plan, 0), epoch=0)
+    assert not d.adopted and "recompiling 55 s" in d.reason, d.reason
+    # The batch dimension dynamic: the one graph serves every size, recompile_s 0.0 is charged (nothing).
+    dynamic = _with_compile(profile, sizes=ran)
+    rp = Replanner(dynamic, plan, smoothing=0.5, epochs=3, steps_per_epoch=100)
+    assert rp.recompile_s == (0.0, 0.0)
+    d = rp.decide(_stats(dynamic, plan, 0), epoch=0)
+    assert d.adopted, d.reason
+    # A profile without records charges nothing and remembers only the plan's sizes.
+    plain = Replanner(profile, plan, smoothing=0.5)
+    assert plain.recompile_s == (None, None)
 
 
 def test_a_measured_recompile_replaces_the_given_one_and_the_state_keeps_it() -> None:
