@@ -65,6 +65,9 @@ class SolveOptions:
     max_accumulation_steps: int = DEFAULT_MAX_ACCUMULATION_STEPS
     """Most micro-steps (gradient accumulation) per optimizer step on one rank; 1 = never accumulate, so the sum
     of the memory caps bounds the global batch."""
+    batch_multiple: int = 1
+    """Every rank's batch and every micro-batch a multiple of this (planner/_multiple.py): a model compiled with
+    static shapes or captured in CUDA graphs then runs few shapes.  The global batch must be a multiple of it."""
 
     def worker_cap(self, host_budget: int, rank_max: int | None = None) -> int:
         """Most loader workers one rank may get: the least of --max-workers-per-rank, the rank's own cap
@@ -73,7 +76,7 @@ class SolveOptions:
         return max(1, min([host_budget, *caps]))
 
     def __post_init__(self) -> None:
-        for name in ("min_batch", "cpu_reserve_per_rank", "max_accumulation_steps"):
+        for name in ("min_batch", "cpu_reserve_per_rank", "max_accumulation_steps", "batch_multiple"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ValidationError(f"{name} must be an integer, got {v!r}")
@@ -103,6 +106,8 @@ class SolveOptions:
             raise ValidationError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.max_accumulation_steps < 1:
             raise ValidationError(f"max_accumulation_steps must be >= 1, got {self.max_accumulation_steps}")
+        if self.batch_multiple < 1:
+            raise ValidationError(f"batch_multiple must be >= 1 (1: any batch), got {self.batch_multiple}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form, as stored in ``plan.solver["options"]``."""

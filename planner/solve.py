@@ -58,6 +58,7 @@ from planner._model import (
     fewest_steps,
     worker_budgets,
 )
+from planner._multiple import check_global_batch, equal_multiples, steps_for, to_multiples
 from planner._search import Found, at_workers, improve_workers, search
 from planner.comm_model import applied_span_factors, links_meta, span_under_ddp_s
 from planner.errors import PlanError, ValidationError
@@ -123,6 +124,7 @@ def solve(
     opts = resolve_options(options, overrides)
     if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
         raise ValidationError(f"global batch must be a positive integer, got {global_batch!r}")
+    check_global_batch(global_batch, profile.world_size, opts)
     t0 = time.perf_counter()
     models = build_models(profile, opts)
     caps = _check_feasible(models, global_batch, opts)
@@ -139,19 +141,28 @@ def solve(
     else:
         found, models = _search_with_workers(profile, models, caps, budgets, global_batch, opts)
     b, k, workers = found.batch_sizes, found.steps, found.workers
-    solver: dict[str, object] = {"method": found.method, "status": found.status, "solve_time_s": 0.0,
+    method = found.method
+    if opts.batch_multiple > 1:  # the optimum moved to multiples of M (planner/_multiple.py)
+        b, k = to_multiples(models, b, workers, global_batch, opts)
+        method = f"{method}, in multiples of {opts.batch_multiple}"
+    solver: dict[str, object] = {"method": method, "status": found.status, "solve_time_s": 0.0,
                                  "profile_fingerprint": profile.fingerprint(), "options": opts.to_dict()}
     if found.plain_step_s is not None:
         solver["no_accumulation_step_time_s"] = found.plain_step_s + exposed_comm_s(profile, opts.mode)
     plan = _make_plan(profile, models, b, workers, opts, solver=solver, steps=k)
-    eq = np.asarray(equal_split(global_batch, len(models)), dtype=np.int64)
-    eq_k, fits = fewest_steps(models, eq.tolist(), opts)
+    if opts.batch_multiple > 1:
+        eq = np.asarray(equal_multiples(global_batch, len(models), opts), dtype=np.int64)
+        eq_steps = steps_for(models, (eq // opts.batch_multiple).tolist(), opts)
+        eq_k, fits = (eq_steps or [1] * len(models)), eq_steps is not None
+    else:
+        eq = np.asarray(equal_split(global_batch, len(models)), dtype=np.int64)
+        eq_k, fits = fewest_steps(models, eq.tolist(), opts)
     fits = fits and all(e >= opts.min_batch for e in eq.tolist())
     if opts.min_gain > 0 and fits and not (np.array_equal(eq, b) and list(k) == eq_k):
         even = _make_plan(profile, models, eq, workers, opts, solver=solver, steps=eq_k)
         t_opt, t_eq = plan.predicted.step_time_s, even.predicted.step_time_s
         if t_eq <= t_opt * (1.0 + opts.min_gain):
-            solver = {**solver, "method": f"equal ({found.method} optimum within min_gain)",
+            solver = {**solver, "method": f"equal ({method} optimum within min_gain)",
                       "optimum_batch_sizes": [int(x) for x in b], "optimum_step_time_s": t_opt}
             if plan.accumulates:
                 solver["optimum_accumulation_steps"] = [int(x) for x in k]

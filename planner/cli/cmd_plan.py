@@ -119,10 +119,15 @@ def add_solve_arguments(p: argparse.ArgumentParser, *, from_plan: bool = False) 
     v, text = default(d.max_accumulation_steps, f"{d.max_accumulation_steps}; 1 = never accumulate")
     p.add_argument("--max-accumulation-steps", type=int, default=v, metavar="K",
                    help=f"most micro-steps per optimizer step on one rank (default {text})")
+    v, text = default(d.batch_multiple, f"{d.batch_multiple}: any batch")
+    p.add_argument("--batch-multiple", type=count(), default=v, metavar="M",
+                   help="every rank's batch and micro-batch a multiple of M, so a model compiled with static shapes "
+                        "or captured in CUDA graphs runs few shapes (the global batch must be a multiple of M; a "
+                        f"profile compiled with a dynamic batch dimension needs none; default {text})")
 
 
 _SOLVE_FLAGS = ("min_batch", "max_batch_per_rank", "max_micro_batch", "memory_headroom", "cpu_reserve_per_rank", "max_workers_per_rank",
-                "min_gain", "mode", "max_accumulation_steps")
+                "min_gain", "mode", "max_accumulation_steps", "batch_multiple")
 
 
 def solve_options_from_args(args: argparse.Namespace, base: SolveOptions | None = None,
