@@ -14,9 +14,10 @@ steps averaged -- and, with peers, when it also exceeds that tolerance against t
 
 Cause, first that holds:
 
-  1. a device-state fact the reference rank lacks (planner.evidence.compare, the rules ``planner report`` uses;
-     the reference is the rank nearest its prediction this epoch, else this rank's own state at the last epoch it
-     ran on plan): host memory nearly full -> ``memory``; other processes on its GPU, MIG, MPS ->
+  1. a device-state fact a reference lacks (planner.evidence.compare, the rules ``planner report`` uses; the
+     references, in turn: the rank nearest its prediction this epoch, then this rank's own state at the last epoch
+     it ran on plan -- load that roams over the host's cores can load both ranks' cores over an epoch yet slow only
+     one; with neither every fact counts): host memory nearly full -> ``memory``; other processes on its GPU, MIG, MPS ->
      ``gpu-cotenant``; throttle reasons, low SM/memory clock, a lower power limit, heat -> ``clocks``; other
      processes' CPU on its cores, steal, overlapping or fewer cores, host load -> ``cpu-cotenant``; PCIe, NUMA, an
      emulated slowdown -> ``device-other``;
@@ -108,14 +109,22 @@ def diagnose(stats: Sequence[StepStats], predicted_s: Sequence[float],
     for rank, (st, pred, _err) in sorted(slow.items()):
         excess = st.busy_s - pred
         s = state(states, rank)
-        ref_state, ref_name = (state(states, ref), f"rank {ref}") if ref != rank else (None, "")
-        if ref_state is None:
-            ref_state, ref_name = state(on_plan_states, rank), "its last epoch on plan"
-        ev = (compare(s, ref_state, ref_name=ref_name or "the reference", is_cpu=True)
-              if s is not None and not s.is_empty else [])
+        refs = [(state(states, ref), f"rank {ref}")] if ref != rank and state(states, ref) is not None else []
+        if state(on_plan_states, rank) is not None or not refs:
+            refs.append((state(on_plan_states, rank), "its last epoch on plan"))
+        ev: list[Evidence] = []
+        cause = None
+        for ref_state, ref_name in refs:  # the peer first; then the rank itself while it ran on plan
+            if s is None or s.is_empty:
+                break
+            found_ev = compare(s, ref_state, ref_name=ref_name, is_cpu=True)
+            cause = _state_cause(found_ev)
+            if cause is not None or not ev:
+                ev = found_ev
+            if cause is not None:
+                break
         facts = [e.text for e in ev if e.explains]
         context = [e.text for e in ev if not e.explains] + (checked(s, {e.kind for e in ev}) if s else [])
-        cause = _state_cause(ev)
         wait_ms = f"data wait {1000 * st.data_wait_s:.1f} ms of a {1000 * st.step_time_s:.1f} ms step"
         if cause is None and st.data_wait_s > LOADER_WAIT_FRAC * st.step_time_s and st.data_wait_s >= 0.5 * excess:
             cause, facts = "loader", [f"its loader paced it: {wait_ms}"]
