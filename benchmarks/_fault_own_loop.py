@@ -9,8 +9,8 @@ Faults (``--fault``, on ``--fault-rank`` from ``--fault-epoch`` on):
   loader        the rank's DataLoader worker sleeps per sample, ``--loader-factor`` x the previous epoch's step per
                 batch (its loader cannot keep up);
   memory        EMULATED: the rank's epoch-end device state reports the host's available memory at 2% of its total,
-                and each step touches a 256 MiB buffer (a real, smaller cost); it scores the rule and the plumbing,
-                not a real memory-pressure reading;
+                and each step passes over a 256 MiB buffer about as long as the previous epoch's step (a real
+                cost, of memory bandwidth); it scores the rule and the plumbing, not a real memory-pressure reading;
   step          a sleep of ``--step-factor`` x the previous epoch's step inside each step (between forward and
                 backward: inside the compute span; no process, counter or clock shows it);
   none          nothing.
@@ -116,7 +116,7 @@ def train(args: argparse.Namespace) -> None:
     register_weighted_hook(model, sampler)
     run.watch(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    sleep_s = 0.0
+    sleep_s, passes = 0.0, 1
     buf = torch.zeros(1) if not (mine and args.fault == "memory") else torch.zeros(64 << 20)  # 256 MiB of fp32
     losses = [0.0]
     step_s = 0.0  # the previous epoch's wall seconds per step (the box's load moves it; the faults scale with it)
@@ -124,6 +124,10 @@ def train(args: argparse.Namespace) -> None:
         on = mine and epoch >= args.fault_epoch
         if on and epoch == args.fault_epoch:
             sleep_s = args.step_factor * step_s
+            if args.fault == "memory":  # passes over the buffer a step: about the previous epoch's step
+                t = time.perf_counter()
+                buf.add_(1.0)
+                passes = max(1, round(step_s / max(time.perf_counter() - t, 1e-4)))
             data.delay_s = args.loader_factor * step_s / max(1, sampler.batch_sizes[rank])
         if on and epoch == args.fault_epoch:
             if args.start_file and args.fault in ("cpu-hog", "gpu-cotenant"):
@@ -139,7 +143,8 @@ def train(args: argparse.Namespace) -> None:
             if on and args.fault == "step":
                 time.sleep(sleep_s)  # inside the compute span: after the forward, before the backward
             elif on and args.fault == "memory":
-                buf.add_(1.0)  # every page of the buffer, every step
+                for _ in range(passes):  # every page of the buffer
+                    buf.add_(1.0)
             opt.zero_grad()
             loss.backward()
             opt.step()

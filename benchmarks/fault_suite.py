@@ -6,7 +6,7 @@ Faults and the cause that is the right answer:
 
   cpu-hog       a busy process (benchmarks/cotenant.py --device cpu --duty 1) pinned to the rank's core -> cpu-cotenant
   loader        the rank's loader worker sleeps per sample                                        -> loader
-  memory        EMULATED (the epoch-end state reports 2% of memory free; each step touches 256 MiB) -> memory
+  memory        EMULATED (the epoch-end state reports 2% free; each step passes over 256 MiB)     -> memory
   step          a sleep inside the step, between forward and backward                            -> inside-step
   gpu-cotenant  (--device cuda) benchmarks/cotenant.py on the rank's GPU                          -> gpu-cotenant
   none          nothing                                                                            -> none
@@ -33,6 +33,7 @@ import platform
 import random
 import shlex
 import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from replan_midrun import CASES, Case, Group, base_env, device_names, make_plan, rank_cores, rank_envs, run_ranks
-from summarize_bench import card_tag
+from summarize_bench import card_tag, fault_confusion
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -73,6 +74,8 @@ class Run:
     wall_s: float = 0.0
     epochs: list[dict[str, Any]] = field(default_factory=list)
     scores: dict[str, Any] = field(default_factory=dict)
+    load_avg: float | None = None
+    """The host's 1-minute load average when the run started (other jobs on the box)."""
 
 
 def schedule(faults: Sequence[str], per_fault: int, no_fault: int, epochs: int, seed: int) -> list[Run]:
@@ -158,34 +161,11 @@ def write_record(run: Run, meta: dict[str, Any], out: Path) -> Path:
         n += 1
     rec = {"record": 1, "kind": "faults", "source": f"run_{run.index}/run.jsonl (temporary; not kept)",
            "command": run.command, "meta": meta, "fault": run.fault, "fault_rank": run.fault_rank,
-           "fault_epoch": run.fault_epoch, "rc": run.rc, "wall_s": round(run.wall_s, 1), "scores": run.scores,
+           "fault_epoch": run.fault_epoch, "load_avg_1m_at_start": run.load_avg, "rc": run.rc, "wall_s": round(run.wall_s, 1), "scores": run.scores,
            "epochs": [compact_epoch(e) for e in run.epochs]}
     path = out / f"{stem}_{n:02d}.json"
     path.write_text(json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n", encoding="utf-8")
     return path
-
-
-def confusion(records: Sequence[dict[str, Any]]) -> str:
-    """The markdown confusion table of fault records (injected fault by row, named cause by column), with each
-    fault's detection delays and false alarms: docs/PERFORMANCE.md's block (benchmarks/summarize_bench.py)."""
-    if not records:
-        return "No records yet (`benchmarks/fault_suite.py`)."
-    causes = list(dict.fromkeys([*EXPECTED.values(), *(r["scores"]["named"] for r in records)]))
-    seen = [c for c in causes if any(r["scores"]["named"] == c for r in records)]
-    rows = ["| machine | injected (right answer) | runs | " + " | ".join(f"named {c}" for c in seen)
-            + " | correct | delay (epochs) | runs with false alarms (of them a CPU co-tenant) | crashed |",
-            "|---|---|---|" + "---|" * len(seen) + "---|---|---|---|"]
-    for key in dict.fromkeys((card_tag(r["meta"]["devices"]), r["fault"]) for r in records):
-        g = [r for r in records if (card_tag(r["meta"]["devices"]), r["fault"]) == key]
-        sc = [r["scores"] for r in g]
-        counts = " | ".join(str(sum(s["named"] == c for s in sc)) for c in seen)
-        delays = sorted(s["delay_epochs"] for s in sc if s["delay_epochs"] is not None)
-        shown = ", ".join(map(str, delays)) or "-"
-        rows.append(f"| {key[0]} | {key[1]} ({EXPECTED[key[1]]}) | {len(g)} | {counts} | "
-                    f"{sum(s['correct'] for s in sc)}/{len(g)} | {shown} | {sum(bool(s['false_alarms']) for s in sc)} "
-                    f"({sum(any('cpu-cotenant' in a['causes'] for a in s['false_alarms']) for s in sc)}) | "
-                    f"{sum(bool(s['crashed']) for s in sc)} |")
-    return "\n".join(rows)
 
 
 def rank_command(case: Case, run: Run, plan: Path, profile: Path, log: Path, start_file: Path, epochs: int,
@@ -255,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
             "global_batch": case.global_batch, "num_samples": case.num_samples, "epochs": args.epochs,
             "seed": args.seed, "torch": torch.__version__, "python": platform.python_version(),
             "host_cores": os.cpu_count(), "rank_cores": [sorted(c) if c else None for c in cores],
-            "plan_command": plan_cmd, "memory_fault": "emulated (state reports 2% free; 256 MiB touched a step)",
+            "plan_command": plan_cmd,
+            "memory_fault": "emulated (state reports 2% free; passes over 256 MiB for about a step, each step)",
+            "code": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                   text=True).stdout.strip() or None,
             "start_batch_sizes": [r["batch_size"] for r in json.loads(plan.read_text())["ranks"]]}
     for run in runs:
         d = tmp / f"run_{run.index}"
@@ -263,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         log, start = d / "run.jsonl", d / "go"
         cmd = rank_command(case, run, plan, profile, log, start, args.epochs, args.seed)
         run.command = shlex.join(cmd)
+        run.load_avg = round(os.getloadavg()[0], 2)
         co, hog = cotenant_command(case, run, start), Group()
         if co is not None:
             env = base_env()
@@ -289,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  wrote {write_record(run, meta, args.results)}", flush=True)
     recs = [{"meta": meta, "fault": r.fault, "scores": r.scores} for r in runs]
     print()
-    print(confusion(recs))
+    print(fault_confusion(recs))
     import shutil
 
     shutil.rmtree(tmp, ignore_errors=True)
