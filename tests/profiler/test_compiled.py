@@ -99,3 +99,10 @@ def test_compile_option_values() -> None:
     assert compile_options("max-autotune", "aot_eager") == CompileOptions(mode="max-autotune", backend="aot_eager")
     with pytest.raises(ValidationError, match=r"compile mode 'fast' is not one of torch\.compile's: default, "):
         compile_options("fast")
+
+
+def test_profile_cli_refuses_an_unknown_compile_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import main
+
+    assert main(["profile", "--model", "mlp", "--compile", "fast", "--out", "unused.json"]) == 2
+    assert "argument --compile: invalid choice: 'fast'" in capsys.readouterr().err
