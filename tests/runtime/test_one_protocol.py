@@ -110,6 +110,8 @@ _UNSHARED = {"time", "loss", "wall_s", "device_state", "dataset_size"}
 
 def _comparable(record: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in record.items() if k not in _UNSHARED}
+    if out.get("diagnosis"):  # the cause is shared; its evidence quotes the host-measured device state
+        out["diagnosis"] = [{k: v for k, v in d.items() if k != "evidence"} for d in out["diagnosis"]]
     if isinstance(out.get("plan"), dict):  # the solver's own wall time is the host's
         out["plan"] = {**out["plan"], "solver": {**out["plan"].get("solver", {}), "solve_time_s": None}}
     return out
