@@ -16,7 +16,10 @@ never ran (``held_out``), the source (real, or emulated and how), devices, torch
 Measured:
   * alone / accumulation cases: the rank alone at the batch (and micro-batches) the plan gives, timed with the
     step the profiler and ``planner bench``'s ideal use (planner.cli.bench._standalone_step_s: 3 warm-up steps,
-    then the median of 15), 3 rounds; the row's measured step is the median round;
+    then the median of 5 on CPU, 15 on a GPU), 3 rounds; the row's measured step is the median round.  Each round
+    also times the profiled size nearest the batch (the control): its measured / profiled step is the host's
+    drift since the profile (``drift``), and ``error_drift_corrected`` = measured / (predicted x drift) - 1 is
+    what the curve itself got wrong -- on a loaded host the drift is most of ``error``;
   * bench cases: ``planner bench --rounds 3``: each strategy's split (equal, proportional, plan) timed in
     interleaved rounds, its median round; every strategy is one row.
 
@@ -97,17 +100,40 @@ def profiled_sizes(profile_path: Path) -> list[list[int]]:
     return [sorted({int(p["batch_size"]) for p in r["compute"]}) for r in d["ranks"]]
 
 
-def measure_alone(model: str, device: str, batch: int, accumulation_steps: int, *, image_size: int | None,
-                  amp: bool) -> list[float]:
-    """ROUNDS medians of the rank alone at `batch` in `accumulation_steps` micro-batches (bench's ideal step)."""
+def measure_alone(model: str, device: str, batch: int, accumulation_steps: int, control: int, *,
+                  image_size: int | None, amp: bool) -> tuple[list[float], list[float]]:
+    """ROUNDS medians of the rank alone at `batch` in `accumulation_steps` micro-batches (bench's ideal step), and
+    in each round, right after it, the median at `control`, a size the profile ran (the host's drift since)."""
     from planner.cli.bench import _standalone_step_s
     from profiler.workloads.specs import build_workload
 
     workload = build_workload(model, "fake_text" if model.startswith("tiny_lm") else "fake", image_size=image_size)
     opts = SimpleNamespace(amp=amp, steps=5 if dev_is_cpu(device) else 15)
     dev = torch.device(device)
-    return [_standalone_step_s(workload, dev, batch, 1.0, opts, None, accumulation_steps)  # type: ignore[arg-type]
-            for _ in range(ROUNDS)]
+    held, ctrl = [], []
+    for _ in range(ROUNDS):
+        held.append(_standalone_step_s(workload, dev, batch, 1.0, opts, None, accumulation_steps))  # type: ignore[arg-type]
+        ctrl.append(_standalone_step_s(workload, dev, control, 1.0, opts, None))  # type: ignore[arg-type]
+    return held, ctrl
+
+
+def profiled_step(profile_path: Path, batch: int) -> float:
+    """Rank 0's profiled step at `batch` (the median of its points there)."""
+    d = json.loads(profile_path.read_text())
+    return statistics.median(p["step_time_s"] for p in d["ranks"][0]["compute"] if p["batch_size"] == batch)
+
+
+def nearest(sizes: Sequence[int], b: int) -> int:
+    return min(sizes, key=lambda x: (abs(x - b), x))
+
+
+def drift_fields(profile_path: Path, control: int, ctrl: list[float], predicted: float,
+                 measured: float) -> dict[str, Any]:
+    """The control size's measured / profiled step (the host's drift between profile and run) and the error with
+    that drift taken out: measured / (predicted x drift) - 1, what the model alone got wrong."""
+    drift = statistics.median(ctrl) / profiled_step(profile_path, control)
+    return {"control_batch": control, "control_rounds_step_s": ctrl, "drift": drift,
+            "error_drift_corrected": measured / (predicted * drift) - 1.0}
 
 
 def dev_is_cpu(device: str) -> bool:
@@ -165,12 +191,16 @@ class Suite:
         ran = profiled_sizes(p)
         for b in held:
             pl = plan(p, b, "--from-batches", str(b))
-            rounds = measure_alone(model, device, b, 1, image_size=image_size, amp=amp)
+            control = nearest(ran[0], b)
+            rounds, ctrl = measure_alone(model, device, b, 1, control, image_size=image_size, amp=amp)
+            pred, meas = pl["predicted"]["step_time_s"], statistics.median(rounds)
             self.add(case, card, model=model if image_size is None else f"{model}@{image_size}px",
                      devices=[device], source=source, amp=amp, global_batch=b, batch_sizes=[b],
                      accumulation_steps=[1], profiled_batch_sizes=ran, held_out=b not in ran[0],
-                     predicted_step_s=pl["predicted"]["step_time_s"], measured_step_s=statistics.median(rounds),
-                     rounds_step_s=rounds, measured="rank alone, 3 warm-up + median of 15 steps, median of 3 rounds",
+                     predicted_step_s=pred, measured_step_s=meas, rounds_step_s=rounds,
+                     **drift_fields(p, control, ctrl, pred, meas),
+                     measured="rank alone, 3 warm-up + median of 5 (CPU) or 15 steps, median of 3 rounds; each round "
+                     "then the control size alike",
                      command=shlex.join([*PLANNER[2:], "plan", "--global-batch", str(b), "--from-batches", str(b)]))
 
     # accumulation: a global batch over the micro-batch cap, the plan's k micro-steps
@@ -190,14 +220,18 @@ class Suite:
             from planner.plan import micro_batch_sizes
 
             micro = micro_batch_sizes(int(r0["batch_size"]), k)
-            rounds = measure_alone(model, device, int(r0["batch_size"]), k, image_size=image_size, amp=amp)
+            control = nearest(ran[0], micro[0])
+            rounds, ctrl = measure_alone(model, device, int(r0["batch_size"]), k, control, image_size=image_size,
+                                         amp=amp)
+            pred, meas = pl["predicted"]["step_time_s"], statistics.median(rounds)
             self.add(case, card, model=model if image_size is None else f"{model}@{image_size}px",
                      devices=[device], source=source, amp=amp, global_batch=gb, batch_sizes=[int(r0["batch_size"])],
                      accumulation_steps=[k], micro_batch_sizes=micro, profiled_batch_sizes=ran,
                      held_out=not set(micro) <= set(ran[0]),
-                     predicted_step_s=pl["predicted"]["step_time_s"], measured_step_s=statistics.median(rounds),
-                     rounds_step_s=rounds, measured="rank alone, its k micro-batches and one optimizer step, "
-                     "3 warm-up + median of 5 (CPU) or 15, median of 3 rounds",
+                     predicted_step_s=pred, measured_step_s=meas, rounds_step_s=rounds,
+                     **drift_fields(p, control, ctrl, pred, meas),
+                     measured="rank alone, its k micro-batches and one optimizer step, 3 warm-up + median of 5 "
+                     "(CPU) or 15, median of 3 rounds; each round then the control size alike",
                      command=shlex.join(["planner", "plan", "--global-batch", str(gb), *cap_args]))
 
     # bench: every strategy's split is a row
