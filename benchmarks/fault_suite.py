@@ -4,7 +4,7 @@ epoch end, 2 gloo ranks), and score the cause the run log's ``diagnosis`` names 
 
 Faults and the cause that is the right answer:
 
-  cpu-hog       a busy process (benchmarks/cotenant.py --device cpu --duty 1) pinned to the rank's core -> cpu-cotenant
+  cpu-hog       --hogs busy processes (cotenant.py --device cpu --duty 1) pinned to the rank's core -> cpu-cotenant
   loader        the rank's loader worker sleeps per sample                                        -> loader
   memory        EMULATED (the epoch-end state reports 2% free; each step passes over 256 MiB)     -> memory
   step          a sleep inside the step, between forward and backward                            -> inside-step
@@ -194,6 +194,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fault-runs", type=int, default=5)
     p.add_argument("--faults", default=None, help="comma-separated subset of the device's faults")
     p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--hogs", type=int, default=4,
+                   help="cpu-hog: busy processes pinned to the rank's core (4: a clear share of a core that other "
+                        "jobs already load)")
     p.add_argument("--seed", type=int, default=0, help="draws each run's fault rank and first epoch")
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--no-records", action="store_true")
@@ -233,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     cores = rank_cores(case)
     meta = {"devices": device_names(profile), "rank_devices": list(case.devices), "model": case.model,
             "global_batch": case.global_batch, "num_samples": case.num_samples, "epochs": args.epochs,
-            "seed": args.seed, "torch": torch.__version__, "python": platform.python_version(),
+            "seed": args.seed, "hogs": args.hogs, "torch": torch.__version__, "python": platform.python_version(),
             "host_cores": os.cpu_count(), "rank_cores": [sorted(c) if c else None for c in cores],
             "plan_command": plan_cmd,
             "memory_fault": "emulated (state reports 2% free; passes over 256 MiB for about a step, each step)",
@@ -251,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         if co is not None:
             env = base_env()
             env["OMP_NUM_THREADS"] = "1"
-            hog.start(co, env, d / "cotenant.out", cores[run.fault_rank] if args.device == "cpu" else None)
+            for k in range(args.hogs if run.fault == "cpu-hog" else 1):
+                hog.start(co, env, d / f"cotenant{k}.out", cores[run.fault_rank] if args.device == "cpu" else None)
         try:
             run.rc, run.timed_out, run.wall_s = run_ranks([cmd] * 2, rank_envs(case, cores), cores, d,
                                                           case.launch_timeout_s)

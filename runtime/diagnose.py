@@ -7,9 +7,10 @@ per-rank prediction): no per-step work, no extra exchange.  ``PlannedRun`` print
 
 Slow.  A rank's measured own time per step (``StepStats.busy_s``: compute plus data wait, the whole step where the
 loader paced it) against its prediction (``RankPlan.timer_busy_s``), error = measured / predicted - 1, is slow when
-the error exceeds ``max(MIN_SLOW_FRAC, 3 standard errors of the mean step)`` -- the standard error from the epoch's
-own per-step spread (the robust compute sigma, or the step time's std where the loader paced the rank) over the
-steps averaged -- and, with peers, when it also exceeds that tolerance against the rank nearest its prediction
+the error exceeds ``max(MIN_SLOW_FRAC, 3 standard errors of the mean step, 3 standard deviations of its error over
+its last epochs on plan)`` -- the standard error from the epoch's own per-step spread (the robust compute sigma, or
+the step time's std where the loader paced the rank) over the steps averaged; the drift from epoch to epoch, which
+on a shared host (other jobs loading its cores by the epoch) the steps' spread does not show -- and, with peers, when it also exceeds that tolerance against the rank nearest its prediction
 ((1 + error) / (1 + least error) - 1): a box-wide slowdown moves every rank alike and names no one.
 
 Cause, first that holds:
@@ -33,7 +34,7 @@ Cause, first that holds:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from planner.devstate import DeviceState
 from planner.evidence import INSIDE_STEP, Evidence, checked, compare
@@ -47,6 +48,8 @@ NOISE_SE = 3.0
 """Standard errors of the epoch's mean step that an excess must also beat."""
 MIN_STEPS = 3
 """Ranks that averaged fewer steps are not judged (no spread to judge them by)."""
+DRIFT_EPOCHS = 8
+"""The rank's errors at its last this many epochs on plan measure how far its error drifts from epoch to epoch."""
 
 _KIND_CAUSE = (
     ("memory", ("host-memory",)),
@@ -66,6 +69,17 @@ def noise_frac(st: StepStats, predicted_s: float) -> float:
     return NOISE_SE * sigma / math.sqrt(st.num_steps) / predicted_s
 
 
+def drift_frac(errors: Sequence[float]) -> float:
+    """``NOISE_SE`` standard deviations of a rank's error over its last ``DRIFT_EPOCHS`` epochs on plan (0 with
+    fewer than 2): the epoch-to-epoch noise a step's own spread does not show (other jobs on a shared host load its
+    cores by the epoch, not by the step)."""
+    xs = [e for e in errors[-DRIFT_EPOCHS:] if math.isfinite(e)]
+    if len(xs) < 2:
+        return 0.0
+    mean = sum(xs) / len(xs)
+    return NOISE_SE * math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+
+
 def _wait(st: StepStats) -> float:
     """Seconds per step the rank spent beyond its own time: waiting for peers in the synchronous step."""
     return max(0.0, st.step_time_s - st.busy_s)
@@ -78,12 +92,15 @@ def _state_cause(ev: list[Evidence]) -> str | None:
 
 def diagnose(stats: Sequence[StepStats], predicted_s: Sequence[float],
              states: Sequence[DeviceState | None] = (),
-             on_plan_states: Sequence[DeviceState | None] = ()) -> tuple[Diagnosis, ...]:
+             on_plan_states: Sequence[DeviceState | None] = (),
+             on_plan_errors: Mapping[int, Sequence[float]] | None = None) -> tuple[Diagnosis, ...]:
     """The epoch's slow ranks with their causes (module docstring); () when every rank ran on plan.
 
     ``stats``: every rank's StepStats; ``predicted_s``: the plan's per-rank prediction, by rank;
     ``states``: every rank's epoch-end device state, by rank (None: not sampled); ``on_plan_states``: each rank's
-    state at the last epoch it ran on plan (the reference of a rank without peers)."""
+    state at the last epoch it ran on plan (the reference of a rank without peers); ``on_plan_errors``: each rank's
+    errors (measured / predicted - 1) at its epochs on plan after its first, oldest first (``drift_frac``; the first
+    compares with the profile, whose age the Replanner then corrects)."""
     judged: dict[int, tuple[StepStats, float, float]] = {}
     for st in stats:
         pred = predicted_s[st.rank] if st.rank < len(predicted_s) else math.nan
@@ -95,7 +112,8 @@ def diagnose(stats: Sequence[StepStats], predicted_s: Sequence[float],
     least = judged[ref][2]
     slow = {}
     for rank, (st, pred, err) in judged.items():
-        tol = max(MIN_SLOW_FRAC, noise_frac(st, pred))
+        past = (on_plan_errors or {}).get(rank, ())
+        tol = max(MIN_SLOW_FRAC, noise_frac(st, pred), drift_frac(past))
         if err > tol and (len(judged) == 1 or (1 + err) / (1 + least) - 1 > tol):
             slow[rank] = (st, pred, err)
     if not slow:

@@ -185,6 +185,7 @@ class PlannedRun:
         self._finished = False
         self._warned_compress = False
         self._on_plan_states: tuple[DeviceState | None, ...] = ()
+        self._on_plan_errors: dict[int, list[float]] = {}
         """Each rank's device state at the last epoch it ran on plan (runtime.diagnose's reference)."""
 
     # -- set-up (once the framework knows the rank and the dataset) ---------------------------------------------
@@ -544,8 +545,14 @@ class PlannedRun:
         An unsteady epoch (warm-up, a loader's fill) is not judged; a rank's state while on plan is its reference."""
         if end.unsteady is not None:
             return ()
-        found = diagnose(end.stats, predicted, end.device_states, self._on_plan_states)
+        found = diagnose(end.stats, predicted, end.device_states, self._on_plan_states, self._on_plan_errors)
         slow = {d.rank for d in found}
+        for st in end.stats:  # each rank's error at its epochs on plan but the first: its drift (runtime.diagnose)
+            pred = predicted[st.rank] if st.rank < len(predicted) else math.nan
+            if st.rank not in slow and st.num_steps > 0 and math.isfinite(pred) and pred > 0:
+                errors = self._on_plan_errors.setdefault(st.rank, [])
+                if end.epoch != self._first_epoch:
+                    errors.append(st.busy_s / pred - 1)
         states = list(self._on_plan_states) + [None] * (len(end.device_states) - len(self._on_plan_states))
         for r, state in enumerate(end.device_states):
             if r not in slow and state is not None:

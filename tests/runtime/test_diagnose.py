@@ -259,3 +259,13 @@ def test_the_diagnosis_runs_once_an_epoch_and_reads_no_clock(tmp_path: Path, mon
     _single_run(tmp_path, 40, quiet=True)
     # One call an epoch, whatever its steps.
     assert n_short == 3 and len(calls) == 6
+
+
+def test_a_rank_whose_error_drifts_from_epoch_to_epoch_needs_more_to_be_slow() -> None:
+    # 25% over: slow for a rank whose error held within 1% over its epochs on plan; noise for one whose error
+    # swung +-15% from epoch to epoch (other jobs loading its core by the epoch); 2x is slow either way.
+    stats = [st(0, 0.05), st(1, 0.0625)]
+    steady, swinging = {1: [0.01, -0.01, 0.0]}, {1: [0.15, -0.15, 0.1, -0.1]}
+    assert _one(diagnose(stats, PRED, on_plan_errors=steady)).rank == 1
+    assert diagnose(stats, PRED, on_plan_errors=swinging) == ()
+    assert _one(diagnose([st(0, 0.05), st(1, 0.1)], PRED, on_plan_errors=swinging)).rank == 1
