@@ -139,6 +139,7 @@ def profile_step(
     max_batch: int | None = None,
     compile: bool | str | None = None,
     compile_backend: str = "inductor",
+    compile_dynamic: bool = True,
 ) -> RankProfile:
     """Measure this rank's training step: compute curve, memory cap, loader cost (``data`` given), device facts.
 
@@ -160,8 +161,10 @@ def profile_step(
             mode "default"), dim 0 of every batch tensor marked dynamic before the first step (profiler.compiled);
             the compute points are compiled steps and ``meta["compile"]`` records the compile (first_s,
             recompile_s, recompiles, sizes).  None: eager.  The DDP overhead (``gather``) is measured eager.
+            ``compile_dynamic=False``: static shapes (``torch.compile(dynamic=False)``, nothing marked), every new
+            size compiles -- as a run with CUDA graphs or static shapes will.
     """
-    copts = compile_options(compile, compile_backend)
+    copts = compile_options(compile, compile_backend, dynamic_batch=compile_dynamic)
     sopts = sweep_options(quick, batch_sizes, sweep, min_batch=min_batch, max_batch=max_batch)
     measure_loader = None
     if data is not None:

@@ -223,6 +223,14 @@ def format_profile(profile: Profile) -> str:
                   "loader ms/sample", "emul"], rows)]
     hosts = ", ".join(f"{h.name} ({h.cpu_cores} cores)" for h in profile.hosts)
     lines = [f"hosts: {hosts}"]
+    for r in profile.by_rank:
+        c = r.meta.get("compile")
+        if isinstance(c, dict) and isinstance(c.get("sizes"), list):
+            lines.append(f"rank {r.rank} compiled ({c.get('mode')}, {c.get('backend')}, batch dimension "
+                         f"{'dynamic' if c.get('dynamic') == 'batch' else 'static'}): first step +{_secs(c.get('first_s'))} "
+                         f"(the compile); {c.get('recompiles')} graph(s) recompiled over {len(c['sizes'])} sizes"
+                         + (f", at {c.get('recompiled_sizes')}, up to +{_secs(c.get('recompile_s'))}"
+                            if c.get("recompiled_sizes") else ""))
     if profile.model:
         lines.append(f"model: {profile.model.name}, {profile.model.num_params or 0:,} params, "
                      f"{(profile.model.grad_bytes or 0) / 2**20:.1f} MiB of gradient")
@@ -248,3 +256,7 @@ def format_profile(profile: Profile) -> str:
             lines.append("launch setting measured faster than NCCL's default (recorded; `planner train` applies it): "
                          + " ".join(f"{k}={v}" for k, v in sorted(profile.comm.launch_env.items())))
     return "\n".join([*out, "", *lines])
+
+
+def _secs(v: Any) -> str:
+    return f"{v:.1f} s" if isinstance(v, (int, float)) else "? s"

@@ -106,3 +106,22 @@ def test_profile_cli_refuses_an_unknown_compile_mode(capsys: pytest.CaptureFixtu
 
     assert main(["profile", "--model", "mlp", "--compile", "fast", "--out", "unused.json"]) == 2
     assert "argument --compile: invalid choice: 'fast'" in capsys.readouterr().err
+
+
+def test_the_profile_summary_says_how_each_rank_compiled() -> None:
+    from dataclasses import replace
+    from pathlib import Path
+
+    from planner.cli.cmd_profile import format_profile
+
+    profile = planner.Profile.load(Path(planner.__file__).parent / "examples" / "minimal_profile.json")
+    records = [{"mode": "default", "backend": "inductor", "dynamic": "batch", "first_s": 41.26, "recompile_s": 0.0,
+                "recompiles": 0, "sizes": [8, 16, 32], "recompiled_sizes": []},
+               {"mode": "default", "backend": "inductor", "dynamic": None, "first_s": 40.0, "recompile_s": 12.34,
+                "recompiles": 2, "sizes": [8, 16, 32], "recompiled_sizes": [16, 32]}]
+    ranks = tuple(replace(r, meta={**r.meta, "compile": c}) for r, c in zip(profile.ranks, records, strict=True))
+    text = format_profile(replace(profile, ranks=ranks))
+    assert ("rank 0 compiled (default, inductor, batch dimension dynamic): first step +41.3 s (the compile); "
+            "0 graph(s) recompiled over 3 sizes\n") in text
+    assert ("rank 1 compiled (default, inductor, batch dimension static): first step +40.0 s (the compile); "
+            "2 graph(s) recompiled over 3 sizes, at [16, 32], up to +12.3 s") in text
