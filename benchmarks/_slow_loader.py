@@ -13,13 +13,13 @@ import time
 import torch
 
 SLEEP_PER_SAMPLE_S = 0.003
-"""3 ms a sample: a batch of 32 takes one worker ~96 ms, several times cifar_cnn's step at 32 on a CPU core."""
+"""3 ms a sample: a batch of 32 takes one worker ~96 ms, several times mlp's step at 32 on a CPU core."""
 
 
 class SlowImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     """``size`` random 3 x 32 x 32 images and labels of 10 classes; each item sleeps SLEEP_PER_SAMPLE_S."""
 
-    def __init__(self, size: int = 4096) -> None:
+    def __init__(self, size: int = 2048) -> None:
         g = torch.Generator().manual_seed(0)
         self.x = torch.randn(size, 3, 32, 32, generator=g)
         self.y = torch.randint(0, 10, (size,), generator=g).tolist()
