@@ -7,11 +7,13 @@ per-rank prediction): no per-step work, no extra exchange.  ``PlannedRun`` print
 
 Slow.  A rank's measured own time per step (``StepStats.busy_s``: compute plus data wait, the whole step where the
 loader paced it) against its prediction (``RankPlan.timer_busy_s``), error = measured / predicted - 1, is slow when
-the error exceeds ``max(MIN_SLOW_FRAC, 3 standard errors of the mean step, 3 standard deviations of its error over
-its last epochs on plan)`` -- the standard error from the epoch's own per-step spread (the robust compute sigma, or
-the step time's std where the loader paced the rank) over the steps averaged; the drift from epoch to epoch, which
-on a shared host (other jobs loading its cores by the epoch) the steps' spread does not show -- and, with peers, when it also exceeds that tolerance against the rank nearest its prediction
-((1 + error) / (1 + least error) - 1): a box-wide slowdown moves every rank alike and names no one.
+the error exceeds ``max(MIN_SLOW_FRAC, 3 standard errors of the mean step)`` -- the standard error from the epoch's
+own per-step spread (the robust compute sigma, or the step time's std where the loader paced the rank) over the
+steps averaged -- and, with peers, when its error against the rank nearest its prediction ((1 + error) / (1 + least
+error) - 1: a box-wide slowdown moves every rank alike and names no one) exceeds that tolerance and 3 standard
+deviations of that relative error over the rank's last epochs on plan (``drift_frac``: the drift from epoch to
+epoch, which on a shared host, other jobs loading its cores by the epoch, the steps' spread does not show; alone,
+the drift of its own error).
 
 Cause, first that holds:
 
@@ -80,6 +82,28 @@ def drift_frac(errors: Sequence[float]) -> float:
     return NOISE_SE * math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
 
 
+def relative_errors(judged: Mapping[int, tuple[StepStats, float, float]]) -> dict[int, float]:
+    """Each rank's error against the rank nearest its prediction: (1 + error) / (1 + least error) - 1."""
+    least = min(e for _, _, e in judged.values())
+    return {r: (1 + e) / (1 + least) - 1 for r, (_, _, e) in judged.items()}
+
+
+def _judged(stats: Sequence[StepStats], predicted_s: Sequence[float]) -> dict[int, tuple[StepStats, float, float]]:
+    out = {}
+    for st in stats:
+        pred = predicted_s[st.rank] if st.rank < len(predicted_s) else math.nan
+        if st.num_steps >= MIN_STEPS and math.isfinite(pred) and pred > 0 and st.busy_s > 0:
+            out[st.rank] = (st, pred, st.busy_s / pred - 1)
+    return out
+
+
+def errors_of(stats: Sequence[StepStats], predicted_s: Sequence[float]) -> dict[int, float]:
+    """The error ``diagnose``'s drift is taken over, per rank: against the rank nearest its prediction when there
+    are peers (a box-wide shift moves every rank alike and is no drift), measured / predicted - 1 alone."""
+    judged = _judged(stats, predicted_s)
+    return relative_errors(judged) if len(judged) > 1 else {r: e for r, (_, _, e) in judged.items()}
+
+
 def _wait(st: StepStats) -> float:
     """Seconds per step the rank spent beyond its own time: waiting for peers in the synchronous step."""
     return max(0.0, st.step_time_s - st.busy_s)
@@ -99,22 +123,17 @@ def diagnose(stats: Sequence[StepStats], predicted_s: Sequence[float],
     ``stats``: every rank's StepStats; ``predicted_s``: the plan's per-rank prediction, by rank;
     ``states``: every rank's epoch-end device state, by rank (None: not sampled); ``on_plan_states``: each rank's
     state at the last epoch it ran on plan (the reference of a rank without peers); ``on_plan_errors``: each rank's
-    errors (measured / predicted - 1) at its epochs on plan after its first, oldest first (``drift_frac``; the first
-    compares with the profile, whose age the Replanner then corrects)."""
-    judged: dict[int, tuple[StepStats, float, float]] = {}
-    for st in stats:
-        pred = predicted_s[st.rank] if st.rank < len(predicted_s) else math.nan
-        if st.num_steps >= MIN_STEPS and math.isfinite(pred) and pred > 0 and st.busy_s > 0:
-            judged[st.rank] = (st, pred, st.busy_s / pred - 1)
+    ``errors_of`` at its epochs on plan after the run's first, oldest first (``drift_frac``; the first compares with
+    the profile, whose age the Replanner then corrects)."""
+    judged = _judged(stats, predicted_s)
     if not judged:
         return ()
     ref = min(judged, key=lambda r: judged[r][2])
-    least = judged[ref][2]
+    gaps = relative_errors(judged) if len(judged) > 1 else {r: e for r, (_, _, e) in judged.items()}
     slow = {}
     for rank, (st, pred, err) in judged.items():
-        past = (on_plan_errors or {}).get(rank, ())
-        tol = max(MIN_SLOW_FRAC, noise_frac(st, pred), drift_frac(past))
-        if err > tol and (len(judged) == 1 or (1 + err) / (1 + least) - 1 > tol):
+        tol = max(MIN_SLOW_FRAC, noise_frac(st, pred))
+        if err > tol and gaps[rank] > max(tol, drift_frac((on_plan_errors or {}).get(rank, ()))):
             slow[rank] = (st, pred, err)
     if not slow:
         return ()

@@ -54,7 +54,7 @@ from planner.stats import Diagnosis, StepStats
 from runtime.collectives import all_gather_json, decide_on_rank0
 from runtime.compress import check_compress
 from runtime.ddp_settings import ddp_kwargs
-from runtime.diagnose import diagnose
+from runtime.diagnose import diagnose, errors_of
 from runtime.diagnose import line as diagnosis_line
 from runtime.epoch import DEFAULT_PREFETCH, EpochEnd, loader_fill_drain, unsteady_start
 from runtime.replan import ReplanDecision, Replanner
@@ -547,12 +547,10 @@ class PlannedRun:
             return ()
         found = diagnose(end.stats, predicted, end.device_states, self._on_plan_states, self._on_plan_errors)
         slow = {d.rank for d in found}
-        for st in end.stats:  # each rank's error at its epochs on plan but the first: its drift (runtime.diagnose)
-            pred = predicted[st.rank] if st.rank < len(predicted) else math.nan
-            if st.rank not in slow and st.num_steps > 0 and math.isfinite(pred) and pred > 0:
-                errors = self._on_plan_errors.setdefault(st.rank, [])
-                if end.epoch != self._first_epoch:
-                    errors.append(st.busy_s / pred - 1)
+        if end.epoch != self._first_epoch:  # each rank's error on plan but at the first epoch: its drift
+            for rank, err in errors_of(end.stats, predicted).items():
+                if rank not in slow:
+                    self._on_plan_errors.setdefault(rank, []).append(err)
         states = list(self._on_plan_states) + [None] * (len(end.device_states) - len(self._on_plan_states))
         for r, state in enumerate(end.device_states):
             if r not in slow and state is not None:
