@@ -79,6 +79,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", required=True)
     p.add_argument("--model", default="cifar_cnn")
     p.add_argument("--num-samples", type=int, default=768)
+    p.add_argument("--image-size", type=int, default=None, help="input side (default: the model's)")
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--devices", default="cpu,cpu")
     p.add_argument("--fault", choices=FAULTS, default="none")
@@ -99,7 +100,7 @@ def train(args: argparse.Namespace) -> None:
     device = torch.device([s.strip() for s in args.devices.split(",")][rank])
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    workload = build_workload(args.model, "fake", num_samples=args.num_samples)
+    workload = build_workload(args.model, "fake", image_size=args.image_size, num_samples=args.num_samples)
     torch.manual_seed(1234)  # the same inputs on every rank, as a shared dataset
     x, y = synthetic_batch(workload, args.num_samples, "cpu")
     data = Held(x, y)

@@ -58,7 +58,7 @@ CPU_CASE = Case(name="faults", devices=("cpu", "cpu"), model="cifar_cnn", global
                 pin_cores=True, launch_timeout_s=120.0,
                 profile_args=("--dataset", "fake", "--no-loader", "--batch-sizes", "8,16,24,32"))
 GPU_CASE = Case(name="faults-cuda", devices=("cuda:0", "cuda:1"), model="resnet18", global_batch=256,
-                num_samples=10240, launch_timeout_s=180.0, profile_args=("--dataset", "fake", "--no-loader", "--quick"))
+                num_samples=10240, image_size=32, launch_timeout_s=180.0, profile_args=("--dataset", "fake", "--no-loader", "--quick"))
 _ = CASES  # the mid-run re-plan cases this suite's launch helpers come from
 
 
@@ -174,7 +174,8 @@ def rank_command(case: Case, run: Run, plan: Path, profile: Path, log: Path, sta
             "--model", case.model, "--num-samples", str(case.num_samples), "--epochs", str(epochs),
             "--devices", ",".join(case.devices), "--fault", run.fault, "--fault-rank", str(run.fault_rank),
             "--fault-epoch", str(run.fault_epoch if run.fault_epoch is not None else epochs),
-            "--start-file", str(start_file), "--seed", str(seed)]
+            "--start-file", str(start_file), "--seed", str(seed),
+            *(["--image-size", str(case.image_size)] if case.image_size else [])]
 
 
 def cotenant_command(case: Case, run: Run, start_file: Path) -> list[str] | None:
