@@ -197,8 +197,9 @@ class TimedSteps:
 
     def close(self) -> None:
         self.free()
-        if self.compiled is not None:
-            self.compiled.module = self.model  # the compiled wrapper (and its graphs' references) goes with it
+        if self.compiled is not None:  # the compiled wrapper holds the model: it goes too, its record stays
+            self._compile_record: dict[str, Any] | None = self.compiled.record()
+            self.compiled = None
         del self.model, self.optimizer
         gc.collect()
         if self.device.type == "cuda":
@@ -207,7 +208,8 @@ class TimedSteps:
     def meta(self) -> dict[str, Any]:
         """Facts for the rank profile's meta (what a DDP measurement must rebuild the same way)."""
         return {"amp": "bf16" if self.amp else None,
-                "compile": self.compiled.record() if self.compiled is not None else None}
+                "compile": self.compiled.record() if self.compiled is not None
+                else getattr(self, "_compile_record", None)}
 
 
 class StepRunner(TimedSteps):
