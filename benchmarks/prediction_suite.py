@@ -2,8 +2,8 @@
 
 Usage (from the repository root):
 
-    python benchmarks/prediction_suite.py --cases cpu --code COMMIT              # every CPU case (~10 min)
-    python benchmarks/prediction_suite.py --cases gpu --code COMMIT              # every GPU case, one GPU (~6 min)
+    python benchmarks/prediction_suite.py --cases cpu --code COMMIT              # every CPU case (~25 min loaded)
+    python benchmarks/prediction_suite.py --cases gpu --code COMMIT              # every GPU case, one GPU
     python benchmarks/prediction_suite.py --cases gpu-alone,cuda-cpu --code C    # some cases
     python benchmarks/prediction_suite.py --cases gpu --dry-run --results /tmp/r # the GPU cases' logic on CPU
 
@@ -11,7 +11,9 @@ Each case runs what a user runs -- ``planner profile`` then ``planner plan`` (--
 size), or ``planner bench`` (which profiles, plans and runs each split) -- and writes one record per row to
 ``--results`` (default docs/results/), ``<card>_prediction_<case>_<nn>.json``: the plan's predicted step time
 and samples/s, the measured ones, error = measured / predicted - 1, whether every rank's batch is one the profile
-never ran (``held_out``), the source (real, or emulated and how), devices, torch and the code commit.
+never ran (``held_out``), ``source`` (real, or emulated and how), devices, torch and the code commit.  The GPU
+part is sized for about 6 minutes on one H200 (its cases ran only as ``--dry-run`` so far); the CPU part took
+~25 minutes on the loaded 2-core box.
 
 Measured:
   * alone / accumulation cases: the rank alone at the batch (and micro-batches) the plan gives, timed with the
@@ -169,7 +171,7 @@ class Suite:
     def add(self, case: str, card: str, **row: Any) -> None:
         pred, meas = row["predicted_step_s"], row["measured_step_s"]
         gb = row["global_batch"]
-        rec = {"record": 1, "kind": "prediction", "source": "benchmarks/prediction_suite.py", "case": case,
+        rec = {"record": 1, "kind": "prediction", "case": case,
                "card": card, **row, "predicted_samples_per_s": gb / pred, "measured_samples_per_s": gb / meas,
                "error": meas / pred - 1.0, "torch": torch.__version__, "code": self.args.code,
                "notes": self.note(), "unix": round(time.time(), 1)}
