@@ -12,8 +12,9 @@ size), or ``planner bench`` (which profiles, plans and runs each split) -- and w
 ``--results`` (default docs/results/), ``<card>_prediction_<case>_<nn>.json``: the plan's predicted step time
 and samples/s, the measured ones, error = measured / predicted - 1, whether every rank's batch is one the profile
 never ran (``held_out``), ``source`` (real, or emulated and how), devices, torch and the code commit.  The GPU
-part is sized for about 6 minutes on one H200 (its cases ran only as ``--dry-run`` so far); the CPU part took
-~25 minutes on the loaded 2-core box.
+part has run only as ``--dry-run``; it builds a fresh runner per call, so run it as two commands (``--cases
+gpu-alone``, then ``--cases gpu-accum,cuda-cpu,shared,cotenant``) to stay within a 10-minute call; the CPU part
+took ~25 minutes on the loaded 2-core box.
 
 Measured:
   * alone / accumulation cases: the rank alone at the batch (and micro-batches) the plan gives, timed with the
