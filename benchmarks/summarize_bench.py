@@ -761,21 +761,23 @@ def fault_confusion(records: Sequence[dict[str, Any]]) -> str:
     """Records of benchmarks/fault_suite.py (kind "faults"): per machine and injected fault (its right answer in
     brackets), how often the live diagnosis named each cause, how many were right, the detection delays in epochs,
     the runs with false alarms (an epoch before the fault naming any rank, or from it on naming the other rank; in
-    brackets those that named a CPU co-tenant: the box's other jobs) and the crashed runs."""
+    brackets those that named a CPU co-tenant: the box's other jobs), those with one after epoch 0 (epoch 0 is
+    judged against the profile's prediction, the later ones against the Replanner's) and the crashed runs."""
     if not records:
         return "No records yet (`benchmarks/fault_suite.py`)."
     named = list(dict.fromkeys(r["scores"]["named"] for r in records))
     rows = ["| machine | injected (right answer) | runs | " + " | ".join(f"named {c}" for c in named)
-            + " | correct | delay (epochs) | runs with false alarms (CPU co-tenant) | crashed |",
-            "|---|---|---|" + "---|" * len(named) + "---|---|---|---|"]
+            + " | correct | delay (epochs) | runs with false alarms (CPU co-tenant) | of them after epoch 0 | crashed |",
+            "|---|---|---|" + "---|" * len(named) + "---|---|---|---|---|"]
     for key in dict.fromkeys((card_tag(r["meta"]["devices"]), r["fault"]) for r in records):
         sc = [r["scores"] for r in records if (card_tag(r["meta"]["devices"]), r["fault"]) == key]
         counts = " | ".join(str(sum(s["named"] == c for s in sc)) for c in named)
         delays = ", ".join(str(d) for d in sorted(s["delay_epochs"] for s in sc if s["delay_epochs"] is not None))
         alarms = sum(bool(s["false_alarms"]) for s in sc)
         cpu = sum(any("cpu-cotenant" in a["causes"] for a in s["false_alarms"]) for s in sc)
+        later = sum(any(a["epoch"] > 0 for a in s["false_alarms"]) for s in sc)
         rows.append(f"| {key[0]} | {key[1]} ({sc[0]['expected']}) | {len(sc)} | {counts} | "
-                    f"{sum(s['correct'] for s in sc)}/{len(sc)} | {delays or '-'} | {alarms} ({cpu}) | "
+                    f"{sum(s['correct'] for s in sc)}/{len(sc)} | {delays or '-'} | {alarms} ({cpu}) | {later} | "
                     f"{sum(bool(s['crashed']) for s in sc)} |")
     return "\n".join(rows)
 
